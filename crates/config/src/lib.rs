@@ -1,0 +1,18 @@
+//! Typed, validated settings for met.
+//!
+//! [`ModelConfig`] is what a Hugging Face `config.json` says about an architecture, after
+//! the defaults transformers applies and the checks it skips: every later crate reads this
+//! type, never the JSON. [`GenerationConfig`] is `generation_config.json`.
+//!
+//! Both config layouts found in the wild parse to the same value: the classic one
+//! (`rope_theta`, `rope_scaling`) and the one transformers 5 writes (`rope_parameters`).
+//! Every error names the file and the field.
+
+mod error;
+mod fields;
+mod generation;
+mod model;
+
+pub use error::ConfigError;
+pub use generation::GenerationConfig;
+pub use model::{ModelConfig, ModelType, MoeConfig, RopeConfig, RopeScaling};

@@ -1,0 +1,217 @@
+//! `config.json` parsing against real checkpoint configs (in `configs/` at the repo root)
+//! and hand-written edge cases: both rope layouts, per-layer windows, and errors that name
+//! the field.
+
+use std::path::{Path, PathBuf};
+
+use met_config::{ConfigError, GenerationConfig, ModelConfig, ModelType, RopeScaling};
+
+fn real(name: &str) -> ModelConfig {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(name).join("config.json");
+    ModelConfig::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn parse(json: &str) -> Result<ModelConfig, ConfigError> {
+    ModelConfig::from_json(&PathBuf::from("test/config.json"), json)
+}
+
+fn message(json: &str) -> String {
+    parse(json).unwrap_err().to_string()
+}
+
+const BASE: &str = r#""vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2"#;
+
+#[test]
+fn llama_3_1_8b() {
+    let c = real("Llama-3.1-8B-Instruct");
+    assert_eq!(c.model_type, ModelType::Llama);
+    assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (4096, 32, 32, 8, 128));
+    assert_eq!(c.vocab_size, 128_256);
+    assert_eq!(c.rope.theta, 500_000.0);
+    assert_eq!(
+        c.rope.scaling,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        }
+    );
+    assert_eq!(c.eos_token_ids, [128_001, 128_008, 128_009]);
+    assert!(!c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+    assert!(c.layer_windows.iter().all(Option::is_none));
+}
+
+#[test]
+fn qwen3_0_6b() {
+    let c = real("Qwen3-0.6B");
+    assert_eq!(c.model_type, ModelType::Qwen3);
+    assert_eq!((c.hidden_size, c.num_heads, c.head_dim), (1024, 16, 128));
+    assert!(c.qk_norm && c.tie_word_embeddings);
+    assert_eq!(c.rope.theta, 1e6);
+    assert_eq!(c.rope.scaling, RopeScaling::None);
+    assert_eq!(c.eos_token_ids, [151_645]);
+    assert!(c.moe.is_none());
+}
+
+#[test]
+fn qwen3_30b_a3b() {
+    let c = real("Qwen3-30B-A3B");
+    let moe = c.moe.as_ref().expect("moe settings");
+    assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (128, 8, 768));
+    assert!(moe.norm_topk_prob);
+    assert_eq!(moe.sparse_layers.len(), 48);
+    assert!(moe.sparse_layers.iter().all(|&s| s));
+}
+
+#[test]
+fn qwen3_8b_is_untied() {
+    assert!(!real("Qwen3-8B").tie_word_embeddings);
+}
+
+#[test]
+fn both_rope_layouts_parse_to_the_same_config() {
+    let classic = parse(&format!(
+        r#"{{"model_type": "llama", {BASE}, "rope_theta": 500000.0,
+            "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
+    ))
+    .unwrap();
+    let v5 = parse(&format!(
+        r#"{{"model_type": "llama", {BASE}, "rope_parameters": {{"rope_type": "llama3",
+            "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
+    ))
+    .unwrap();
+    assert_eq!(classic, v5);
+    let old_key =
+        parse(&format!(r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear", "factor": 2}}}}"#))
+            .unwrap();
+    assert_eq!(old_key.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(old_key.rope.theta, 10_000.0);
+    let default = parse(&format!(
+        r#"{{"model_type": "qwen2", {BASE}, "rope_parameters": {{"rope_type": "default", "rope_theta": 1e6}}}}"#
+    ))
+    .unwrap();
+    assert_eq!((default.rope.theta, default.rope.scaling), (1e6, RopeScaling::None));
+}
+
+#[test]
+fn per_architecture_biases_and_norms() {
+    let qwen2 = parse(&format!(r#"{{"model_type": "qwen2", {BASE}}}"#)).unwrap();
+    assert!(qwen2.qkv_bias && !qwen2.o_bias && !qwen2.qk_norm);
+    let llama =
+        parse(&format!(r#"{{"model_type": "llama", {BASE}, "attention_bias": true, "mlp_bias": true}}"#)).unwrap();
+    assert!(llama.qkv_bias && llama.o_bias && llama.mlp_bias);
+    let mistral = parse(&format!(r#"{{"model_type": "mistral", {BASE}, "attention_bias": true}}"#)).unwrap();
+    assert!(!mistral.qkv_bias);
+    // Qwen3 defaults head_dim to 128 instead of deriving it.
+    assert_eq!(parse(&format!(r#"{{"model_type": "qwen3", {BASE}}}"#)).unwrap().head_dim, 128);
+    assert_eq!(llama.head_dim, 16);
+}
+
+#[test]
+fn sliding_windows_follow_each_architecture() {
+    let mistral = parse(&format!(r#"{{"model_type": "mistral", {BASE}, "sliding_window": 8}}"#)).unwrap();
+    assert_eq!(mistral.layer_windows, [Some(8); 4]);
+    let mistral_default = parse(&format!(r#"{{"model_type": "mistral", {BASE}}}"#)).unwrap();
+    assert_eq!(mistral_default.layer_windows, [Some(4096); 4]);
+    let mistral_full = parse(&format!(r#"{{"model_type": "mistral", {BASE}, "sliding_window": null}}"#)).unwrap();
+    assert_eq!(mistral_full.layer_windows, [None; 4]);
+    let off = parse(&format!(r#"{{"model_type": "qwen2", {BASE}, "sliding_window": 8, "use_sliding_window": false}}"#))
+        .unwrap();
+    assert_eq!(off.layer_windows, [None; 4]);
+    let from = parse(&format!(
+        r#"{{"model_type": "qwen3", {BASE}, "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 2}}"#
+    ))
+    .unwrap();
+    assert_eq!(from.layer_windows, [None, None, Some(8), Some(8)]);
+    let typed = parse(&format!(
+        r#"{{"model_type": "qwen2", {BASE}, "sliding_window": 8, "use_sliding_window": true,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}}"#
+    ))
+    .unwrap();
+    assert_eq!(typed.layer_windows, [Some(8), None, Some(8), None]);
+}
+
+#[test]
+fn moe_layers_honour_mlp_only_layers_and_sparse_step() {
+    let c = parse(&format!(
+        r#"{{"model_type": "qwen3_moe", {BASE}, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "mlp_only_layers": [0], "decoder_sparse_step": 2}}"#
+    ))
+    .unwrap();
+    assert_eq!(c.moe.unwrap().sparse_layers, [false, true, false, true]);
+    let v5 = parse(&format!(
+        r#"{{"model_type": "qwen3_moe", {BASE}, "num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}}"#
+    ))
+    .unwrap();
+    assert_eq!(v5.moe.unwrap().num_experts, 8);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let missing = message(r#"{"model_type": "llama", "vocab_size": 10}"#);
+    assert!(missing.contains("missing field `hidden_size`"), "{missing}");
+    assert!(missing.contains("test/config.json"), "{missing}");
+
+    let typed = message(&format!(r#"{{"model_type": "llama", {BASE}, "rms_norm_eps": "small"}}"#));
+    assert!(typed.contains("`rms_norm_eps`") && typed.contains("expected a number"), "{typed}");
+
+    let negative = message(&format!(
+        r#"{{"model_type": "llama", {}}}"#,
+        BASE.replace(r#""hidden_size": 64"#, r#""hidden_size": -64"#)
+    ));
+    assert!(negative.contains("`hidden_size`"), "{negative}");
+
+    let unsupported = message(&format!(r#"{{"model_type": "gpt2", {BASE}}}"#));
+    assert!(unsupported.contains("`gpt2`") && unsupported.contains("qwen3_moe"), "{unsupported}");
+
+    let gqa = message(
+        &format!(r#"{{"model_type": "llama", {BASE}}}"#)
+            .replace(r#""num_key_value_heads": 2"#, r#""num_key_value_heads": 3"#),
+    );
+    assert!(gqa.contains("`num_key_value_heads`"), "{gqa}");
+
+    let rope =
+        message(&format!(r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"rope_type": "yarn", "factor": 4}}}}"#));
+    assert!(rope.contains("`rope_scaling.rope_type`") && rope.contains("yarn"), "{rope}");
+
+    let nested = message(&format!(r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"rope_type": "linear"}}}}"#));
+    assert!(nested.contains("missing field `rope_scaling.factor`"), "{nested}");
+
+    let act = message(&format!(r#"{{"model_type": "llama", {BASE}, "hidden_act": "gelu"}}"#));
+    assert!(act.contains("`hidden_act`"), "{act}");
+
+    assert!(message("[1, 2]").contains("not a JSON object"));
+    assert!(message("{").contains("not a JSON object"));
+}
+
+#[test]
+fn overrides_replace_top_level_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, format!(r#"{{"model_type": "llama", {BASE}}}"#)).unwrap();
+    let c = ModelConfig::from_file_with_overrides(&path, r#"{"num_hidden_layers": 2}"#).unwrap();
+    assert_eq!(c.num_layers, 2);
+    let bad = ModelConfig::from_file_with_overrides(&path, "not json").unwrap_err().to_string();
+    assert!(bad.contains("--hf-overrides"), "{bad}");
+    let io = ModelConfig::from_file(&dir.path().join("absent.json")).unwrap_err().to_string();
+    assert!(io.contains("absent.json"), "{io}");
+}
+
+#[test]
+fn generation_config_reads_ids_and_defaults() {
+    let g = GenerationConfig::from_json(
+        Path::new("generation_config.json"),
+        r#"{"eos_token_id": [1, 2], "bos_token_id": 0, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": true}"#,
+    )
+    .unwrap();
+    assert_eq!(g.eos_token_ids, [1, 2]);
+    assert_eq!((g.bos_token_id, g.temperature, g.top_k, g.do_sample), (Some(0), Some(0.6), Some(20), Some(true)));
+    let single = GenerationConfig::from_json(Path::new("g.json"), r#"{"eos_token_id": 7}"#).unwrap();
+    assert_eq!(single.eos_token_ids, [7]);
+    let bad = GenerationConfig::from_json(Path::new("g.json"), r#"{"top_k": "many"}"#).unwrap_err().to_string();
+    assert!(bad.contains("`top_k`"), "{bad}");
+}
