@@ -1,0 +1,205 @@
+//! The `GpuBackend` trait: one device, its memory, and the op set of a decoder-only
+//! transformer.
+//!
+//! Ops take tensors on this backend and return new ones (backends pool their memory, so
+//! allocation per op is cheap); only [`GpuBackend::write_kv`] writes into an existing
+//! tensor. Shapes use `t` for tokens of the flat batch, `h` for heads, `d` for head dim.
+
+use std::fmt::Debug;
+
+use crate::{DType, HostTensor, Result, Tensor};
+
+/// Batch layout for [`GpuBackend::paged_attention`], as device tensors.
+///
+/// The batch is varlen: sequence `s` owns query rows `cu_seqlens_q[s]..cu_seqlens_q[s+1]`
+/// of the flat token dimension, and after this step's KV write its context is
+/// `seq_lens[s]` tokens long. The query rows are the *last* tokens of that context, so
+/// query row `i` of sequence `s` sits at position `seq_lens[s] - q_len(s) + i`: prefill
+/// chunks and decode rows (q_len 1) mix freely. This is FlashAttention's varlen layout with
+/// a paged KV cache.
+#[derive(Debug, Clone)]
+pub struct AttentionMeta {
+    /// `u32 [seqs + 1]`: prefix sums of query lengths.
+    pub cu_seqlens_q: Tensor,
+    /// `u32 [seqs]`: context length of each sequence, new tokens included.
+    pub seq_lens: Tensor,
+    /// `u32 [seqs, max_blocks]`: physical block of each logical block (padded with 0).
+    pub block_tables: Tensor,
+    /// Longest query of the batch.
+    pub max_seqlen_q: usize,
+    /// Longest context of the batch.
+    pub max_seqlen_k: usize,
+}
+
+/// Fixed facts of one attention layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads; `num_heads` is a multiple of it (grouped-query attention).
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Multiplier of `q·k` before softmax, usually `head_dim^-0.5`.
+    pub scale: f32,
+    /// When set, a query at position `p` sees only keys at positions `> p - window`.
+    pub sliding_window: Option<usize>,
+    /// When set, scores become `cap * tanh(score / cap)` before softmax.
+    pub softcap: Option<f32>,
+}
+
+/// Output of [`GpuBackend::topk_routing`]: per token, the chosen experts and their weights.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    /// `f32 [t, k]`: routing weight of each chosen expert.
+    pub weights: Tensor,
+    /// `u32 [t, k]`: chosen experts, best first.
+    pub experts: Tensor,
+}
+
+/// A compute device for transformer inference.
+///
+/// Implementations hold their own memory pool and stream; calls on one backend are
+/// ordered. Each op validates shapes and dtypes and returns an error rather than
+/// panicking on a bad operand.
+pub trait GpuBackend: Send + Sync + Debug {
+    /// Short device name: `cpu`, `cuda`.
+    fn name(&self) -> &'static str;
+
+    /// The element type this backend stores float tensors in (weights, activations, KV).
+    /// Logits and routing weights are always f32.
+    fn float_dtype(&self) -> DType;
+
+    // --- memory -------------------------------------------------------------------------
+
+    /// A tensor of zeros.
+    ///
+    /// # Errors
+    /// When the device is out of memory.
+    fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor>;
+
+    /// Copies a host tensor to the device. Float data is converted to
+    /// [`Self::float_dtype`]; `U32` data stays `U32`.
+    ///
+    /// # Errors
+    /// When the device is out of memory.
+    fn upload(&self, host: &HostTensor<'_>) -> Result<Tensor>;
+
+    /// Copies a float tensor to the host as f32.
+    ///
+    /// # Errors
+    /// For a `U32` tensor or a tensor of another device.
+    fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>>;
+
+    /// Copies a `U32` tensor to the host.
+    ///
+    /// # Errors
+    /// For a float tensor or a tensor of another device.
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>>;
+
+    /// Waits until every op issued so far has finished.
+    ///
+    /// # Errors
+    /// When an earlier asynchronous op failed.
+    fn synchronize(&self) -> Result<()>;
+
+    // --- dense ops ----------------------------------------------------------------------
+
+    /// `x [m, k] · wᵀ` with `w [n, k]`, plus `bias [n]` when given: `[m, n]`.
+    ///
+    /// # Errors
+    /// On mismatched inner dimensions or dtypes.
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>;
+
+    /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`.
+    ///
+    /// # Errors
+    /// When `weight` does not match the last dimension of `x`.
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor>;
+
+    /// The residual add fused with the next RMSNorm: returns `(rms_norm(x + residual),
+    /// x + residual)`.
+    ///
+    /// # Errors
+    /// On mismatched shapes.
+    fn add_rms_norm(&self, x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, Tensor)>;
+
+    /// Rotary embedding, rotate-half (GPT-NeoX) layout, on `x [t, h, d]`: the first
+    /// `2 · len(inv_freq)` dims of each head rotate by `positions[t] · inv_freq[i]` (pairs
+    /// `i` and `i + len(inv_freq)`); any remaining dims pass through.
+    ///
+    /// # Errors
+    /// On mismatched lengths or a rotary width past the head dim.
+    fn rotary(&self, x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor>;
+
+    /// `silu(x[:, :n]) * x[:, n:]` for `x [t, 2n]`: `[t, n]`.
+    ///
+    /// # Errors
+    /// When the last dimension is odd.
+    fn silu_mul(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Rows of `table [v, h]` selected by `ids u32 [t]`: `[t, h]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for an id `>= v`.
+    fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor>;
+
+    /// Elementwise `a + b` of equal shapes.
+    ///
+    /// # Errors
+    /// On mismatched shapes.
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+
+    /// Splits `x [m, n]` into column blocks of the given widths (summing to `n`).
+    ///
+    /// # Errors
+    /// When the widths do not sum to `n`.
+    fn split_columns(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>>;
+
+    /// Rows of `x [m, n]` selected by `rows u32 [r]`: `[r, n]`.
+    ///
+    /// # Errors
+    /// For a row index `>= m`.
+    fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor>;
+
+    // --- mixture of experts -------------------------------------------------------------
+
+    /// Softmax over `logits [t, e]` (in f32), then the `k` largest per row; with
+    /// `renormalize`, the chosen weights are divided by their sum.
+    ///
+    /// # Errors
+    /// When `k` is 0 or exceeds `e`.
+    fn topk_routing(&self, logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing>;
+
+    /// The routed expert MLPs: for each token `t` and choice `j`,
+    /// `Σ_j w[t,j] · down[e] · (silu_mul(gate_up[e] · x[t]))` with `e = experts[t,j]`.
+    /// `gate_up` is `[e, 2i, h]` (gate rows first), `down` is `[e, h, i]`.
+    ///
+    /// # Errors
+    /// On mismatched shapes or an expert index past `e`.
+    fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor>;
+
+    // --- attention ----------------------------------------------------------------------
+
+    /// Writes `k, v [t, h_kv, d]` into the paged pools `k_cache, v_cache [blocks,
+    /// block_size, h_kv, d]` at the flat slots `slots u32 [t]` (`block · block_size +
+    /// offset`). The only op that writes into an existing tensor.
+    ///
+    /// # Errors
+    /// On mismatched shapes or a slot past the pool.
+    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()>;
+
+    /// Causal attention of `q [t, h, d]` over the paged cache for the varlen batch in
+    /// `meta`: `[t, h, d]`. Query head `i` reads KV head `i / (h / h_kv)`.
+    ///
+    /// # Errors
+    /// On mismatched shapes or metadata.
+    fn paged_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor>;
+}

@@ -1,0 +1,146 @@
+//! Paged attention on the CPU: the reference for every device implementation.
+//!
+//! One task per (query token, head) walks its visible keys once with an online softmax,
+//! so no score matrix is materialised. Keys are found through the block table:
+//! position `j` of sequence `s` lives in block `tables[s][j / block_size]` at offset
+//! `j % block_size`.
+
+use rayon::prelude::*;
+
+use crate::Tensor;
+use crate::backend::{AttentionMeta, AttentionParams};
+use crate::error::{Error, Result, ensure};
+
+use super::{f32_tensor, read_f32, read_u32, write_f32};
+
+pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
+    let cd = k_cache.dims();
+    ensure(cd.len() == 4 && v_cache.dims() == cd, "write_kv", || {
+        format!("caches {cd:?} / {:?} are not equal [blocks, block_size, h_kv, d]", v_cache.dims())
+    })?;
+    let row = cd[2] * cd[3];
+    let t = slots.elem_count();
+    for (name, x) in [("k", k), ("v", v)] {
+        ensure(x.elem_count() == t * row && x.dims().first() == Some(&t), "write_kv", || {
+            format!("{name} {:?} is not [{t}, {}, {}]", x.dims(), cd[2], cd[3])
+        })?;
+    }
+    if [k, v].iter().any(|x| x.same_storage(k_cache) || x.same_storage(v_cache)) {
+        return Err(Error::InvalidArgument("write_kv: k and v must not be the cache pools themselves".into()));
+    }
+    let capacity = cd[0] * cd[1];
+    let slots = read_u32("write_kv", slots)?;
+    if let Some(bad) = slots.iter().find(|&&s| s as usize >= capacity) {
+        return Err(Error::InvalidArgument(format!("write_kv: slot {bad} is past the pool of {capacity} slots")));
+    }
+    for (src, dst) in [(k, k_cache), (v, v_cache)] {
+        let src = read_f32("write_kv", src)?;
+        let mut dst = write_f32("write_kv", dst)?;
+        for (i, &s) in slots.iter().enumerate() {
+            let s = s as usize;
+            dst[s * row..(s + 1) * row].copy_from_slice(&src[i * row..(i + 1) * row]);
+        }
+    }
+    Ok(())
+}
+
+/// Per-query facts shared by the heads of one token.
+#[derive(Clone, Copy)]
+struct QueryRow {
+    seq: usize,
+    pos: usize,
+}
+
+pub(super) fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &AttentionMeta,
+    p: &AttentionParams,
+) -> Result<Tensor> {
+    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    ensure(hkv > 0 && h % hkv == 0, "paged_attention", || format!("{h} heads cannot share {hkv} kv heads"))?;
+    let t = q.dims().first().copied().unwrap_or(0);
+    ensure(q.dims() == [t, h, d], "paged_attention", || format!("q {:?} is not [t, {h}, {d}]", q.dims()))?;
+    let cd = k_cache.dims();
+    ensure(cd.len() == 4 && cd[2] == hkv && cd[3] == d && v_cache.dims() == cd, "paged_attention", || {
+        format!("caches {cd:?} are not [blocks, block_size, {hkv}, {d}]")
+    })?;
+    if p.sliding_window == Some(0) {
+        return Err(Error::InvalidArgument("paged_attention: a sliding window of 0 sees nothing".into()));
+    }
+    let block_size = cd[1];
+    let cu = read_u32("paged_attention", &meta.cu_seqlens_q)?;
+    let lens = read_u32("paged_attention", &meta.seq_lens)?;
+    let tables = read_u32("paged_attention", &meta.block_tables)?;
+    let rows = query_rows(&cu, &lens, t)?;
+    let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
+    let needed = lens.iter().map(|&l| (l as usize).div_ceil(block_size)).max().unwrap_or(0);
+    ensure(needed <= max_blocks && tables.len() == lens.len() * max_blocks, "paged_attention", || {
+        format!("block tables {:?} cannot hold contexts of {:?} tokens", meta.block_tables.dims(), &lens[..])
+    })?;
+    let num_blocks = cd[0];
+    if let Some(bad) = tables.iter().find(|&&b| b as usize >= num_blocks) {
+        return Err(Error::InvalidArgument(format!("paged_attention: block {bad} is past the pool of {num_blocks}")));
+    }
+
+    let (qs, ks, vs) =
+        (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);
+    let group = h / hkv;
+    let mut out = vec![0f32; t * h * d];
+    out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+        let (row, head) = (rows[i / h], i % h);
+        let kv_head = head / group;
+        let table = &tables[row.seq * max_blocks..(row.seq + 1) * max_blocks];
+        let first = p.sliding_window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
+        let query = &qs[i * d..(i + 1) * d];
+        let key_at = |j: usize| {
+            let slot = table[j / block_size] as usize * block_size + j % block_size;
+            (slot * hkv + kv_head) * d
+        };
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+        for j in first..=row.pos {
+            let at = key_at(j);
+            let mut score = p.scale * dot(query, &ks[at..at + d]);
+            if let Some(cap) = p.softcap {
+                score = cap * (score / cap).tanh();
+            }
+            if score > max {
+                let rescale = (max - score).exp();
+                sum *= rescale;
+                o.iter_mut().for_each(|x| *x *= rescale);
+                max = score;
+            }
+            let w = (score - max).exp();
+            sum += w;
+            for (x, v) in o.iter_mut().zip(&vs[at..at + d]) {
+                *x += w * v;
+            }
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|x| *x *= inv);
+    });
+    Ok(f32_tensor(out, &[t, h, d]))
+}
+
+/// Sequence and absolute position of every query row, from the varlen metadata.
+fn query_rows(cu: &[u32], lens: &[u32], t: usize) -> Result<Vec<QueryRow>> {
+    let bad = |msg: String| Error::Shape { op: "paged_attention", msg };
+    if cu.len() != lens.len() + 1 || cu.first() != Some(&0) || cu.last().map(|&c| c as usize) != Some(t) {
+        return Err(bad(format!("cu_seqlens_q {cu:?} does not cover {t} query rows of {} sequences", lens.len())));
+    }
+    let mut rows = Vec::with_capacity(t);
+    for (seq, (w, &len)) in cu.windows(2).zip(lens).enumerate() {
+        let q_len = w[1].checked_sub(w[0]).ok_or_else(|| bad(format!("cu_seqlens_q {cu:?} decreases")))? as usize;
+        let len = len as usize;
+        if q_len > len {
+            return Err(bad(format!("sequence {seq} has {q_len} queries but a context of {len}")));
+        }
+        rows.extend((len - q_len..len).map(|pos| QueryRow { seq, pos }));
+    }
+    Ok(rows)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}

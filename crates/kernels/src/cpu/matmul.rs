@@ -1,0 +1,90 @@
+//! `x · Wᵀ` on the CPU through the `gemm` crate.
+
+use crate::Tensor;
+use crate::error::{Result, ensure};
+
+use super::{f32_tensor, read_f32};
+
+pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (xd, wd) = (x.dims(), w.dims());
+    ensure(xd.len() == 2 && wd.len() == 2 && xd[1] == wd[1], "matmul", || {
+        format!("x {xd:?} and w {wd:?} are not [m, k] and [n, k]")
+    })?;
+    let (m, k, n) = (xd[0], xd[1], wd[0]);
+    if let Some(b) = bias {
+        ensure(b.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", b.dims()))?;
+    }
+    let (xs, ws) = (read_f32("matmul", x)?, read_f32("matmul", w)?);
+    let bs = bias.map(|b| read_f32("matmul", b)).transpose()?;
+    Ok(f32_tensor(matmul_xwt(&xs, &ws, bs.as_deref(), m, k, n), &[m, n]))
+}
+
+/// `x [m, k] · wᵀ` for row-major `w [n, k]`, plus `bias [n]`: row-major `[m, n]`.
+///
+/// # Panics
+/// If the slice lengths do not match `m`, `k` and `n`.
+pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize, n: usize) -> Vec<f32> {
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    assert_eq!(w.len(), n * k, "w is not [n, k]");
+    let mut out = match bias {
+        Some(b) => {
+            assert_eq!(b.len(), n, "bias is not [n]");
+            b.repeat(m)
+        }
+        None => vec![0f32; m * n],
+    };
+    if m == 0 || n == 0 {
+        return out;
+    }
+    if k == 0 {
+        return out;
+    }
+    // SAFETY: the pointers address `m*n`, `m*k` and `n*k` initialised f32s, as asserted
+    // above, with the strides below staying inside them: out and x are row-major
+    // (column stride 1, row stride n / k); wᵀ is read column-major from w's rows (its
+    // column stride is k, its row stride 1). `out` does not alias the inputs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            bias.is_some(),
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_naive_product_with_bias() {
+        let (m, k, n) = (3, 5, 4);
+        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let b: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let got = matmul_xwt(&x, &w, Some(&b), m, k, n);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = b[j] + (0..k).map(|l| x[i * k + l] * w[j * k + l]).sum::<f32>();
+                assert!((got[i * n + j] - want).abs() < 1e-5, "({i},{j}): {} vs {want}", got[i * n + j]);
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `CpuBackend`: the numerical reference and the small-model serving backend.
+//!
+//! Floats are stored and computed in f32 (weights are widened at upload); GEMMs go through
+//! the `gemm` crate, everything else is a rayon-parallel loop over rows. Storage sits
+//! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
+//! op only reads its operands and allocates its result.
+
+mod attention;
+mod matmul;
+mod moe;
+mod ops;
+
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing};
+use crate::error::{Error, Result};
+use crate::{DType, HostTensor, Shape, Storage, Tensor};
+
+pub use matmul::matmul_xwt;
+
+/// Host memory of one CPU tensor.
+pub struct CpuStorage(RwLock<CpuData>);
+
+enum CpuData {
+    F32(Vec<f32>),
+    U32(Vec<u32>),
+}
+
+/// The multithreaded f32 CPU backend. Uses the global rayon pool.
+#[derive(Debug, Default, Clone)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// A CPU backend on the global rayon thread pool.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+pub(crate) const NAME: &str = "cpu";
+
+fn storage<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CpuStorage> {
+    match t.storage() {
+        Storage::Cpu(s) => Ok(s),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::WrongDevice { op, found: other.device_name(), backend: NAME }),
+    }
+}
+
+/// Read access to the f32 elements of a CPU tensor.
+pub(crate) fn read_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLockReadGuard<'a, [f32]>> {
+    let guard = storage(op, t)?.0.read();
+    RwLockReadGuard::try_map(guard, |d| match d {
+        CpuData::F32(v) => Some(&v[..]),
+        CpuData::U32(_) => None,
+    })
+    .map_err(|_| Error::DType { op, expected: DType::F32, got: t.dtype() })
+}
+
+/// Read access to the u32 elements of a CPU tensor.
+pub(crate) fn read_u32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLockReadGuard<'a, [u32]>> {
+    let guard = storage(op, t)?.0.read();
+    RwLockReadGuard::try_map(guard, |d| match d {
+        CpuData::U32(v) => Some(&v[..]),
+        CpuData::F32(_) => None,
+    })
+    .map_err(|_| Error::DType { op, expected: DType::U32, got: t.dtype() })
+}
+
+/// Write access to the f32 elements of a CPU tensor (KV pools only).
+pub(crate) fn write_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<parking_lot::MappedRwLockWriteGuard<'a, [f32]>> {
+    let guard = storage(op, t)?.0.write();
+    RwLockWriteGuard::try_map(guard, |d| match d {
+        CpuData::F32(v) => Some(&mut v[..]),
+        CpuData::U32(_) => None,
+    })
+    .map_err(|_| Error::DType { op, expected: DType::F32, got: t.dtype() })
+}
+
+/// Wraps f32 results as a CPU tensor.
+pub(crate) fn f32_tensor(data: Vec<f32>, dims: &[usize]) -> Tensor {
+    debug_assert_eq!(data.len(), dims.iter().product::<usize>());
+    Tensor::from_storage(Storage::Cpu(CpuStorage(RwLock::new(CpuData::F32(data)))), DType::F32, Shape::new(dims))
+}
+
+/// Wraps u32 results as a CPU tensor.
+pub(crate) fn u32_tensor(data: Vec<u32>, dims: &[usize]) -> Tensor {
+    debug_assert_eq!(data.len(), dims.iter().product::<usize>());
+    Tensor::from_storage(Storage::Cpu(CpuStorage(RwLock::new(CpuData::U32(data)))), DType::U32, Shape::new(dims))
+}
+
+impl GpuBackend for CpuBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn float_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = dims.iter().product();
+        Ok(if dtype.is_float() { f32_tensor(vec![0.0; n], dims) } else { u32_tensor(vec![0; n], dims) })
+    }
+
+    fn upload(&self, host: &HostTensor<'_>) -> Result<Tensor> {
+        Ok(match host.dtype() {
+            DType::U32 => u32_tensor(host.to_u32_vec()?, host.shape()),
+            _ => f32_tensor(host.to_f32_vec()?, host.shape()),
+        })
+    }
+
+    fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        Ok(read_f32("download_f32", t)?.to_vec())
+    }
+
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>> {
+        Ok(read_u32("download_u32", t)?.to_vec())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        matmul::matmul(x, w, bias)
+    }
+
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        ops::rms_norm(x, weight, eps)
+    }
+
+    fn add_rms_norm(&self, x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+        let sum = ops::add(x, residual)?;
+        Ok((ops::rms_norm(&sum, weight, eps)?, sum))
+    }
+
+    fn rotary(&self, x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
+        ops::rotary(x, positions, inv_freq)
+    }
+
+    fn silu_mul(&self, x: &Tensor) -> Result<Tensor> {
+        ops::silu_mul(x)
+    }
+
+    fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+        ops::embedding(ids, table)
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        ops::add(a, b)
+    }
+
+    fn split_columns(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+        ops::split_columns(x, widths)
+    }
+
+    fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        ops::gather_rows(x, rows)
+    }
+
+    fn topk_routing(&self, logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
+        moe::topk_routing(logits, k, renormalize)
+    }
+
+    fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
+        moe::moe_experts(x, routing, gate_up, down)
+    }
+
+    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
+        attention::write_kv(k, v, k_cache, v_cache, slots)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        attention::paged_attention(q, k_cache, v_cache, meta, params)
+    }
+}

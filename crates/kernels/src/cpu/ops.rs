@@ -1,0 +1,134 @@
+//! Row-wise ops of the CPU backend: norms, rotary, activations, gathers.
+
+use rayon::prelude::*;
+
+use crate::Tensor;
+use crate::error::{Error, Result, ensure};
+
+use super::{f32_tensor, read_f32, read_u32};
+
+/// Rows below this many elements are processed in groups, so rayon tasks stay worthwhile.
+const MIN_TASK_ELEMS: usize = 1 << 12;
+
+fn rows_per_task(cols: usize) -> usize {
+    (MIN_TASK_ELEMS / cols.max(1)).max(1)
+}
+
+pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let (_, n) = x.shape().rows_cols();
+    ensure(n > 0 && weight.dims() == [n], "rms_norm", || {
+        format!("weight {:?} does not match x {:?}", weight.dims(), x.dims())
+    })?;
+    let (xs, ws) = (read_f32("rms_norm", x)?, read_f32("rms_norm", weight)?);
+    let mut out = vec![0f32; xs.len()];
+    out.par_chunks_mut(n).zip(xs.par_chunks(n)).with_min_len(rows_per_task(n)).for_each(|(o, r)| {
+        let mean_sq = r.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        for ((o, v), w) in o.iter_mut().zip(r).zip(ws.iter()) {
+            *o = v * inv * w;
+        }
+    });
+    Ok(f32_tensor(out, x.dims()))
+}
+
+pub(super) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    ensure(a.dims() == b.dims(), "add", || format!("{:?} + {:?}", a.dims(), b.dims()))?;
+    let (xa, xb) = (read_f32("add", a)?, read_f32("add", b)?);
+    let mut out = vec![0f32; xa.len()];
+    out.par_iter_mut()
+        .zip(xa.par_iter().zip(xb.par_iter()))
+        .with_min_len(MIN_TASK_ELEMS)
+        .for_each(|(o, (a, b))| *o = a + b);
+    Ok(f32_tensor(out, a.dims()))
+}
+
+pub(super) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    ensure(dims.len() == 3, "rotary", || format!("x {dims:?} is not [t, h, d]"))?;
+    let (t, h, d) = (dims[0], dims[1], dims[2]);
+    let half = inv_freq.elem_count();
+    ensure(positions.dims() == [t], "rotary", || format!("positions {:?} for {t} tokens", positions.dims()))?;
+    ensure(2 * half <= d && half > 0, "rotary", || format!("{half} frequencies do not fit head dim {d}"))?;
+    let (xs, pos, freq) = (read_f32("rotary", x)?, read_u32("rotary", positions)?, read_f32("rotary", inv_freq)?);
+    let mut out = xs.to_vec();
+    out.par_chunks_mut(h * d).zip(pos.par_iter()).for_each(|(row, &p)| {
+        let (cos, sin): (Vec<f32>, Vec<f32>) =
+            freq.iter().map(|f| (p as f32 * f).sin_cos()).map(|(s, c)| (c, s)).unzip();
+        for head in row.chunks_mut(d) {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i] + a * sin[i];
+            }
+        }
+    });
+    Ok(f32_tensor(out, dims))
+}
+
+pub(super) fn silu_mul(x: &Tensor) -> Result<Tensor> {
+    let (rows, n2) = x.shape().rows_cols();
+    ensure(n2 % 2 == 0, "silu_mul", || format!("last dim of {:?} is odd", x.dims()))?;
+    let n = n2 / 2;
+    let xs = read_f32("silu_mul", x)?;
+    let mut out = vec![0f32; rows * n];
+    out.par_chunks_mut(n.max(1)).zip(xs.par_chunks(n2.max(1))).with_min_len(rows_per_task(n)).for_each(|(o, r)| {
+        let (gate, up) = r.split_at(n);
+        for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    });
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1 checked by rows_cols") = n;
+    Ok(f32_tensor(out, &dims))
+}
+
+pub(super) fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+    let td = table.dims();
+    ensure(td.len() == 2 && ids.dims().len() == 1, "embedding", || {
+        format!("ids {:?} / table {td:?} are not [t] / [v, h]", ids.dims())
+    })?;
+    gather(ids, table, "embedding")
+}
+
+pub(super) fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+    ensure(x.dims().len() == 2 && rows.dims().len() == 1, "gather_rows", || {
+        format!("x {:?} / rows {:?} are not [m, n] / [r]", x.dims(), rows.dims())
+    })?;
+    gather(rows, x, "gather_rows")
+}
+
+fn gather(idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
+    let (v, h) = (table.dims()[0], table.dims()[1]);
+    let (ids, tab) = (read_u32(op, idx)?, read_f32(op, table)?);
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+        return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
+    }
+    let mut out = vec![0f32; ids.len() * h];
+    out.par_chunks_mut(h.max(1)).zip(ids.par_iter()).for_each(|(o, &i)| {
+        o.copy_from_slice(&tab[i as usize * h..(i as usize + 1) * h]);
+    });
+    Ok(f32_tensor(out, &[ids.len(), h]))
+}
+
+pub(super) fn split_columns(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+    let d = x.dims();
+    ensure(d.len() == 2 && widths.iter().sum::<usize>() == d[1], "split_columns", || {
+        format!("widths {widths:?} do not partition {d:?}")
+    })?;
+    let (m, n) = (d[0], d[1]);
+    if n == 0 {
+        return Ok(widths.iter().map(|_| f32_tensor(Vec::new(), &[m, 0])).collect());
+    }
+    let xs = read_f32("split_columns", x)?;
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(widths.len());
+    for &w in widths {
+        let mut out = Vec::with_capacity(m * w);
+        for row in xs.chunks_exact(n) {
+            out.extend_from_slice(&row[start..start + w]);
+        }
+        parts.push(f32_tensor(out, &[m, w]));
+        start += w;
+    }
+    Ok(parts)
+}

@@ -1,0 +1,67 @@
+//! The device seam of met.
+//!
+//! Everything that touches tensor contents goes through [`GpuBackend`]: memory (upload,
+//! download, zeros), synchronisation, and the op set a decoder-only transformer needs
+//! (matmul, RMSNorm, rotary, SiLU·mul, embedding, routing, KV writes, paged attention).
+//! The rest of the workspace holds [`Tensor`] handles and never reads their storage.
+//!
+//! Two backends implement the trait: [`CpuBackend`] (f32 compute, multithreaded, the
+//! numerical reference) and, behind the `cuda` feature, a CUDA backend. Callers pick one
+//! with [`open_backend`], which returns a clear error rather than a missing symbol when a
+//! backend was not compiled in, so no caller needs `#[cfg]`.
+//!
+//! Invariants: tensors are contiguous and row-major; a tensor's storage belongs to the
+//! backend that made it, and ops reject tensors of another device; float data on a backend
+//! is stored in that backend's [`GpuBackend::float_dtype`], index data as `u32`.
+
+mod backend;
+pub mod cpu;
+mod dtype;
+mod error;
+mod host;
+mod tensor;
+
+use std::sync::Arc;
+
+pub use backend::{AttentionMeta, AttentionParams, GpuBackend, Routing};
+pub use cpu::CpuBackend;
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use host::HostTensor;
+pub use tensor::{Shape, Storage, Tensor};
+
+/// Which device to run on, as chosen on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// The multithreaded CPU reference backend.
+    Cpu,
+    /// An NVIDIA GPU through CUDA (needs the `cuda` feature at build time).
+    Cuda,
+    /// CUDA when it was compiled in and a GPU is present, else the CPU.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            "auto" => Ok(Self::Auto),
+            other => Err(Error::InvalidArgument(format!("unknown device `{other}` (expected cpu, cuda or auto)"))),
+        }
+    }
+}
+
+/// Opens the backend for `kind`.
+///
+/// # Errors
+/// [`Error::CudaNotCompiled`] when CUDA is asked for in a build without the `cuda` feature.
+pub fn open_backend(kind: DeviceKind) -> Result<Arc<dyn GpuBackend>> {
+    match kind {
+        DeviceKind::Cpu | DeviceKind::Auto => Ok(Arc::new(CpuBackend::new())),
+        DeviceKind::Cuda => Err(Error::CudaNotCompiled),
+    }
+}

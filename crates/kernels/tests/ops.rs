@@ -1,0 +1,73 @@
+//! Op conformance tests of every `GpuBackend`.
+//!
+//! Each check in `ops/` is written once against `&dyn GpuBackend` and compares the
+//! backend's result with a naive f64 reference computed on the host from the same inputs,
+//! within the tolerance of the backend's float dtype (`harness::tolerance`). The
+//! `backend_tests!` macro instantiates every check as a `#[test]` for one backend, in a
+//! module named after it (`cpu::matmul_matches_reference`), so adding a backend is one
+//! line at the bottom of this file, e.g. for CUDA:
+//! `#[cfg(feature = "cuda")] backend_tests!(cuda, met_kernels::CudaBackend::new().unwrap());`
+//!
+//! Shape and index errors are checked to come back as `Err`, never as a panic: the trait
+//! promises that every op validates its operands.
+
+/// The checks, one file per op family, under `tests/ops/`.
+mod ops {
+    pub mod attention;
+    pub mod dense;
+    pub mod harness;
+    pub mod moe;
+    pub mod props;
+}
+
+use ops::{attention, dense, harness, moe, props};
+
+/// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
+/// built by `$make`. A check that exposes a known bug of a backend can carry
+/// `#[ignore = "bug: ..."]` in this list, so the suite stays green until it is fixed.
+macro_rules! backend_tests {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            backend_tests!(@checks $make;
+                dense::memory_round_trip,
+                dense::empty_tensors_round_trip,
+                dense::matmul_matches_reference,
+                dense::rms_norm_matches_reference,
+                dense::add_rms_norm_matches_reference,
+                dense::rotary_matches_reference,
+                dense::silu_mul_matches_reference,
+                dense::embedding_matches_reference,
+                dense::gather_rows_matches_reference,
+                dense::add_matches_reference,
+                dense::split_columns_matches_reference,
+                dense::dense_ops_reject_bad_shapes,
+                moe::topk_routing_matches_reference,
+                moe::topk_routing_rejects_bad_k,
+                moe::moe_experts_matches_reference,
+                moe::moe_experts_rejects_bad_operands,
+                moe::moe_experts_zero_intermediate_does_not_panic,
+                attention::write_kv_places_rows_at_slots,
+                attention::paged_attention_gqa_mixed_batch,
+                attention::paged_attention_mha_mixed_batch,
+                attention::paged_attention_sliding_window,
+                attention::paged_attention_softcap,
+                attention::paged_attention_smollm_shape,
+                attention::attention_rejects_bad_operands,
+                props::matmul_property,
+                props::paged_attention_property,
+            );
+        }
+    };
+    (@checks $make:expr; $($(#[$attr:meta])* $module:ident :: $check:ident),+ $(,)?) => {
+        $(
+            #[test]
+            $(#[$attr])*
+            fn $check() -> met_kernels::Result<()> {
+                let backend = $make;
+                crate::$module::$check(&backend)
+            }
+        )+
+    };
+}
+
+backend_tests!(cpu, met_kernels::CpuBackend::new());

@@ -1,0 +1,271 @@
+//! Conformance checks of the memory and dense ops: upload/download, matmul, RMSNorm (plain,
+//! per head, fused with the residual add), rotary, SiLU·mul, embedding, add, column splits
+//! and row gathers, plus the shape and index errors each must return instead of panicking.
+
+use met_kernels::{DType, Error, GpuBackend, Result};
+
+use crate::harness::{Rng, assert_close, assert_values, expect_err, upload_f32, upload_u32, widen};
+
+/// Floats survive an upload/download round trip within the dtype's rounding, u32 exactly;
+/// zeros are zero; each download refuses the other kind of tensor.
+pub fn memory_round_trip(b: &dyn GpuBackend) -> Result<()> {
+    let data = Rng::new(1).vec(24);
+    let t = upload_f32(b, &data, &[2, 3, 4])?;
+    assert_eq!(t.dtype(), b.float_dtype());
+    assert_close(b, &t, &[2, 3, 4], &widen(&data), "f32 round trip")?;
+
+    let ids = [7, 0, u32::MAX, 42];
+    let u = upload_u32(b, &ids, &[2, 2])?;
+    assert_eq!((u.dtype(), u.dims()), (DType::U32, &[2, 2][..]));
+    assert_eq!(b.download_u32(&u)?, ids);
+
+    let z = b.zeros(&[3, 5], b.float_dtype())?;
+    assert_eq!(z.dims(), [3, 5]);
+    assert!(b.download_f32(&z)?.iter().all(|&x| x == 0.0), "float zeros");
+    assert_eq!(b.download_u32(&b.zeros(&[4], DType::U32)?)?, [0; 4]);
+
+    expect_err(b.download_u32(&t), "download_u32 of a float tensor");
+    expect_err(b.download_f32(&u), "download_f32 of a u32 tensor");
+    b.synchronize()
+}
+
+/// Empty tensors (a zero-length batch, a zero-width block) upload and download like any
+/// other.
+pub fn empty_tensors_round_trip(b: &dyn GpuBackend) -> Result<()> {
+    for dims in [&[0][..], &[3, 0], &[0, 4]] {
+        let t = upload_f32(b, &[], dims)?;
+        assert_close(b, &t, dims, &[], &format!("empty f32 {dims:?}"))?;
+        assert_eq!(b.download_u32(&upload_u32(b, &[], dims)?)?, [0u32; 0]);
+    }
+    Ok(())
+}
+
+/// `x [m, k] · wᵀ (+ bias)` in f64.
+pub fn matmul_reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize) -> Vec<f64> {
+    let n = w.len() / k.max(1);
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(w[j * k + l])).sum();
+            out.push(dot + bias.map_or(0.0, |b| f64::from(b[j])));
+        }
+    }
+    out
+}
+
+/// The backend's and the reference's `x · wᵀ (+ bias)` for random inputs of one shape.
+pub fn matmul_outputs(
+    b: &dyn GpuBackend,
+    (m, k, n): (usize, usize, usize),
+    with_bias: bool,
+    seed: u64,
+) -> Result<(Vec<f32>, Vec<f64>)> {
+    let mut rng = Rng::new(seed);
+    let (x, w, bias) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
+    let bias = with_bias.then_some(&bias[..]);
+    let bias_t = bias.map(|v| upload_f32(b, v, &[n])).transpose()?;
+    let out = b.matmul(&upload_f32(b, &x, &[m, k])?, &upload_f32(b, &w, &[n, k])?, bias_t.as_ref())?;
+    assert_eq!(out.dims(), [m, n], "matmul shape");
+    Ok((b.download_f32(&out)?, matmul_reference(&x, &w, bias, m, k)))
+}
+
+/// Matmul over shapes with m = 1, n = 1 and inner dims that are not multiples of 8, with
+/// and without bias.
+pub fn matmul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let shapes = [(1, 7, 5), (1, 576, 96), (4, 13, 1), (5, 64, 33), (33, 19, 17), (64, 72, 40)];
+    for (seed, &shape) in shapes.iter().enumerate() {
+        for with_bias in [false, true] {
+            let (got, want) = matmul_outputs(b, shape, with_bias, seed as u64)?;
+            assert_values(b, &got, &want, &format!("matmul {shape:?} bias={with_bias}"));
+        }
+    }
+    Ok(())
+}
+
+/// RMSNorm over the last dim of `x` (rows of `weight.len()`), in f64.
+fn rms_norm_reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f64> {
+    let n = weight.len();
+    x.chunks(n)
+        .flat_map(|row| {
+            let mean_sq = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (mean_sq + f64::from(eps)).sqrt();
+            row.iter().zip(weight).map(move |(&v, &w)| f64::from(v) * inv * f64::from(w))
+        })
+        .collect()
+}
+
+/// A weight around 1, as trained norms have.
+fn norm_weight(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| 1.0 + 0.5 * rng.uniform()).collect()
+}
+
+/// RMSNorm on `[t, n]` with a zero row and a row small enough that `eps` dominates its
+/// mean square, then per head on `[t, h, d]` with a `[d]` weight.
+pub fn rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(2);
+    let (t, n, eps) = (5, 48, 1e-5);
+    let mut x = rng.vec(t * n);
+    x[2 * n..3 * n].fill(0.0);
+    x[3 * n..4 * n].iter_mut().for_each(|v| *v *= 1e-3);
+    let w = norm_weight(&mut rng, n);
+    let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &w, &[n])?, eps)?;
+    assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, eps), "rms_norm [t, n]")?;
+
+    let (h, d) = (4, 16);
+    let x = rng.vec(t * h * d);
+    let w = norm_weight(&mut rng, d);
+    let out = b.rms_norm(&upload_f32(b, &x, &[t, h, d])?, &upload_f32(b, &w, &[d])?, 1e-6)?;
+    assert_close(b, &out, &[t, h, d], &rms_norm_reference(&x, &w, 1e-6), "rms_norm per head")
+}
+
+/// `add_rms_norm` returns `(rms_norm(x + residual), x + residual)`.
+pub fn add_rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(3);
+    let (t, n) = (4, 32);
+    let (x, res, w) = (rng.vec(t * n), rng.vec(t * n), norm_weight(&mut rng, n));
+    let sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+    let (normed, summed) =
+        b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &upload_f32(b, &w, &[n])?, 1e-6)?;
+    let want_sum: Vec<f64> = x.iter().zip(&res).map(|(&a, &b)| f64::from(a) + f64::from(b)).collect();
+    assert_close(b, &summed, &[t, n], &want_sum, "add_rms_norm residual")?;
+    assert_close(b, &normed, &[t, n], &rms_norm_reference(&sum, &w, 1e-6), "add_rms_norm norm")
+}
+
+/// `theta^(-2i / rot_dim)` for `i < rot_dim / 2`, as Hugging Face builds `inv_freq`.
+fn inv_freq(theta: f64, rot_dim: usize) -> Vec<f32> {
+    (0..rot_dim / 2).map(|i| theta.powf(-((2 * i) as f64) / rot_dim as f64) as f32).collect()
+}
+
+/// Rotate-half rotary on `x [t, h, d]` in f64. The angle `p · inv_freq[i]` is rounded to
+/// f32 first, as Hugging Face computes it (`freqs` in float32): at p = 1000 that rounding
+/// alone moves the result by ~3e-5, above the f32 tolerance, so the reference reproduces
+/// it rather than hiding it under a looser bound.
+fn rotary_reference(x: &[f32], d: usize, positions: &[u32], freq: &[f32]) -> Vec<f64> {
+    let half = freq.len();
+    let per_token = x.len() / positions.len();
+    let mut out = widen(x);
+    for (token, &p) in positions.iter().enumerate() {
+        for head in out[token * per_token..(token + 1) * per_token].chunks_mut(d) {
+            for (i, &f) in freq.iter().enumerate() {
+                let (sin, cos) = f64::from(p as f32 * f).sin_cos();
+                let (a, c) = (head[i], head[i + half]);
+                head[i] = a * cos - c * sin;
+                head[i + half] = c * cos + a * sin;
+            }
+        }
+    }
+    out
+}
+
+/// Rotary with unordered, large positions at head dims 16 and 64 (theta 10000), and a
+/// partial rotary where only the first 8 of 16 dims rotate and the rest pass through.
+pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let positions = [0, 5, 1000, 31];
+    let t = positions.len();
+    let mut rng = Rng::new(4);
+    for (h, d, rot_dim) in [(3, 16, 16), (2, 64, 64), (3, 16, 8)] {
+        let x = rng.vec(t * h * d);
+        let freq = inv_freq(10_000.0, rot_dim);
+        let out = b.rotary(
+            &upload_f32(b, &x, &[t, h, d])?,
+            &upload_u32(b, &positions, &[t])?,
+            &upload_f32(b, &freq, &[freq.len()])?,
+        )?;
+        let want = rotary_reference(&x, d, &positions, &freq);
+        assert_close(b, &out, &[t, h, d], &want, &format!("rotary h={h} d={d} rot={rot_dim}"))?;
+    }
+    Ok(())
+}
+
+/// `silu(gate) · up` with gates up to ±20, where a naive `exp` would overflow.
+pub fn silu_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(5);
+    let (t, n) = (3, 7);
+    let x: Vec<f32> = rng.vec(t * 2 * n).iter().map(|v| v * 20.0).collect();
+    let want: Vec<f64> = x
+        .chunks(2 * n)
+        .flat_map(|row| {
+            let (gate, up) = row.split_at(n);
+            gate.iter().zip(up).map(|(&g, &u)| {
+                let g = f64::from(g);
+                g / (1.0 + (-g).exp()) * f64::from(u)
+            })
+        })
+        .collect();
+    let out = b.silu_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
+    assert_close(b, &out, &[t, n], &want, "silu_mul")
+}
+
+/// Rows of `table [v, h]` picked by `ids`, in f64.
+fn gather_reference(table: &[f32], h: usize, ids: &[u32]) -> Vec<f64> {
+    ids.iter().flat_map(|&i| widen(&table[i as usize * h..(i as usize + 1) * h])).collect()
+}
+
+/// Embedding gathers table rows (repeats and the last row included); an id past the
+/// vocabulary is an `InvalidArgument` error.
+pub fn embedding_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let (v, h) = (11, 6);
+    let table = Rng::new(6).vec(v * h);
+    let table_t = upload_f32(b, &table, &[v, h])?;
+    let ids = [3, 0, 10, 3, 7];
+    let out = b.embedding(&upload_u32(b, &ids, &[ids.len()])?, &table_t)?;
+    assert_close(b, &out, &[ids.len(), h], &gather_reference(&table, h, &ids), "embedding")?;
+
+    let bad = b.embedding(&upload_u32(b, &[1, 11], &[2])?, &table_t);
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "id 11 of 11 rows: {bad:?}");
+    Ok(())
+}
+
+/// `gather_rows` picks rows in the given order, with repeats.
+pub fn gather_rows_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let (m, n) = (6, 5);
+    let x = Rng::new(7).vec(m * n);
+    let rows = [5, 0, 5, 2];
+    let out = b.gather_rows(&upload_f32(b, &x, &[m, n])?, &upload_u32(b, &rows, &[4])?)?;
+    assert_close(b, &out, &[4, n], &gather_reference(&x, n, &rows), "gather_rows")
+}
+
+/// Elementwise add on a rank-3 shape.
+pub fn add_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(8);
+    let (x, y) = (rng.vec(30), rng.vec(30));
+    let out = b.add(&upload_f32(b, &x, &[2, 3, 5])?, &upload_f32(b, &y, &[2, 3, 5])?)?;
+    let want: Vec<f64> = x.iter().zip(&y).map(|(&a, &c)| f64::from(a) + f64::from(c)).collect();
+    assert_close(b, &out, &[2, 3, 5], &want, "add")
+}
+
+/// `split_columns` cuts `[m, n]` into consecutive column blocks (a fused QKV layout).
+pub fn split_columns_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let (m, n) = (4, 10);
+    let x = Rng::new(9).vec(m * n);
+    let widths = [5, 3, 2];
+    let parts = b.split_columns(&upload_f32(b, &x, &[m, n])?, &widths)?;
+    assert_eq!(parts.len(), widths.len());
+    let mut start = 0;
+    for (part, &w) in parts.iter().zip(&widths) {
+        let want: Vec<f64> = x.chunks(n).flat_map(|row| widen(&row[start..start + w])).collect();
+        assert_close(b, part, &[m, w], &want, &format!("split_columns block at {start}"))?;
+        start += w;
+    }
+    Ok(())
+}
+
+/// Every dense op returns `Err` (never panics) on operands that do not fit.
+pub fn dense_ops_reject_bad_shapes(b: &dyn GpuBackend) -> Result<()> {
+    let f = |dims: &[usize]| upload_f32(b, &vec![0.5; dims.iter().product()], dims);
+    let u = |data: &[u32]| upload_u32(b, data, &[data.len()]);
+
+    expect_err(b.matmul(&f(&[2, 3])?, &f(&[4, 5])?, None), "matmul inner dims 3 vs 5");
+    expect_err(b.matmul(&f(&[2, 3])?, &f(&[4, 3])?, Some(&f(&[5])?)), "matmul bias of 5 for n = 4");
+    expect_err(b.matmul(&f(&[2, 3, 4])?, &f(&[4, 4])?, None), "matmul of a rank-3 x");
+    expect_err(b.rms_norm(&f(&[2, 8])?, &f(&[7])?, 1e-6), "rms_norm weight of 7 for 8");
+    expect_err(b.add_rms_norm(&f(&[2, 8])?, &f(&[2, 7])?, &f(&[8])?, 1e-6), "add_rms_norm residual");
+    let freq = f(&[4])?;
+    expect_err(b.rotary(&f(&[3, 2, 8])?, &u(&[0, 1])?, &freq), "rotary 2 positions for 3 tokens");
+    expect_err(b.rotary(&f(&[3, 2, 6])?, &u(&[0, 1, 2])?, &freq), "rotary width 8 past head dim 6");
+    expect_err(b.silu_mul(&f(&[2, 7])?), "silu_mul of an odd width");
+    expect_err(b.add(&f(&[2, 3])?, &f(&[3, 2])?), "add [2, 3] + [3, 2]");
+    expect_err(b.split_columns(&f(&[2, 6])?, &[2, 3]), "split_columns widths summing to 5 of 6");
+    expect_err(b.gather_rows(&f(&[3, 4])?, &u(&[0, 3])?), "gather_rows row 3 of 3");
+    Ok(())
+}

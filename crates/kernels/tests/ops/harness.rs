@@ -1,0 +1,152 @@
+//! Shared machinery of the op conformance tests: the per-dtype tolerances, a seeded input
+//! generator, upload helpers, and the comparison every check ends with.
+//!
+//! References are computed in f64 on the host from the same f32 inputs the backend was
+//! given, so the tolerance has to absorb both the backend's storage rounding (inputs are
+//! converted to its float dtype at upload) and its accumulation order.
+
+use met_kernels::{DType, GpuBackend, HostTensor, Result, Tensor};
+
+/// How far a result may sit from its f64 reference. Element `i` passes when
+/// `|got_i - want_i| <= rel · (|want_i| + rms(want))`: a relative bound per element plus
+/// an absolute floor at the output's own magnitude, because sums with cancellation leave
+/// small outputs carrying the rounding error of the large terms that produced them.
+#[derive(Debug, Clone, Copy)]
+pub struct Tol {
+    /// Relative error allowed, against `|want_i| + rms(want)`.
+    pub rel: f64,
+}
+
+/// The tolerance for results of a backend whose floats are stored as `dtype`.
+///
+/// - f32 (`1e-5`): storage is exact for our inputs and f32 accumulation over the short
+///   reductions of these tests (at most a few hundred terms) stays within a few ulps of
+///   2⁻²⁴ ≈ 6e-8 times √k; 1e-5 leaves room for reordering and still catches any real bug.
+/// - f16 (`2e-3`): a 10-bit mantissa rounds each stored input and output by up to
+///   2⁻¹¹ ≈ 4.9e-4; a few such roundings compound along an op.
+/// - bf16 (`1e-2`): a 7-bit mantissa rounds by up to 2⁻⁸ ≈ 3.9e-3 per value; inputs,
+///   intermediates (e.g. attention probabilities) and the output each take one rounding.
+pub fn tolerance(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol { rel: 1e-5 },
+        DType::F16 => Tol { rel: 2e-3 },
+        DType::BF16 => Tol { rel: 1e-2 },
+        DType::U32 => panic!("a backend's float dtype is never u32"),
+    }
+}
+
+/// Compares `got` with `want` under `tol`, describing the worst element on failure.
+pub fn compare(got: &[f32], want: &[f64], tol: Tol) -> std::result::Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{} elements, expected {}", got.len(), want.len()));
+    }
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (err, bound) = ((f64::from(g) - w).abs(), tol.rel * (w.abs() + rms));
+        // A NaN error compares false, so NaN never passes.
+        let within = err <= bound;
+        let excess = if within {
+            0.0
+        } else if err.is_nan() {
+            f64::INFINITY
+        } else {
+            err / bound
+        };
+        if !within && worst.is_none_or(|(_, e)| excess > e) {
+            worst = Some((i, excess));
+        }
+    }
+    match worst {
+        None => Ok(()),
+        Some((i, excess)) => Err(format!(
+            "element {i}: got {}, want {} ({excess:.1}x the tolerance {:?}, output rms {rms:.3e})",
+            got[i], want[i], tol
+        )),
+    }
+}
+
+/// Downloads `got` and asserts its dims and values against the reference.
+///
+/// # Panics
+/// On a mismatch, naming `what`.
+pub fn assert_close(b: &dyn GpuBackend, got: &Tensor, dims: &[usize], want: &[f64], what: &str) -> Result<()> {
+    assert_eq!(got.dims(), dims, "{what}: shape");
+    assert_values(b, &b.download_f32(got)?, want, what);
+    Ok(())
+}
+
+/// Asserts downloaded values against the reference under `b`'s tolerance.
+///
+/// # Panics
+/// On a mismatch, naming `what`.
+pub fn assert_values(b: &dyn GpuBackend, got: &[f32], want: &[f64], what: &str) {
+    if let Err(msg) = compare(got, want, tolerance(b.float_dtype())) {
+        panic!("{what} on {}: {msg}", b.name());
+    }
+}
+
+/// Asserts that an op rejected its operands with an error (a panic fails the test too).
+///
+/// # Panics
+/// When `r` is `Ok`.
+pub fn expect_err<T: std::fmt::Debug>(r: Result<T>, what: &str) {
+    if let Ok(v) = r {
+        panic!("{what}: expected an error, got {v:?}");
+    }
+}
+
+/// Uploads f32 data of shape `dims` (stored in the backend's float dtype).
+pub fn upload_f32(b: &dyn GpuBackend, data: &[f32], dims: &[usize]) -> Result<Tensor> {
+    b.upload(&HostTensor::from_f32(data, dims))
+}
+
+/// Uploads u32 data of shape `dims`.
+pub fn upload_u32(b: &dyn GpuBackend, data: &[u32], dims: &[usize]) -> Result<Tensor> {
+    b.upload(&HostTensor::from_u32(data, dims))
+}
+
+/// f32 inputs as the f64 values a reference computes with.
+pub fn widen(xs: &[f32]) -> Vec<f64> {
+    xs.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// A seeded SplitMix64 generator, so every input is reproducible from its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[-1, 1)`.
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` values uniform in `[-1, 1)`.
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Fisher–Yates shuffle.
+    pub fn shuffle<T>(&mut self, xs: &mut [T]) {
+        for i in (1..xs.len()).rev() {
+            xs.swap(i, self.below(i + 1));
+        }
+    }
+}

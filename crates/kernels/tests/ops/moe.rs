@@ -1,0 +1,142 @@
+//! Conformance checks of the mixture-of-experts ops: top-k routing (order, ties,
+//! renormalisation) and the routed expert MLPs against a naive per-token loop.
+
+use met_kernels::{GpuBackend, Result, Routing};
+
+use crate::harness::{Rng, assert_close, assert_values, expect_err, upload_f32, upload_u32};
+
+/// Router logits as multiples of 1/8 in `[-2, 2)`: exact in every float dtype, so all
+/// backends see the same ties and the same order.
+fn router_logits(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| (rng.below(32) as f32 - 16.0) / 8.0).collect()
+}
+
+/// Softmax of one row, then its `k` best experts (ties to the lower index) with their
+/// weights, renormalised over the chosen ones when asked.
+fn topk_reference(row: &[f32], k: usize, renormalize: bool) -> (Vec<u32>, Vec<f64>) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let probs: Vec<f64> = row.iter().map(|&x| f64::from(x - max).exp()).collect();
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    let norm: f64 = if renormalize { order.iter().map(|&i| probs[i]).sum() } else { probs.iter().sum() };
+    (order.iter().map(|&i| i as u32).collect(), order.iter().map(|&i| probs[i] / norm).collect())
+}
+
+/// Top-k routing for k = 1, 3 and e, with and without renormalisation, on rows that include
+/// a three-way tie: experts come best first with ties to the lower index, weights are the
+/// softmax probabilities, and renormalised weights sum to 1.
+pub fn topk_routing_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let (t, e) = (5, 8);
+    let mut logits = router_logits(&mut Rng::new(20), t * e);
+    let tie_row = [1.0, 3.0, 3.0, 0.0, 3.0, -1.0, 2.0, 2.0].map(|v: f32| v / 4.0);
+    logits[4 * e..].copy_from_slice(&tie_row);
+    let logits_t = upload_f32(b, &logits, &[t, e])?;
+    for k in [1, 3, e] {
+        for renormalize in [false, true] {
+            let what = format!("topk_routing k={k} renormalize={renormalize}");
+            let Routing { weights, experts } = b.topk_routing(&logits_t, k, renormalize)?;
+            let (mut want_ids, mut want_w) = (Vec::new(), Vec::new());
+            for row in logits.chunks(e) {
+                let (ids, w) = topk_reference(row, k, renormalize);
+                want_ids.extend(ids);
+                want_w.extend(w);
+            }
+            assert_eq!(experts.dims(), [t, k], "{what}: experts shape");
+            assert_eq!(b.download_u32(&experts)?, want_ids, "{what}: experts");
+            assert_close(b, &weights, &[t, k], &want_w, &what)?;
+            if renormalize {
+                let sums: Vec<f32> = b.download_f32(&weights)?.chunks(k).map(|r| r.iter().sum()).collect();
+                assert_values(b, &sums, &vec![1.0; t], &format!("{what}: weight sums"));
+            }
+        }
+    }
+    let tie = b.topk_routing(&logits_t, 4, true)?.experts;
+    assert_eq!(b.download_u32(&tie)?[4 * 4..], [1, 2, 4, 6], "ties go to the lower index");
+    Ok(())
+}
+
+/// `k = 0` and `k > e` are errors.
+pub fn topk_routing_rejects_bad_k(b: &dyn GpuBackend) -> Result<()> {
+    let logits = upload_f32(b, &[0.0; 8], &[2, 4])?;
+    expect_err(b.topk_routing(&logits, 0, true), "topk_routing k = 0");
+    expect_err(b.topk_routing(&logits, 5, false), "topk_routing k = 5 of 4 experts");
+    Ok(())
+}
+
+/// Expert weights: `gate_up [e, 2i, h]` (gate rows first) and `down [e, h, i]`.
+struct Experts {
+    h: usize,
+    i: usize,
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// One expert's MLP on one token: `down · (silu(gate · x) * (up · x))`, in f64.
+fn expert_reference(ex: &Experts, expert: usize, x: &[f32]) -> Vec<f64> {
+    let (h, i) = (ex.h, ex.i);
+    let gu = &ex.gate_up[expert * 2 * i * h..(expert + 1) * 2 * i * h];
+    let proj = |r: usize| (0..h).map(|c| f64::from(gu[r * h + c]) * f64::from(x[c])).sum::<f64>();
+    let act: Vec<f64> = (0..i).map(|r| proj(r) / (1.0 + (-proj(r)).exp()) * proj(i + r)).collect();
+    let dn = &ex.down[expert * h * i..(expert + 1) * h * i];
+    (0..h).map(|r| (0..i).map(|c| f64::from(dn[r * i + c]) * act[c]).sum()).collect()
+}
+
+/// Routed expert MLPs against a naive loop over each token's chosen experts, with the
+/// routing taken from the backend's own `topk_routing` (downloaded for the reference).
+pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(21);
+    let (t, e, h, i, k) = (7, 4, 8, 5, 2);
+    let ex = Experts { h, i, gate_up: rng.vec(e * 2 * i * h), down: rng.vec(e * h * i) };
+    let x = rng.vec(t * h);
+    let routing = b.topk_routing(&upload_f32(b, &router_logits(&mut rng, t * e), &[t, e])?, k, true)?;
+    let out = b.moe_experts(
+        &upload_f32(b, &x, &[t, h])?,
+        &routing,
+        &upload_f32(b, &ex.gate_up, &[e, 2 * i, h])?,
+        &upload_f32(b, &ex.down, &[e, h, i])?,
+    )?;
+    let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
+    let mut want = vec![0f64; t * h];
+    for tok in 0..t {
+        for j in 0..k {
+            let y = expert_reference(&ex, ids[tok * k + j] as usize, &x[tok * h..(tok + 1) * h]);
+            for (o, v) in want[tok * h..(tok + 1) * h].iter_mut().zip(y) {
+                *o += f64::from(weights[tok * k + j]) * v;
+            }
+        }
+    }
+    assert_close(b, &out, &[t, h], &want, "moe_experts")
+}
+
+/// An expert index past `e`, routing for the wrong number of tokens, and expert weights of
+/// the wrong shape are errors.
+pub fn moe_experts_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
+    let (t, e, h, i) = (2, 4, 8, 5);
+    let f = |dims: &[usize]| upload_f32(b, &vec![0.1; dims.iter().product()], dims);
+    let routing = |ids: &[u32], rows: usize| -> Result<Routing> {
+        let k = ids.len() / rows;
+        Ok(Routing { weights: f(&[rows, k])?, experts: upload_u32(b, ids, &[rows, k])? })
+    };
+    let (x, gate_up, down) = (f(&[t, h])?, f(&[e, 2 * i, h])?, f(&[e, h, i])?);
+    expect_err(b.moe_experts(&x, &routing(&[0, 1, 2, 4], t)?, &gate_up, &down), "expert 4 of 4");
+    expect_err(b.moe_experts(&x, &routing(&[0, 1, 2, 3, 0, 1], 3)?, &gate_up, &down), "routing for 3 of 2 tokens");
+    let ok = routing(&[0, 1, 2, 3], t)?;
+    expect_err(b.moe_experts(&x, &ok, &f(&[e, 2 * i, h + 1])?, &down), "gate_up hidden size");
+    expect_err(b.moe_experts(&x, &ok, &gate_up, &f(&[e, h, i + 1])?), "down intermediate size");
+    Ok(())
+}
+
+/// A zero intermediate size (`gate_up [e, 0, h]`, `down [e, h, 0]`) is a degenerate but
+/// well-formed MLP: the op must return zeros or an error, never panic.
+pub fn moe_experts_zero_intermediate_does_not_panic(b: &dyn GpuBackend) -> Result<()> {
+    let (t, e, h) = (2, 2, 4);
+    let routing = Routing { weights: upload_f32(b, &[1.0, 1.0], &[t, 1])?, experts: upload_u32(b, &[0, 1], &[t, 1])? };
+    let x = upload_f32(b, &[0.5; 8], &[t, h])?;
+    let (gate_up, down) = (b.zeros(&[e, 0, h], b.float_dtype())?, b.zeros(&[e, h, 0], b.float_dtype())?);
+    let result = b.moe_experts(&x, &routing, &gate_up, &down);
+    if let Ok(out) = result {
+        assert_close(b, &out, &[t, h], &[0.0; 8], "moe_experts with no intermediate")?;
+    }
+    Ok(())
+}
