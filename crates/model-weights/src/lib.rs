@@ -1,0 +1,78 @@
+//! Named model weights, from wherever they are stored, onto a device.
+//!
+//! A [`WeightStore`] is a read-only map from tensor names to host bytes: memory-mapped
+//! safetensors checkpoints ([`SafetensorsStore`], one file or a sharded index) and seeded
+//! random weights for tests and benchmarks ([`DummyStore`]). GGUF will be a third store.
+//! Model code asks for tensors by checkpoint name and moves them to a device with
+//! [`load`] or [`load_concat`]; before that, startup runs [`preflight`] so that every
+//! missing, unexpected or mis-shaped tensor is named in one error.
+//!
+//! Invariants: a store never changes after it is built; [`WeightStore::names`] is sorted
+//! and lists every tensor the store holds, loadable or not; [`WeightStore::info`] is `Some`
+//! exactly for the listed tensors that [`WeightStore::host`] can return. The crate reads
+//! weights and never computes with them: conversion to the device's float type happens in
+//! [`GpuBackend::upload`].
+
+mod dummy;
+mod error;
+mod load;
+mod preflight;
+mod safetensors_store;
+
+use met_kernels::{DType, HostTensor};
+
+pub use dummy::DummyStore;
+pub use error::{PreflightReport, WeightError};
+pub use load::{load, load_concat};
+pub use preflight::{is_ignored, preflight};
+pub use safetensors_store::SafetensorsStore;
+
+#[cfg(doc)]
+use met_kernels::GpuBackend;
+
+/// Name, dtype and shape of one stored tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The checkpoint name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    /// The stored element type.
+    pub dtype: DType,
+    /// The stored shape, outermost dimension first.
+    pub shape: Vec<usize>,
+}
+
+/// What a model expects to find: a name and a shape.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorSpec {
+    /// The checkpoint name.
+    pub name: String,
+    /// The expected shape, outermost dimension first.
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    /// A spec from a name and a shape.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        Self { name: name.into(), shape: shape.to_vec() }
+    }
+}
+
+/// A source of named weights (safetensors files, GGUF later, random dummy weights).
+pub trait WeightStore: Send + Sync {
+    /// A short description for messages, e.g. "safetensors in /x/y (2 shards)".
+    fn describe(&self) -> String;
+
+    /// Every tensor name the store holds (sorted), including tensors stored in a dtype
+    /// that cannot be loaded.
+    fn names(&self) -> Vec<String>;
+
+    /// The dtype and shape of `name`, if present and stored in a loadable dtype.
+    fn info(&self, name: &str) -> Option<TensorInfo>;
+
+    /// The tensor's bytes in host memory (borrowed from the mmap where possible).
+    ///
+    /// # Errors
+    /// [`WeightError::Missing`] when the store lacks `name`;
+    /// [`WeightError::UnsupportedDtype`] when it is stored in a dtype met cannot load.
+    fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError>;
+}

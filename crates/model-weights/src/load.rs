@@ -1,0 +1,84 @@
+//! Moving stored tensors onto a device, alone or fused along dim 0.
+//!
+//! Fusion happens on the host, before the single upload: q/k/v projections become one
+//! matmul weight, gate/up one MLP weight, and per-expert MoE weights one stacked tensor
+//! (concatenate along dim 0, then reshape the device tensor). Equal dtypes are joined as raw
+//! bytes, so no precision is lost; mixed dtypes are widened to f32 first, which is exact
+//! for f16 and bf16.
+
+use std::borrow::Cow;
+
+use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
+
+use crate::{WeightError, WeightStore};
+
+/// Loads one tensor onto the backend.
+///
+/// # Errors
+/// When the store cannot provide the tensor ([`WeightError::Missing`],
+/// [`WeightError::UnsupportedDtype`]) or the backend rejects it.
+pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
+    Ok(backend.upload(&store.host(name)?)?)
+}
+
+/// Loads several tensors concatenated along dim 0 (trailing dims must agree) as one
+/// device tensor: used to fuse q/k/v, gate/up, and to stack MoE experts. Mixed dtypes are
+/// widened to f32 on the host before upload; equal dtypes are concatenated as raw bytes.
+///
+/// # Errors
+/// [`WeightError::Concat`] for an empty list, a 0-D tensor or disagreeing trailing dims;
+/// otherwise as [`load`].
+pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
+    let parts = names.iter().map(|n| store.host(n)).collect::<Result<Vec<_>, _>>()?;
+    let host = concat_dim0(names, parts)?;
+    Ok(backend.upload(&host)?)
+}
+
+/// Joins host tensors along dim 0; a single part passes through without a copy.
+fn concat_dim0<'a>(names: &[&str], mut parts: Vec<HostTensor<'a>>) -> Result<HostTensor<'a>, WeightError> {
+    let shape = concat_shape(names, &parts)?;
+    if parts.len() == 1 {
+        return Ok(parts.remove(0));
+    }
+    let dtype = parts[0].dtype();
+    if parts.iter().all(|p| p.dtype() == dtype) {
+        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.bytes().len()).sum());
+        for p in &parts {
+            bytes.extend_from_slice(p.bytes());
+        }
+        return Ok(HostTensor::from_bytes(dtype, &shape, Cow::Owned(bytes))?);
+    }
+    let mut data = Vec::with_capacity(shape.iter().product());
+    for (p, name) in parts.iter().zip(names) {
+        if p.dtype() == DType::U32 {
+            return Err(concat_error(names, format!("`{name}` is u32 and the others are not")));
+        }
+        data.extend(p.to_f32_vec()?);
+    }
+    Ok(HostTensor::from_f32(&data, &shape))
+}
+
+/// The shape of the concatenation: dim 0 summed, trailing dims shared by every part.
+fn concat_shape(names: &[&str], parts: &[HostTensor<'_>]) -> Result<Vec<usize>, WeightError> {
+    let Some(first) = parts.first() else {
+        return Err(concat_error(names, "no tensors given".into()));
+    };
+    let Some((_, trailing)) = first.shape().split_first() else {
+        return Err(concat_error(names, format!("`{}` is 0-D", names[0])));
+    };
+    let mut rows = 0;
+    for (p, name) in parts.iter().zip(names) {
+        if p.shape().get(1..) != Some(trailing) {
+            return Err(concat_error(
+                names,
+                format!("`{name}` has shape {:?}, but `{}` has trailing dims {trailing:?}", p.shape(), names[0]),
+            ));
+        }
+        rows += p.shape()[0];
+    }
+    Ok([&[rows], trailing].concat())
+}
+
+fn concat_error(names: &[&str], msg: String) -> WeightError {
+    WeightError::Concat { names: names.iter().map(ToString::to_string).collect(), msg }
+}
