@@ -1,0 +1,102 @@
+//! The KV cache seam of met.
+//!
+//! [`KvCache`] owns the per-layer K/V pools (device tensors made through
+//! [`met_kernels::GpuBackend`]) and the bookkeeping of their fixed-size blocks. A sequence
+//! holds its blocks through a [`SequenceBlocks`] guard: its block table maps logical block
+//! `i` (tokens `i·block_size ..`) to a physical block, and dropping the guard returns the
+//! blocks to the pool. That drop is the only way blocks are freed, so a cancelled request
+//! cannot leak them.
+//!
+//! This crate never reads tensor contents; it does bookkeeping on the host and hands the
+//! pools to the model, which writes and reads them through the backend.
+//!
+//! Invariant: at every moment, blocks referenced by live guards + free blocks = total.
+
+mod block;
+mod paged;
+
+pub use block::{BlockId, SequenceBlocks};
+pub use paged::PagedKvCache;
+
+use met_kernels::{DType, Tensor};
+
+/// Tokens per block unless configured otherwise.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// The shape of the K/V state a model keeps per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Attention layers, each with its own K and V pool.
+    pub num_layers: usize,
+    /// Key/value heads per layer.
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Element type of the pools.
+    pub dtype: DType,
+}
+
+impl KvLayout {
+    /// Bytes one block of `block_size` tokens takes across all layers, K and V.
+    pub fn bytes_per_block(&self, block_size: usize) -> usize {
+        2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * self.dtype.size_in_bytes()
+    }
+}
+
+/// Not enough free blocks for a request. A scheduling outcome (wait, preempt), not a
+/// failure of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("out of KV cache blocks: {needed} needed, {free} free")]
+pub struct OutOfBlocks {
+    /// Blocks the request needed.
+    pub needed: usize,
+    /// Blocks that were free.
+    pub free: usize,
+}
+
+/// Errors building a cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Allocating the pools failed on the device.
+    #[error("allocating the KV cache: {0}")]
+    Kernels(#[from] met_kernels::Error),
+    /// The configuration cannot make a usable cache.
+    #[error("invalid KV cache configuration: {0}")]
+    Config(String),
+}
+
+/// Paged K/V storage plus its block bookkeeping.
+pub trait KvCache: Send {
+    /// The per-token K/V shape.
+    fn layout(&self) -> KvLayout;
+
+    /// Tokens per block.
+    fn block_size(&self) -> usize;
+
+    /// Blocks in the pool.
+    fn num_blocks(&self) -> usize;
+
+    /// Blocks not held by any sequence.
+    fn num_free_blocks(&self) -> usize;
+
+    /// Whether `blocks` more blocks could be handed out now.
+    fn can_allocate(&self, blocks: usize) -> bool {
+        self.num_free_blocks() >= blocks
+    }
+
+    /// An empty block table for a new sequence.
+    fn new_sequence(&self) -> SequenceBlocks;
+
+    /// Grows `seq` so it has slots for its first `tokens` tokens. All or nothing: on
+    /// failure `seq` is unchanged.
+    ///
+    /// # Errors
+    /// [`OutOfBlocks`] when the pool cannot supply the missing blocks.
+    fn reserve(&self, seq: &mut SequenceBlocks, tokens: usize) -> Result<(), OutOfBlocks>;
+
+    /// The K and V pools of `layer`, each `[blocks, block_size, kv_heads, head_dim]`.
+    ///
+    /// # Panics
+    /// If `layer >= layout().num_layers`.
+    fn layer(&self, layer: usize) -> (&Tensor, &Tensor);
+}

@@ -1,0 +1,174 @@
+//! `PagedKvCache`: per-layer K/V pools of fixed-size blocks.
+
+use std::sync::Arc;
+
+use met_kernels::{GpuBackend, Tensor};
+use parking_lot::Mutex;
+
+use crate::block::BlockPool;
+use crate::{CacheError, KvCache, KvLayout, OutOfBlocks, SequenceBlocks};
+
+/// The paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer's pools.
+pub struct PagedKvCache {
+    layout: KvLayout,
+    block_size: usize,
+    pools: Vec<(Tensor, Tensor)>,
+    blocks: Arc<Mutex<BlockPool>>,
+}
+
+impl PagedKvCache {
+    /// Allocates zeroed pools of `num_blocks` blocks on `backend`.
+    ///
+    /// # Errors
+    /// [`CacheError::Config`] for a zero block size or block count;
+    /// [`CacheError::Kernels`] when the device cannot hold the pools.
+    pub fn new(
+        backend: &dyn GpuBackend,
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, CacheError> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(CacheError::Config(format!("{num_blocks} blocks of {block_size} tokens hold nothing")));
+        }
+        if u32::try_from(num_blocks * block_size).is_err() {
+            return Err(CacheError::Config(format!("{num_blocks} blocks of {block_size} overflow u32 slots")));
+        }
+        let dims = [num_blocks, block_size, layout.num_kv_heads, layout.head_dim];
+        let pools = (0..layout.num_layers)
+            .map(|_| Ok((backend.zeros(&dims, layout.dtype)?, backend.zeros(&dims, layout.dtype)?)))
+            .collect::<Result<_, met_kernels::Error>>()?;
+        Ok(Self { layout, block_size, pools, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks))) })
+    }
+
+    /// How many blocks fit in `bytes` of device memory.
+    pub fn blocks_for_bytes(layout: &KvLayout, block_size: usize, bytes: usize) -> usize {
+        bytes / layout.bytes_per_block(block_size).max(1)
+    }
+}
+
+impl KvCache for PagedKvCache {
+    fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.blocks.lock().num_blocks()
+    }
+
+    fn num_free_blocks(&self) -> usize {
+        self.blocks.lock().num_free()
+    }
+
+    fn new_sequence(&self) -> SequenceBlocks {
+        SequenceBlocks::new(Arc::clone(&self.blocks), self.block_size)
+    }
+
+    fn reserve(&self, seq: &mut SequenceBlocks, tokens: usize) -> Result<(), OutOfBlocks> {
+        seq.grow(tokens)
+    }
+
+    fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.pools[layer];
+        (k, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use met_kernels::{CpuBackend, DType};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn cache(blocks: usize) -> PagedKvCache {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, dtype: DType::F32 };
+        PagedKvCache::new(&CpuBackend::new(), layout, 4, blocks).unwrap()
+    }
+
+    #[test]
+    fn pools_have_the_paged_shape() {
+        let c = cache(3);
+        let (k, v) = c.layer(1);
+        assert_eq!(k.dims(), [3, 4, 2, 4]);
+        assert_eq!(v.dims(), [3, 4, 2, 4]);
+    }
+
+    #[test]
+    fn reserve_maps_slots_through_the_block_table() {
+        let c = cache(4);
+        let mut a = c.new_sequence();
+        let mut b = c.new_sequence();
+        c.reserve(&mut a, 3).unwrap();
+        c.reserve(&mut b, 5).unwrap();
+        c.reserve(&mut a, 6).unwrap();
+        assert_eq!(a.block_ids().len(), 2);
+        assert_eq!(b.block_ids().len(), 2);
+        let block = |s: &SequenceBlocks, i: usize| s.block_ids()[i].0;
+        assert_eq!(a.slot(0), block(&a, 0) * 4);
+        assert_eq!(a.slot(5), block(&a, 1) * 4 + 1);
+        assert_eq!(b.slot(4), block(&b, 1) * 4);
+        assert_eq!(c.num_free_blocks(), 0);
+    }
+
+    #[test]
+    fn reserve_is_all_or_nothing() {
+        let c = cache(2);
+        let mut a = c.new_sequence();
+        let err = c.reserve(&mut a, 9).unwrap_err();
+        assert_eq!(err, OutOfBlocks { needed: 3, free: 2 });
+        assert!(a.block_ids().is_empty());
+        assert_eq!(c.num_free_blocks(), 2);
+    }
+
+    #[test]
+    fn dropping_a_sequence_frees_its_blocks() {
+        let c = cache(3);
+        let mut a = c.new_sequence();
+        c.reserve(&mut a, 12).unwrap();
+        assert!(!c.can_allocate(1));
+        drop(a);
+        assert_eq!(c.num_free_blocks(), 3);
+    }
+
+    #[test]
+    fn zero_sized_caches_are_rejected() {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 };
+        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 0, 4).is_err());
+        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 16, 0).is_err());
+    }
+
+    proptest! {
+        /// Random reserve/drop sequences keep held + free = total, never hand one block to
+        /// two sequences, and free everything once every sequence is gone.
+        #[test]
+        fn blocks_are_conserved(ops in prop::collection::vec((0usize..6, 0usize..40, any::<bool>()), 1..60)) {
+            let c = cache(16);
+            let mut seqs: Vec<Option<SequenceBlocks>> = (0..6).map(|_| None).collect();
+            for (i, tokens, drop_it) in ops {
+                if drop_it {
+                    seqs[i] = None;
+                } else {
+                    let s = seqs[i].get_or_insert_with(|| c.new_sequence());
+                    let before = s.block_ids().to_vec();
+                    match c.reserve(s, tokens) {
+                        Ok(()) => prop_assert!(s.capacity() >= tokens),
+                        Err(_) => prop_assert_eq!(s.block_ids(), &before[..]),
+                    }
+                }
+                let mut held: Vec<u32> = seqs.iter().flatten().flat_map(|s| s.block_ids().iter().map(|b| b.0)).collect();
+                let n = held.len();
+                held.sort_unstable();
+                held.dedup();
+                prop_assert_eq!(held.len(), n, "a block is shared");
+                prop_assert_eq!(n + c.num_free_blocks(), 16);
+            }
+            seqs.clear();
+            prop_assert_eq!(c.num_free_blocks(), 16);
+        }
+    }
+}
