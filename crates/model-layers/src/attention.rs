@@ -1,0 +1,114 @@
+//! The attention-backend seam.
+//!
+//! One call per layer: write this step's K/V into their cache slots, then attend for the
+//! whole varlen batch through the block tables. The metadata of a step is prepared once
+//! and shared by every layer. [`PagedAttention`] implements the seam with the device's
+//! own `write_kv` and `paged_attention` ops; faster kernels plug in as other backends,
+//! chosen at startup by name.
+
+use std::sync::Arc;
+
+use met_kernels::{AttentionMeta, AttentionParams, GpuBackend, HostTensor, Tensor};
+
+use crate::{ForwardBatch, ModelError, Result};
+
+/// Device-side metadata of one forward step, shared by all layers.
+#[derive(Debug, Clone)]
+pub struct StepMetadata {
+    /// Query/context layout and block tables.
+    pub attention: AttentionMeta,
+    /// `u32 [t]`: cache slot of each row.
+    pub slots: Tensor,
+}
+
+/// One way to compute attention over the paged KV cache.
+pub trait AttentionBackend: Send + Sync {
+    /// The name it is selected by (`--attention-backend`).
+    fn name(&self) -> &'static str;
+
+    /// Uploads the metadata of `batch` once per step.
+    ///
+    /// # Errors
+    /// When the upload fails.
+    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata>;
+
+    /// Writes `k, v [t, h_kv, d]` into the layer's pools at the step's slots, then returns
+    /// attention of `q [t, h, d]` over the cache: `[t, h, d]`.
+    ///
+    /// # Errors
+    /// On mismatched shapes or device failure.
+    fn forward(
+        &self,
+        qkv: (&Tensor, &Tensor, &Tensor),
+        cache: (&Tensor, &Tensor),
+        step: &StepMetadata,
+        params: &AttentionParams,
+    ) -> Result<Tensor>;
+}
+
+/// Names accepted by [`attention_backend`].
+pub const ATTENTION_BACKENDS: &[&str] = &["paged"];
+
+/// The attention backend called `name`.
+///
+/// # Errors
+/// [`ModelError::Unsupported`] for an unknown name, listing the known ones.
+pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
+    match name {
+        "paged" => Ok(Arc::new(PagedAttention { backend })),
+        other => Err(ModelError::Unsupported(format!(
+            "unknown attention backend `{other}` (available: {})",
+            ATTENTION_BACKENDS.join(", ")
+        ))),
+    }
+}
+
+/// Attention through the device backend's own paged-attention op.
+#[derive(Debug)]
+pub struct PagedAttention {
+    backend: Arc<dyn GpuBackend>,
+}
+
+impl PagedAttention {
+    /// Paged attention on `backend`.
+    pub fn new(backend: Arc<dyn GpuBackend>) -> Self {
+        Self { backend }
+    }
+}
+
+impl AttentionBackend for PagedAttention {
+    fn name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
+        let seqs = &batch.sequences;
+        let max_blocks = seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        for (row, s) in tables.chunks_mut(max_blocks).zip(seqs) {
+            row[..s.block_table.len()].copy_from_slice(&s.block_table);
+        }
+        let seq_lens: Vec<u32> = seqs.iter().map(|s| s.context_len as u32).collect();
+        let b = &self.backend;
+        let attention = AttentionMeta {
+            cu_seqlens_q: b.upload(&HostTensor::from_u32(&batch.cu_seqlens_q(), &[seqs.len() + 1]))?,
+            seq_lens: b.upload(&HostTensor::from_u32(&seq_lens, &[seqs.len()]))?,
+            block_tables: b.upload(&HostTensor::from_u32(&tables, &[seqs.len(), max_blocks]))?,
+            max_seqlen_q: seqs.iter().map(|s| s.query_len).max().unwrap_or(0),
+            max_seqlen_k: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
+        };
+        let slots = b.upload(&HostTensor::from_u32(&batch.slot_mapping, &[batch.slot_mapping.len()]))?;
+        Ok(StepMetadata { attention, slots })
+    }
+
+    fn forward(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        step: &StepMetadata,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        self.backend.write_kv(k, v, k_cache, v_cache, &step.slots)?;
+        Ok(self.backend.paged_attention(q, k_cache, v_cache, &step.attention, params)?)
+    }
+}

@@ -1,0 +1,97 @@
+//! `ForwardBatch`: one step's tokens, flattened across sequences.
+//!
+//! Each sequence contributes a contiguous run of rows: the next chunk of its prompt, or
+//! its last sampled token. Positions continue from what the cache already holds, slots
+//! come from the sequence's block table, and the attention metadata is derived from the
+//! per-sequence query and context lengths.
+
+use met_cache::SequenceBlocks;
+
+/// Which rows of a pushed chunk need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prompt chunk that is not the last).
+    None,
+    /// The last row (the next-token distribution).
+    Last,
+    /// Every row (prompt logprobs, speculative verification).
+    All,
+}
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchSequence {
+    /// Rows of this sequence in the flat batch.
+    pub query_len: usize,
+    /// Tokens in the cache after this step (earlier tokens + this chunk).
+    pub context_len: usize,
+    /// Physical block of each logical block.
+    pub block_table: Vec<u32>,
+}
+
+/// A flat varlen batch for [`crate::Model::forward`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// Token id of each row.
+    pub token_ids: Vec<u32>,
+    /// Position of each row within its sequence.
+    pub positions: Vec<u32>,
+    /// Cache slot each row's K/V is written to.
+    pub slot_mapping: Vec<u32>,
+    /// The sequences, in row order.
+    pub sequences: Vec<BatchSequence>,
+    /// Rows whose logits are returned, in output order.
+    pub logit_rows: Vec<u32>,
+}
+
+impl ForwardBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends the next `tokens` of a sequence whose cache already holds `cached` tokens.
+    ///
+    /// # Panics
+    /// If `blocks` cannot hold `cached + tokens.len()` tokens: reserve before pushing.
+    pub fn push(&mut self, tokens: &[u32], cached: usize, blocks: &SequenceBlocks, logits: LogitRows) {
+        let end = cached + tokens.len();
+        assert!(blocks.capacity() >= end, "blocks hold {} tokens, batch needs {end}", blocks.capacity());
+        let first_row = self.token_ids.len() as u32;
+        self.token_ids.extend_from_slice(tokens);
+        self.positions.extend((cached..end).map(|p| p as u32));
+        self.slot_mapping.extend((cached..end).map(|p| blocks.slot(p)));
+        let rows = first_row..first_row + tokens.len() as u32;
+        match logits {
+            LogitRows::None => {}
+            LogitRows::Last => self.logit_rows.extend(rows.last()),
+            LogitRows::All => self.logit_rows.extend(rows),
+        }
+        self.sequences.push(BatchSequence {
+            query_len: tokens.len(),
+            context_len: end,
+            block_table: blocks.block_ids().iter().map(|b| b.0).collect(),
+        });
+    }
+
+    /// Rows in the batch.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    /// Prefix sums of query lengths (`[0, q0, q0+q1, ...]`).
+    pub fn cu_seqlens_q(&self) -> Vec<u32> {
+        let mut acc = 0;
+        std::iter::once(0)
+            .chain(self.sequences.iter().map(|s| {
+                acc += s.query_len as u32;
+                acc
+            }))
+            .collect()
+    }
+}

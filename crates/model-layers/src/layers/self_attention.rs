@@ -1,0 +1,130 @@
+//! Self-attention: fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3),
+//! rotary, the attention backend over the paged cache, and the output projection.
+//!
+//! Follows `LlamaAttention` / `Qwen3Attention` in transformers: queries and keys are
+//! normalised per head *before* rotary, scores are scaled by `head_dim^-0.5`.
+
+use met_config::ModelConfig;
+use met_kernels::{AttentionParams, GpuBackend, Tensor};
+use met_model_weights::{TensorSpec, WeightStore, load};
+
+use super::linear::Linear;
+use super::spec;
+use crate::Result;
+use crate::attention::{AttentionBackend, StepMetadata};
+
+const QKV: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
+const O: &str = "self_attn.o_proj";
+const Q_NORM: &str = "self_attn.q_norm.weight";
+const K_NORM: &str = "self_attn.k_norm.weight";
+
+/// Per-token inputs shared by every layer of one step.
+pub struct StepInputs<'a> {
+    /// `u32 [t]` positions.
+    pub positions: &'a Tensor,
+    /// `f32 [head_dim / 2]` rotary inverse frequencies.
+    pub inv_freq: &'a Tensor,
+    /// Attention metadata of the step.
+    pub meta: &'a StepMetadata,
+}
+
+/// One layer's self-attention.
+pub struct SelfAttention {
+    qkv: Linear,
+    o: Linear,
+    qk_norm: Option<(Tensor, Tensor)>,
+    params: AttentionParams,
+    eps: f32,
+}
+
+impl SelfAttention {
+    /// The checkpoint tensors of layer `prefix` (e.g. `model.layers.3.`).
+    pub fn tensors(cfg: &ModelConfig, prefix: &str, qk_norm: bool) -> Vec<TensorSpec> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let outs = [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d];
+        let mut specs = Vec::new();
+        for (name, out) in QKV.iter().zip(outs) {
+            specs.push(spec(prefix, &format!("{name}.weight"), &[out, h]));
+            if cfg.qkv_bias {
+                specs.push(spec(prefix, &format!("{name}.bias"), &[out]));
+            }
+        }
+        specs.push(spec(prefix, &format!("{O}.weight"), &[h, outs[0]]));
+        if cfg.o_bias {
+            specs.push(spec(prefix, &format!("{O}.bias"), &[h]));
+        }
+        if qk_norm {
+            specs.push(spec(prefix, Q_NORM, &[d]));
+            specs.push(spec(prefix, K_NORM, &[d]));
+        }
+        specs
+    }
+
+    /// Loads layer `layer` (checkpoint prefix `prefix`).
+    ///
+    /// # Errors
+    /// When a tensor is missing or mis-shaped.
+    pub fn load(
+        cfg: &ModelConfig,
+        store: &dyn WeightStore,
+        backend: &dyn GpuBackend,
+        prefix: &str,
+        layer: usize,
+        qk_norm: bool,
+    ) -> Result<Self> {
+        let qk_norm = if qk_norm {
+            Some((
+                load(store, &format!("{prefix}{Q_NORM}"), backend)?,
+                load(store, &format!("{prefix}{K_NORM}"), backend)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            qkv: Linear::load_fused(store, backend, prefix, &QKV, cfg.qkv_bias)?,
+            o: Linear::load_fused(store, backend, prefix, &[O], cfg.o_bias)?,
+            qk_norm,
+            params: AttentionParams {
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                scale: (cfg.head_dim as f32).powf(-0.5),
+                sliding_window: cfg.window(layer),
+                softcap: None,
+            },
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// `x [t, hidden] -> [t, hidden]`, writing this step's K/V into `cache`.
+    ///
+    /// # Errors
+    /// On device failure.
+    pub fn forward(
+        &self,
+        backend: &dyn GpuBackend,
+        attention: &dyn AttentionBackend,
+        x: &Tensor,
+        step: &StepInputs<'_>,
+        cache: (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let AttentionParams { num_heads: h, num_kv_heads: hkv, head_dim: d, .. } = self.params;
+        let t = x.dims()[0];
+        let qkv = self.qkv.forward(backend, x)?;
+        let [q, k, v]: [Tensor; 3] = backend
+            .split_columns(&qkv, &[h * d, hkv * d, hkv * d])?
+            .try_into()
+            .expect("split_columns returns one tensor per width");
+        // [t, heads * d] -> [t, heads, d]
+        let (mut q, mut k, v) = (q.reshape(&[t, h, d])?, k.reshape(&[t, hkv, d])?, v.reshape(&[t, hkv, d])?);
+        if let Some((qn, kn)) = &self.qk_norm {
+            q = backend.rms_norm(&q, qn, self.eps)?;
+            k = backend.rms_norm(&k, kn, self.eps)?;
+        }
+        let q = backend.rotary(&q, step.positions, step.inv_freq)?;
+        let k = backend.rotary(&k, step.positions, step.inv_freq)?;
+        let out = attention.forward((&q, &k, &v), cache, step.meta, &self.params)?;
+        // [t, h, d] -> [t, h * d]
+        self.o.forward(backend, &out.reshape(&[t, h * d])?)
+    }
+}

@@ -1,0 +1,68 @@
+//! The model seam of met.
+//!
+//! A [`Model`] runs one forward pass over a flat varlen [`ForwardBatch`]: several
+//! sequences, each contributing a prefill chunk or a decode row, reading and writing the
+//! paged KV cache it is handed. Models never own a cache and never assume one sequence,
+//! so the scheduler is free to mix requests in any step.
+//!
+//! Architectures live one per file in [`models`], are built from the shared layers in
+//! [`layers`], and register by Hugging Face `model_type`. Attention goes through the
+//! [`attention::AttentionBackend`] seam, chosen at startup.
+
+pub mod attention;
+mod batch;
+pub mod layers;
+pub mod models;
+pub mod runner;
+
+use met_cache::{KvCache, KvLayout};
+use met_kernels::Tensor;
+
+pub use batch::{BatchSequence, ForwardBatch, LogitRows};
+pub use models::{LoadOptions, load_model, tensor_specs};
+
+/// What can fail while building or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A device op failed or rejected its operands.
+    #[error(transparent)]
+    Kernels(#[from] met_kernels::Error),
+    /// Weights could not be read or did not match the architecture.
+    #[error(transparent)]
+    Weights(#[from] met_model_weights::WeightError),
+    /// The KV cache could not be built or grown.
+    #[error(transparent)]
+    Cache(#[from] met_cache::CacheError),
+    /// The KV cache has no room for the batch.
+    #[error(transparent)]
+    OutOfBlocks(#[from] met_cache::OutOfBlocks),
+    /// A batch that cannot run on this model (a token id past the vocabulary, a context
+    /// past the model's limit, a cache of another layout).
+    #[error("invalid batch: {0}")]
+    Batch(String),
+    /// The architecture or a setting is not supported.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// `Result` with [`ModelError`].
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// A decoder-only language model.
+pub trait Model: Send + Sync {
+    /// Runs the batch: writes its K/V into `kv` at the batch's slots and returns f32
+    /// logits `[batch.logit_rows.len(), vocab]`, one row per requested row, in order.
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for a malformed batch; device errors otherwise.
+    fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor>;
+
+    /// Rows of the logits.
+    fn vocab_size(&self) -> usize;
+
+    /// What the model keeps per token in the KV cache.
+    fn kv_layout(&self) -> KvLayout;
+
+    /// The longest context (prompt + generated) the model supports.
+    fn max_context(&self) -> usize;
+}

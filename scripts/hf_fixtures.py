@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Generate tiny random Hugging Face checkpoints plus float32 reference outputs.
+
+What it makes
+-------------
+Six fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
+
+    llama       GQA, llama3 rope scaling (all three bands exercised), untied
+                embeddings, sharded safetensors, classic config layout
+    mistral     GQA, sliding window 8, explicit head_dim != hidden/heads
+    qwen2       q/k/v biases, tied embeddings, linear rope scaling, classic
+                config layout
+    qwen3       q/k norm, explicit head_dim, sliding window on layers >= 1
+    qwen3_moe   8 experts top-2 with normalised top-k probabilities, a dense
+                MLP layer in the middle, per-expert (hub style) weight names
+    llama_tied  MHA, tied embeddings, attention and MLP biases, no rope scaling
+
+Each directory holds the checkpoint as written by ``save_pretrained`` in
+bfloat16 (``config.json``, ``generation_config.json``, ``model.safetensors``
+or shards + ``model.safetensors.index.json``), plus
+
+    reference.safetensors   float32 ``logits.{0..3}``, shape [prompt_len, vocab]
+    reference.json          prompts, 16-token greedy continuations, minimum
+                            top-1/top-2 logit margin, seed, coverage tags and
+                            library versions
+
+Why
+---
+The Rust tests load these checkpoints with ``met`` and assert that it computes
+the same logits and greedy tokens as ``transformers``. All references are
+computed from the saved bf16 weights upcast to float32 (eager attention, CPU,
+batch size 1, no padding), so ``met`` running in f32 over the same bf16 weights
+should agree to ~1e-5. Seeds are searched deterministically until every argmax
+has a top-1/top-2 margin of at least 1e-3, so argmax comparisons are stable.
+
+How to regenerate (from the repository root)
+--------------------------------------------
+    pip install torch transformers safetensors numpy      # in any virtualenv
+    /path/to/venv/bin/python scripts/hf_fixtures.py
+
+This is a developer tool only; nothing in the build or CI depends on torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO_ROOT / "crates" / "model-layers" / "tests" / "fixtures" / "hf"
+
+VOCAB = 512
+PROMPT_LENS = (1, 6, 23, 60)
+GREEDY_STEPS = 16
+MIN_MARGIN = 1e-3
+MAX_SEED_TRIES = 64
+# Scale of the output projection relative to 1/sqrt(hidden): logits get a
+# standard deviation of a few units instead of the near-flat default init.
+LM_HEAD_GAIN = 4.0
+ROUTER_GAIN = 2.0
+BIAS_STD = 0.3
+NORM_STD = 0.1
+QK_NORM_STD = 0.2
+
+
+def fail(msg: str) -> None:
+    print(f"FAILED: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+# --------------------------------------------------------------------------
+# Fixture specifications
+# --------------------------------------------------------------------------
+
+
+def llama_config() -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        # head_dim 16, theta 1e4: wavelengths 2*pi*1e4^(i/8) = 6.3, 19.9, 62.8, ...
+        # high_freq_wavelen = 32/4 = 8, low_freq_wavelen = 32/1 = 32, so
+        # index 0 is kept (< 8), index 1 is interpolated (8..32) and indices
+        # 2..7 are divided by the factor (> 32). check_llama3_bands() asserts it.
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    )
+
+
+def mistral_config() -> MistralConfig:
+    return MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # hidden/heads would be 16
+        max_position_embeddings=256,
+        sliding_window=8,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def qwen2_config() -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,  # 3 query heads per kv head
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    )
+
+
+def qwen3_config() -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # hidden/heads would be 16
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,  # layer 0 full attention, layers 1, 2 sliding
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def qwen3_moe_config() -> Qwen3MoeConfig:
+    return Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def llama_tied_config() -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
+
+
+FIXTURES = [
+    {
+        "name": "llama",
+        "config": llama_config,
+        "base_seed": 1000,
+        "classic": True,
+        "shard": "100KB",
+        "covers": ["gqa", "llama3_rope", "untied_embeddings", "sharded_safetensors",
+                   "classic_config_layout"],
+    },
+    {
+        "name": "mistral",
+        "config": mistral_config,
+        "base_seed": 2000,
+        "classic": False,
+        "covers": ["gqa", "sliding_window", "explicit_head_dim", "untied_embeddings",
+                   "rope_parameters_layout"],
+    },
+    {
+        "name": "qwen2",
+        "config": qwen2_config,
+        "base_seed": 3000,
+        "classic": True,
+        "residual_gain": 16.0,
+        "covers": ["gqa", "qkv_bias", "tied_embeddings", "linear_rope", "classic_config_layout"],
+    },
+    {
+        "name": "qwen3",
+        "config": qwen3_config,
+        "base_seed": 4000,
+        "classic": False,
+        "covers": ["gqa", "qk_norm", "explicit_head_dim", "sliding_window", "max_window_layers",
+                   "untied_embeddings", "rope_parameters_layout"],
+    },
+    {
+        "name": "qwen3_moe",
+        "config": qwen3_moe_config,
+        "base_seed": 5000,
+        "classic": False,
+        "covers": ["gqa", "qk_norm", "explicit_head_dim", "moe", "top2_routing", "norm_topk_prob",
+                   "mlp_only_layers", "per_expert_weights", "untied_embeddings",
+                   "rope_parameters_layout"],
+    },
+    {
+        "name": "llama_tied",
+        "config": llama_tied_config,
+        "base_seed": 6000,
+        "classic": True,
+        "residual_gain": 16.0,
+        "covers": ["mha", "tied_embeddings", "attention_bias", "mlp_bias", "no_rope_scaling",
+                   "classic_config_layout"],
+    },
+]
+
+
+# --------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------
+
+
+def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float = 1.0) -> None:
+    """Re-draw every parameter from `gen` with scales that give O(1) activations.
+
+    `residual_gain` multiplies the projections that write into the residual
+    stream (o_proj, down_proj: weights and biases). Tied-embedding models need
+    it: with unit-scale branches the token's own embedding dominates the final
+    hidden state and, since the LM head is that same embedding matrix, every
+    position simply predicts its input token."""
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            shape = tuple(p.shape)
+
+            def normal(std: float, mean: float = 0.0) -> torch.Tensor:
+                return torch.randn(shape, generator=gen) * std + mean
+
+            if name.endswith("embed_tokens.weight"):
+                val = normal(1.0)
+            elif name.endswith("q_norm.weight") or name.endswith("k_norm.weight"):
+                val = normal(QK_NORM_STD, 1.0)
+            elif name.endswith("norm.weight"):
+                val = normal(NORM_STD, 1.0)
+            elif name.endswith(".bias"):
+                val = normal(BIAS_STD)
+            elif name == "lm_head.weight":
+                val = normal(LM_HEAD_GAIN / math.sqrt(shape[1]))
+            elif name.endswith("mlp.gate.weight"):  # MoE router [E, H]
+                val = normal(ROUTER_GAIN / math.sqrt(shape[1]))
+            elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                val = normal(1.0 / math.sqrt(shape[2]))  # [E, out, in]
+            elif name.endswith(".weight") and p.dim() == 2:
+                val = normal(1.0 / math.sqrt(shape[1]))  # nn.Linear [out, in]
+            else:
+                fail(f"no init rule for parameter {name} {shape}")
+            if residual_gain != 1.0 and (".o_proj." in name or ".down_proj." in name):
+                val = val * residual_gain
+            p.copy_(val)
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+# --------------------------------------------------------------------------
+# Config layout handling
+# --------------------------------------------------------------------------
+
+
+def rewrite_config_classic(path: Path) -> None:
+    """Turn a transformers-5 config.json into the layout hub checkpoints use:
+    top-level rope_theta, `rope_scaling` (with rope_type) or null, torch_dtype."""
+    cfg = json.loads(path.read_text())
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    rope_type = rope.get("rope_type", "default")
+    cfg["rope_scaling"] = None if rope_type == "default" else rope
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+
+
+def check_config_roundtrip(orig, saved_dir: Path, model_orig) -> None:
+    """Reload config.json with AutoConfig and require identical rope settings."""
+    re = AutoConfig.from_pretrained(saved_dir)
+    if re.rope_parameters != orig.rope_parameters:
+        fail(f"{saved_dir.name}: rope_parameters differ after reload: "
+             f"{re.rope_parameters} vs {orig.rope_parameters}")
+    skip = {"transformers_version", "dtype", "torch_dtype", "architectures", "_name_or_path"}
+    a = {k: v for k, v in orig.to_dict().items() if k not in skip}
+    b = {k: v for k, v in re.to_dict().items() if k not in skip}
+    diff = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    if diff:
+        fail(f"{saved_dir.name}: config fields differ after reload: "
+             + ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(diff)))
+    # Rotary tables built from the reloaded config must match bit for bit.
+    rot_orig = model_orig.model.rotary_emb
+    rot_re = type(rot_orig)(config=re)
+    if not torch.equal(rot_orig.inv_freq, rot_re.inv_freq) or \
+            rot_orig.attention_scaling != rot_re.attention_scaling:
+        fail(f"{saved_dir.name}: rotary inv_freq/attention_scaling differ after reload")
+
+
+def check_llama3_bands(config, model) -> dict:
+    """Recompute llama3 inv_freq independently and report which band each index is in."""
+    rp = config.rope_parameters
+    dim = config.head_dim
+    base = rp["rope_theta"]
+    factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    high_wl, low_wl = old / hi, old / lo
+    bands = {"kept": [], "interpolated": [], "scaled": []}
+    expect = []
+    for i in range(dim // 2):
+        f = 1.0 / base ** (2 * i / dim)
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            bands["kept"].append(i)
+            expect.append(f)
+        elif wl > low_wl:
+            bands["scaled"].append(i)
+            expect.append(f / factor)
+        else:
+            bands["interpolated"].append(i)
+            s = (old / wl - lo) / (hi - lo)
+            expect.append((1 - s) * f / factor + s * f)
+    print(f"  llama3 bands (high_freq_wavelen={high_wl}, low_freq_wavelen={low_wl}): "
+          f"kept (wavelen<{high_wl}) {bands['kept']}, interpolated {bands['interpolated']}, "
+          f"scaled (wavelen>{low_wl}) {bands['scaled']}")
+    for band, idx in bands.items():
+        if not idx:
+            fail(f"llama3 band '{band}' has no frequency")
+    got = model.model.rotary_emb.inv_freq.double()
+    if not torch.allclose(got, torch.tensor(expect, dtype=torch.float64), rtol=1e-6, atol=0):
+        fail(f"llama3 inv_freq mismatch: {got.tolist()} vs {expect}")
+    return bands
+
+
+# --------------------------------------------------------------------------
+# MoE checkpoint naming
+# --------------------------------------------------------------------------
+
+
+def check_moe_hub_names(model, saved_dir: Path) -> None:
+    """The saved file must use per-expert hub names, with gate = first I rows
+    of the fused gate_up_proj (the modeling code does `.chunk(2, dim=-1)` and
+    treats the first chunk as gate)."""
+    cfg = model.config
+    E, I = cfg.num_experts, cfg.moe_intermediate_size
+    with safe_open(saved_dir / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        if any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in keys):
+            rewrite_moe_per_expert(saved_dir, E, I)
+    with safe_open(saved_dir / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        for li, layer in enumerate(model.model.layers):
+            pre = f"model.layers.{li}.mlp"
+            if li in cfg.mlp_only_layers:
+                for n in ("gate_proj", "up_proj", "down_proj"):
+                    if f"{pre}.{n}.weight" not in keys:
+                        fail(f"qwen3_moe: missing dense {pre}.{n}.weight")
+                continue
+            fused_gu = layer.mlp.experts.gate_up_proj.detach()
+            fused_dn = layer.mlp.experts.down_proj.detach()
+            if not torch.equal(f.get_tensor(f"{pre}.gate.weight"), layer.mlp.gate.weight.detach()):
+                fail(f"qwen3_moe: router {pre}.gate.weight mismatch")
+            for e in range(E):
+                g = f.get_tensor(f"{pre}.experts.{e}.gate_proj.weight")
+                u = f.get_tensor(f"{pre}.experts.{e}.up_proj.weight")
+                d = f.get_tensor(f"{pre}.experts.{e}.down_proj.weight")
+                if g.shape != (I, cfg.hidden_size) or u.shape != (I, cfg.hidden_size) \
+                        or d.shape != (cfg.hidden_size, I):
+                    fail(f"qwen3_moe: bad expert shapes in layer {li} expert {e}")
+                if not (torch.equal(g, fused_gu[e, :I]) and torch.equal(u, fused_gu[e, I:])
+                        and torch.equal(d, fused_dn[e])):
+                    fail(f"qwen3_moe: expert {e} of layer {li} does not match fused weights")
+        if any("gate_up_proj" in k for k in keys):
+            fail("qwen3_moe: fused names remain in the checkpoint")
+
+
+def rewrite_moe_per_expert(saved_dir: Path, E: int, I: int) -> None:
+    path = saved_dir / "model.safetensors"
+    out = {}
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        for k in f.keys():
+            t = f.get_tensor(k)
+            if k.endswith("mlp.experts.gate_up_proj"):
+                pre = k[: -len("gate_up_proj")]
+                for e in range(E):
+                    out[f"{pre}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                    out[f"{pre}{e}.up_proj.weight"] = t[e, I:].contiguous()
+            elif k.endswith("mlp.experts.down_proj"):
+                pre = k[: -len("down_proj")]
+                for e in range(E):
+                    out[f"{pre}{e}.down_proj.weight"] = t[e].contiguous()
+            else:
+                out[k] = t
+    save_file(out, str(path), metadata=meta)
+    print("  rewrote fused expert tensors to per-expert names")
+
+
+# --------------------------------------------------------------------------
+# References
+# --------------------------------------------------------------------------
+
+
+def top2_gap(x: torch.Tensor) -> torch.Tensor:
+    v = torch.topk(x, 2, dim=-1).values
+    return v[..., 0] - v[..., 1]
+
+
+class RouterWatch:
+    """Records the smallest gap between the k-th and (k+1)-th router logit, so
+    that expert selection is not a near tie."""
+
+    def __init__(self, model):
+        self.min_gap = math.inf
+        self.handles = []
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "top_k"):
+                self.handles.append(gate.register_forward_hook(self.hook))
+
+    def hook(self, module, inputs, output):
+        logits = output[0].float()
+        k = module.top_k
+        v = torch.topk(logits, k + 1, dim=-1).values
+        self.min_gap = min(self.min_gap, float((v[:, k - 1] - v[:, k]).min()))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def forward_logits(model, ids: list[int]) -> torch.Tensor:
+    out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+    return out.logits[0].float()
+
+
+@torch.no_grad()
+def compute_references(model, prompts):
+    logits, greedy, margins = [], [], []
+    for ids in prompts:
+        lg = forward_logits(model, ids)
+        assert lg.shape == (len(ids), VOCAB) and lg.dtype == torch.float32
+        logits.append(lg.contiguous())
+        margins.append(float(top2_gap(lg).min()))
+        seq = list(ids)
+        gen = []
+        for _ in range(GREEDY_STEPS):
+            last = forward_logits(model, seq)[-1]
+            margins.append(float(top2_gap(last)))
+            tok = int(torch.argmax(last))
+            gen.append(tok)
+            seq.append(tok)
+        greedy.append(gen)
+    return logits, greedy, min(margins)
+
+
+def load_f32(path: Path):
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    m.eval()
+    for n, p in m.named_parameters():
+        if p.dtype != torch.float32:
+            fail(f"{path.name}: {n} not float32 after load")
+    return m
+
+
+def build(spec: dict, seed: int, out: Path):
+    """Build one fixture with `seed`, leaving the checkpoint in `out`.
+    Returns (min_margin, logits, greedy, prompts, extra)."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+    config = spec["config"]()
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    randomize(model, gen, spec.get("residual_gain", 1.0))
+    model = model.to(torch.bfloat16)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+    save_kwargs = {}
+    if "shard" in spec:
+        save_kwargs["max_shard_size"] = spec["shard"]
+    model.save_pretrained(out, **save_kwargs)
+
+    # The in-memory model, upcast, is what the saved bf16 checkpoint must reproduce.
+    # `.to(bfloat16)` also rounded the non-persistent rotary buffers; rebuild
+    # them in float32 as a fresh load does.
+    model = model.float().eval()
+    rot = model.model.rotary_emb
+    model.model.rotary_emb = type(rot)(config=model.config)
+
+    if spec["classic"]:
+        rewrite_config_classic(out / "config.json")
+    check_config_roundtrip(config, out, model)
+
+    extra = {}
+    if spec["name"] == "llama":
+        extra["bands"] = check_llama3_bands(config, model)
+    if "shard" in spec:
+        shards = sorted(out.glob("model-*-of-*.safetensors"))
+        if len(shards) < 2 or not (out / "model.safetensors.index.json").exists():
+            fail(f"{spec['name']}: expected >=2 shards and an index, got {[s.name for s in shards]}")
+        extra["shards"] = len(shards)
+    if spec["name"] == "qwen3_moe":
+        check_moe_hub_names(model, out)
+
+    ref_model = load_f32(out)
+
+    # Loading the saved checkpoint must give exactly the in-memory weights.
+    sd_mem, sd_ref = model.state_dict(), ref_model.state_dict()
+    if sd_mem.keys() != sd_ref.keys():
+        fail(f"{spec['name']}: state dict keys differ after reload")
+    for k in sd_mem:
+        if not torch.equal(sd_mem[k], sd_ref[k]):
+            fail(f"{spec['name']}: tensor {k} differs after reload")
+
+    watch = RouterWatch(ref_model)
+    logits, greedy, margin = compute_references(ref_model, prompts)
+    watch.close()
+    if watch.handles:
+        extra["min_router_margin"] = watch.min_gap
+        # The per-expert checkpoint must reproduce the fused in-memory model's logits.
+        for ids, lg in zip(prompts, logits):
+            if not torch.equal(forward_logits(model, ids), lg):
+                fail("qwen3_moe: reloaded per-expert checkpoint does not reproduce logits")
+
+    return margin, logits, greedy, prompts, extra
+
+
+def dump_json(obj: dict) -> str:
+    """One top-level key per line; lists of token ids stay one line each."""
+    def val(v):
+        if isinstance(v, list) and v and isinstance(v[0], list):
+            return "[\n" + ",\n".join("    " + json.dumps(x) for x in v) + "\n  ]"
+        return json.dumps(v)
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {val(v)}" for k, v in obj.items()) + "\n}\n"
+
+
+def make_fixture(spec: dict) -> dict:
+    name = spec["name"]
+    out = OUT_DIR / name
+    for seed in range(spec["base_seed"], spec["base_seed"] + MAX_SEED_TRIES):
+        print(f"[{name}] seed {seed}")
+        margin, logits, greedy, prompts, extra = build(spec, seed, out)
+        router = extra.get("min_router_margin", math.inf)
+        if margin >= MIN_MARGIN and router >= MIN_MARGIN:
+            break
+        print(f"  margin {margin:.3g}, router margin {router:.3g} < {MIN_MARGIN}: next seed")
+    else:
+        fail(f"{name}: no seed in {MAX_SEED_TRIES} tries reached margin {MIN_MARGIN}")
+
+    # Degeneracy guard: a model whose argmax mostly copies the input token
+    # tests little beyond the embedding lookup.
+    copies = sum(int((lg.argmax(-1) == torch.tensor(ids)).sum()) for lg, ids in zip(logits, prompts))
+    if copies > 0.25 * sum(PROMPT_LENS):
+        fail(f"{name}: {copies} of {sum(PROMPT_LENS)} positions predict their own input token")
+
+    save_file({f"logits.{i}": lg for i, lg in enumerate(logits)}, str(out / "reference.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    ref = {
+        "name": name,
+        "model_type": cfg["model_type"],
+        "prompts": prompts,
+        "greedy": greedy,
+        "min_margin": margin,
+        "seed": seed,
+        "covers": spec["covers"],
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    if "min_router_margin" in extra:
+        ref["min_router_margin"] = extra["min_router_margin"]
+    (out / "reference.json").write_text(dump_json(ref))
+    spread = float(torch.cat(logits).std())
+    print(f"  ok: min margin {margin:.4g}, logit std {spread:.3g}, "
+          + ", ".join(f"{k}={v}" for k, v in extra.items() if k != "bands"))
+    return ref
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"safetensors {safetensors.__version__}, numpy {np.__version__}")
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    summary = [make_fixture(spec) for spec in FIXTURES]
+    print("\nsummary:")
+    for r in summary:
+        print(f"  {r['name']:<11} seed {r['seed']:<5} min_margin {r['min_margin']:.4g}  "
+              f"covers {', '.join(r['covers'])}")
+    total = sum(p.stat().st_size for p in OUT_DIR.rglob("*") if p.is_file())
+    print(f"fixtures total: {total / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
