@@ -7,12 +7,18 @@
 //! Both config layouts found in the wild parse to the same value: the classic one
 //! (`rope_theta`, `rope_scaling`) and the one transformers 5 writes (`rope_parameters`).
 //! Every error names the file and the field.
+//!
+//! [`SamplingParams`] are the per-request sampling settings every backend implements.
 
+mod engine;
 mod error;
 mod fields;
 mod generation;
 mod model;
+mod sampling;
 
+pub use engine::{EngineConfig, InvalidEngineConfig};
 pub use error::ConfigError;
 pub use generation::GenerationConfig;
 pub use model::{ModelConfig, ModelType, MoeConfig, RopeConfig, RopeScaling};
+pub use sampling::{InvalidSampling, MAX_TOP_LOGPROBS, SamplingParams};
