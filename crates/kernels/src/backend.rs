@@ -7,6 +7,8 @@
 
 use std::fmt::Debug;
 
+use met_config::SamplingParams;
+
 use crate::{DType, HostTensor, Result, Tensor};
 
 /// Batch layout for [`GpuBackend::paged_attention`], as device tensors.
@@ -55,6 +57,40 @@ pub struct Routing {
     pub weights: Tensor,
     /// `u32 [t, k]`: chosen experts, best first.
     pub experts: Tensor,
+}
+
+/// One token to draw for one sequence in [`GpuBackend::sample`].
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRow<'a> {
+    /// Row of the logits tensor to draw from. Several sample rows may share a logits row
+    /// (the `n` choices of one prompt).
+    pub logits_row: usize,
+    /// Temperature, truncation, penalties, bias and logprob settings.
+    pub params: &'a SamplingParams,
+    /// The sequence's prompt (seen by the repetition penalty).
+    pub prompt: &'a [u32],
+    /// Tokens generated so far (seen by every penalty).
+    pub output: &'a [u32],
+    /// The random stream of this sequence.
+    pub seed: u64,
+    /// Position in that stream: draw `step` of `seed` is the same whatever else is in the
+    /// batch, so a seeded request is reproducible.
+    pub step: u64,
+    /// Tokens that must not be drawn this step (end tokens before `min_tokens`).
+    pub banned: &'a [u32],
+}
+
+/// The result of [`GpuBackend::sample`] for one row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The drawn token.
+    pub token: u32,
+    /// Its log-probability under the model's raw logits (before bias, penalties,
+    /// temperature and truncation).
+    pub logprob: f32,
+    /// When `params.logprobs` is `Some(k)`: the `k` most likely tokens under the raw
+    /// logits with their log-probabilities, best first.
+    pub top_logprobs: Vec<(u32, f32)>,
 }
 
 /// A compute device for transformer inference.
@@ -178,6 +214,19 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// # Errors
     /// On mismatched shapes or an expert index past `e`.
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor>;
+
+    // --- sampling -----------------------------------------------------------------------
+
+    /// Draws one token per row from `logits f32 [rows, vocab]`. Per row, in order: add
+    /// `logit_bias`; apply the repetition (prompt and output), frequency and presence
+    /// (output) penalties; ban `banned`; then greedy argmax if `temperature == 0`, else
+    /// divide by the temperature, softmax, keep tokens within `min_p` of the best, the
+    /// `top_k` best, and the smallest prefix reaching `top_p`, renormalise and draw with
+    /// the uniform `rng(seed, step)`. Logprobs come from the raw logits.
+    ///
+    /// # Errors
+    /// For a logits row out of range or non-f32 logits.
+    fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>>;
 
     // --- attention ----------------------------------------------------------------------
 

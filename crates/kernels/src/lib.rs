@@ -19,11 +19,12 @@ pub mod cpu;
 mod dtype;
 mod error;
 mod host;
+pub mod rng;
 mod tensor;
 
 use std::sync::Arc;
 
-pub use backend::{AttentionMeta, AttentionParams, GpuBackend, Routing};
+pub use backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
 pub use cpu::CpuBackend;
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -18,9 +18,10 @@ mod ops {
     pub mod harness;
     pub mod moe;
     pub mod props;
+    pub mod sampling;
 }
 
-use ops::{attention, dense, harness, moe, props};
+use ops::{attention, dense, harness, moe, props, sampling};
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
 /// built by `$make`. A check that exposes a known bug of a backend can carry
@@ -55,6 +56,17 @@ macro_rules! backend_tests {
                 attention::attention_rejects_bad_operands,
                 props::matmul_property,
                 props::paged_attention_property,
+                sampling::greedy_sample_is_argmax,
+                sampling::greedy_sample_applies_bias_penalties_and_bans,
+                sampling::repetition_penalty_divides_positive_and_multiplies_negative,
+                sampling::frequency_counts_repeats_and_presence_does_not,
+                sampling::logprobs_come_from_the_raw_logits,
+                sampling::top_k_one_is_greedy,
+                sampling::truncated_tokens_are_never_drawn,
+                sampling::draws_invert_the_cdf_at_the_shared_uniform,
+                sampling::draws_are_reproducible_and_independent_of_the_batch,
+                sampling::drawn_frequencies_match_the_distribution,
+                sampling::sample_rejects_bad_arguments,
             );
         }
     };

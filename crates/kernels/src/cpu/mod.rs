@@ -9,10 +9,11 @@ mod attention;
 mod matmul;
 mod moe;
 mod ops;
+mod sample;
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing};
+use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
 use crate::error::{Error, Result};
 use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
@@ -165,6 +166,10 @@ impl GpuBackend for CpuBackend {
 
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
         moe::moe_experts(x, routing, gate_up, down)
+    }
+
+    fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
+        sample::sample(logits, rows)
     }
 
     fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
