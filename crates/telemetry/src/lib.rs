@@ -1,11 +1,14 @@
-//! Observability for met: tracing setup and the numbered startup phases.
+//! Observability for met: tracing setup, the numbered startup phases, and the Prometheus
+//! metrics the engine records and the server exposes ([`metrics`]).
 //!
 //! Logs go to stderr so that commands whose stdout is data (`met generate --json`) stay
 //! machine-readable. The filter comes from `MET_LOG` (tracing's env-filter syntax),
 //! defaulting to `info` for met's own crates and `warn` elsewhere.
 
+pub mod metrics;
 mod phase;
 
+pub use metrics::{FinishLabel, Metrics, RequestStats, StepStats};
 pub use phase::{Phase, PhaseTimer};
 
 /// Installs the global tracing subscriber (stderr, `MET_LOG` filter). Safe to call twice:

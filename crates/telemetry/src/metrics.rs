@@ -1,0 +1,390 @@
+//! The engine's Prometheus metrics: every metric name, the registry that holds them, and the
+//! text exposition the server returns from `GET /metrics`.
+//!
+//! Names live here, once, as `pub const`s so that the scheduler records, the server exposes
+//! and dashboards query the same strings. They follow Prometheus conventions: a `met_`
+//! prefix, base units in the name (`_seconds`, `_tokens`), and `_total` on counters only.
+//!
+//! [`Metrics`] owns a prometheus-client [`Registry`] and public handles to every metric in it;
+//! share it as `Arc<Metrics>`. **Invariant:** recording never takes a lock the scrape can hold:
+//! gauges and counters are atomics, histograms are [`AtomicHistogram`]s, and the per-reason
+//! finish counters are resolved once at construction. Only [`Metrics::http_request`] goes
+//! through a family's read lock, and it runs on server tasks, not the engine thread.
+//! **Boundary:** the exposition text comes from prometheus-client's encoder; nothing here
+//! writes the format by hand.
+
+mod histogram;
+
+use std::time::Duration;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
+
+pub use histogram::AtomicHistogram;
+
+/// The `Content-Type` the server must send with [`Metrics::render`]'s output: the Prometheus
+/// text exposition format, version 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Gauge: requests admitted to the engine but not yet scheduled, preempted ones included
+/// (requests).
+pub const REQUESTS_WAITING: &str = "met_requests_waiting";
+/// Gauge: requests in the running batch, prefilling or decoding (requests).
+pub const REQUESTS_RUNNING: &str = "met_requests_running";
+/// Gauge: KV-cache blocks held by sequences or the prefix cache (blocks).
+pub const KV_BLOCKS_USED: &str = "met_kv_blocks_used";
+/// Gauge: KV-cache blocks allocated at startup; `used / capacity` is cache occupancy
+/// (blocks). Not `_total`, which Prometheus reserves for counters.
+pub const KV_BLOCKS_CAPACITY: &str = "met_kv_blocks_capacity";
+
+/// Counter: prompt tokens whose KV entries came from the prefix cache instead of being
+/// computed (tokens).
+pub const PREFIX_CACHE_HIT_TOKENS: &str = "met_prefix_cache_hit_tokens_total";
+/// Counter: prompt tokens run through a forward pass, recomputation after preemption
+/// included (tokens).
+pub const PROMPT_TOKENS_COMPUTED: &str = "met_prompt_tokens_computed_total";
+/// Counter: tokens sampled for all requests (tokens).
+pub const GENERATED_TOKENS: &str = "met_generated_tokens_total";
+/// Counter: running requests evicted to free KV blocks (preemptions).
+pub const PREEMPTIONS: &str = "met_preemptions_total";
+/// Counter: requests that left the engine, by label `reason` = `stop` | `length` |
+/// `cancelled` | `error` (requests).
+pub const REQUESTS_FINISHED: &str = "met_requests_finished_total";
+/// Counter: HTTP responses sent, by labels `endpoint` (the route, e.g. `/v1/completions`) and
+/// `status` (the numeric code) (requests).
+pub const HTTP_REQUESTS: &str = "met_http_requests_total";
+
+/// Histogram: wall time of one engine step: schedule, forward pass, sampling (seconds).
+pub const STEP_DURATION: &str = "met_engine_step_duration_seconds";
+/// Histogram: tokens in one step's forward batch: prefill chunks plus one per decoding
+/// sequence (tokens).
+pub const STEP_TOKENS: &str = "met_engine_step_tokens";
+/// Histogram: time from a request's arrival to its first generated token (seconds).
+pub const TIME_TO_FIRST_TOKEN: &str = "met_time_to_first_token_seconds";
+/// Histogram: time between consecutive generated tokens of one request (seconds).
+pub const INTER_TOKEN_LATENCY: &str = "met_inter_token_latency_seconds";
+/// Histogram: end-to-end time from a request's arrival to its finish, whatever the reason
+/// (seconds).
+pub const REQUEST_DURATION: &str = "met_request_duration_seconds";
+/// Histogram: prompt length of finished requests (tokens).
+pub const REQUEST_PROMPT_TOKENS: &str = "met_request_prompt_tokens";
+/// Histogram: generated length of finished requests (tokens).
+pub const REQUEST_GENERATION_TOKENS: &str = "met_request_generation_tokens";
+
+/// 50 µs to 10 s in 1-2.5-5 steps: a decode step of a small model up to a long prefill.
+const STEP_SECONDS_BUCKETS: [f64; 17] =
+    [5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// 1 ms to 100 s: first tokens wait for queueing and the whole prefill.
+const TTFT_SECONDS_BUCKETS: [f64; 16] =
+    [1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0];
+/// 10 ms to 2500 s: a 128k-token generation at 20 ms a token takes about 2600 s.
+const REQUEST_SECONDS_BUCKETS: [f64; 17] =
+    [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0];
+
+/// Powers of two from 1 to `2^max_exp`.
+fn powers_of_two(max_exp: u32) -> impl Iterator<Item = f64> {
+    (0..=max_exp).map(|e| f64::from(1_u32 << e))
+}
+
+/// Why a request left the engine: the `reason` label of [`REQUESTS_FINISHED`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishLabel {
+    /// A stop token or stop string ended generation.
+    Stop,
+    /// `max_tokens` or the context length ended generation.
+    Length,
+    /// The client went away or cancelled.
+    Cancelled,
+    /// The engine failed the request.
+    Error,
+}
+
+impl FinishLabel {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 4] = [Self::Stop, Self::Length, Self::Cancelled, Self::Error];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl EncodeLabelSet for FinishLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ("reason", self.as_str()).encode(encoder.encode_label())
+    }
+}
+
+/// The labels of [`HTTP_REQUESTS`]. `endpoint` is `'static` so that it can only be a route
+/// template, never a raw path, which keeps the number of series bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HttpLabels {
+    /// The route, e.g. `/v1/chat/completions`.
+    pub endpoint: &'static str,
+    /// The response's status code.
+    pub status: u16,
+}
+
+impl EncodeLabelSet for HttpLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ("endpoint", self.endpoint).encode(encoder.encode_label())?;
+        ("status", self.status).encode(encoder.encode_label())
+    }
+}
+
+/// What one engine step did, recorded at its end with [`Metrics::step`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Wall time of the step.
+    pub duration: Duration,
+    /// Tokens in the forward batch.
+    pub batch_tokens: usize,
+    /// Prompt tokens the forward pass computed.
+    pub prompt_tokens: usize,
+    /// Prompt tokens of requests admitted this step that the prefix cache already held.
+    pub prefix_cache_hit_tokens: usize,
+    /// Tokens sampled.
+    pub generated_tokens: usize,
+    /// Requests preempted while scheduling the step.
+    pub preemptions: usize,
+    /// Requests waiting once the step is done.
+    pub waiting: usize,
+    /// Requests running once the step is done.
+    pub running: usize,
+    /// KV blocks in use once the step is done.
+    pub kv_blocks_used: usize,
+}
+
+/// A finished request's totals, recorded with [`Metrics::finished`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestStats {
+    /// From arrival at the engine to finish.
+    pub duration: Duration,
+    /// Prompt length.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+}
+
+/// Every metric of the engine and server, registered in one registry.
+///
+/// The handles are public for recordings the helpers do not cover; each is a cheap clone of
+/// the one the registry renders.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Handles into `requests_finished`, indexed by `FinishLabel as usize`, so that
+    /// [`Metrics::finished`] never touches the family's lock.
+    finished_by_reason: [Counter; 4],
+    /// [`REQUESTS_WAITING`].
+    pub requests_waiting: Gauge,
+    /// [`REQUESTS_RUNNING`].
+    pub requests_running: Gauge,
+    /// [`KV_BLOCKS_USED`].
+    pub kv_blocks_used: Gauge,
+    /// [`KV_BLOCKS_CAPACITY`].
+    pub kv_blocks_capacity: Gauge,
+    /// [`PREFIX_CACHE_HIT_TOKENS`].
+    pub prefix_cache_hit_tokens: Counter,
+    /// [`PROMPT_TOKENS_COMPUTED`].
+    pub prompt_tokens_computed: Counter,
+    /// [`GENERATED_TOKENS`].
+    pub generated_tokens: Counter,
+    /// [`PREEMPTIONS`].
+    pub preemptions: Counter,
+    /// [`REQUESTS_FINISHED`]; every reason is present (at zero) from the start.
+    pub requests_finished: Family<FinishLabel, Counter>,
+    /// [`HTTP_REQUESTS`].
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// [`STEP_DURATION`].
+    pub step_duration: AtomicHistogram,
+    /// [`STEP_TOKENS`].
+    pub step_tokens: AtomicHistogram,
+    /// [`TIME_TO_FIRST_TOKEN`].
+    pub time_to_first_token: AtomicHistogram,
+    /// [`INTER_TOKEN_LATENCY`].
+    pub inter_token_latency: AtomicHistogram,
+    /// [`REQUEST_DURATION`].
+    pub request_duration: AtomicHistogram,
+    /// [`REQUEST_PROMPT_TOKENS`].
+    pub request_prompt_tokens: AtomicHistogram,
+    /// [`REQUEST_GENERATION_TOKENS`].
+    pub request_generation_tokens: AtomicHistogram,
+}
+
+impl Metrics {
+    /// Creates every metric at zero and registers it.
+    pub fn new() -> Self {
+        let requests_finished = Family::<FinishLabel, Counter>::default();
+        let finished_by_reason = FinishLabel::ALL.map(|reason| requests_finished.get_or_create_owned(&reason));
+        let metrics = Self {
+            registry: Registry::default(),
+            finished_by_reason,
+            requests_waiting: Gauge::default(),
+            requests_running: Gauge::default(),
+            kv_blocks_used: Gauge::default(),
+            kv_blocks_capacity: Gauge::default(),
+            prefix_cache_hit_tokens: Counter::default(),
+            prompt_tokens_computed: Counter::default(),
+            generated_tokens: Counter::default(),
+            preemptions: Counter::default(),
+            requests_finished,
+            http_requests: Family::default(),
+            step_duration: AtomicHistogram::new(STEP_SECONDS_BUCKETS),
+            step_tokens: AtomicHistogram::new(powers_of_two(14)),
+            time_to_first_token: AtomicHistogram::new(TTFT_SECONDS_BUCKETS),
+            // A decoding request gets one token per step, so its gaps have the step's range.
+            inter_token_latency: AtomicHistogram::new(STEP_SECONDS_BUCKETS),
+            request_duration: AtomicHistogram::new(REQUEST_SECONDS_BUCKETS),
+            request_prompt_tokens: AtomicHistogram::new(powers_of_two(17)),
+            request_generation_tokens: AtomicHistogram::new(powers_of_two(17)),
+        };
+        metrics.registered()
+    }
+
+    /// Registers a clone of every handle in `self.registry`.
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(REQUESTS_WAITING, "Requests waiting to be scheduled", self.requests_waiting.clone());
+        r.register(REQUESTS_RUNNING, "Requests in the running batch", self.requests_running.clone());
+        r.register(KV_BLOCKS_USED, "KV-cache blocks in use", self.kv_blocks_used.clone());
+        r.register(KV_BLOCKS_CAPACITY, "KV-cache blocks allocated", self.kv_blocks_capacity.clone());
+        register_counter(
+            r,
+            PREFIX_CACHE_HIT_TOKENS,
+            "Prompt tokens served from the prefix cache",
+            self.prefix_cache_hit_tokens.clone(),
+        );
+        register_counter(r, PROMPT_TOKENS_COMPUTED, "Prompt tokens computed", self.prompt_tokens_computed.clone());
+        register_counter(r, GENERATED_TOKENS, "Tokens generated", self.generated_tokens.clone());
+        register_counter(r, PREEMPTIONS, "Requests preempted", self.preemptions.clone());
+        register_counter(r, REQUESTS_FINISHED, "Requests finished, by reason", self.requests_finished.clone());
+        // An empty family renders nothing at all; keep the HELP and TYPE lines visible
+        // before the first request so that scrapers and dashboards see the metric exists.
+        register_counter(
+            r,
+            HTTP_REQUESTS,
+            "HTTP responses, by endpoint and status",
+            AlwaysDescribed(self.http_requests.clone()),
+        );
+        r.register(STEP_DURATION, "Engine step wall time", self.step_duration.clone());
+        r.register(STEP_TOKENS, "Tokens in an engine step's forward batch", self.step_tokens.clone());
+        r.register(TIME_TO_FIRST_TOKEN, "Arrival to first generated token", self.time_to_first_token.clone());
+        r.register(INTER_TOKEN_LATENCY, "Time between a request's generated tokens", self.inter_token_latency.clone());
+        r.register(REQUEST_DURATION, "Arrival to finish, end to end", self.request_duration.clone());
+        r.register(REQUEST_PROMPT_TOKENS, "Prompt length of finished requests", self.request_prompt_tokens.clone());
+        r.register(
+            REQUEST_GENERATION_TOKENS,
+            "Generated length of finished requests",
+            self.request_generation_tokens.clone(),
+        );
+        self
+    }
+
+    /// Records one engine step: its duration and batch size, the token and preemption
+    /// counters, and the queue and KV gauges as they stand after it.
+    pub fn step(&self, stats: &StepStats) {
+        self.step_duration.observe(stats.duration.as_secs_f64());
+        self.step_tokens.observe(stats.batch_tokens as f64);
+        self.prompt_tokens_computed.inc_by(as_u64(stats.prompt_tokens));
+        self.prefix_cache_hit_tokens.inc_by(as_u64(stats.prefix_cache_hit_tokens));
+        self.generated_tokens.inc_by(as_u64(stats.generated_tokens));
+        self.preemptions.inc_by(as_u64(stats.preemptions));
+        self.requests_waiting.set(as_i64(stats.waiting));
+        self.requests_running.set(as_i64(stats.running));
+        self.kv_blocks_used.set(as_i64(stats.kv_blocks_used));
+    }
+
+    /// Records the KV cache's size, once it is allocated.
+    pub fn set_kv_capacity(&self, blocks: usize) {
+        self.kv_blocks_capacity.set(as_i64(blocks));
+    }
+
+    /// Records the time from a request's arrival to its first generated token.
+    pub fn first_token(&self, latency: Duration) {
+        self.time_to_first_token.observe(latency.as_secs_f64());
+    }
+
+    /// Records the gap between two consecutive tokens of one request.
+    pub fn inter_token(&self, gap: Duration) {
+        self.inter_token_latency.observe(gap.as_secs_f64());
+    }
+
+    /// Records a request leaving the engine: the finish counter for `reason`, and its
+    /// duration, prompt and generated lengths, whatever the reason.
+    pub fn finished(&self, reason: FinishLabel, request: RequestStats) {
+        self.finished_by_reason[reason as usize].inc();
+        self.request_duration.observe(request.duration.as_secs_f64());
+        self.request_prompt_tokens.observe(request.prompt_tokens as f64);
+        self.request_generation_tokens.observe(request.generated_tokens as f64);
+    }
+
+    /// Records one HTTP response. Takes the family's read lock (its write lock the first
+    /// time a pair is seen); meant for server tasks, not the engine thread.
+    pub fn http_request(&self, endpoint: &'static str, status: u16) {
+        self.http_requests.get_or_create(&HttpLabels { endpoint, status }).inc();
+    }
+
+    /// The Prometheus text exposition of every metric; send it as [`CONTENT_TYPE`].
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a `String` cannot fail, and every registered metric has a text encoding.
+        prometheus_text::encode(&mut out, &self.registry).expect("metrics encode to text");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Registers a counter under its exposed name less `_total`, which the encoder appends.
+fn register_counter(registry: &mut Registry, name: &'static str, help: &str, counter: impl Metric) {
+    let base = name.strip_suffix("_total").expect("counter names end in _total");
+    registry.register(base, help, counter);
+}
+
+fn as_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+fn as_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A metric that renders its HELP and TYPE lines even while it has no samples.
+#[derive(Debug)]
+struct AlwaysDescribed<M>(M);
+
+impl<M: TypedMetric> TypedMetric for AlwaysDescribed<M> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<M: EncodeMetric> EncodeMetric for AlwaysDescribed<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests;
