@@ -1,6 +1,13 @@
-//! Block bookkeeping: the shared pool of free blocks and per-sequence block tables.
+//! Block bookkeeping: the shared pool of blocks, the prefix cache over full blocks, and
+//! per-sequence block tables.
+//!
+//! A block is *free* when no sequence references it. Free blocks that hold a full,
+//! hashed block of tokens stay findable by their hash (the prefix cache) until they are
+//! handed out again; those are evicted least recently freed first, after blocks that
+//! hold nothing reusable.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,64 +18,167 @@ use crate::OutOfBlocks;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u32);
 
-/// Refcounts and the free list, shared by the cache and every live [`SequenceBlocks`].
+/// Identity of a full block's contents: the hash chain up to it and its own tokens.
+/// Hits compare the tokens too, so a hash collision can never alias two prefixes that
+/// differ in this block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BlockKey {
+    parent: u64,
+    tokens: Box<[u32]>,
+}
+
+/// Chains `parent` with one block of tokens.
+pub(crate) fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+#[derive(Debug, Default)]
+struct BlockState {
+    refcount: u32,
+    /// Set while the block is registered in the prefix cache.
+    hash: Option<u64>,
+    /// Position in `free_cached` while free and hashed.
+    freed_at: u64,
+}
+
+/// Refcounts, free lists and the prefix cache, shared by the cache and every live
+/// [`SequenceBlocks`].
 #[derive(Debug)]
 pub(crate) struct BlockPool {
-    refcount: Vec<u32>,
-    /// Free blocks, oldest release first, so recently freed blocks are reused last.
-    free: VecDeque<BlockId>,
+    blocks: Vec<BlockState>,
+    /// Free blocks holding nothing reusable.
+    free_plain: Vec<BlockId>,
+    /// Free blocks still in the prefix cache, least recently freed first.
+    free_cached: BTreeMap<u64, BlockId>,
+    tick: u64,
+    /// Hash of a full block → the block holding it, with its key for verification.
+    cached: HashMap<u64, (BlockId, BlockKey)>,
+    prefix_caching: bool,
 }
 
 impl BlockPool {
-    pub(crate) fn new(num_blocks: usize) -> Self {
-        Self { refcount: vec![0; num_blocks], free: (0..num_blocks as u32).map(BlockId).collect() }
+    pub(crate) fn new(num_blocks: usize, prefix_caching: bool) -> Self {
+        Self {
+            blocks: (0..num_blocks).map(|_| BlockState::default()).collect(),
+            // Reversed so that `pop` hands out low ids first.
+            free_plain: (0..num_blocks as u32).rev().map(BlockId).collect(),
+            free_cached: BTreeMap::new(),
+            tick: 0,
+            cached: HashMap::new(),
+            prefix_caching,
+        }
     }
 
     pub(crate) fn num_blocks(&self) -> usize {
-        self.refcount.len()
+        self.blocks.len()
     }
 
     pub(crate) fn num_free(&self) -> usize {
-        self.free.len()
+        self.free_plain.len() + self.free_cached.len()
     }
 
-    /// Takes `n` free blocks, each with refcount 1, or none at all.
+    pub(crate) fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Takes `n` free blocks, each with refcount 1, or none at all. Evicts cached blocks
+    /// only when no plain free block is left.
     pub(crate) fn allocate(&mut self, n: usize) -> Result<Vec<BlockId>, OutOfBlocks> {
-        if n > self.free.len() {
-            return Err(OutOfBlocks { needed: n, free: self.free.len() });
+        if n > self.num_free() {
+            return Err(OutOfBlocks { needed: n, free: self.num_free() });
         }
-        let blocks: Vec<BlockId> = self.free.drain(..n).collect();
-        for b in &blocks {
-            debug_assert_eq!(self.refcount[b.0 as usize], 0, "free block {b:?} was referenced");
-            self.refcount[b.0 as usize] = 1;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b = match self.free_plain.pop() {
+                Some(b) => b,
+                None => {
+                    let (_, b) = self.free_cached.pop_first().expect("counted above");
+                    let hash = self.blocks[b.0 as usize].hash.take().expect("cached blocks are hashed");
+                    self.cached.remove(&hash);
+                    b
+                }
+            };
+            let state = &mut self.blocks[b.0 as usize];
+            debug_assert_eq!(state.refcount, 0, "free block {b:?} was referenced");
+            state.refcount = 1;
+            out.push(b);
         }
-        Ok(blocks)
+        Ok(out)
     }
 
-    /// Drops one reference to each block; blocks reaching zero become free.
+    /// Adds a reference to blocks some sequence already holds.
+    pub(crate) fn share(&mut self, blocks: &[BlockId]) {
+        for b in blocks {
+            let state = &mut self.blocks[b.0 as usize];
+            assert!(state.refcount > 0, "sharing unreferenced block {b:?}");
+            state.refcount += 1;
+        }
+    }
+
+    /// Drops one reference to each block, last block first, so that the tail of a
+    /// sequence (the least shareable part) is evicted before its head.
     pub(crate) fn release(&mut self, blocks: &[BlockId]) {
-        for &b in blocks {
-            let rc = &mut self.refcount[b.0 as usize];
-            assert!(*rc > 0, "block {b:?} released more often than referenced");
-            *rc -= 1;
-            if *rc == 0 {
-                self.free.push_back(b);
+        for &b in blocks.iter().rev() {
+            let state = &mut self.blocks[b.0 as usize];
+            assert!(state.refcount > 0, "block {b:?} released more often than referenced");
+            state.refcount -= 1;
+            if state.refcount > 0 {
+                continue;
+            }
+            if state.hash.is_some() {
+                self.tick += 1;
+                state.freed_at = self.tick;
+                self.free_cached.insert(self.tick, b);
+            } else {
+                self.free_plain.push(b);
             }
         }
     }
+
+    /// The cached block holding `tokens` after the chain `parent`, referenced once more.
+    fn lookup(&mut self, parent: u64, tokens: &[u32]) -> Option<(BlockId, u64)> {
+        let hash = chain_hash(parent, tokens);
+        let (b, key) = self.cached.get(&hash)?;
+        if key.parent != parent || *key.tokens != *tokens {
+            return None;
+        }
+        let b = *b;
+        let state = &mut self.blocks[b.0 as usize];
+        if state.refcount == 0 {
+            self.free_cached.remove(&state.freed_at);
+        }
+        state.refcount += 1;
+        Some((b, hash))
+    }
+
+    /// Registers `block` as holding `tokens` after the chain `parent`, unless an equal
+    /// block is already registered. Returns the block's chain hash.
+    fn register(&mut self, block: BlockId, parent: u64, tokens: &[u32]) -> u64 {
+        let hash = chain_hash(parent, tokens);
+        if self.prefix_caching && !self.cached.contains_key(&hash) && self.blocks[block.0 as usize].hash.is_none() {
+            self.blocks[block.0 as usize].hash = Some(hash);
+            self.cached.insert(hash, (block, BlockKey { parent, tokens: tokens.into() }));
+        }
+        hash
+    }
 }
 
-/// The blocks of one sequence, in logical order. Dropping it frees them.
+/// The blocks of one sequence, in logical order. Dropping it releases them.
 #[derive(Debug)]
 pub struct SequenceBlocks {
     blocks: Vec<BlockId>,
+    /// Chain hashes of the leading full blocks whose contents are final.
+    hashes: Vec<u64>,
     block_size: usize,
     pool: Arc<Mutex<BlockPool>>,
 }
 
 impl SequenceBlocks {
     pub(crate) fn new(pool: Arc<Mutex<BlockPool>>, block_size: usize) -> Self {
-        Self { blocks: Vec::new(), block_size, pool }
+        Self { blocks: Vec::new(), hashes: Vec::new(), block_size, pool }
     }
 
     /// The block table: physical block of each logical block.
@@ -103,6 +213,53 @@ impl SequenceBlocks {
             self.blocks.extend(new);
         }
         Ok(())
+    }
+
+    /// Attaches cached blocks for the longest cached prefix of `tokens` (full blocks
+    /// only, at most `limit` tokens). Only valid on an empty table. Returns the tokens
+    /// covered.
+    pub(crate) fn match_prefix(&mut self, tokens: &[u32], limit: usize) -> usize {
+        assert!(self.blocks.is_empty(), "prefix matching needs an empty block table");
+        let mut pool = self.pool.lock();
+        if !pool.prefix_caching() {
+            return 0;
+        }
+        let mut parent = 0;
+        for chunk in tokens[..limit.min(tokens.len())].chunks_exact(self.block_size) {
+            let Some((b, hash)) = pool.lookup(parent, chunk) else { break };
+            self.blocks.push(b);
+            self.hashes.push(hash);
+            parent = hash;
+        }
+        self.blocks.len() * self.block_size
+    }
+
+    /// Registers the full blocks among the first `computed` tokens whose K/V is now in
+    /// the cache, so later sequences can reuse them.
+    pub(crate) fn commit(&mut self, tokens: &[u32], computed: usize) {
+        let full = computed.min(tokens.len()) / self.block_size;
+        if full <= self.hashes.len() {
+            return;
+        }
+        let mut pool = self.pool.lock();
+        if !pool.prefix_caching() {
+            return;
+        }
+        for i in self.hashes.len()..full {
+            let parent = self.hashes.last().copied().unwrap_or(0);
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let hash = pool.register(self.blocks[i], parent, chunk);
+            self.hashes.push(hash);
+        }
+    }
+
+    /// A new table sharing this one's first `tokens / block_size` full blocks.
+    pub(crate) fn fork(&self, tokens: usize) -> Self {
+        let full = (tokens / self.block_size).min(self.blocks.len());
+        let shared = self.blocks[..full].to_vec();
+        self.pool.lock().share(&shared);
+        let hashes = self.hashes[..full.min(self.hashes.len())].to_vec();
+        Self { blocks: shared, hashes, block_size: self.block_size, pool: Arc::clone(&self.pool) }
     }
 }
 

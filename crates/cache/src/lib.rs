@@ -7,6 +7,11 @@
 //! blocks to the pool. That drop is the only way blocks are freed, so a cancelled request
 //! cannot leak them.
 //!
+//! With prefix caching on, full blocks are hashed as a chain (parent hash + the block's
+//! token ids) once their K/V is written; a new sequence reuses the blocks of its longest
+//! cached prefix, and blocks no sequence references stay cached until the pool needs them
+//! (least recently freed first).
+//!
 //! This crate never reads tensor contents; it does bookkeeping on the host and hands the
 //! pools to the model, which writes and reads them through the backend.
 //!
@@ -93,6 +98,26 @@ pub trait KvCache: Send {
     /// # Errors
     /// [`OutOfBlocks`] when the pool cannot supply the missing blocks.
     fn reserve(&self, seq: &mut SequenceBlocks, tokens: usize) -> Result<(), OutOfBlocks>;
+
+    /// Whether full blocks are shared between sequences through the prefix cache.
+    fn prefix_caching(&self) -> bool;
+
+    /// Attaches to the empty `seq` the cached blocks of the longest cached prefix of
+    /// `tokens`, covering at most `limit` tokens (pass `tokens.len() - 1` so the last
+    /// token is computed and yields logits). Returns the tokens covered, a multiple of the
+    /// block size; 0 with prefix caching off.
+    ///
+    /// # Panics
+    /// If `seq` already holds blocks.
+    fn match_prefix(&self, seq: &mut SequenceBlocks, tokens: &[u32], limit: usize) -> usize;
+
+    /// Records that the K/V of `tokens[..computed]` is in `seq`'s blocks, making its full
+    /// blocks reusable by later sequences. A no-op with prefix caching off.
+    fn commit(&self, seq: &mut SequenceBlocks, tokens: &[u32], computed: usize);
+
+    /// A new sequence sharing the first `tokens / block_size` full blocks of `seq`
+    /// (refcounted, whether or not prefix caching is on): the `n` choices of one prompt.
+    fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks;
 
     /// The K and V pools of `layer`, each `[blocks, block_size, kv_heads, head_dim]`.
     ///

@@ -17,7 +17,8 @@ pub struct PagedKvCache {
 }
 
 impl PagedKvCache {
-    /// Allocates zeroed pools of `num_blocks` blocks on `backend`.
+    /// Allocates zeroed pools of `num_blocks` blocks on `backend`, with the prefix cache
+    /// on or off.
     ///
     /// # Errors
     /// [`CacheError::Config`] for a zero block size or block count;
@@ -27,6 +28,7 @@ impl PagedKvCache {
         layout: KvLayout,
         block_size: usize,
         num_blocks: usize,
+        prefix_caching: bool,
     ) -> Result<Self, CacheError> {
         if block_size == 0 || num_blocks == 0 {
             return Err(CacheError::Config(format!("{num_blocks} blocks of {block_size} tokens hold nothing")));
@@ -38,7 +40,7 @@ impl PagedKvCache {
         let pools = (0..layout.num_layers)
             .map(|_| Ok((backend.zeros(&dims, layout.dtype)?, backend.zeros(&dims, layout.dtype)?)))
             .collect::<Result<_, met_kernels::Error>>()?;
-        Ok(Self { layout, block_size, pools, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks))) })
+        Ok(Self { layout, block_size, pools, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks, prefix_caching))) })
     }
 
     /// How many blocks fit in `bytes` of device memory.
@@ -72,6 +74,22 @@ impl KvCache for PagedKvCache {
         seq.grow(tokens)
     }
 
+    fn prefix_caching(&self) -> bool {
+        self.blocks.lock().prefix_caching()
+    }
+
+    fn match_prefix(&self, seq: &mut SequenceBlocks, tokens: &[u32], limit: usize) -> usize {
+        seq.match_prefix(tokens, limit)
+    }
+
+    fn commit(&self, seq: &mut SequenceBlocks, tokens: &[u32], computed: usize) {
+        seq.commit(tokens, computed);
+    }
+
+    fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks {
+        seq.fork(tokens)
+    }
+
     fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         let (k, v) = &self.pools[layer];
         (k, v)
@@ -86,8 +104,12 @@ mod tests {
     use super::*;
 
     fn cache(blocks: usize) -> PagedKvCache {
+        cache_with(blocks, true)
+    }
+
+    fn cache_with(blocks: usize, prefix_caching: bool) -> PagedKvCache {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, dtype: DType::F32 };
-        PagedKvCache::new(&CpuBackend::new(), layout, 4, blocks).unwrap()
+        PagedKvCache::new(&CpuBackend::new(), layout, 4, blocks, prefix_caching).unwrap()
     }
 
     #[test]
@@ -138,8 +160,120 @@ mod tests {
     #[test]
     fn zero_sized_caches_are_rejected() {
         let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 };
-        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 0, 4).is_err());
-        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 16, 0).is_err());
+        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 0, 4, true).is_err());
+        assert!(PagedKvCache::new(&CpuBackend::new(), layout, 16, 0, true).is_err());
+    }
+
+    /// Runs a sequence over `tokens`: match, reserve, commit everything.
+    fn run(c: &PagedKvCache, tokens: &[u32]) -> (SequenceBlocks, usize) {
+        let mut s = c.new_sequence();
+        let hit = c.match_prefix(&mut s, tokens, tokens.len() - 1);
+        c.reserve(&mut s, tokens.len()).unwrap();
+        c.commit(&mut s, tokens, tokens.len());
+        (s, hit)
+    }
+
+    #[test]
+    fn a_shared_prefix_reuses_full_blocks() {
+        let c = cache(8);
+        let a: Vec<u32> = (0..10).collect();
+        let (sa, hit) = run(&c, &a);
+        assert_eq!(hit, 0);
+        let mut b = a[..8].to_vec();
+        b.extend([99, 98, 97]);
+        let (sb, hit) = run(&c, &b);
+        assert_eq!(hit, 8, "two full blocks of 4 are shared");
+        assert_eq!(sa.block_ids()[..2], sb.block_ids()[..2]);
+        assert_ne!(sa.block_ids()[2], sb.block_ids()[2]);
+        // 3 blocks for a + 1 new for b.
+        assert_eq!(c.num_free_blocks(), 8 - 4);
+    }
+
+    #[test]
+    fn the_last_token_is_always_computed() {
+        let c = cache(8);
+        let a: Vec<u32> = (0..8).collect();
+        let _keep = run(&c, &a);
+        let (_, hit) = run(&c, &a);
+        assert_eq!(hit, 4, "an exact repeat still computes its last block");
+    }
+
+    #[test]
+    fn freed_blocks_stay_cached_until_evicted() {
+        let c = cache(4);
+        let a: Vec<u32> = (0..8).collect();
+        drop(run(&c, &a));
+        assert_eq!(c.num_free_blocks(), 4);
+        let (s, hit) = run(&c, &[a.clone(), vec![50]].concat());
+        assert_eq!(hit, 8);
+        drop(s);
+        // Fill the pool with other tokens: the cached blocks are evicted.
+        let other: Vec<u32> = (100..116).collect();
+        drop(run(&c, &other));
+        let (_, hit) = run(&c, &[a, vec![50]].concat());
+        assert_eq!(hit, 0);
+    }
+
+    #[test]
+    fn prefix_caching_off_shares_nothing() {
+        let c = cache_with(8, false);
+        let a: Vec<u32> = (0..10).collect();
+        let _keep = run(&c, &a);
+        assert_eq!(run(&c, &a).1, 0);
+        assert!(!c.prefix_caching());
+    }
+
+    #[test]
+    fn forks_share_full_blocks_and_release_them_once_each() {
+        let c = cache_with(8, false);
+        let a: Vec<u32> = (0..10).collect();
+        let (s, _) = run(&c, &a);
+        let f = c.fork(&s, 10);
+        assert_eq!(f.block_ids(), &s.block_ids()[..2]);
+        assert_eq!(c.num_free_blocks(), 5);
+        drop(s);
+        assert_eq!(c.num_free_blocks(), 6, "only the unshared tail block is freed");
+        drop(f);
+        assert_eq!(c.num_free_blocks(), 8);
+    }
+
+    proptest! {
+        /// Prefix matching never hands out a block whose contents differ from the
+        /// matched tokens: each block's recorded writer must have written these tokens.
+        #[test]
+        fn prefix_hits_hold_the_matched_tokens(
+            prompts in prop::collection::vec(prop::collection::vec(0u32..3, 1..20), 1..30),
+            keep in prop::collection::vec(any::<bool>(), 30),
+        ) {
+            let c = cache(12);
+            let mut contents: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+            let mut live = Vec::new();
+            for (p, keep) in prompts.iter().zip(keep) {
+                let mut s = c.new_sequence();
+                let hit = c.match_prefix(&mut s, p, p.len() - 1);
+                for (i, b) in s.block_ids().iter().enumerate() {
+                    prop_assert_eq!(&contents[&b.0], &p[i * 4..(i + 1) * 4].to_vec());
+                }
+                if c.reserve(&mut s, p.len()).is_err() {
+                    continue;
+                }
+                for (i, b) in s.block_ids().iter().enumerate().skip(hit / 4) {
+                    let end = ((i + 1) * 4).min(p.len());
+                    contents.insert(b.0, p[i * 4..end].to_vec());
+                }
+                c.commit(&mut s, p, p.len());
+                if keep {
+                    live.push(s);
+                } else {
+                    drop(s);
+                }
+                // Shared blocks count once per holder, so holders cover every used block.
+                let held: usize = live.iter().map(|s: &SequenceBlocks| s.block_ids().len()).sum();
+                prop_assert!(held >= 12 - c.num_free_blocks());
+            }
+            drop(live);
+            prop_assert_eq!(c.num_free_blocks(), 12);
+        }
     }
 
     proptest! {

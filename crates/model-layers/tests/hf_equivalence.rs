@@ -61,7 +61,7 @@ fn load(name: &'static str) -> Fixture {
 }
 
 fn cache(f: &Fixture) -> PagedKvCache {
-    PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 64).unwrap()
+    PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 64, false).unwrap()
 }
 
 /// How the prompts of a fixture are fed to the model.

@@ -40,7 +40,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 
     let timer = PhaseTimer::start(Phase::KvCache);
     let blocks: usize = args.prompt_ids.iter().map(|p| (p.len() + args.max_tokens).div_ceil(DEFAULT_BLOCK_SIZE)).sum();
-    let mut kv = PagedKvCache::new(&*loaded.backend, loaded.model.kv_layout(), DEFAULT_BLOCK_SIZE, blocks.max(1))?;
+    let mut kv = PagedKvCache::new(&*loaded.backend, loaded.model.kv_layout(), DEFAULT_BLOCK_SIZE, blocks.max(1), true)?;
     timer.done(format_args!("{blocks} blocks of {DEFAULT_BLOCK_SIZE}"));
 
     let options = GreedyOptions {
