@@ -1,0 +1,54 @@
+//! The serving engine of met: continuous batching over the `Model` and `KvCache` seams.
+//!
+//! An [`Engine`] runs on its own thread ([`spawn`]) and is reached through a cloneable
+//! [`EngineHandle`]. Each request becomes one or more sequences (its `n` continuations);
+//! every step the [`scheduler`](crate::Engine::step) builds one mixed batch of decode rows
+//! and prompt chunks under a token and a sequence budget, the model runs it, the backend
+//! samples on the device, and each request's bounded [`RequestStream`] receives its token
+//! events. Dropping a stream cancels its request and frees its KV blocks.
+//!
+//! The engine sees token ids, never text; stop strings and detokenisation belong to the
+//! server. Which request is admitted or preempted is a [`SchedulingPolicy`].
+
+mod engine;
+mod handle;
+pub mod mock;
+mod policy;
+mod request;
+mod scheduler;
+mod sequence;
+
+pub use engine::{Engine, EngineLimits};
+pub use handle::{EngineHandle, spawn};
+pub use policy::{Fcfs, Priority, SchedulingPolicy, SeqInfo, policy_by_name};
+pub use request::{EngineRequest, FinishReason, GeneratedToken, RequestId, RequestStream, StopCriteria, TokenEvent};
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// A field that can never work with this model and cache.
+    #[error("`{field}`: {msg}")]
+    Invalid {
+        /// The field, as the OpenAI API names it.
+        field: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    EngineStopped,
+}
+
+/// Errors building or stepping the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Settings that cannot work.
+    #[error("engine configuration: {0}")]
+    Config(String),
+    /// The forward pass failed.
+    #[error(transparent)]
+    Model(#[from] met_model_layers::ModelError),
+    /// Sampling failed.
+    #[error(transparent)]
+    Kernels(#[from] met_kernels::Error),
+}

@@ -1,0 +1,128 @@
+//! `MockModel`: a deterministic stand-in for a transformer, for tests and benchmarks of
+//! the engine without a device.
+//!
+//! It writes each row's token id and position into its own table at the row's KV slot
+//! (as a real model writes K/V that depend on both), and computes the logits of a
+//! position from the entries it reads back through the sequence's block table, so a
+//! scheduling or caching bug that hands a sequence the wrong blocks, or blocks computed
+//! at other positions, changes its output. The logits are a hash of that history; [`MockModel::reference_greedy`]
+//! computes the same continuation without any cache, as the ground truth.
+
+use std::sync::Arc;
+
+use met_cache::{KvCache, KvLayout};
+use met_kernels::{CpuBackend, DType, GpuBackend, HostTensor, Tensor};
+use met_model_layers::{ForwardBatch, Model, ModelError};
+use parking_lot::Mutex;
+
+/// A model whose next-token logits are a hash of the context it reads from the cache.
+pub struct MockModel {
+    vocab_size: usize,
+    max_context: usize,
+    backend: Arc<dyn GpuBackend>,
+    /// Token id and position written at each cache slot.
+    slots: Mutex<Vec<(u32, u32)>>,
+    /// Whether logits hash the whole context (tests) or only the last token (benchmarks
+    /// of the scheduler, where the model should cost nothing).
+    whole_context: bool,
+}
+
+const UNWRITTEN: (u32, u32) = (u32::MAX, u32::MAX);
+
+impl MockModel {
+    /// A mock over `vocab_size` tokens with a context of `max_context`.
+    pub fn new(vocab_size: usize, max_context: usize) -> Self {
+        Self {
+            vocab_size,
+            max_context,
+            backend: Arc::new(CpuBackend::new()),
+            slots: Mutex::new(Vec::new()),
+            whole_context: true,
+        }
+    }
+
+    /// A mock whose logits depend on the last token only: nearly free, for measuring the
+    /// engine's own overhead.
+    pub fn last_token_only(vocab_size: usize, max_context: usize) -> Self {
+        Self { whole_context: false, ..Self::new(vocab_size, max_context) }
+    }
+
+    /// The KV layout to build its cache with (one layer of one tiny head).
+    pub fn layout() -> KvLayout {
+        KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 }
+    }
+
+    /// The logits after `history`, given as (token, position) entries.
+    fn logits_of(&self, history: impl IntoIterator<Item = (u32, u32)>) -> Vec<f32> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for (t, p) in history {
+            h = mix(h ^ u64::from(t) ^ (u64::from(p) << 32));
+        }
+        (0..self.vocab_size as u64).map(|j| (mix(h ^ j) >> 40) as f32 / (1u64 << 24) as f32 * 10.0).collect()
+    }
+
+    /// The logits after the token sequence `history` (positions 0, 1, ...).
+    pub fn logits(&self, history: &[u32]) -> Vec<f32> {
+        self.logits_of(history.iter().enumerate().map(|(p, &t)| (t, p as u32)))
+    }
+
+    /// The greedy continuation of `prompt`, computed from scratch.
+    pub fn reference_greedy(&self, prompt: &[u32], tokens: usize) -> Vec<u32> {
+        let mut history = prompt.to_vec();
+        for _ in 0..tokens {
+            let logits = self.logits(&history);
+            history.push(met_model_layers::runner::argmax(&logits));
+        }
+        history.split_off(prompt.len())
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Model for MockModel {
+    fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor, ModelError> {
+        let bs = kv.block_size();
+        let mut slots = self.slots.lock();
+        slots.resize(kv.num_blocks() * bs, UNWRITTEN);
+        for ((&slot, &token), &pos) in batch.slot_mapping.iter().zip(&batch.token_ids).zip(&batch.positions) {
+            slots[slot as usize] = (token, pos);
+        }
+        // The sequence and position of every row.
+        let mut owner = Vec::with_capacity(batch.num_tokens());
+        for (s, seq) in batch.sequences.iter().enumerate() {
+            owner.extend((seq.context_len - seq.query_len..seq.context_len).map(|p| (s, p)));
+        }
+        let mut logits = Vec::with_capacity(batch.logit_rows.len() * self.vocab_size);
+        for &row in &batch.logit_rows {
+            let (s, pos) = owner[row as usize];
+            if !self.whole_context {
+                logits.extend(self.logits_of([(batch.token_ids[row as usize], 0)]));
+                continue;
+            }
+            let table = &batch.sequences[s].block_table;
+            let history: Vec<(u32, u32)> = (0..=pos).map(|j| slots[table[j / bs] as usize * bs + j % bs]).collect();
+            if history.contains(&UNWRITTEN) {
+                return Err(ModelError::Batch(format!("row {row} reads a cache slot nothing wrote")));
+            }
+            logits.extend(self.logits_of(history));
+        }
+        Ok(self.backend.upload(&HostTensor::from_f32(&logits, &[batch.logit_rows.len(), self.vocab_size]))?)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        Self::layout()
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
+    }
+}

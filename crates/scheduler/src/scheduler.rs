@@ -1,0 +1,354 @@
+//! The scheduler: a state machine over waiting and running sequences that turns each
+//! engine step into one mixed batch.
+//!
+//! A step first serves running sequences in admission order (a decode row, or the next
+//! chunk of a prompt being prefilled), then admits waiting sequences in the policy's order
+//! while the token budget (`max_batch_tokens`), the sequence budget (`max_num_seqs`) and
+//! the KV cache allow. A running sequence that cannot get a block preempts the policy's
+//! victim among itself and the sequences after it, by recompute: the victim drops its
+//! blocks and waits, and on readmission recomputes its tokens (reusing whatever the prefix
+//! cache still holds). The first running sequence can always preempt every other, so the
+//! engine never deadlocks; one that cannot fit even alone ends with `Length`.
+
+use std::sync::atomic::Ordering;
+
+use met_cache::KvCache;
+use met_config::EngineConfig;
+use met_kernels::Sampled;
+use met_model_layers::{ForwardBatch, LogitRows};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
+
+use crate::policy::SchedulingPolicy;
+use crate::request::{FinishReason, GeneratedToken, TokenEvent};
+use crate::sequence::Sequence;
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Scheduled {
+    /// Index into the running list.
+    pub(crate) seq: usize,
+    /// Tokens computed this step.
+    pub(crate) len: usize,
+    /// Whether this step completes the sequence's pending tokens and so samples a token.
+    pub(crate) sample: bool,
+}
+
+/// What one step runs.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub(crate) batch: ForwardBatch,
+    pub(crate) entries: Vec<Scheduled>,
+}
+
+pub(crate) struct Scheduler {
+    config: EngineConfig,
+    max_context: usize,
+    policy: Box<dyn SchedulingPolicy>,
+    pub(crate) waiting: Vec<Sequence>,
+    pub(crate) running: Vec<Sequence>,
+    /// Finished sequences whose last events are not delivered yet (no blocks held).
+    draining: Vec<Sequence>,
+    tick: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        config: EngineConfig,
+        max_context: usize,
+        policy: Box<dyn SchedulingPolicy>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            config,
+            max_context,
+            policy,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            draining: Vec::new(),
+            tick: 0,
+            metrics,
+        }
+    }
+
+    pub(crate) fn add(&mut self, seq: Sequence) {
+        self.waiting.push(seq);
+    }
+
+    /// Whether any sequence is waiting, running or still delivering events.
+    pub(crate) fn has_work(&self) -> bool {
+        !(self.waiting.is_empty() && self.running.is_empty() && self.draining.is_empty())
+    }
+
+    /// Delivers queued events and drops the sequences of cancelled requests.
+    pub(crate) fn reap(&mut self) {
+        let metrics = &self.metrics;
+        for list in [&mut self.waiting, &mut self.running] {
+            list.iter_mut().for_each(Sequence::flush);
+            for seq in list.extract_if(.., |s| s.request.cancelled()) {
+                metrics.finished(FinishLabel::Cancelled, request_stats(&seq));
+            }
+        }
+        self.draining.iter_mut().for_each(Sequence::flush);
+        self.draining.retain(|s| s.paused() && !s.request.cancelled());
+    }
+
+    /// Chooses this step's work.
+    pub(crate) fn schedule(&mut self, kv: &dyn KvCache, counts: &mut StepStats) -> Plan {
+        self.tick += 1;
+        let mut plan = Plan::default();
+        let mut budget = self.config.max_batch_tokens;
+        self.schedule_running(kv, &mut plan, &mut budget, counts);
+        self.admit_waiting(kv, &mut plan, &mut budget, counts);
+        counts.batch_tokens = plan.batch.num_tokens();
+        counts.prompt_tokens = plan
+            .entries
+            .iter()
+            .map(|e| {
+                let s = &self.running[e.seq];
+                // Rows before the last sampled token are prompt (or recomputed) tokens.
+                s.request.prompt_len.saturating_sub(s.computed).min(e.len)
+            })
+            .sum();
+        counts.generated_tokens = plan.entries.iter().filter(|e| e.sample).count();
+        plan
+    }
+
+    fn schedule_running(&mut self, kv: &dyn KvCache, plan: &mut Plan, budget: &mut usize, counts: &mut StepStats) {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 && plan.entries.len() < self.config.max_num_seqs {
+            if self.running[i].paused() {
+                i += 1;
+                continue;
+            }
+            let n = self.running[i].to_compute().min(*budget).min(self.chunk_limit());
+            if !self.make_room(kv, i, n, counts) {
+                continue; // running[i] was preempted or finished; the next one moved to i.
+            }
+            self.push(plan, i, n);
+            *budget -= n;
+            i += 1;
+        }
+    }
+
+    /// Reserves blocks for `n` more tokens of `running[i]`, preempting victims among
+    /// `running[i..]` until it fits. Returns false when `running[i]` itself left.
+    fn make_room(&mut self, kv: &dyn KvCache, i: usize, n: usize, counts: &mut StepStats) -> bool {
+        loop {
+            let seq = &mut self.running[i];
+            let tokens = seq.computed + n;
+            if kv.reserve(seq.blocks.as_mut().expect("running sequences hold blocks"), tokens).is_ok() {
+                return true;
+            }
+            let infos: Vec<_> = self.running[i..].iter().map(Sequence::info).collect();
+            let victim = i + self.policy.victim(&infos);
+            if victim == i
+                && self.running[..i].iter().all(|s| s.blocks.as_ref().is_none_or(|b| b.block_ids().is_empty()))
+            {
+                // Nothing else holds blocks: the sequence cannot fit even alone.
+                let seq = self.running.remove(i);
+                self.retire(seq, None, FinishReason::Length);
+                return false;
+            }
+            self.preempt(victim);
+            counts.preemptions += 1;
+            if victim == i {
+                return false;
+            }
+        }
+    }
+
+    fn preempt(&mut self, i: usize) {
+        let mut seq = self.running.remove(i);
+        seq.blocks = None;
+        seq.computed = 0;
+        self.waiting.push(seq);
+    }
+
+    fn admit_waiting(&mut self, kv: &dyn KvCache, plan: &mut Plan, budget: &mut usize, counts: &mut StepStats) {
+        let policy = &self.policy;
+        self.waiting.sort_by(|a, b| policy.admission_order(&a.info(), &b.info()));
+        let mut j = 0;
+        while j < self.waiting.len() && *budget > 0 && plan.entries.len() < self.config.max_num_seqs {
+            let seq = &self.waiting[j];
+            // A continuation other than the first waits until the first computed the
+            // prompt, so it can share those blocks.
+            if seq.paused() || (seq.index > 0 && !seq.request.prompt_ready()) {
+                j += 1;
+                continue;
+            }
+            if seq.tokens.len().div_ceil(kv.block_size()) > kv.num_blocks() {
+                let seq = self.waiting.remove(j);
+                self.retire(seq, None, FinishReason::Length);
+                continue;
+            }
+            let mut blocks = kv.new_sequence();
+            let limit = seq.tokens.len() - 1;
+            let hit = match self.sibling_blocks(seq) {
+                Some(sibling) => {
+                    blocks = kv.fork(sibling, limit.min(seq.request.prompt_len));
+                    blocks.capacity()
+                }
+                None => kv.match_prefix(&mut blocks, &seq.tokens, limit),
+            };
+            let n = (seq.tokens.len() - hit).min(*budget).min(self.chunk_limit());
+            if kv.reserve(&mut blocks, hit + n).is_err() {
+                break; // Head-of-line: later sequences wait behind this one.
+            }
+            let mut seq = self.waiting.remove(j);
+            if !seq.admitted_before {
+                seq.cached_prompt_tokens = hit.min(seq.request.prompt_len);
+                seq.admitted_before = true;
+            }
+            counts.prefix_cache_hit_tokens += hit;
+            seq.blocks = Some(blocks);
+            seq.computed = hit;
+            seq.admitted = self.tick;
+            self.running.push(seq);
+            self.push(plan, self.running.len() - 1, n);
+            *budget -= n;
+        }
+    }
+
+    fn chunk_limit(&self) -> usize {
+        self.config.max_prefill_chunk.unwrap_or(usize::MAX).max(1)
+    }
+
+    /// The blocks of the request's first continuation, once its prompt is computed.
+    fn sibling_blocks(&self, seq: &Sequence) -> Option<&met_cache::SequenceBlocks> {
+        if seq.index == 0 {
+            return None;
+        }
+        self.running
+            .iter()
+            .find(|s| s.request.id == seq.request.id && s.index == 0 && s.computed >= s.request.prompt_len)
+            .and_then(|s| s.blocks.as_ref())
+    }
+
+    fn push(&self, plan: &mut Plan, i: usize, n: usize) {
+        let seq = &self.running[i];
+        let sample = seq.computed + n == seq.tokens.len();
+        let rows = if sample { LogitRows::Last } else { LogitRows::None };
+        let blocks = seq.blocks.as_ref().expect("scheduled sequences hold blocks");
+        plan.batch.push(&seq.tokens[seq.computed..seq.computed + n], seq.computed, blocks, rows);
+        plan.entries.push(Scheduled { seq: i, len: n, sample });
+    }
+
+    /// Applies a step's results: advances computed tokens, registers full blocks in the
+    /// prefix cache, appends sampled tokens, sends events and retires finished sequences.
+    pub(crate) fn postprocess(&mut self, plan: &Plan, samples: Vec<Sampled>, kv: &dyn KvCache) {
+        let mut samples = samples.into_iter();
+        for e in &plan.entries {
+            let seq = &mut self.running[e.seq];
+            seq.computed += e.len;
+            kv.commit(seq.blocks.as_mut().expect("running"), &seq.tokens, seq.computed);
+            if seq.index == 0 && seq.computed >= seq.request.prompt_len {
+                seq.request.prompt_ready.store(true, Ordering::Relaxed);
+            }
+            if !e.sample {
+                continue;
+            }
+            let s = samples.next().expect("one sample per sampling entry");
+            seq.tokens.push(s.token);
+            let now = Instant::now();
+            match seq.last_token.replace(now) {
+                None => self.metrics.first_token(now - seq.request.arrived),
+                Some(last) => self.metrics.inter_token(now - last),
+            }
+            let generated = seq.output().len();
+            let stop = &seq.request.stop;
+            let finish = if stop.is_stop(s.token, generated) {
+                Some(FinishReason::Stop)
+            } else if generated >= stop.max_new_tokens || seq.tokens.len() >= self.max_context {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            let token = GeneratedToken { id: s.token, logprob: s.logprob, top_logprobs: s.top_logprobs };
+            let event = event(seq, Some(token), finish.clone());
+            seq.finish_reason = finish.as_ref().map(label);
+            seq.finished = finish.is_some();
+            seq.emit(event);
+        }
+        let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).collect();
+        for seq in done {
+            self.drain(seq);
+        }
+    }
+
+    /// Sends a sequence's last event and drops it (and its blocks).
+    fn retire(&mut self, mut seq: Sequence, token: Option<GeneratedToken>, reason: FinishReason) {
+        seq.finish_reason = Some(label(&reason));
+        let event = event(&seq, token, Some(reason));
+        seq.emit(event);
+        self.drain(seq);
+    }
+
+    /// Frees a finished sequence's blocks, keeping it only until its events are delivered.
+    fn drain(&mut self, mut seq: Sequence) {
+        if let Some(reason) = seq.finish_reason.take() {
+            self.metrics.finished(reason, request_stats(&seq));
+        }
+        seq.finished = true;
+        seq.blocks = None;
+        if seq.paused() {
+            self.draining.push(seq);
+        }
+    }
+
+    /// Ends every running sequence with `reason` (after a failed step).
+    pub(crate) fn fail_running(&mut self, reason: &FinishReason) {
+        for seq in std::mem::take(&mut self.running) {
+            self.retire(seq, None, reason.clone());
+        }
+    }
+
+    pub(crate) fn held_blocks(&self) -> usize {
+        let mut ids: Vec<u32> = self
+            .running
+            .iter()
+            .filter_map(|s| s.blocks.as_ref())
+            .flat_map(|b| b.block_ids().iter().map(|b| b.0))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
+    pub(crate) fn stream_capacity(&self) -> usize {
+        self.config.stream_capacity
+    }
+
+    pub(crate) fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub(crate) fn num_running(&self) -> usize {
+        self.running.len()
+    }
+}
+
+fn event(seq: &Sequence, token: Option<GeneratedToken>, finish: Option<FinishReason>) -> TokenEvent {
+    TokenEvent { index: seq.index, token, cached_prompt_tokens: seq.cached_prompt_tokens, finish }
+}
+
+fn label(reason: &FinishReason) -> FinishLabel {
+    match reason {
+        FinishReason::Stop => FinishLabel::Stop,
+        FinishReason::Length => FinishLabel::Length,
+        FinishReason::Cancelled => FinishLabel::Cancelled,
+        FinishReason::Error(_) => FinishLabel::Error,
+    }
+}
+
+fn request_stats(seq: &Sequence) -> RequestStats {
+    RequestStats {
+        duration: seq.request.arrived.elapsed(),
+        prompt_tokens: seq.request.prompt_len,
+        generated_tokens: seq.output().len(),
+    }
+}

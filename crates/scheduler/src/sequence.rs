@@ -1,0 +1,122 @@
+//! One continuation of a request inside the engine: its tokens, how many of them are in
+//! the KV cache, its blocks, and the events it could not deliver yet.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use std::time::Instant;
+
+use met_cache::SequenceBlocks;
+use met_telemetry::FinishLabel;
+use tokio::sync::mpsc::error::TrySendError;
+
+use crate::policy::SeqInfo;
+use crate::request::{RequestShared, TokenEvent};
+
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    pub(crate) request: Arc<RequestShared>,
+    /// Which of the request's `n` continuations.
+    pub(crate) index: usize,
+    /// Prompt followed by the generated tokens.
+    pub(crate) tokens: Vec<u32>,
+    /// Leading tokens whose K/V is in the cache.
+    pub(crate) computed: usize,
+    /// Held while running; `None` while waiting or after preemption.
+    pub(crate) blocks: Option<SequenceBlocks>,
+    /// Prompt tokens reused at first admission (reported to the client).
+    pub(crate) cached_prompt_tokens: usize,
+    pub(crate) admitted_before: bool,
+    pub(crate) seed: u64,
+    /// Scheduler tick of the last admission.
+    pub(crate) admitted: u64,
+    /// Events the client's bounded stream had no room for; the sequence pauses until
+    /// they are delivered.
+    pub(crate) pending: VecDeque<TokenEvent>,
+    pub(crate) finished: bool,
+    /// Set when the sequence ends, until its finish is recorded in the metrics.
+    pub(crate) finish_reason: Option<FinishLabel>,
+    /// When its last token was sampled (inter-token latency).
+    pub(crate) last_token: Option<Instant>,
+}
+
+impl Sequence {
+    pub(crate) fn new(request: Arc<RequestShared>, index: usize, prompt: Vec<u32>) -> Self {
+        let seed = if index == 0 { request.sampling.seed } else { continuation_seed(request.sampling.seed, index) };
+        Self {
+            request,
+            index,
+            tokens: prompt,
+            computed: 0,
+            blocks: None,
+            cached_prompt_tokens: 0,
+            admitted_before: false,
+            seed,
+            admitted: 0,
+            pending: VecDeque::new(),
+            finished: false,
+            finish_reason: None,
+            last_token: None,
+        }
+    }
+
+    pub(crate) fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.request.prompt_len]
+    }
+
+    pub(crate) fn output(&self) -> &[u32] {
+        &self.tokens[self.request.prompt_len..]
+    }
+
+    /// Tokens not yet in the cache: the rest of the prompt, or the last sampled token.
+    pub(crate) fn to_compute(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    pub(crate) fn info(&self) -> SeqInfo {
+        SeqInfo {
+            request: self.request.id,
+            priority: self.request.priority,
+            arrival: self.request.arrival,
+            admitted: self.admitted,
+        }
+    }
+
+    /// Whether undelivered events hold the sequence back.
+    pub(crate) fn paused(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Sends `event`, queueing it when the stream is full.
+    pub(crate) fn emit(&mut self, event: TokenEvent) {
+        self.pending.push_back(event);
+        self.flush();
+    }
+
+    /// Delivers queued events while the stream has room.
+    pub(crate) fn flush(&mut self) {
+        while let Some(event) = self.pending.pop_front() {
+            match self.request.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.pending.push_front(event);
+                    return;
+                }
+                // The client is gone; cancellation reaps the sequence.
+                Err(TrySendError::Closed(_)) => {
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The random stream of continuation `index` of a request seeded with `seed`.
+fn continuation_seed(seed: u64, index: usize) -> u64 {
+    // SplitMix64's finaliser: distinct, well-mixed streams per continuation.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

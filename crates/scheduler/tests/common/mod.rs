@@ -1,0 +1,129 @@
+//! Shared helpers: build an engine over the mock model and run requests to completion
+//! while checking the cache invariants after every step.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use met_cache::PagedKvCache;
+use met_config::{EngineConfig, SamplingParams};
+use met_kernels::CpuBackend;
+use met_scheduler::mock::MockModel;
+use met_scheduler::{
+    Engine, EngineRequest, FinishReason, Priority, RequestStream, SchedulingPolicy, StopCriteria, TokenEvent,
+};
+use met_telemetry::Metrics;
+
+pub const VOCAB: usize = 64;
+pub const MAX_CONTEXT: usize = 512;
+
+/// How to build the engine of a test.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub config: EngineConfig,
+    pub kv_blocks: usize,
+    pub priority: bool,
+}
+
+impl Setup {
+    pub fn new(kv_blocks: usize) -> Self {
+        Self { config: EngineConfig { block_size: 4, ..EngineConfig::default() }, kv_blocks, priority: false }
+    }
+
+    pub fn chunk(mut self, chunk: usize) -> Self {
+        self.config.max_prefill_chunk = Some(chunk);
+        self
+    }
+
+    pub fn prefix_caching(mut self, on: bool) -> Self {
+        self.config.prefix_caching = on;
+        self
+    }
+
+    pub fn engine(&self) -> (Engine, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let backend = Arc::new(CpuBackend::new());
+        let kv = PagedKvCache::new(
+            &*backend,
+            MockModel::layout(),
+            self.config.block_size,
+            self.kv_blocks,
+            self.config.prefix_caching,
+        )
+        .unwrap();
+        let policy: Box<dyn SchedulingPolicy> =
+            if self.priority { Box::new(Priority) } else { Box::new(met_scheduler::Fcfs) };
+        let engine = Engine::new(
+            Box::new(MockModel::new(VOCAB, MAX_CONTEXT)),
+            backend,
+            Box::new(kv),
+            self.config.clone(),
+            policy,
+            Arc::clone(&metrics),
+        )
+        .unwrap();
+        (engine, metrics)
+    }
+}
+
+pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> EngineRequest {
+    EngineRequest {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria { max_new_tokens, ..StopCriteria::default() },
+        n: 1,
+        priority: 0,
+    }
+}
+
+/// Everything one request's stream delivered, per continuation.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    pub tokens: Vec<Vec<u32>>,
+    pub finish: Vec<Option<FinishReason>>,
+    pub cached: Vec<usize>,
+    pub events: Vec<TokenEvent>,
+}
+
+/// Collects events from `stream` into `out` without waiting.
+pub fn collect(stream: &mut RequestStream, out: &mut Outcome, n: usize) {
+    out.tokens.resize(n, Vec::new());
+    out.finish.resize(n, None);
+    out.cached.resize(n, 0);
+    while let Some(e) = stream.try_next() {
+        assert!(out.finish[e.index].is_none(), "event after finish: {e:?}");
+        if let Some(t) = &e.token {
+            out.tokens[e.index].push(t.id);
+        }
+        out.cached[e.index] = e.cached_prompt_tokens;
+        out.finish[e.index].clone_from(&e.finish);
+        out.events.push(e);
+    }
+}
+
+/// Steps `engine` until every stream is done, asserting after every step that held +
+/// free blocks = total, and at the end that no block is held.
+pub fn run_all(engine: &mut Engine, requests: Vec<EngineRequest>) -> Vec<Outcome> {
+    let ns: Vec<usize> = requests.iter().map(|r| r.n).collect();
+    let mut streams: Vec<RequestStream> = requests.into_iter().map(|r| engine.submit(r).unwrap()).collect();
+    let mut outcomes = vec![Outcome::default(); streams.len()];
+    let mut steps = 0;
+    while engine.has_work() {
+        engine.step();
+        steps += 1;
+        assert!(steps < 100_000, "the engine does not finish");
+        assert_eq!(
+            engine.held_blocks() + engine.free_blocks(),
+            engine.total_blocks(),
+            "blocks leaked or double-counted"
+        );
+        for ((s, o), &n) in streams.iter_mut().zip(&mut outcomes).zip(&ns) {
+            collect(s, o, n);
+        }
+    }
+    for ((s, o), &n) in streams.iter_mut().zip(&mut outcomes).zip(&ns) {
+        collect(s, o, n);
+    }
+    assert_eq!(engine.free_blocks(), engine.total_blocks(), "blocks held after every request finished");
+    outcomes
+}

@@ -1,0 +1,96 @@
+//! The Hugging Face fixtures of `model-layers` through the engine: greedy outputs equal
+//! the bare forward pass (`runner::generate_greedy`) and the transformers reference, with
+//! all prompts batched, prefill chunks of 5, and a pool small enough to force preemption.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use met_cache::{KvCache, PagedKvCache};
+use met_config::{EngineConfig, ModelConfig, SamplingParams};
+use met_kernels::{CpuBackend, GpuBackend};
+use met_model_layers::runner::{GreedyOptions, generate_greedy};
+use met_model_layers::{LoadOptions, Model, load_model};
+use met_model_weights::SafetensorsStore;
+use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
+use met_telemetry::Metrics;
+
+const FIXTURES: [&str; 6] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+
+/// A fixture's model, its backend, its prompts and the transformers greedy continuations.
+struct Fixture {
+    model: Box<dyn Model>,
+    backend: Arc<dyn GpuBackend>,
+    prompts: Vec<Vec<u32>>,
+    greedy: Vec<Vec<u32>>,
+}
+
+fn load(name: &str) -> Fixture {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
+    let store = SafetensorsStore::open(&dir).unwrap();
+    let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompts = serde_json::from_value(reference["prompts"].clone()).unwrap();
+    let greedy = serde_json::from_value(reference["greedy"].clone()).unwrap();
+    Fixture { model, backend, prompts, greedy }
+}
+
+fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u32>>, u64) {
+    let Fixture { model, backend, prompts, .. } = load(name);
+    let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let mut engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .map(|p: &Vec<u32>| {
+            let stop = StopCriteria { max_new_tokens: 16, ..StopCriteria::default() };
+            engine.submit(EngineRequest {
+                prompt: p.clone(),
+                sampling: SamplingParams::greedy(),
+                stop,
+                n: 1,
+                priority: 0,
+            })
+        })
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut out = vec![Vec::new(); prompts.len()];
+    while engine.has_work() {
+        engine.step();
+        for (s, o) in streams.iter_mut().zip(&mut out) {
+            while let Some(e) = s.try_next() {
+                o.extend(e.token.map(|t| t.id));
+            }
+        }
+    }
+    assert_eq!(engine.free_blocks(), engine.total_blocks());
+    (out, metrics.preemptions.get())
+}
+
+#[test]
+fn engine_equals_bare_forward_and_transformers() {
+    for name in FIXTURES {
+        let Fixture { model, backend, prompts, greedy: reference } = load(name);
+        let mut kv = PagedKvCache::new(&*backend, model.kv_layout(), 16, 64, false).unwrap();
+        let options = GreedyOptions { max_new_tokens: 16, ..GreedyOptions::default() };
+        let bare: Vec<Vec<u32>> = generate_greedy(&*model, &*backend, &mut kv, &prompts, &options)
+            .unwrap()
+            .into_iter()
+            .map(|g| g.tokens)
+            .collect();
+        assert_eq!(kv.num_free_blocks(), 64);
+        assert_eq!(bare, reference, "{name}: bare forward");
+
+        let batched = through_engine(name, EngineConfig::default(), 64).0;
+        assert_eq!(batched, bare, "{name}: engine, one batch");
+        let chunked = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
+        assert_eq!(through_engine(name, chunked, 64).0, bare, "{name}: engine, chunks of 5");
+        // 24 blocks of 4 tokens cannot hold the four requests (76 tokens at most each).
+        let tight = EngineConfig { block_size: 4, ..EngineConfig::default() };
+        let (out, preempted) = through_engine(name, tight, 24);
+        assert_eq!(out, bare, "{name}: engine under preemption");
+        assert!(preempted > 0, "{name}: the small pool did not force preemption");
+    }
+}
