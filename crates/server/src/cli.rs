@@ -54,6 +54,87 @@ pub struct ModelArgs {
     pub attention_backend: String,
 }
 
+/// How tokens are drawn (the OpenAI request fields, as flags).
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Hugging Face repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// OpenAI presence penalty.
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty.
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Logit biases as `ID:BIAS,ID:BIAS`.
+    #[arg(long, value_parser = parse_bias, default_value = "")]
+    pub logit_bias: LogitBias,
+    /// Seed of the first prompt's random stream (prompt i uses seed + i); random when
+    /// absent.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Tokens to generate per prompt.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: usize,
+    /// End tokens are banned until this many tokens were generated.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// Extra token ids that end generation, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub stop_token_ids: Vec<u32>,
+    /// Generate through end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Continuations per prompt.
+    #[arg(short = 'n', long = "n", default_value_t = 1)]
+    pub n: usize,
+    /// Report the K most likely tokens and their logprobs at each step.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_logprobs: usize,
+}
+
+/// Logit biases parsed from `ID:BIAS,...`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogitBias(pub Vec<(u32, f32)>);
+
+/// Scheduling budgets and the KV cache.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Most sequences per step.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens per step.
+    #[arg(long, default_value_t = 8192)]
+    pub max_batch_tokens: usize,
+    /// Most prompt tokens of one sequence per step (chunked prefill); default: the budget.
+    #[arg(long)]
+    pub max_prefill_chunk: Option<usize>,
+    /// KV cache blocks (default: enough for every request at once).
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Turn automatic prefix caching off.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Scheduling policy: fcfs or priority.
+    #[arg(long, default_value = "fcfs")]
+    pub policy: String,
+}
+
 /// `met generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -61,18 +142,19 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// A prompt as comma-separated token ids; repeat for more prompts.
-    #[arg(long = "prompt-ids", value_name = "IDS", required = true, value_parser = parse_ids)]
+    #[arg(long = "prompt-ids", value_name = "IDS", value_parser = parse_ids)]
     pub prompt_ids: Vec<Vec<u32>>,
-    /// Tokens to generate per prompt.
-    #[arg(long, default_value_t = 16)]
-    pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Report the K most likely tokens and their logprobs at each step.
-    #[arg(long, value_name = "K", default_value_t = 0)]
-    pub top_logprobs: usize,
-    /// Print one JSON object per prompt per line.
+    /// A JSONL file of prompts: one object per line with `prompt_ids` and, optionally,
+    /// per-prompt `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n`.
+    #[arg(long, value_name = "FILE")]
+    pub prompts_file: Option<PathBuf>,
+    /// Sampling settings, the defaults of every prompt.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Print one JSON object per prompt (and continuation) per line.
     #[arg(long)]
     pub json: bool,
 }
@@ -82,6 +164,16 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
         return Err("a prompt needs at least one token id".into());
     }
     s.split(',').map(|t| t.trim().parse::<u32>().map_err(|_| format!("`{}` is not a token id", t.trim()))).collect()
+}
+
+fn parse_bias(s: &str) -> Result<LogitBias, String> {
+    let pairs = s.split(',').filter(|p| !p.trim().is_empty()).map(|p| {
+        let (id, bias) = p.split_once(':').ok_or_else(|| format!("`{p}` is not ID:BIAS"))?;
+        let id = id.trim().parse::<u32>().map_err(|_| format!("`{}` is not a token id", id.trim()))?;
+        let bias = bias.trim().parse::<f32>().map_err(|_| format!("`{}` is not a number", bias.trim()))?;
+        Ok((id, bias))
+    });
+    pairs.collect::<Result<_, String>>().map(LogitBias)
 }
 
 fn parse_device(s: &str) -> Result<DeviceKind, String> {
@@ -99,5 +191,24 @@ mod tests {
         assert!(parse_ids("").is_err());
         assert!(parse_ids("-1").is_err());
         assert!(parse_ids("4294967296").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli =
+            Cli::try_parse_from(["met", "generate", "--model", "m", "--prompt-ids", "1", "--stop-token-ids", "3,4"])
+                .unwrap();
+        let Command::Generate(g) = cli.command;
+        assert_eq!(g.sampling.stop_token_ids, [3, 4]);
+    }
+
+    #[test]
+    fn logit_bias_parses_pairs() {
+        assert_eq!(parse_bias("1:2.5, 7:-100").unwrap(), LogitBias(vec![(1, 2.5), (7, -100.0)]));
+        assert_eq!(parse_bias("").unwrap(), LogitBias::default());
+        assert!(parse_bias("1").unwrap_err().contains("ID:BIAS"));
+        assert!(parse_bias("x:1").unwrap_err().contains("`x`"));
     }
 }

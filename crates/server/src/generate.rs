@@ -1,66 +1,239 @@
-//! `met generate`: continuations of token-id prompts, all prompts in one batch.
+//! `met generate`: token-id prompts through the serving engine, stepped on this thread
+//! until every request is done, so batching, chunked prefill, prefix caching, preemption
+//! and sampling all behave as they do when serving.
 
-use anyhow::{Result, bail};
-use met_cache::{DEFAULT_BLOCK_SIZE, PagedKvCache};
-use met_model_layers::runner::{GreedyOptions, generate_greedy};
-use met_telemetry::{Phase, PhaseTimer};
-use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
 
-use crate::cli::GenerateArgs;
+use anyhow::{Context, Result, bail};
+use met_cache::PagedKvCache;
+use met_config::{EngineConfig, SamplingParams};
+use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria, policy_by_name};
+use met_telemetry::{Metrics, Phase, PhaseTimer};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
 use crate::load::load;
 
-/// One line of `--json` output.
+/// One line of `--prompts-file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptLine {
+    prompt_ids: Vec<u32>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    n: Option<usize>,
+}
+
+/// One line of `--json` output: a continuation of a prompt.
 #[derive(Serialize)]
 struct Output<'a> {
+    prompt: usize,
+    index: usize,
     prompt_ids: &'a [u32],
     generated_ids: &'a [u32],
+    finish_reason: &'a str,
+    cached_prompt_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<&'a [f32]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs: Option<&'a [Vec<(u32, f32)>]>,
 }
 
+/// What a continuation produced.
+#[derive(Debug, Default, Clone)]
+struct Continuation {
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
+    finish: Option<FinishReason>,
+    cached: usize,
+}
+
 /// Runs `met generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    if args.temperature != 0.0 {
-        bail!("--temperature {}: only greedy decoding (0) is supported by this command yet", args.temperature);
+    let mut requests = read_prompts(args)?;
+    if requests.is_empty() {
+        bail!("no prompts: give --prompt-ids or --prompts-file");
     }
     let loaded = load(&args.model)?;
-    let (vocab, max_context) = (loaded.model.vocab_size(), loaded.model.max_context());
-    for (i, prompt) in args.prompt_ids.iter().enumerate() {
-        if let Some(id) = prompt.iter().find(|&&id| id as usize >= vocab) {
-            bail!("prompt {i}: token id {id} is outside the vocabulary of {vocab}");
-        }
-        if prompt.len() + args.max_tokens > max_context {
+    let max_context = loaded.model.max_context();
+    for (i, r) in requests.iter_mut().enumerate() {
+        if r.prompt.len() + r.stop.max_new_tokens > max_context {
             bail!(
-                "prompt {i}: {} tokens plus --max-tokens {} exceed the model's context of {max_context}",
-                prompt.len(),
-                args.max_tokens
+                "prompt {i}: {} tokens plus max_tokens {} exceed the model's context of {max_context}",
+                r.prompt.len(),
+                r.stop.max_new_tokens
             );
         }
+        r.stop.eos_token_ids.clone_from(&loaded.eos_token_ids);
     }
 
     let timer = PhaseTimer::start(Phase::KvCache);
-    let blocks: usize = args.prompt_ids.iter().map(|p| (p.len() + args.max_tokens).div_ceil(DEFAULT_BLOCK_SIZE)).sum();
-    let mut kv = PagedKvCache::new(&*loaded.backend, loaded.model.kv_layout(), DEFAULT_BLOCK_SIZE, blocks.max(1), true)?;
-    timer.done(format_args!("{blocks} blocks of {DEFAULT_BLOCK_SIZE}"));
+    let config = engine_config(&args.engine)?;
+    let needed: usize =
+        requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
+    let blocks = args.engine.kv_blocks.unwrap_or(needed).max(1);
+    let kv = PagedKvCache::new(
+        &*loaded.backend,
+        loaded.model.kv_layout(),
+        config.block_size,
+        blocks,
+        config.prefix_caching,
+    )?;
+    timer.done(format_args!("{blocks} blocks of {}", config.block_size));
 
-    let options = GreedyOptions {
-        max_new_tokens: args.max_tokens,
-        prefill_chunk: None,
-        top_logprobs: args.top_logprobs,
-        stop_tokens: Vec::new(),
-    };
-    let outputs = generate_greedy(&*loaded.model, &*loaded.backend, &mut kv, &args.prompt_ids, &options)?;
-    for (prompt, out) in args.prompt_ids.iter().zip(&outputs) {
-        if args.json {
-            let line = Output {
-                prompt_ids: prompt,
-                generated_ids: &out.tokens,
-                top_logprobs: (args.top_logprobs > 0).then_some(&out.top_logprobs[..]),
-            };
-            println!("{}", serde_json::to_string(&line)?);
-        } else {
-            println!("{prompt:?} -> {:?}", out.tokens);
+    let policy = policy_by_name(&args.engine.policy)
+        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", args.engine.policy))?;
+    let mut engine = Engine::new(loaded.model, loaded.backend, Box::new(kv), config, policy, Arc::new(Metrics::new()))?;
+    let ns: Vec<usize> = requests.iter().map(|r| r.n).collect();
+    let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+    let mut streams = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| engine.submit(r).with_context(|| format!("prompt {i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let mut outputs: Vec<Vec<Continuation>> = ns.iter().map(|&n| vec![Continuation::default(); n]).collect();
+    while engine.has_work() {
+        engine.step();
+        drain(&mut streams, &mut outputs);
+    }
+    drain(&mut streams, &mut outputs);
+    print(&prompts, &outputs, args.json, args.sampling.top_logprobs > 0)
+}
+
+fn drain(streams: &mut [RequestStream], outputs: &mut [Vec<Continuation>]) {
+    for (s, out) in streams.iter_mut().zip(outputs) {
+        while let Some(e) = s.try_next() {
+            let c = &mut out[e.index];
+            if let Some(t) = e.token {
+                c.tokens.push(t.id);
+                c.logprobs.push(t.logprob);
+                c.top_logprobs.push(t.top_logprobs);
+            }
+            c.cached = e.cached_prompt_tokens;
+            c.finish = e.finish;
         }
     }
-    Ok(())
+}
+
+fn print(prompts: &[Vec<u32>], outputs: &[Vec<Continuation>], json: bool, logprobs: bool) -> Result<()> {
+    let mut failed = None;
+    for (i, (prompt, choices)) in prompts.iter().zip(outputs).enumerate() {
+        for (index, c) in choices.iter().enumerate() {
+            let reason = match &c.finish {
+                Some(FinishReason::Stop) => "stop",
+                Some(FinishReason::Length) => "length",
+                Some(FinishReason::Cancelled) | None => "cancelled",
+                Some(FinishReason::Error(e)) => {
+                    failed = Some(format!("prompt {i}: {e}"));
+                    "error"
+                }
+            };
+            if json {
+                let line = Output {
+                    prompt: i,
+                    index,
+                    prompt_ids: prompt,
+                    generated_ids: &c.tokens,
+                    finish_reason: reason,
+                    cached_prompt_tokens: c.cached,
+                    logprobs: logprobs.then_some(&c.logprobs[..]),
+                    top_logprobs: logprobs.then_some(&c.top_logprobs[..]),
+                };
+                println!("{}", serde_json::to_string(&line)?);
+            } else {
+                println!("prompt {i}.{index} ({reason}): {prompt:?} -> {:?}", c.tokens);
+            }
+        }
+    }
+    match failed {
+        Some(e) => bail!(e),
+        None => Ok(()),
+    }
+}
+
+/// Every prompt of the command line and the prompts file, as engine requests.
+fn read_prompts(args: &GenerateArgs) -> Result<Vec<EngineRequest>> {
+    let s = &args.sampling;
+    let mut requests: Vec<EngineRequest> = args.prompt_ids.iter().map(|p| request(s, p.clone())).collect();
+    if let Some(path) = &args.prompts_file {
+        requests.extend(read_file(s, path)?);
+    }
+    let base_seed = s.seed.unwrap_or_else(random_seed);
+    for (i, r) in requests.iter_mut().enumerate() {
+        if r.sampling.seed == u64::MAX {
+            r.sampling.seed = base_seed.wrapping_add(i as u64);
+        }
+    }
+    Ok(requests)
+}
+
+fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<EngineRequest>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = || format!("{} line {}", path.display(), n + 1);
+        let line: PromptLine = serde_json::from_str(line).with_context(at)?;
+        let mut r = request(s, line.prompt_ids);
+        r.stop.max_new_tokens = line.max_tokens.unwrap_or(r.stop.max_new_tokens);
+        r.sampling.temperature = line.temperature.unwrap_or(r.sampling.temperature);
+        r.sampling.top_p = line.top_p.unwrap_or(r.sampling.top_p);
+        r.sampling.top_k = line.top_k.unwrap_or(r.sampling.top_k);
+        r.sampling.min_p = line.min_p.unwrap_or(r.sampling.min_p);
+        r.sampling.seed = line.seed.unwrap_or(r.sampling.seed);
+        r.n = line.n.unwrap_or(r.n);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// A request with the command line's settings; `u64::MAX` marks a seed still to pin.
+fn request(s: &SamplingArgs, prompt: Vec<u32>) -> EngineRequest {
+    EngineRequest {
+        prompt,
+        sampling: SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            logit_bias: s.logit_bias.0.clone(),
+            seed: u64::MAX,
+            logprobs: (s.top_logprobs > 0).then_some(s.top_logprobs),
+        },
+        stop: StopCriteria {
+            max_new_tokens: s.max_tokens,
+            min_new_tokens: s.min_tokens,
+            stop_token_ids: s.stop_token_ids.clone(),
+            eos_token_ids: Vec::new(),
+            ignore_eos: s.ignore_eos,
+        },
+        n: s.n,
+        priority: 0,
+    }
+}
+
+fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
+    let config = EngineConfig {
+        max_num_seqs: e.max_num_seqs,
+        max_batch_tokens: e.max_batch_tokens,
+        max_prefill_chunk: e.max_prefill_chunk,
+        block_size: e.block_size,
+        prefix_caching: !e.no_prefix_caching,
+        ..EngineConfig::default()
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use met_config::ModelConfig;
+use met_config::{GenerationConfig, ModelConfig};
 use met_kernels::{GpuBackend, open_backend};
 use met_model_layers::{LoadOptions, Model, load_model, tensor_specs};
 use met_model_weights::{DummyStore, SafetensorsStore, WeightStore};
@@ -18,6 +18,8 @@ pub struct LoadedModel {
     pub backend: Arc<dyn GpuBackend>,
     /// The model.
     pub model: Box<dyn Model>,
+    /// End-of-sequence tokens from `config.json` and `generation_config.json`.
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// Runs startup phases 1 to 5 for `args`.
@@ -32,6 +34,13 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
         Some(o) => ModelConfig::from_file_with_overrides(&path, o),
         None => ModelConfig::from_file(&path),
     }?;
+    let mut eos_token_ids = config.eos_token_ids.clone();
+    let generation = dir.join("generation_config.json");
+    if generation.is_file() {
+        eos_token_ids.extend(GenerationConfig::from_file(&generation)?.eos_token_ids);
+    }
+    eos_token_ids.sort_unstable();
+    eos_token_ids.dedup();
     timer.done(format_args!("{} with {} layers", config.model_type, config.num_layers));
 
     let timer = PhaseTimer::start(Phase::Device);
@@ -47,7 +56,7 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
     let model = load_model(&config, &*store, Arc::clone(&backend), &options)
         .with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
-    Ok(LoadedModel { backend, model })
+    Ok(LoadedModel { backend, model, eos_token_ids })
 }
 
 fn resolve_dir(path: &Path) -> Result<&Path> {

@@ -95,3 +95,93 @@ fn bad_input_is_a_message_and_a_failure() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// `generated_ids` of every output line.
+fn generated(out: &Output) -> Vec<Vec<u32>> {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_value(serde_json::from_str::<serde_json::Value>(l).unwrap()["generated_ids"].clone())
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn engine_flags_do_not_change_greedy_output() {
+    let dir = fixture("llama_tied");
+    let dir = dir.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model",
+        dir,
+        "--prompt-ids",
+        "5,6,7,8,9,10,11,12,13",
+        "--prompt-ids",
+        "5,6,7,8,9,10,11,12,14",
+        "--prompt-ids",
+        "300",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--json",
+    ];
+    let reference = generated(&met(&base));
+    for extra in [
+        &["--no-prefix-caching"][..],
+        &["--kv-blocks", "2", "--block-size", "16"][..],
+        &["--max-prefill-chunk", "3", "--max-batch-tokens", "4"][..],
+        &["--max-num-seqs", "1", "--policy", "priority"][..],
+    ] {
+        assert_eq!(generated(&met(&[&base[..], extra].concat())), reference, "{extra:?}");
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_n_gives_choices() {
+    let dir = fixture("qwen2");
+    let dir = dir.to_str().unwrap();
+    let args = [
+        "generate",
+        "--model",
+        dir,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--temperature",
+        "1.0",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "-n",
+        "3",
+        "--json",
+    ];
+    let first = generated(&met(&args));
+    assert_eq!(first.len(), 3);
+    assert_eq!(generated(&met(&args)), first);
+    assert!(first[0] != first[1] || first[1] != first[2], "three samples at temperature 1 are identical: {first:?}");
+    let other = generated(&met(&[&args[..args.len() - 5], &["--seed", "8", "-n", "3", "--json"]].concat()));
+    assert_ne!(other, first);
+}
+
+#[test]
+fn prompts_come_from_a_jsonl_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.jsonl");
+    std::fs::write(&file, "{\"prompt_ids\": [1, 2, 3], \"max_tokens\": 2}\n\n{\"prompt_ids\": [4], \"n\": 2}\n")
+        .unwrap();
+    let model = fixture("qwen3");
+    let out =
+        met(&["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap(), "--json"]);
+    let lens: Vec<usize> = generated(&out).iter().map(Vec::len).collect();
+    assert_eq!(lens, [2, 16, 16]);
+
+    std::fs::write(&file, "{\"prompt_ids\": [1]}\n{\"prompt_idz\": [1]}\n").unwrap();
+    let out = met(&["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("line 2") && stderr.contains("prompt_idz"), "{stderr}");
+}
