@@ -14,11 +14,13 @@ mod engine;
 mod error;
 mod fields;
 mod generation;
+mod home;
 mod model;
 mod sampling;
 
 pub use engine::{EngineConfig, InvalidEngineConfig};
 pub use error::ConfigError;
 pub use generation::GenerationConfig;
+pub use home::{DEFAULT_MODEL_FILE, default_model_for_test, default_model_path, met_home};
 pub use model::{ModelConfig, ModelType, MoeConfig, RopeConfig, RopeScaling};
 pub use sampling::{InvalidSampling, MAX_TOP_LOGPROBS, SamplingParams};
