@@ -182,12 +182,40 @@ fn paged_attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// `cpu::matmul_quant` at the MLP projection with Q4_1 and Q8_0 weights (SmolLM2's
+/// GGUF formats), for m = 1 and m = 64: the same FLOPs as `matmul_f32`, from quantised
+/// blocks.
+fn matmul_quant(c: &mut Criterion) {
+    use met_kernels::quant::QuantFormat;
+    let (k, n) = (HIDDEN, INTERMEDIATE);
+    let mut group = c.benchmark_group("matmul_quant");
+    for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        let row = format.bytes_for(k).expect("whole blocks");
+        // Random bytes with a small finite f16 scale (and minimum) in every block.
+        let mut w: Vec<u8> = values(n * row, 3).iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+        for block in w.chunks_exact_mut(format.block_bytes()) {
+            block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            if format == QuantFormat::Q4_1 {
+                block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+            }
+        }
+        for m in [1, 64] {
+            let x = values(m * k, 2);
+            group.throughput(flops(2 * m * k * n));
+            group.bench_function(format!("{format}/m{m}_k{k}_n{n}"), |bench| {
+                bench.iter(|| met_kernels::cpu::matmul_quant(black_box(&x), black_box(&w), None, (m, k, n), format));
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = matmul_f32, gemm_peak, paged_attention
+    targets = matmul_f32, matmul_quant, gemm_peak, paged_attention
 }
 criterion_main!(benches);

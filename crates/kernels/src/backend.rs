@@ -85,9 +85,9 @@ pub struct SampleRow<'a> {
 pub struct Sampled {
     /// The drawn token.
     pub token: u32,
-    /// Its log-probability under the model's raw logits (before bias, penalties,
-    /// temperature and truncation).
-    pub logprob: f32,
+    /// When `params.logprobs` is set: its log-probability under the model's raw logits
+    /// (before bias, penalties, temperature and truncation).
+    pub logprob: Option<f32>,
     /// When `params.logprobs` is `Some(k)`: the `k` most likely tokens under the raw
     /// logits with their log-probabilities, best first.
     pub top_logprobs: Vec<(u32, f32)>,

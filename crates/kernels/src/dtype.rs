@@ -2,8 +2,11 @@
 
 use std::fmt;
 
+use crate::quant::QuantFormat;
+
 /// The element type of a tensor. Float types hold weights and activations; `U32` holds
-/// token ids, positions, slot mappings and block tables.
+/// token ids, positions, slot mappings and block tables; `Quant` holds weights in a
+/// ggml block format (rows of whole blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     /// IEEE 754 single precision.
@@ -14,29 +17,51 @@ pub enum DType {
     BF16,
     /// Unsigned 32-bit integers (ids and indices).
     U32,
+    /// Block-quantised weights.
+    Quant(QuantFormat),
 }
 
 impl DType {
     /// Bytes per element.
+    ///
+    /// # Panics
+    /// For a quantised format, whose elements have no size of their own: use
+    /// [`DType::bytes_for`].
     pub const fn size_in_bytes(self) -> usize {
         match self {
             Self::F32 | Self::U32 => 4,
             Self::F16 | Self::BF16 => 2,
+            Self::Quant(_) => panic!("quantised formats have no per-element size"),
         }
     }
 
-    /// Whether the type holds floating-point values.
+    /// Bytes of `elems` elements; `None` for a quantised format when they are not a whole
+    /// number of blocks.
+    pub const fn bytes_for(self, elems: usize) -> Option<usize> {
+        match self {
+            Self::Quant(q) => q.bytes_for(elems),
+            _ => Some(elems * self.size_in_bytes()),
+        }
+    }
+
+    /// Whether the type holds plain floating-point values (f32, f16, bf16).
     pub const fn is_float(self) -> bool {
+        matches!(self, Self::F32 | Self::F16 | Self::BF16)
+    }
+
+    /// Whether the type holds values a float op can consume, plain or quantised.
+    pub const fn is_real(self) -> bool {
         !matches!(self, Self::U32)
     }
 
-    /// The lower-case name used in messages and file formats (`f32`, `bf16`, ...).
+    /// The lower-case name used in messages and file formats (`f32`, `bf16`, `q4_1`, ...).
     pub const fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::BF16 => "bf16",
             Self::U32 => "u32",
+            Self::Quant(q) => q.name(),
         }
     }
 }

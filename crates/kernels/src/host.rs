@@ -24,7 +24,10 @@ impl<'a> HostTensor<'a> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the byte length does not match shape and dtype.
     pub fn from_bytes(dtype: DType, shape: &[usize], bytes: Cow<'a, [u8]>) -> Result<Self> {
-        let want = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        let elems = shape.iter().product::<usize>();
+        let Some(want) = dtype.bytes_for(elems) else {
+            return Err(Error::InvalidArgument(format!("a {dtype} tensor of shape {shape:?} is not whole blocks")));
+        };
         if bytes.len() != want {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes cannot hold a {dtype} tensor of shape {shape:?} ({want} bytes)",
@@ -74,18 +77,24 @@ impl<'a> HostTensor<'a> {
         self.shape.iter().product()
     }
 
-    /// The elements widened to f32 (float dtypes only).
+    /// The elements widened (or dequantised) to f32.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `U32` tensor.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let b = &self.bytes[..];
+        if self.dtype == DType::F32
+            && let Ok(floats) = bytemuck::try_cast_slice::<u8, f32>(b)
+        {
+            return Ok(floats.to_vec());
+        }
         let mut out = vec![0f32; self.elem_count()];
         const CHUNK: usize = 1 << 16;
         match self.dtype {
             DType::F32 => decode(b, &mut out, CHUNK, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::BF16 => decode(b, &mut out, CHUNK, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             DType::F16 => decode(b, &mut out, CHUNK, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::Quant(q) => crate::quant::dequantize(q, b, &mut out),
             DType::U32 => {
                 return Err(Error::InvalidArgument("a u32 tensor has no f32 view".into()));
             }

@@ -19,6 +19,7 @@ pub mod cpu;
 mod dtype;
 mod error;
 mod host;
+pub mod quant;
 pub mod rng;
 mod tensor;
 

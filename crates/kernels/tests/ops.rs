@@ -18,10 +18,11 @@ mod ops {
     pub mod harness;
     pub mod moe;
     pub mod props;
+    pub mod quant;
     pub mod sampling;
 }
 
-use ops::{attention, dense, harness, moe, props, sampling};
+use ops::{attention, dense, harness, moe, props, quant, sampling};
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
 /// built by `$make`. A check that exposes a known bug of a backend can carry
@@ -54,6 +55,7 @@ macro_rules! backend_tests {
                 attention::paged_attention_softcap,
                 attention::paged_attention_smollm_shape,
                 attention::attention_rejects_bad_operands,
+                quant::quantized_weights_compute_with_their_decoded_values,
                 props::matmul_property,
                 props::paged_attention_property,
                 sampling::greedy_sample_is_argmax,

@@ -83,10 +83,11 @@ impl AttentionBackend for PagedAttention {
 
     fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
         let seqs = &batch.sequences;
-        let max_blocks = seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+        let max_blocks = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1);
         let mut tables = vec![0u32; seqs.len() * max_blocks];
-        for (row, s) in tables.chunks_mut(max_blocks).zip(seqs) {
-            row[..s.block_table.len()].copy_from_slice(&s.block_table);
+        for (i, row) in tables.chunks_mut(max_blocks).enumerate() {
+            let table = batch.block_table(i);
+            row[..table.len()].copy_from_slice(table);
         }
         let seq_lens: Vec<u32> = seqs.iter().map(|s| s.context_len as u32).collect();
         let b = &self.backend;

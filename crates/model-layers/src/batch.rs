@@ -25,8 +25,8 @@ pub struct BatchSequence {
     pub query_len: usize,
     /// Tokens in the cache after this step (earlier tokens + this chunk).
     pub context_len: usize,
-    /// Physical block of each logical block.
-    pub block_table: Vec<u32>,
+    /// This sequence's block table within [`ForwardBatch::block_tables`].
+    pub blocks: std::ops::Range<usize>,
 }
 
 /// A flat varlen batch for [`crate::Model::forward`].
@@ -40,6 +40,8 @@ pub struct ForwardBatch {
     pub slot_mapping: Vec<u32>,
     /// The sequences, in row order.
     pub sequences: Vec<BatchSequence>,
+    /// Every sequence's block table (physical block of each logical block), back to back.
+    pub block_tables: Vec<u32>,
     /// Rows whose logits are returned, in output order.
     pub logit_rows: Vec<u32>,
 }
@@ -67,11 +69,14 @@ impl ForwardBatch {
             LogitRows::Last => self.logit_rows.extend(rows.last()),
             LogitRows::All => self.logit_rows.extend(rows),
         }
-        self.sequences.push(BatchSequence {
-            query_len: tokens.len(),
-            context_len: end,
-            block_table: blocks.block_ids().iter().map(|b| b.0).collect(),
-        });
+        let table = self.block_tables.len()..self.block_tables.len() + blocks.block_ids().len();
+        self.block_tables.extend(blocks.block_ids().iter().map(|b| b.0));
+        self.sequences.push(BatchSequence { query_len: tokens.len(), context_len: end, blocks: table });
+    }
+
+    /// The block table of sequence `i`.
+    pub fn block_table(&self, i: usize) -> &[u32] {
+        &self.block_tables[self.sequences[i].blocks.clone()]
     }
 
     /// Rows in the batch.

@@ -122,6 +122,7 @@ fn encode(value: f32, dtype: DType, slot: &mut [u8]) {
         DType::F16 => slot.copy_from_slice(&f16::from_f32(value).to_le_bytes()),
         DType::BF16 => slot.copy_from_slice(&bf16::from_f32(value).to_le_bytes()),
         DType::F32 | DType::U32 => slot.copy_from_slice(&value.to_le_bytes()),
+        DType::Quant(q) => unreachable!("DummyStore::new refuses {q}"),
     }
 }
 

@@ -25,6 +25,8 @@ pub struct MockModel {
     /// Whether logits hash the whole context (tests) or only the last token (benchmarks
     /// of the scheduler, where the model should cost nothing).
     whole_context: bool,
+    /// With `whole_context` off: the logits after each token, precomputed.
+    last_token_logits: Vec<f32>,
 }
 
 const UNWRITTEN: (u32, u32) = (u32::MAX, u32::MAX);
@@ -38,13 +40,16 @@ impl MockModel {
             backend: Arc::new(CpuBackend::new()),
             slots: Mutex::new(Vec::new()),
             whole_context: true,
+            last_token_logits: Vec::new(),
         }
     }
 
     /// A mock whose logits depend on the last token only: nearly free, for measuring the
     /// engine's own overhead.
     pub fn last_token_only(vocab_size: usize, max_context: usize) -> Self {
-        Self { whole_context: false, ..Self::new(vocab_size, max_context) }
+        let mock = Self::new(vocab_size, max_context);
+        let table = (0..vocab_size as u32).flat_map(|t| mock.logits_of([(t, 0)])).collect();
+        Self { whole_context: false, last_token_logits: table, ..mock }
     }
 
     /// The KV layout to build its cache with (one layer of one tiny head).
@@ -101,10 +106,12 @@ impl Model for MockModel {
         for &row in &batch.logit_rows {
             let (s, pos) = owner[row as usize];
             if !self.whole_context {
-                logits.extend(self.logits_of([(batch.token_ids[row as usize], 0)]));
+                let token = batch.token_ids[row as usize] as usize % self.vocab_size;
+                logits
+                    .extend_from_slice(&self.last_token_logits[token * self.vocab_size..(token + 1) * self.vocab_size]);
                 continue;
             }
-            let table = &batch.sequences[s].block_table;
+            let table = batch.block_table(s);
             let history: Vec<(u32, u32)> = (0..=pos).map(|j| slots[table[j / bs] as usize * bs + j % bs]).collect();
             if history.contains(&UNWRITTEN) {
                 return Err(ModelError::Batch(format!("row {row} reads a cache slot nothing wrote")));

@@ -77,8 +77,8 @@ pub enum FinishReason {
 pub struct GeneratedToken {
     /// The token id.
     pub id: u32,
-    /// Its log-probability under the model's raw logits.
-    pub logprob: f32,
+    /// Its log-probability under the model's raw logits, when logprobs were requested.
+    pub logprob: Option<f32>,
     /// The most likely alternatives when requested, best first.
     pub top_logprobs: Vec<(u32, f32)>,
 }

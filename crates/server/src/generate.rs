@@ -112,7 +112,7 @@ fn drain(streams: &mut [RequestStream], outputs: &mut [Vec<Continuation>]) {
             let c = &mut out[e.index];
             if let Some(t) = e.token {
                 c.tokens.push(t.id);
-                c.logprobs.push(t.logprob);
+                c.logprobs.extend(t.logprob);
                 c.top_logprobs.push(t.top_logprobs);
             }
             c.cached = e.cached_prompt_tokens;

@@ -3,7 +3,7 @@
 use crate::Tensor;
 use crate::error::{Result, ensure};
 
-use super::{f32_tensor, read_f32};
+use super::{WeightView, f32_tensor, read_f32, read_weight};
 
 pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let (xd, wd) = (x.dims(), w.dims());
@@ -14,9 +14,19 @@ pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Te
     if let Some(b) = bias {
         ensure(b.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", b.dims()))?;
     }
-    let (xs, ws) = (read_f32("matmul", x)?, read_f32("matmul", w)?);
+    let (xs, ws) = (read_f32("matmul", x)?, read_weight("matmul", w)?);
     let bs = bias.map(|b| read_f32("matmul", b)).transpose()?;
-    Ok(f32_tensor(matmul_xwt(&xs, &ws, bs.as_deref(), m, k, n), &[m, n]))
+    let out = match ws {
+        WeightView::F32(ws) => matmul_xwt(&xs, &ws, bs.as_deref(), m, k, n),
+        WeightView::Quant(q, blocks) => {
+            if q.bytes_for(k).is_none() {
+                return Err(crate::Error::Shape { op: "matmul", msg: format!("k = {k} is not whole {q} blocks") });
+            }
+            super::matmul_quant(&xs, &blocks, bs.as_deref(), (m, k, n), q)
+        }
+        WeightView::Packed(p) => super::qmatmul::matmul_packed(&xs, &p, bs.as_deref(), m),
+    };
+    Ok(f32_tensor(out, &[m, n]))
 }
 
 /// `x [m, k] · wᵀ` for row-major `w [n, k]`, plus `bias [n]`: row-major `[m, n]`.
@@ -64,6 +74,41 @@ pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize
             false,
             false,
             gemm::Parallelism::Rayon(0),
+        );
+    }
+    out
+}
+
+/// [`matmul_xwt`] on the calling thread only (no bias), for callers that parallelise
+/// over independent products themselves.
+pub(crate) fn gemm_xwt_serial(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return out;
+    }
+    // SAFETY: as in `matmul_xwt`: `x` is `m*k`, `w` is `n*k`, `out` is `m*n` (asserted by
+    // the slice lengths the callers build), all row-major, non-aliasing.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
         );
     }
     out

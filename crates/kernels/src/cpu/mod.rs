@@ -1,7 +1,9 @@
 //! `CpuBackend`: the numerical reference and the small-model serving backend.
 //!
-//! Floats are stored and computed in f32 (weights are widened at upload); GEMMs go through
-//! the `gemm` crate, everything else is a rayon-parallel loop over rows. Storage sits
+//! Floats are stored and computed in f32 (f16/bf16 weights are widened at upload);
+//! block-quantised weights stay in their blocks and matmuls read them directly
+//! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
+//! through the `gemm` crate, everything else is a rayon-parallel loop over rows. Storage sits
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
@@ -9,15 +11,19 @@ mod attention;
 mod matmul;
 mod moe;
 mod ops;
+mod pool;
+mod qmatmul;
 mod sample;
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
 use crate::error::{Error, Result};
+use crate::quant::{PackedQuant, QuantFormat};
 use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
 pub use matmul::matmul_xwt;
+pub use qmatmul::{matmul_packed, matmul_quant};
 
 /// Host memory of one CPU tensor.
 pub struct CpuStorage(RwLock<CpuData>);
@@ -25,6 +31,10 @@ pub struct CpuStorage(RwLock<CpuData>);
 enum CpuData {
     F32(Vec<f32>),
     U32(Vec<u32>),
+    /// Rows of whole blocks of the tensor's quantised dtype.
+    Quant(Vec<u8>),
+    /// Q4_0, Q4_1 and Q8_0 matrices, repacked for the matmul kernels.
+    Packed(PackedQuant),
 }
 
 /// The multithreaded f32 CPU backend. Uses the global rayon pool.
@@ -53,9 +63,54 @@ pub(crate) fn read_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLo
     let guard = storage(op, t)?.0.read();
     RwLockReadGuard::try_map(guard, |d| match d {
         CpuData::F32(v) => Some(&v[..]),
-        CpuData::U32(_) => None,
+        _ => None,
     })
     .map_err(|_| Error::DType { op, expected: DType::F32, got: t.dtype() })
+}
+
+/// A weight as an op reads it: plain f32, quantised blocks, or a packed matrix.
+pub(crate) enum WeightView<'a> {
+    F32(MappedRwLockReadGuard<'a, [f32]>),
+    Quant(QuantFormat, MappedRwLockReadGuard<'a, [u8]>),
+    Packed(MappedRwLockReadGuard<'a, PackedQuant>),
+}
+
+/// Read access to a weight tensor, f32 or quantised.
+pub(crate) fn read_weight<'a>(op: &'static str, t: &'a Tensor) -> Result<WeightView<'a>> {
+    let DType::Quant(q) = t.dtype() else { return read_f32(op, t).map(WeightView::F32) };
+    let guard = storage(op, t)?.0.read();
+    if matches!(*guard, CpuData::Packed(_)) {
+        return Ok(WeightView::Packed(RwLockReadGuard::map(guard, |d| match d {
+            CpuData::Packed(p) => p,
+            _ => unreachable!("matched above"),
+        })));
+    }
+    RwLockReadGuard::try_map(guard, |d| match d {
+        CpuData::Quant(b) => Some(&b[..]),
+        _ => None,
+    })
+    .map(|b| WeightView::Quant(q, b))
+    .map_err(|_| Error::DType { op, expected: t.dtype(), got: t.dtype() })
+}
+
+impl WeightView<'_> {
+    /// Rows `rows` of a `[.., k]` weight as f32, dequantised when needed.
+    pub(crate) fn rows_f32(&self, rows: std::ops::Range<usize>, k: usize) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Self::F32(v) => std::borrow::Cow::Borrowed(&v[rows.start * k..rows.end * k]),
+            Self::Quant(q, b) => {
+                let row_bytes = q.bytes_for(k).expect("rows are whole blocks");
+                let mut out = vec![0f32; rows.len() * k];
+                crate::quant::dequantize_row(*q, &b[rows.start * row_bytes..rows.end * row_bytes], &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+            Self::Packed(p) => {
+                let mut out = vec![0f32; rows.len() * k];
+                p.dequantize_rows(rows, &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
 }
 
 /// Read access to the u32 elements of a CPU tensor.
@@ -63,7 +118,7 @@ pub(crate) fn read_u32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLo
     let guard = storage(op, t)?.0.read();
     RwLockReadGuard::try_map(guard, |d| match d {
         CpuData::U32(v) => Some(&v[..]),
-        CpuData::F32(_) => None,
+        _ => None,
     })
     .map_err(|_| Error::DType { op, expected: DType::U32, got: t.dtype() })
 }
@@ -73,7 +128,7 @@ pub(crate) fn write_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<parking_l
     let guard = storage(op, t)?.0.write();
     RwLockWriteGuard::try_map(guard, |d| match d {
         CpuData::F32(v) => Some(&mut v[..]),
-        CpuData::U32(_) => None,
+        _ => None,
     })
     .map_err(|_| Error::DType { op, expected: DType::F32, got: t.dtype() })
 }
@@ -101,18 +156,36 @@ impl GpuBackend for CpuBackend {
 
     fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let n = dims.iter().product();
-        Ok(if dtype.is_float() { f32_tensor(vec![0.0; n], dims) } else { u32_tensor(vec![0; n], dims) })
+        match dtype {
+            DType::U32 => Ok(u32_tensor(vec![0; n], dims)),
+            DType::Quant(q) => Err(Error::InvalidArgument(format!("zeros: cannot make a {q} tensor"))),
+            _ => Ok(f32_tensor(vec![0.0; n], dims)),
+        }
     }
 
     fn upload(&self, host: &HostTensor<'_>) -> Result<Tensor> {
         Ok(match host.dtype() {
             DType::U32 => u32_tensor(host.to_u32_vec()?, host.shape()),
+            // Matrices keep their blocks (repacked where the kernels have a layout for
+            // them); anything else quantised is widened.
+            DType::Quant(q) if host.shape().len() == 2 => {
+                let data = match PackedQuant::from_blocks(q, host.bytes(), host.shape()[1]) {
+                    Some(p) => CpuData::Packed(p),
+                    None => CpuData::Quant(host.bytes().to_vec()),
+                };
+                Tensor::from_storage(
+                    Storage::Cpu(CpuStorage(RwLock::new(data))),
+                    DType::Quant(q),
+                    Shape::new(host.shape()),
+                )
+            }
             _ => f32_tensor(host.to_f32_vec()?, host.shape()),
         })
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
-        Ok(read_f32("download_f32", t)?.to_vec())
+        let k = t.shape().last();
+        Ok(read_weight("download_f32", t)?.rows_f32(0..t.elem_count() / k.max(1), k).into_owned())
     }
 
     fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>> {

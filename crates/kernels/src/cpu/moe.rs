@@ -7,7 +7,7 @@ use crate::Tensor;
 use crate::backend::Routing;
 use crate::error::{Error, Result, ensure};
 
-use super::{f32_tensor, matmul_xwt, read_f32, read_u32, u32_tensor};
+use super::{f32_tensor, matmul_xwt, read_f32, read_u32, read_weight, u32_tensor};
 
 pub(super) fn topk_routing(logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
     let d = logits.dims();
@@ -49,7 +49,8 @@ pub(super) fn moe_experts(x: &Tensor, routing: &Routing, gate_up: &Tensor, down:
     if t == 0 || h == 0 || i == 0 {
         return Ok(f32_tensor(vec![0.0; t * h], &[t, h]));
     }
-    let (xs, gu, dn) = (read_f32("moe_experts", x)?, read_f32("moe_experts", gate_up)?, read_f32("moe_experts", down)?);
+    let (xs, gu, dn) =
+        (read_f32("moe_experts", x)?, read_weight("moe_experts", gate_up)?, read_weight("moe_experts", down)?);
     let (ids, ws) = (read_u32("moe_experts", &routing.experts)?, read_f32("moe_experts", &routing.weights)?);
 
     // Group (token, weight) pairs by expert.
@@ -68,14 +69,15 @@ pub(super) fn moe_experts(x: &Tensor, routing: &Routing, gate_up: &Tensor, down:
         for &(tok, _) in group {
             rows.extend_from_slice(&xs[tok * h..(tok + 1) * h]);
         }
-        let gu_w = &gu[expert * 2 * i * h..(expert + 1) * 2 * i * h];
-        let hidden = matmul_xwt(&rows, gu_w, None, n, h, 2 * i);
+        // Expert weights are dequantised per use when stored quantised.
+        let gu_w = gu.rows_f32(expert * 2 * i..(expert + 1) * 2 * i, h);
+        let hidden = matmul_xwt(&rows, &gu_w, None, n, h, 2 * i);
         let act: Vec<f32> = hidden
             .chunks_exact(2 * i)
             .flat_map(|r| r[..i].iter().zip(&r[i..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u))
             .collect();
-        let dn_w = &dn[expert * h * i..(expert + 1) * h * i];
-        let y = matmul_xwt(&act, dn_w, None, n, i, h);
+        let dn_w = dn.rows_f32(expert * h..(expert + 1) * h, i);
+        let y = matmul_xwt(&act, &dn_w, None, n, i, h);
         for (&(tok, w), yr) in group.iter().zip(y.chunks_exact(h)) {
             for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(yr) {
                 *o += w * v;

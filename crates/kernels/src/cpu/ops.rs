@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use crate::Tensor;
 use crate::error::{Error, Result, ensure};
 
-use super::{f32_tensor, read_f32, read_u32};
+use super::{f32_tensor, read_f32, read_u32, read_weight};
 
 /// Rows below this many elements are processed in groups, so rayon tasks stay worthwhile.
 const MIN_TASK_ELEMS: usize = 1 << 12;
@@ -99,13 +99,13 @@ pub(super) fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
 
 fn gather(idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
     let (v, h) = (table.dims()[0], table.dims()[1]);
-    let (ids, tab) = (read_u32(op, idx)?, read_f32(op, table)?);
+    let (ids, tab) = (read_u32(op, idx)?, read_weight(op, table)?);
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
         return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
     }
     let mut out = vec![0f32; ids.len() * h];
     out.par_chunks_mut(h.max(1)).zip(ids.par_iter()).for_each(|(o, &i)| {
-        o.copy_from_slice(&tab[i as usize * h..(i as usize + 1) * h]);
+        o.copy_from_slice(&tab.rows_f32(i as usize..i as usize + 1, h));
     });
     Ok(f32_tensor(out, &[ids.len(), h]))
 }

@@ -114,8 +114,14 @@ fn check_row(row: &SampleRow<'_>, n: usize, vocab: usize) -> Result<()> {
     if row.logits_row >= n {
         return Err(Error::InvalidArgument(format!("{OP}: logits row {} is past the {n} rows", row.logits_row)));
     }
-    row.params.validate(vocab).map_err(|e| Error::InvalidArgument(format!("{OP}: {e}")))?;
-    for (what, ids) in [("prompt", row.prompt), ("output", row.output), ("banned", row.banned)] {
+    let p = row.params;
+    p.validate(vocab).map_err(|e| Error::InvalidArgument(format!("{OP}: {e}")))?;
+    // Only the token lists a row's settings read are checked: the prompt is read by the
+    // repetition penalty alone, the output by the penalties.
+    let prompt: &[u32] = if p.repetition_penalty != 1.0 { row.prompt } else { &[] };
+    let penalised = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+    let output: &[u32] = if penalised { row.output } else { &[] };
+    for (what, ids) in [("prompt", prompt), ("output", output), ("banned", row.banned)] {
         if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::InvalidArgument(format!("{OP}: {what} token {t} is outside the vocabulary of {vocab}")));
         }
@@ -126,17 +132,28 @@ fn check_row(row: &SampleRow<'_>, n: usize, vocab: usize) -> Result<()> {
 /// Samples one checked row; `None` when every token is banned or masked.
 fn sample_row(raw: &[f32], row: &SampleRow<'_>, s: &mut Scratch) -> Option<Sampled> {
     let p = row.params;
-    s.logits.clear();
-    s.logits.extend_from_slice(raw);
-    apply_penalties(&mut s.logits, row, &mut s.seen, &mut s.output);
-    let token = if p.is_greedy() {
-        argmax(&s.logits)?
+    let plain = p.logit_bias.is_empty()
+        && p.repetition_penalty == 1.0
+        && p.frequency_penalty == 0.0
+        && p.presence_penalty == 0.0
+        && row.banned.is_empty();
+    let token = if plain && p.is_greedy() {
+        // Nothing modifies the row: the argmax of the raw logits (NaN never wins there).
+        argmax(raw)?
     } else {
-        draw(&s.logits, p, rng::uniform(row.seed, row.step), &mut s.cands)?
+        s.logits.clear();
+        s.logits.extend_from_slice(raw);
+        apply_penalties(&mut s.logits, row, &mut s.seen, &mut s.output);
+        if p.is_greedy() {
+            argmax(&s.logits)?
+        } else {
+            draw(&s.logits, p, rng::uniform(row.seed, row.step), &mut s.cands)?
+        }
     };
+    let Some(k) = p.logprobs else { return Some(Sampled { token, logprob: None, top_logprobs: Vec::new() }) };
     let lse = log_sum_exp(raw);
-    let top_logprobs = p.logprobs.map(|k| top_logprobs(raw, lse, k, &mut s.cands)).unwrap_or_default();
-    Some(Sampled { token, logprob: sanitize(raw[token as usize]) - lse, top_logprobs })
+    let top_logprobs = top_logprobs(raw, lse, k, &mut s.cands);
+    Some(Sampled { token, logprob: Some(sanitize(raw[token as usize]) - lse), top_logprobs })
 }
 
 /// NaN never wins and `+inf` stays finite, so max-subtraction never makes NaN; adding 0

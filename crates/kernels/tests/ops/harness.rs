@@ -31,7 +31,7 @@ pub fn tolerance(dtype: DType) -> Tol {
         DType::F32 => Tol { rel: 1e-5 },
         DType::F16 => Tol { rel: 2e-3 },
         DType::BF16 => Tol { rel: 1e-2 },
-        DType::U32 => panic!("a backend's float dtype is never u32"),
+        DType::U32 | DType::Quant(_) => panic!("a backend's float dtype is never u32 or quantised"),
     }
 }
 

@@ -279,7 +279,13 @@ pub fn logprobs_come_from_the_raw_logits(b: &dyn GpuBackend) -> Result<()> {
     let top = ranked(&want);
     for (i, (req, s)) in cases.iter().zip(&got).enumerate() {
         let what = format!("case {i} on {}", b.name());
-        assert_values(b, &[s.logprob], &[want[s.token as usize]], &format!("{what}: logprob of {}", s.token));
+        match req.params.logprobs {
+            Some(_) => {
+                let lp = s.logprob.expect("logprobs were asked for");
+                assert_values(b, &[lp], &[want[s.token as usize]], &format!("{what}: logprob of {}", s.token));
+            }
+            None => assert_eq!(s.logprob, None, "{what}: no logprob unless asked"),
+        }
         let k = req.params.logprobs.unwrap_or(0);
         let ids: Vec<u32> = s.top_logprobs.iter().map(|&(t, _)| t).collect();
         let want_ids: Vec<u32> = top[..k].iter().map(|&t| t as u32).collect();
@@ -289,7 +295,7 @@ pub fn logprobs_come_from_the_raw_logits(b: &dyn GpuBackend) -> Result<()> {
     }
     assert_eq!(&got[0].top_logprobs.iter().map(|&(t, _)| t).collect::<Vec<_>>()[..2], [10, 20], "tie order");
     assert_eq!(got[1].token, 7, "the bias decides the draw");
-    assert!(got[1].logprob < -1.0, "but not the logprob: {}", got[1].logprob);
+    assert!(got[1].logprob.is_some_and(|lp| lp < -1.0), "but not the logprob: {:?}", got[1].logprob);
     Ok(())
 }
 
@@ -518,7 +524,11 @@ pub fn sample_rejects_bad_arguments(b: &dyn GpuBackend) -> Result<()> {
             "prompt",
             Req { prompt: vec![1, 16], ..Req::new(SamplingParams { repetition_penalty: 1.2, ..Default::default() }) },
         ),
-        ("output", Req { output: vec![99], ..Req::new(SamplingParams::default()) }),
+        // Token lists are checked where the settings read them: the output by a penalty.
+        (
+            "output",
+            Req { output: vec![99], ..Req::new(SamplingParams { presence_penalty: 0.5, ..Default::default() }) },
+        ),
         ("banned", Req { banned: vec![u32::MAX], ..Req::new(SamplingParams::default()) }),
         ("temperature", Req::new(SamplingParams { temperature: -1.0, ..Default::default() })),
     ];

@@ -1,0 +1,228 @@
+//! `x · Wᵀ` with block-quantised `W` on the CPU, reading the quantised rows directly.
+//!
+//! Few activation rows (decode): fused dequantise-and-dot products, parallel over runs of
+//! the rows of `W`. Many rows (prefill): `W` is dequantised a tile of rows at a time into a
+//! scratch buffer and multiplied with the `gemm` crate, so the arithmetic runs at GEMM
+//! speed while the weights stay quantised in memory. Either way the weights are exactly
+//! the file's values.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::pool::SpinPool;
+use crate::quant::{PackedQuant, QuantFormat, block_sums, dequantize_row, dot_rows};
+
+/// At or above this many activation rows, the tiled GEMM path wins.
+const GEMM_ROWS: usize = 8;
+/// Rows of `W` dequantised per task of the GEMM path.
+const TILE: usize = 64;
+
+/// A quantised `[n, k]` matrix the kernels can read by rows.
+trait QuantRows: Sync {
+    fn k(&self) -> usize;
+    fn n(&self) -> usize;
+    /// `out[j] = x · row (rows.start + j)`.
+    fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]);
+    /// Rows `rows` as f32.
+    fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]);
+}
+
+/// GGUF blocks as they are stored.
+struct Blocks<'a> {
+    format: QuantFormat,
+    bytes: &'a [u8],
+    k: usize,
+    row_bytes: usize,
+}
+
+impl QuantRows for Blocks<'_> {
+    fn k(&self) -> usize {
+        self.k
+    }
+
+    fn n(&self) -> usize {
+        self.bytes.len() / self.row_bytes
+    }
+
+    fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
+        dot_rows(self.format, x, sums, &self.bytes[rows.start * self.row_bytes..rows.end * self.row_bytes], out);
+    }
+
+    fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {
+        dequantize_row(self.format, &self.bytes[rows.start * self.row_bytes..rows.end * self.row_bytes], out);
+    }
+}
+
+impl QuantRows for PackedQuant {
+    fn k(&self) -> usize {
+        PackedQuant::k(self)
+    }
+
+    fn n(&self) -> usize {
+        self.rows()
+    }
+
+    fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
+        PackedQuant::dot_rows(self, x, sums, rows, out);
+    }
+
+    fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {
+        PackedQuant::dequantize_rows(self, rows, out);
+    }
+}
+
+/// `x [m, k] · wᵀ + bias` for `w [n, k]` stored as `n` rows of `format` blocks.
+///
+/// # Panics
+/// If the slice lengths do not match `m`, `k`, `n` and the format.
+pub fn matmul_quant(
+    x: &[f32],
+    w: &[u8],
+    bias: Option<&[f32]>,
+    (m, k, n): (usize, usize, usize),
+    format: QuantFormat,
+) -> Vec<f32> {
+    let row_bytes = format.bytes_for(k).expect("k is a whole number of blocks");
+    assert_eq!(w.len(), n * row_bytes, "w is not [n, k]");
+    matmul_rows(x, &Blocks { format, bytes: w, k, row_bytes }, bias, m)
+}
+
+/// `x [m, k] · wᵀ + bias` for a packed `w`.
+///
+/// # Panics
+/// If `x` is not `[m, k]`.
+pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize) -> Vec<f32> {
+    matmul_rows(x, w, bias, m)
+}
+
+fn matmul_rows(x: &[f32], w: &impl QuantRows, bias: Option<&[f32]>, m: usize) -> Vec<f32> {
+    let (k, n) = (w.k(), w.n());
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    let mut out = if m >= GEMM_ROWS { tiled(x, w, m) } else { fused(x, w, m) };
+    if let Some(b) = bias {
+        for row in out.chunks_exact_mut(n.max(1)) {
+            row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+        }
+    }
+    out
+}
+
+/// Places per-run `[m, run]` results into a row-major `[m, n]` output.
+fn assemble(parts: Vec<(Range<usize>, Vec<f32>)>, m: usize, n: usize) -> Vec<f32> {
+    if let [(r, _)] = &parts[..]
+        && (r.len() == n || m == 1)
+    {
+        return parts.into_iter().next().expect("one part").1;
+    }
+    let mut out = vec![0f32; m * n];
+    for (run, part) in parts {
+        for (i, row) in part.chunks_exact(run.len().max(1)).enumerate() {
+            out[i * n + run.start..i * n + run.end].copy_from_slice(row);
+        }
+    }
+    out
+}
+
+/// One run of rows per participant of the spinning pool: a decode step runs hundreds of
+/// these products back to back, too short to pay for waking parked threads.
+fn fused(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
+    let (k, n) = (w.k(), w.n());
+    let sums: Vec<Vec<f32>> = x.chunks_exact(k.max(1)).map(block_sums).collect();
+    let pool = SpinPool::global();
+    let per = n.div_ceil(pool.parts()).max(1);
+    let slots: Vec<Mutex<Vec<f32>>> = (0..pool.parts()).map(|_| Mutex::new(Vec::new())).collect();
+    pool.run(&|part| {
+        let run = (part * per).min(n)..((part + 1) * per).min(n);
+        let mut out = vec![0f32; m * run.len()];
+        for ((xi, si), o) in x.chunks_exact(k).zip(&sums).zip(out.chunks_exact_mut(run.len().max(1))) {
+            w.dot_rows(xi, si, run.clone(), o);
+        }
+        *slots[part].lock().unwrap_or_else(|e| e.into_inner()) = out;
+    });
+    let parts: Vec<(Range<usize>, Vec<f32>)> = slots
+        .into_iter()
+        .enumerate()
+        .map(|(part, slot)| {
+            ((part * per).min(n)..((part + 1) * per).min(n), slot.into_inner().unwrap_or_else(|e| e.into_inner()))
+        })
+        .collect();
+    if m == 1 {
+        return parts.into_iter().flat_map(|(_, p)| p).collect();
+    }
+    assemble(parts, m, n)
+}
+
+fn tiled(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
+    let (k, n) = (w.k(), w.n());
+    let tiles: Vec<Range<usize>> = (0..n).step_by(TILE).map(|s| s..(s + TILE).min(n)).collect();
+    let parts = tiles
+        .into_par_iter()
+        .map(|tile| {
+            let mut wf = vec![0f32; tile.len() * k];
+            w.dequantize_rows(tile.clone(), &mut wf);
+            let part = super::matmul::gemm_xwt_serial(x, &wf, m, k, tile.len());
+            (tile, part)
+        })
+        .collect();
+    assemble(parts, m, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    fn weights(format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for r in 0..n {
+            for b in 0..k / format.block_elems() {
+                let mut block = vec![0u8; format.block_bytes()];
+                for (i, x) in block.iter_mut().enumerate() {
+                    *x = ((r * 131 + b * 17 + i * 7) % 251) as u8;
+                }
+                let scale_at = if format == QuantFormat::Q6_K { format.block_bytes() - 2 } else { 0 };
+                block[scale_at..scale_at + 2]
+                    .copy_from_slice(&f16::from_f32(0.01 + (r % 7) as f32 * 0.003).to_le_bytes());
+                if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
+                    block[2..4].copy_from_slice(&f16::from_f32(-0.02 * (b % 3) as f32).to_le_bytes());
+                }
+                bytes.extend(block);
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn every_path_matches_the_dequantised_product() {
+        let (k, n) = (256, 70);
+        for format in QuantFormat::ALL {
+            let w = weights(format, n, k);
+            let mut wf = vec![0f32; n * k];
+            dequantize_row(format, &w, &mut wf);
+            let packed = PackedQuant::from_blocks(format, &w, k);
+            let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.1).collect();
+            for m in [1, 3, GEMM_ROWS, 20] {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 29 % 53) as f32 - 26.0) / 13.0).collect();
+                let mut results = vec![("blocks", matmul_quant(&x, &w, Some(&bias), (m, k, n), format))];
+                if let Some(p) = &packed {
+                    results.push(("packed", matmul_packed(&x, p, Some(&bias), m)));
+                }
+                for (path, got) in results {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let terms = (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(wf[j * k + l]));
+                            let want = f64::from(bias[j]) + terms.clone().sum::<f64>();
+                            // Summation order differs between paths: bound the error by the terms' size.
+                            let scale = f64::from(bias[j].abs()) + terms.map(f64::abs).sum::<f64>();
+                            let g = f64::from(got[i * n + j]);
+                            assert!((g - want).abs() <= 1e-5 * scale, "{format} {path} m={m} ({i},{j}): {g} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Block-quantised weight formats (ggml's), shared by every backend.
+//!
+//! A quantised matrix `[n, k]` is stored row by row, each row `k / block_elems` blocks of
+//! `block_bytes` bytes, exactly as GGUF files lay them out, so weights go from the memory
+//! map to the CPU backend untouched and compute with exactly the file's values. This
+//! module knows the block layouts: it dequantises ([`dequantize`], [`dequantize_row`]) and
+//! computes `x · row` straight from the blocks ([`dot`]), with AVX-512 or AVX2 paths where
+//! the CPU has them.
+
+mod blocks;
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+
+use rayon::prelude::*;
+
+pub use packed::PackedQuant;
+
+/// A block-quantised format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantFormat {
+    /// 32 × 4-bit, one f16 scale: `d · (q − 8)`.
+    Q4_0,
+    /// 32 × 4-bit, f16 scale and minimum: `d · q + m`.
+    Q4_1,
+    /// 32 × 5-bit, one f16 scale: `d · (q − 16)`.
+    Q5_0,
+    /// 32 × 5-bit, f16 scale and minimum: `d · q + m`.
+    Q5_1,
+    /// 32 × 8-bit, one f16 scale: `d · q`.
+    Q8_0,
+    /// 256 × 4-bit in 8 sub-blocks with 6-bit scales and minimums.
+    Q4_K,
+    /// 256 × 5-bit in 8 sub-blocks with 6-bit scales and minimums.
+    Q5_K,
+    /// 256 × 6-bit in 16 sub-blocks with 8-bit scales.
+    Q6_K,
+}
+
+impl QuantFormat {
+    /// Every format.
+    pub const ALL: [Self; 8] =
+        [Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4_K, Self::Q5_K, Self::Q6_K];
+
+    /// Elements per block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => blocks::QK_K,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q8_0 => 34,
+            Self::Q4_K => 144,
+            Self::Q5_K => 176,
+            Self::Q6_K => 210,
+        }
+    }
+
+    /// Bytes of `elems` elements, if they are a whole number of blocks.
+    pub const fn bytes_for(self, elems: usize) -> Option<usize> {
+        if elems.is_multiple_of(self.block_elems()) {
+            Some(elems / self.block_elems() * self.block_bytes())
+        } else {
+            None
+        }
+    }
+
+    /// ggml's name (`q4_1`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
+            Self::Q5_0 => "q5_0",
+            Self::Q5_1 => "q5_1",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_K => "q4_k",
+            Self::Q5_K => "q5_k",
+            Self::Q6_K => "q6_k",
+        }
+    }
+}
+
+impl fmt::Display for QuantFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Dequantises `out.len()` elements of `format` from `bytes` on the calling thread.
+///
+/// # Panics
+/// If `bytes` does not hold exactly that many elements (whole blocks).
+pub fn dequantize_row(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        format.bytes_for(out.len()),
+        Some(bytes.len()),
+        "{} bytes do not hold {} {format} elements",
+        bytes.len(),
+        out.len()
+    );
+    for (b, o) in bytes.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(format.block_elems())) {
+        blocks::decode_block(format, b, o);
+    }
+}
+
+/// [`dequantize_row`] over a whole tensor, in parallel runs of whole blocks.
+///
+/// # Panics
+/// As [`dequantize_row`].
+pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        format.bytes_for(out.len()),
+        Some(bytes.len()),
+        "{} bytes do not hold {} {format} elements",
+        bytes.len(),
+        out.len()
+    );
+    let blocks_per_task = ((1 << 16) / format.block_elems()).max(1);
+    out.par_chunks_mut(blocks_per_task * format.block_elems())
+        .zip(bytes.par_chunks(blocks_per_task * format.block_bytes()))
+        .for_each(|(o, b)| dequantize_row(format, b, o));
+}
+
+/// Per-32-element block sums of `x` (the minimum terms of Q4_1/Q5_1 multiply them).
+pub fn block_sums(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(32).map(|b| b.iter().sum()).collect()
+}
+
+/// `out[r] = x · row r` for the quantised rows `rows` (each `x.len()` elements); `sums`
+/// are [`block_sums`] of `x`. Uses SIMD where this CPU and format have a path.
+///
+/// # Panics
+/// If the lengths do not match the format.
+pub fn dot_rows(format: QuantFormat, x: &[f32], sums: &[f32], rows: &[u8], out: &mut [f32]) {
+    let row_bytes = format.bytes_for(x.len()).unwrap_or_else(|| panic!("{} is not whole {format} blocks", x.len()));
+    assert_eq!(
+        rows.len(),
+        row_bytes * out.len(),
+        "rows do not hold {} rows of {} {format} elements",
+        out.len(),
+        x.len()
+    );
+    assert_eq!(sums.len(), x.len() / 32, "one sum per 32 elements");
+    #[cfg(target_arch = "x86_64")]
+    if x86::dot_rows(format, x, sums, rows, out) {
+        return;
+    }
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(row_bytes.max(1))) {
+        *o = dot_scalar(format, x, row);
+    }
+}
+
+/// `x · row` from the decoded values, without SIMD.
+fn dot_scalar(format: QuantFormat, x: &[f32], row: &[u8]) -> f32 {
+    let n = format.block_elems();
+    let mut vals = [0f32; blocks::QK_K];
+    let mut acc = 0f32;
+    for (b, xb) in row.chunks_exact(format.block_bytes()).zip(x.chunks_exact(n)) {
+        blocks::decode_block(format, b, &mut vals[..n]);
+        acc += vals[..n].iter().zip(xb).map(|(w, x)| w * x).sum::<f32>();
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests;

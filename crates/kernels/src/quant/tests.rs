@@ -1,0 +1,105 @@
+//! Block decoding against hand-built blocks, and the SIMD dot products against the
+//! decoded values.
+
+use half::f16;
+
+use super::*;
+
+/// A deterministic byte stream with valid (finite) f16 scales.
+fn random_row(format: QuantFormat, k: usize, seed: u32) -> Vec<u8> {
+    let scale_at = if format == QuantFormat::Q6_K { format.block_bytes() - 2 } else { 0 };
+    let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state
+    };
+    let mut row = Vec::new();
+    for _ in 0..k / format.block_elems() {
+        let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| next() as u8).collect();
+        let scale = f16::from_f32((next() % 1000) as f32 / 20_000.0 + 0.001);
+        block[scale_at..scale_at + 2].copy_from_slice(&scale.to_le_bytes());
+        if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K) {
+            let min = f16::from_f32((next() % 1000) as f32 / 10_000.0 - 0.05);
+            block[2..4].copy_from_slice(&min.to_le_bytes());
+        }
+        row.extend(block);
+    }
+    row
+}
+
+#[test]
+fn blocks_decode_as_ggml_lays_them_out() {
+    // Q4_1: d = 0.5, m = -1, element j from the low nibble of byte j, j + 16 from the high.
+    let mut b = Vec::new();
+    b.extend(f16::from_f32(0.5).to_le_bytes());
+    b.extend(f16::from_f32(-1.0).to_le_bytes());
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let mut out = [0f32; 32];
+    dequantize_row(QuantFormat::Q4_1, &b, &mut out);
+    assert_eq!(out[3], 0.5 * 3.0 - 1.0);
+    assert_eq!(out[16 + 3], 0.5 * 12.0 - 1.0);
+
+    // Q8_0: signed bytes.
+    let mut b = f16::from_f32(2.0).to_le_bytes().to_vec();
+    b.extend((0..32).map(|j| (j as i8 - 16) as u8));
+    dequantize_row(QuantFormat::Q8_0, &b, &mut out);
+    assert_eq!(out[0], -32.0);
+    assert_eq!(out[31], 30.0);
+
+    // Q5_0: the fifth bit of element j is bit j of qh.
+    let mut b = f16::from_f32(1.0).to_le_bytes().to_vec();
+    b.extend(0x0000_0002u32.to_le_bytes());
+    b.extend([0x21u8; 16]);
+    dequantize_row(QuantFormat::Q5_0, &b, &mut out);
+    assert_eq!(out[0], 1.0 - 16.0);
+    assert_eq!(out[1], 1.0 + 16.0 - 16.0);
+    assert_eq!(out[16], 2.0 - 16.0);
+}
+
+#[test]
+fn dot_matches_the_decoded_values_for_every_format() {
+    let k = 256;
+    let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let sums = block_sums(&x);
+    for format in QuantFormat::ALL {
+        // An odd number of rows exercises the unpaired last row.
+        let rows: Vec<Vec<u8>> = (0..7).map(|seed| random_row(format, k, seed)).collect();
+        let mut got = vec![0f32; rows.len()];
+        dot_rows(format, &x, &sums, &rows.concat(), &mut got);
+        for (seed, (row, got)) in rows.iter().zip(got).enumerate() {
+            let mut w = vec![0f32; k];
+            dequantize_row(format, row, &mut w);
+            let want: f64 = w.iter().zip(&x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+            let scale: f64 = w.iter().zip(&x).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>() + 1e-6;
+            assert!((f64::from(got) - want).abs() <= 1e-5 * scale, "{format} row {seed}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn packed_matrices_keep_the_values_and_products() {
+    let k = 128;
+    let x: Vec<f32> = (0..k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
+    let sums = block_sums(&x);
+    for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        let rows: Vec<u8> = (0..5).flat_map(|seed| random_row(format, k, seed)).collect();
+        let packed = PackedQuant::from_blocks(format, &rows, k).expect("packable");
+        assert_eq!(packed.rows(), 5);
+        let mut want = vec![0f32; 5 * k];
+        dequantize(format, &rows, &mut want);
+        let mut got = vec![0f32; 3 * k];
+        packed.dequantize_rows(1..4, &mut got);
+        assert_eq!(got, want[k..4 * k], "{format}: values survive packing");
+        let mut dots = vec![0f32; 4];
+        packed.dot_rows(&x, &sums, 1..5, &mut dots);
+        for (j, d) in dots.iter().enumerate() {
+            let w = &want[(j + 1) * k..(j + 2) * k];
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+            let scale: f64 = w.iter().zip(&x).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>() + 1e-6;
+            assert!((f64::from(*d) - exact).abs() <= 1e-5 * scale, "{format} row {}: {d} vs {exact}", j + 1);
+        }
+    }
+    assert!(PackedQuant::from_blocks(QuantFormat::Q6_K, &[0; 210], 256).is_none());
+}

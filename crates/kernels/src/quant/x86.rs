@@ -1,0 +1,382 @@
+//! AVX-512 and AVX2 (+ FMA, F16C) products of f32 activations with quantised rows.
+//!
+//! Per block: widen the packed integers to f32 vectors, multiply by the matching
+//! activations, scale the block's partial sum by `d`, and add the minimum term `m · Σx`
+//! from the precomputed block sums. Two rows run side by side so their FMA chains overlap
+//! and each activation vector is loaded once for both. Weights are never rounded: results
+//! differ from the scalar path only by summation order.
+
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::QuantFormat;
+
+/// The widest SIMD level this CPU supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    None,
+    Avx2,
+    Avx512,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let avx2 =
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        match (avx2, is_x86_feature_detected!("avx512f")) {
+            (true, true) => Level::Avx512,
+            (true, false) => Level::Avx2,
+            _ => Level::None,
+        }
+    })
+}
+
+/// `out[r] = x · row r` with SIMD; false (and `out` untouched) where this CPU or format
+/// has no SIMD path.
+pub(super) fn dot_rows(format: QuantFormat, x: &[f32], sums: &[f32], rows: &[u8], out: &mut [f32]) -> bool {
+    let (level, nb) = (level(), x.len() / 32);
+    let kernel = match (level, format) {
+        (Level::Avx512, QuantFormat::Q4_0 | QuantFormat::Q4_1) => Kernel::Q4 { wide: true },
+        (Level::Avx512, QuantFormat::Q8_0) => Kernel::Q8 { wide: true },
+        (Level::Avx2, QuantFormat::Q4_0 | QuantFormat::Q4_1) => Kernel::Q4 { wide: false },
+        (Level::Avx2, QuantFormat::Q8_0) => Kernel::Q8 { wide: false },
+        _ => return false,
+    };
+    let min = format == QuantFormat::Q4_1;
+    let bb = format.block_bytes();
+    let row_bytes = nb * bb;
+    let mut r = 0;
+    while r < out.len() {
+        let pair = r + 1 < out.len();
+        let a = &rows[r * row_bytes..(r + 1) * row_bytes];
+        let b = if pair { &rows[(r + 1) * row_bytes..(r + 2) * row_bytes] } else { a };
+        // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
+        // `a` and `b` hold `nb` blocks of `format`, `x` holds `32 · nb` values and `sums`
+        // `nb` (the caller checked the lengths).
+        let (va, vb) = unsafe {
+            match kernel {
+                Kernel::Q4 { wide: true } => q4_512(x, sums, a, b, bb, min),
+                Kernel::Q4 { wide: false } => q4_256(x, sums, a, b, bb, min),
+                Kernel::Q8 { wide: true } => q8_512(x, a, b),
+                Kernel::Q8 { wide: false } => q8_256(x, a, b),
+            }
+        };
+        out[r] = va;
+        if pair {
+            out[r + 1] = vb;
+        }
+        r += 2;
+    }
+    true
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Q4 { wide: bool },
+    Q8 { wide: bool },
+}
+
+/// Reads the f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees two readable bytes at `p`.
+    let bits = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// Q4_0 (`min` false: the minimum is −8·d) and Q4_1 (`min` true: stored after `d`), two
+/// rows, 16 lanes.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn q4_512(x: &[f32], sums: &[f32], a: &[u8], b: &[u8], bb: usize, min: bool) -> (f32, f32) {
+    let mask = _mm_set1_epi8(0x0F);
+    let qs_at = if min { 4 } else { 2 };
+    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (mut min_a, mut min_b) = (0f32, 0f32);
+    for (i, &s) in sums.iter().enumerate() {
+        // SAFETY: block `i` of both rows and activations `32i..32i+32` are in bounds; all
+        // loads are unaligned.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+            let one = |blk: *const u8, acc: &mut __m512| -> f32 {
+                let d = f16_at(blk);
+                let m = if min { f16_at(blk.add(2)) } else { -8.0 * d };
+                let qs = _mm_loadu_si128(blk.add(qs_at).cast());
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+                m * s
+            };
+            min_a += one(a.as_ptr().add(i * bb), &mut acc_a);
+            min_b += one(b.as_ptr().add(i * bb), &mut acc_b);
+        }
+    }
+    (_mm512_reduce_add_ps(acc_a) + min_a, _mm512_reduce_add_ps(acc_b) + min_b)
+}
+
+/// Q8_0, two rows, 16 lanes.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn q8_512(x: &[f32], a: &[u8], b: &[u8]) -> (f32, f32) {
+    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in 0..x.len() / 32 {
+        // SAFETY: as in `q4_512`.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+            let one = |blk: *const u8, acc: &mut __m512| {
+                let d = f16_at(blk);
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(2).cast())));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(18).cast())));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+            };
+            one(a.as_ptr().add(i * 34), &mut acc_a);
+            one(b.as_ptr().add(i * 34), &mut acc_b);
+        }
+    }
+    (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
+}
+
+/// [`q4_512`] with 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_256(x: &[f32], sums: &[f32], a: &[u8], b: &[u8], bb: usize, min: bool) -> (f32, f32) {
+    let mask = _mm_set1_epi8(0x0F);
+    let qs_at = if min { 4 } else { 2 };
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut min_a, mut min_b) = (0f32, 0f32);
+    for (i, &s) in sums.iter().enumerate() {
+        // SAFETY: as in `q4_512`.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let xs = [
+                _mm256_loadu_ps(xp),
+                _mm256_loadu_ps(xp.add(8)),
+                _mm256_loadu_ps(xp.add(16)),
+                _mm256_loadu_ps(xp.add(24)),
+            ];
+            let one = |blk: *const u8, acc: &mut __m256| -> f32 {
+                let d = f16_at(blk);
+                let m = if min { f16_at(blk.add(2)) } else { -8.0 * d };
+                let qs = _mm_loadu_si128(blk.add(qs_at).cast());
+                let lo = _mm_and_si128(qs, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+                m * s
+            };
+            min_a += one(a.as_ptr().add(i * bb), &mut acc_a);
+            min_b += one(b.as_ptr().add(i * bb), &mut acc_b);
+        }
+    }
+    (hsum256(acc_a) + min_a, hsum256(acc_b) + min_b)
+}
+
+/// [`q8_512`] with 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_256(x: &[f32], a: &[u8], b: &[u8]) -> (f32, f32) {
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..x.len() / 32 {
+        // SAFETY: as in `q4_512`.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let xs = [
+                _mm256_loadu_ps(xp),
+                _mm256_loadu_ps(xp.add(8)),
+                _mm256_loadu_ps(xp.add(16)),
+                _mm256_loadu_ps(xp.add(24)),
+            ];
+            let one = |blk: *const u8, acc: &mut __m256| {
+                let d = f16_at(blk);
+                let qs = _mm256_loadu_si256(blk.add(2).cast());
+                let (lo, hi) = (_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+            };
+            one(a.as_ptr().add(i * 34), &mut acc_a);
+            one(b.as_ptr().add(i * 34), &mut acc_b);
+        }
+    }
+    (hsum256(acc_a), hsum256(acc_b))
+}
+
+/// `out[j] = x · row (rows.start + j)` of a packed matrix with SIMD; false where this CPU
+/// has no SIMD path.
+pub(super) fn packed_dot_rows(
+    p: &super::packed::PackedQuant,
+    x: &[f32],
+    sums: &[f32],
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> bool {
+    let level = level();
+    if level == Level::None {
+        return false;
+    }
+    let nb = p.blocks_per_row();
+    let q4 = p.format() != QuantFormat::Q8_0;
+    let mut j = 0;
+    while j < out.len() {
+        let (ra, rb) = (rows.start + j, rows.start + (j + 1).min(out.len() - 1));
+        let row = |r: usize| PackedRow {
+            d: &p.d[r * nb..(r + 1) * nb],
+            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
+            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
+        };
+        let (a, b) = (row(ra), row(rb));
+        // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
+        // each row holds `nb` scales (and minimums) and `nb` payloads, `x` holds `32 · nb`
+        // values and `sums` `nb` (checked by the caller).
+        let (va, vb) = unsafe {
+            match (level, q4) {
+                (Level::Avx512, true) => packed_q4_512(x, sums, &a, &b),
+                (Level::Avx512, false) => packed_q8_512(x, &a, &b),
+                (_, true) => packed_q4_256(x, sums, &a, &b),
+                (_, false) => packed_q8_256(x, &a, &b),
+            }
+        };
+        out[j] = va;
+        if j + 1 < out.len() {
+            out[j + 1] = vb;
+        }
+        j += 2;
+    }
+    true
+}
+
+/// One row of a packed matrix: per-block scales, minimums (Q4) and payloads.
+struct PackedRow<'a> {
+    d: &'a [f32],
+    m: &'a [f32],
+    qs: &'a [u8],
+}
+
+/// `Σ m · s` over a row's blocks.
+fn min_term(m: &[f32], sums: &[f32]) -> f32 {
+    m.iter().zip(sums).map(|(m, s)| m * s).sum()
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+    let mask = _mm_set1_epi8(0x0F);
+    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in 0..a.d.len() {
+        // SAFETY: block `i` of both rows (16 payload bytes) and activations `32i..32i+32`
+        // are in bounds; loads are unaligned.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+            let one = |qs: *const u8, d: f32, acc: &mut __m512| {
+                let qs = _mm_loadu_si128(qs.cast());
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+            };
+            one(a.qs.as_ptr().add(i * 16), *a.d.get_unchecked(i), &mut acc_a);
+            one(b.qs.as_ptr().add(i * 16), *b.d.get_unchecked(i), &mut acc_b);
+        }
+    }
+    (_mm512_reduce_add_ps(acc_a) + min_term(a.m, sums), _mm512_reduce_add_ps(acc_b) + min_term(b.m, sums))
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn packed_q8_512(x: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in 0..a.d.len() {
+        // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+            let one = |qs: *const u8, d: f32, acc: &mut __m512| {
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+            };
+            one(a.qs.as_ptr().add(i * 32), *a.d.get_unchecked(i), &mut acc_a);
+            one(b.qs.as_ptr().add(i * 32), *b.d.get_unchecked(i), &mut acc_b);
+        }
+    }
+    (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+    let mask = _mm_set1_epi8(0x0F);
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..a.d.len() {
+        // SAFETY: as in `packed_q4_512`.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let xs = [
+                _mm256_loadu_ps(xp),
+                _mm256_loadu_ps(xp.add(8)),
+                _mm256_loadu_ps(xp.add(16)),
+                _mm256_loadu_ps(xp.add(24)),
+            ];
+            let one = |qs: *const u8, d: f32, acc: &mut __m256| {
+                let qs = _mm_loadu_si128(qs.cast());
+                let (lo, hi) = (_mm_and_si128(qs, mask), _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+            };
+            one(a.qs.as_ptr().add(i * 16), *a.d.get_unchecked(i), &mut acc_a);
+            one(b.qs.as_ptr().add(i * 16), *b.d.get_unchecked(i), &mut acc_b);
+        }
+    }
+    (hsum256(acc_a) + min_term(a.m, sums), hsum256(acc_b) + min_term(b.m, sums))
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn packed_q8_256(x: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..a.d.len() {
+        // SAFETY: as in `packed_q8_512`.
+        unsafe {
+            let xp = x.as_ptr().add(i * 32);
+            let xs = [
+                _mm256_loadu_ps(xp),
+                _mm256_loadu_ps(xp.add(8)),
+                _mm256_loadu_ps(xp.add(16)),
+                _mm256_loadu_ps(xp.add(24)),
+            ];
+            let one = |qs: *const u8, d: f32, acc: &mut __m256| {
+                let q = _mm256_loadu_si256(qs.cast());
+                let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+            };
+            one(a.qs.as_ptr().add(i * 32), *a.d.get_unchecked(i), &mut acc_a);
+            one(b.qs.as_ptr().add(i * 32), *b.d.get_unchecked(i), &mut acc_b);
+        }
+    }
+    (hsum256(acc_a), hsum256(acc_b))
+}

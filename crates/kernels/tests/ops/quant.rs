@@ -1,0 +1,56 @@
+//! Conformance checks of quantised weights: a backend given ggml blocks (`DType::Quant`)
+//! must compute matmuls and embeddings with exactly the values the blocks decode to,
+//! whether it keeps the blocks (CPU) or dequantises them at upload.
+
+use std::borrow::Cow;
+
+use half::f16;
+use met_kernels::quant::QuantFormat;
+use met_kernels::{DType, GpuBackend, HostTensor, Result};
+
+use crate::harness::{Rng, assert_close, assert_values, upload_f32, upload_u32, widen};
+
+/// Random blocks of `format` for a `[n, k]` matrix, with small finite scales.
+fn blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let count = n * k / format.block_elems();
+    let mut bytes = Vec::with_capacity(count * format.block_bytes());
+    for _ in 0..count {
+        let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| rng.below(256) as u8).collect();
+        let scale_at = if format == QuantFormat::Q6_K { format.block_bytes() - 2 } else { 0 };
+        block[scale_at..scale_at + 2].copy_from_slice(&f16::from_f32(0.002 + rng.uniform().abs() * 0.01).to_le_bytes());
+        if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K) {
+            block[2..4].copy_from_slice(&f16::from_f32(rng.uniform() * 0.05).to_le_bytes());
+        }
+        bytes.extend(block);
+    }
+    bytes
+}
+
+/// Matmul (decode- and prefill-sized), embedding and download of quantised weights equal
+/// the same ops on the decoded values.
+pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(77);
+    let (n, k) = (40, 512);
+    for format in QuantFormat::ALL {
+        let host = HostTensor::from_bytes(DType::Quant(format), &[n, k], Cow::Owned(blocks(format, n, k, &mut rng)))?;
+        let decoded = host.to_f32_vec()?;
+        let w = b.upload(&host)?;
+        assert_values(b, &b.download_f32(&w)?, &widen(&decoded), &format!("{format} download"));
+        for m in [1, 3, 12] {
+            let x = rng.vec(m * k);
+            let want: Vec<f64> = (0..m)
+                .flat_map(|i| {
+                    let (x, decoded) = (&x, &decoded);
+                    (0..n).map(move |j| (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(decoded[j * k + l])).sum())
+                })
+                .collect();
+            let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?;
+            assert_close(b, &y, &[m, n], &want, &format!("{format} matmul m={m}"))?;
+        }
+        let ids = [3u32, 0, 39, 3];
+        let rows = b.embedding(&upload_u32(b, &ids, &[4])?, &w)?;
+        let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * k..(i as usize + 1) * k])).collect();
+        assert_close(b, &rows, &[4, k], &want, &format!("{format} embedding"))?;
+    }
+    Ok(())
+}
