@@ -39,6 +39,33 @@ pub enum WeightError {
         /// What is wrong with it.
         msg: String,
     },
+    /// A GGUF metadata key is missing, mistyped, or holds a value met cannot use.
+    #[error("GGUF file {}: metadata `{key}`: {msg}", path.display())]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// The metadata key, e.g. `llama.block_count`.
+        key: String,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// A GGUF tensor is stored in a ggml type met cannot dequantise.
+    #[error(
+        "tensor `{name}` in {} is stored as ggml type {ggml_type}, which met cannot load (supported: {})",
+        path.display(),
+        crate::gguf::dequantizable_list()
+    )]
+    UnsupportedGgmlType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor, as the store names it.
+        name: String,
+        /// The ggml type's name, e.g. `IQ2_XS`.
+        ggml_type: String,
+    },
+    /// A model config (e.g. one rebuilt from GGUF metadata) does not validate.
+    #[error(transparent)]
+    Config(#[from] met_config::ConfigError),
     /// A shard index is malformed or disagrees with its shards.
     #[error("bad shard index {}: {msg}", path.display())]
     Index {

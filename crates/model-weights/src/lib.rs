@@ -1,20 +1,23 @@
 //! Named model weights, from wherever they are stored, onto a device.
 //!
 //! A [`WeightStore`] is a read-only map from tensor names to host bytes: memory-mapped
-//! safetensors checkpoints ([`SafetensorsStore`], one file or a sharded index) and seeded
-//! random weights for tests and benchmarks ([`DummyStore`]). GGUF will be a third store.
+//! safetensors checkpoints ([`SafetensorsStore`], one file or a sharded index), GGUF files
+//! served under Hugging Face names ([`GgufStore`], quantised tensors dequantised to f32,
+//! see [`gguf`]), and seeded random weights for tests and benchmarks ([`DummyStore`]).
 //! Model code asks for tensors by checkpoint name and moves them to a device with
 //! [`load`] or [`load_concat`]; before that, startup runs [`preflight`] so that every
 //! missing, unexpected or mis-shaped tensor is named in one error.
 //!
 //! Invariants: a store never changes after it is built; [`WeightStore::names`] is sorted
-//! and lists every tensor the store holds, loadable or not; [`WeightStore::info`] is `Some`
-//! exactly for the listed tensors that [`WeightStore::host`] can return. The crate reads
-//! weights and never computes with them: conversion to the device's float type happens in
-//! [`GpuBackend::upload`].
+//! and lists every tensor the store holds, loadable or not (a GGUF's `rope_freqs.weight`
+//! excepted: it is config, folded into [`GgufStore::model_config`]); [`WeightStore::info`]
+//! is `Some` exactly for the listed tensors that [`WeightStore::host`] can return. The
+//! crate computes nothing beyond dequantising GGUF blocks to f32: conversion to the
+//! device's float type happens in [`GpuBackend::upload`].
 
 mod dummy;
 mod error;
+pub mod gguf;
 mod load;
 mod preflight;
 mod safetensors_store;
@@ -23,6 +26,7 @@ use met_kernels::{DType, HostTensor};
 
 pub use dummy::DummyStore;
 pub use error::{PreflightReport, WeightError};
+pub use gguf::{GgmlType, GgufFile, GgufStore, GgufTensorInfo, GgufValue, RawTensor};
 pub use load::{load, load_concat};
 pub use preflight::{is_ignored, preflight};
 pub use safetensors_store::SafetensorsStore;
@@ -57,7 +61,7 @@ impl TensorSpec {
     }
 }
 
-/// A source of named weights (safetensors files, GGUF later, random dummy weights).
+/// A source of named weights (safetensors files, GGUF files, random dummy weights).
 pub trait WeightStore: Send + Sync {
     /// A short description for messages, e.g. "safetensors in /x/y (2 shards)".
     fn describe(&self) -> String;

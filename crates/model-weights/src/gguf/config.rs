@@ -1,0 +1,314 @@
+//! A Hugging Face `config.json` rebuilt from GGUF metadata.
+//!
+//! llama.cpp's converter copies the architecture facts of `config.json` into
+//! `{arch}.*` keys (`gguf-py`'s `Keys.LLM`, `Keys.Attention`, `Keys.Rope`). This module
+//! writes them back under the HF names, so that [`met_config::ModelConfig::from_json`]
+//! applies the same defaults and checks to a GGUF as to a checkpoint directory, and a
+//! bad value is reported by the one validator met has. What the metadata does not say is
+//! read off the tensors: tied embeddings (no `output.weight`), q/k/v and MLP biases,
+//! dense layers of an MoE model, and Llama 3 rotary scaling (`rope_freqs.weight`).
+//!
+//! Float metadata is stored as f32; it is written back as the shortest decimal that
+//! rounds to that f32 (`1e-5`, not `9.999999747378752e-6`), which is the value the
+//! original config held.
+
+use serde_json::{Map, Value, json};
+
+use super::{GgmlType, GgufFile, GgufValue};
+use crate::WeightError;
+
+/// The GGUF architectures met reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+}
+
+/// `(arch, general.architecture, HF model_type, HF architectures entry)`.
+const ARCHES: [(Arch, &str, &str, &str); 4] = [
+    (Arch::Llama, "llama", "llama", "LlamaForCausalLM"),
+    (Arch::Qwen2, "qwen2", "qwen2", "Qwen2ForCausalLM"),
+    (Arch::Qwen3, "qwen3", "qwen3", "Qwen3ForCausalLM"),
+    (Arch::Qwen3Moe, "qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
+];
+
+const ARCH_KEY: &str = "general.architecture";
+/// The tensor in which llama.cpp stores Llama 3 rotary scaling factors.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+/// Llama 3 scaling parameters llama.cpp's converter assumes when it writes `rope_freqs`.
+const LLAMA3_LOW_FREQ_FACTOR: f64 = 1.0;
+const LLAMA3_HIGH_FREQ_FACTOR: f64 = 4.0;
+const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
+
+impl Arch {
+    /// The architecture `general.architecture` names.
+    pub(crate) fn of(file: &GgufFile) -> Result<Self, WeightError> {
+        let name = file.architecture()?;
+        ARCHES.iter().find(|row| row.1 == name).map(|row| row.0).ok_or_else(|| {
+            let supported = ARCHES.map(|row| row.1).join(", ");
+            file.metadata_error(
+                ARCH_KEY,
+                format!("unsupported architecture `{name}` (met reads {supported}; Mistral GGUFs say llama)"),
+            )
+        })
+    }
+
+    fn row(self) -> &'static (Arch, &'static str, &'static str, &'static str) {
+        &ARCHES[self as usize]
+    }
+
+    /// The `general.architecture` value, also the prefix of its metadata keys.
+    pub(crate) fn gguf_name(self) -> &'static str {
+        self.row().1
+    }
+
+    /// Whether llama.cpp's converter permuted the Q/K rows (see the `permute` module).
+    pub(crate) fn permutes_qk(self) -> bool {
+        self == Arch::Llama
+    }
+}
+
+/// Metadata reads under one architecture's key prefix.
+struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: Arch,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch.gguf_name())
+    }
+
+    fn req_u64(&self, k: &str) -> Result<u64, WeightError> {
+        self.file.get_u64(&self.key(k))
+    }
+
+    fn opt_u64(&self, k: &str) -> Result<Option<u64>, WeightError> {
+        self.file.opt_u64(&self.key(k))
+    }
+
+    /// A float as the decimal the converter started from (see the module docs).
+    fn opt_decimal(&self, k: &str) -> Result<Option<f64>, WeightError> {
+        let key = self.key(k);
+        let Some(v) = self.file.opt_f64(&key)? else { return Ok(None) };
+        let v = match self.file.get(&key) {
+            Some(&GgufValue::F32(f)) => decimal(f),
+            _ => v,
+        };
+        if !v.is_finite() {
+            return Err(self.file.metadata_error(&key, format!("{v} is not a finite number")));
+        }
+        Ok(Some(v))
+    }
+}
+
+/// The shortest decimal that rounds to `f`, as an f64.
+fn decimal(f: f32) -> f64 {
+    f.to_string().parse().unwrap_or(f64::from(f))
+}
+
+/// Builds the `config.json` object of the model in `file` (see the module docs).
+pub(crate) fn config_json(file: &GgufFile, arch: Arch) -> Result<Value, WeightError> {
+    let m = Meta { file, arch };
+    let (_, _, model_type, class) = *arch.row();
+    let hidden = m.req_u64("embedding_length")?;
+    let heads = m.req_u64("attention.head_count")?;
+    let layers = layer_count(&m)?;
+    let head_dim = match m.opt_u64("attention.key_length")? {
+        Some(d) => Some(d),
+        None => m.opt_u64("rope.dimension_count")?.or(hidden.checked_div(heads)),
+    };
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([class]));
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert("num_hidden_layers".into(), json!(layers));
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(m.opt_u64("attention.head_count_kv")?.unwrap_or(heads)));
+    insert_opt(&mut c, "head_dim", head_dim);
+    let intermediate = match arch {
+        Arch::Qwen3Moe => m.opt_u64("feed_forward_length")?,
+        _ => Some(m.req_u64("feed_forward_length")?),
+    };
+    insert_opt(&mut c, "intermediate_size", intermediate);
+    insert_opt(&mut c, "max_position_embeddings", m.opt_u64("context_length")?);
+    let theta = m.opt_decimal("rope.freq_base")?;
+    insert_opt(&mut c, "rope_theta", theta);
+    insert_opt(&mut c, "rms_norm_eps", m.opt_decimal("attention.layer_norm_rms_epsilon")?);
+    insert_opt(&mut c, "rope_scaling", rope_scaling(&m, theta.unwrap_or(10_000.0), head_dim)?);
+    c.insert("vocab_size".into(), json!(vocab_size(&m)?));
+    c.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
+    c.insert("attention_bias".into(), json!(file.tensor("blk.0.attn_q.bias").is_some()));
+    if arch == Arch::Llama {
+        c.insert("mlp_bias".into(), json!(file.tensor("blk.0.ffn_up.bias").is_some()));
+    }
+    insert_opt(&mut c, "bos_token_id", file.opt_u64("tokenizer.ggml.bos_token_id")?);
+    insert_opt(&mut c, "eos_token_id", file.opt_u64("tokenizer.ggml.eos_token_id")?);
+    if arch == Arch::Qwen3Moe {
+        insert_moe(&m, &mut c, layers)?;
+    }
+    Ok(Value::Object(c))
+}
+
+fn insert_opt<T: Into<Value>>(c: &mut Map<String, Value>, key: &str, value: Option<T>) {
+    if let Some(v) = value {
+        c.insert(key.into(), v.into());
+    }
+}
+
+/// `block_count`, bounded by the tensors present so that a corrupt count cannot make
+/// later per-layer tables huge (every layer has at least one tensor).
+fn layer_count(m: &Meta<'_>) -> Result<u64, WeightError> {
+    let layers = m.req_u64("block_count")?;
+    let tensors = m.file.tensors().len() as u64;
+    if layers > tensors {
+        let msg = format!("{layers} layers, but the file holds only {tensors} tensors");
+        return Err(m.file.metadata_error(&m.key("block_count"), msg));
+    }
+    Ok(layers)
+}
+
+/// `{arch}.vocab_size`, else the tokenizer's token count, else the embedding rows.
+fn vocab_size(m: &Meta<'_>) -> Result<u64, WeightError> {
+    if let Some(n) = m.opt_u64("vocab_size")? {
+        return Ok(n);
+    }
+    if m.file.get("tokenizer.ggml.tokens").is_some() {
+        return Ok(m.file.get_array("tokenizer.ggml.tokens")?.len() as u64);
+    }
+    match m.file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)) {
+        Some(&rows) => Ok(rows as u64),
+        None => Err(m.file.metadata_error(&m.key("vocab_size"), "missing, and no tokenizer.ggml.tokens either")),
+    }
+}
+
+/// Qwen3-MoE routing settings; layers without stacked experts are dense (`mlp_only_layers`).
+fn insert_moe(m: &Meta<'_>, c: &mut Map<String, Value>, layers: u64) -> Result<(), WeightError> {
+    let experts = m.req_u64("expert_count")?;
+    let stacks = m.file.tensors().iter().filter(|t| t.name.ends_with("_exps.weight"));
+    if let Some(t) = stacks.clone().find(|t| t.dims.get(2).map(|&e| e as u64) != Some(experts)) {
+        let msg = format!("{experts} experts, but `{}` has dims {:?}", t.name, t.dims);
+        return Err(m.file.metadata_error(&m.key("expert_count"), msg));
+    }
+    if experts > 0 && stacks.count() == 0 {
+        let msg = format!("{experts} experts, but the file holds no stacked expert tensors");
+        return Err(m.file.metadata_error(&m.key("expert_count"), msg));
+    }
+    c.insert("num_experts".into(), json!(experts));
+    c.insert("num_experts_per_tok".into(), json!(m.req_u64("expert_used_count")?));
+    c.insert("moe_intermediate_size".into(), json!(m.req_u64("expert_feed_forward_length")?));
+    // llama.cpp always renormalises the chosen experts' weights for qwen3moe.
+    c.insert("norm_topk_prob".into(), json!(true));
+    c.insert("decoder_sparse_step".into(), json!(1));
+    let dense: Vec<u64> =
+        (0..layers).filter(|i| m.file.tensor(&format!("blk.{i}.ffn_gate_exps.weight")).is_none()).collect();
+    c.insert("mlp_only_layers".into(), json!(dense));
+    Ok(())
+}
+
+/// `rope_scaling` from `rope.scaling.*` keys, or inferred from `rope_freqs.weight`.
+fn rope_scaling(m: &Meta<'_>, theta: f64, head_dim: Option<u64>) -> Result<Option<Value>, WeightError> {
+    let original = m.opt_u64("rope.scaling.original_context_length")?;
+    match m.file.opt_str(&m.key("rope.scaling.type"))? {
+        None | Some("none") => llama3_from_rope_freqs(m, theta, head_dim, original),
+        Some(kind) => {
+            let mut s = Map::new();
+            s.insert("rope_type".into(), json!(kind));
+            insert_opt(&mut s, "factor", m.opt_decimal("rope.scaling.factor")?);
+            insert_opt(&mut s, "original_max_position_embeddings", original);
+            Ok(Some(Value::Object(s)))
+        }
+    }
+}
+
+/// Llama 3 scaling from the per-frequency factors llama.cpp stores in `rope_freqs.weight`.
+///
+/// The converter writes the factors and none of the parameters. The factor is their
+/// maximum; the others are the converter's defaults, and the factors they imply are
+/// checked against the stored ones, so other parameters fail loudly instead of
+/// producing wrong positions.
+fn llama3_from_rope_freqs(
+    m: &Meta<'_>,
+    theta: f64,
+    head_dim: Option<u64>,
+    original: Option<u64>,
+) -> Result<Option<Value>, WeightError> {
+    let Some(info) = m.file.tensor(ROPE_FREQS) else { return Ok(None) };
+    let bad = |msg: String| WeightError::Format { path: m.file.path().into(), msg: format!("`{ROPE_FREQS}`: {msg}") };
+    let data = m.file.tensor_data(ROPE_FREQS).unwrap_or_default();
+    if info.ggml_type != GgmlType::F32 {
+        return Err(bad(format!("stored as {}, expected F32", info.ggml_type)));
+    }
+    let stored: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let dim = head_dim.unwrap_or(0);
+    if stored.len() as u64 * 2 != dim {
+        return Err(bad(format!("{} factors for a head dim of {dim}", stored.len())));
+    }
+    let factor = decimal(stored.iter().copied().fold(f32::MIN, f32::max));
+    let original = original.unwrap_or(LLAMA3_ORIGINAL_CONTEXT);
+    let expected = llama3_factors(theta, stored.len(), factor, original as f64);
+    let matches = stored.iter().zip(&expected).all(|(&s, &e)| (f64::from(s) - e).abs() <= 1e-4 * e.abs().max(1.0));
+    if !matches {
+        return Err(bad(format!(
+            "the factors are not Llama 3 scaling with factor {factor}, low_freq_factor {LLAMA3_LOW_FREQ_FACTOR}, \
+             high_freq_factor {LLAMA3_HIGH_FREQ_FACTOR} and original context {original}; \
+             met cannot recover the rotary scaling they encode"
+        )));
+    }
+    Ok(Some(json!({
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": LLAMA3_LOW_FREQ_FACTOR,
+        "high_freq_factor": LLAMA3_HIGH_FREQ_FACTOR,
+        "original_max_position_embeddings": original,
+    })))
+}
+
+/// The divisor of each of `n` rotary frequencies under Llama 3 scaling, as llama.cpp's
+/// converter computes them: 1 for short wavelengths, `factor` for long ones, and a
+/// smooth blend between.
+fn llama3_factors(theta: f64, n: usize, factor: f64, original: f64) -> Vec<f64> {
+    let low_wavelen = original / LLAMA3_LOW_FREQ_FACTOR;
+    let high_wavelen = original / LLAMA3_HIGH_FREQ_FACTOR;
+    (0..n)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f64 / (2 * n) as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth =
+                    (original / wavelen - LLAMA3_LOW_FREQ_FACTOR) / (LLAMA3_HIGH_FREQ_FACTOR - LLAMA3_LOW_FREQ_FACTOR);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_recovers_the_config_value() {
+        assert_eq!(decimal(1e-5), 1e-5);
+        assert_eq!(decimal(1e-6), 1e-6);
+        assert_eq!(decimal(100_000.0), 100_000.0);
+        assert_eq!(decimal(0.1), 0.1);
+    }
+
+    #[test]
+    fn llama3_factors_cover_the_three_bands() {
+        // Llama 3.1: theta 500000, head dim 128, factor 8.
+        let f = llama3_factors(500_000.0, 64, 8.0, 8192.0);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[63], 8.0);
+        assert!(f.iter().any(|&x| x > 1.0 && x < 8.0));
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "factors grow with wavelength");
+    }
+}
