@@ -18,8 +18,27 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Generate continuations of token-id prompts, all in one batch.
-    Generate(GenerateArgs),
+    /// Generate continuations of prompts (text, chat messages or token ids), all in one batch.
+    Generate(Box<GenerateArgs>),
+    /// Print the token ids of TEXT as a JSON array (or, with --decode, the text of ids).
+    Tokenize(TokenizeArgs),
+}
+
+/// `met tokenize`.
+#[derive(Debug, Args)]
+pub struct TokenizeArgs {
+    /// The model whose tokenizer to use (default: the embedded default model).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Do not add the tokenizer's special tokens (bos) around the text.
+    #[arg(long)]
+    pub no_special_tokens: bool,
+    /// Comma-separated ids to decode instead of text to encode.
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, conflicts_with = "text")]
+    pub decode: Option<TokenIds>,
+    /// The text to tokenize.
+    #[arg(required_unless_present = "decode")]
+    pub text: Option<String>,
 }
 
 /// Where weights come from.
@@ -34,9 +53,10 @@ pub enum LoadFormat {
 /// Which model to load and how.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory (`config.json` + safetensors).
+    /// The model: a Hugging Face directory, a `.gguf` file, or a hub id in the local
+    /// Hugging Face cache. Default: the embedded SmolLM2-135M-Instruct.
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<String>,
     /// Where the weights come from.
     #[arg(long, value_enum, default_value = "auto")]
     pub load_format: LoadFormat,
@@ -141,6 +161,16 @@ pub struct GenerateArgs {
     /// The model.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// A prompt as text, tokenized as the model's Hugging Face tokenizer does (special-token
+    /// text such as `<|im_start|>` becomes that token); repeat for more prompts.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Vec<String>,
+    /// A user message, rendered with the model's chat template; repeat for more prompts.
+    #[arg(long, value_name = "TEXT")]
+    pub chat: Vec<String>,
+    /// A system message for every `--chat` prompt.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
     /// A prompt as comma-separated token ids; repeat for more prompts.
     #[arg(long = "prompt-ids", value_name = "IDS", value_parser = parse_ids)]
     pub prompt_ids: Vec<Vec<u32>>,
@@ -157,6 +187,18 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt (and continuation) per line.
     #[arg(long)]
     pub json: bool,
+    /// Print prefill and decode throughput (one JSON object on stderr): steps until the
+    /// first token count as prefill, later steps as decode.
+    #[arg(long)]
+    pub timing: bool,
+}
+
+/// Comma-separated token ids as one value (clap would read a bare `Vec` as many values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<u32>);
+
+fn parse_token_ids(s: &str) -> Result<TokenIds, String> {
+    parse_ids(s).map(TokenIds)
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
@@ -200,8 +242,12 @@ mod tests {
         let cli =
             Cli::try_parse_from(["met", "generate", "--model", "m", "--prompt-ids", "1", "--stop-token-ids", "3,4"])
                 .unwrap();
-        let Command::Generate(g) = cli.command;
+        let Command::Generate(g) = cli.command else { panic!("generate") };
         assert_eq!(g.sampling.stop_token_ids, [3, 4]);
+        let cli = Cli::try_parse_from(["met", "tokenize", "--decode", "5,6"]).unwrap();
+        let Command::Tokenize(t) = cli.command else { panic!("tokenize") };
+        assert_eq!(t.decode, Some(TokenIds(vec![5, 6])));
+        assert!(Cli::try_parse_from(["met", "tokenize"]).is_err(), "text or --decode is required");
     }
 
     #[test]

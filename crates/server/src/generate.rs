@@ -1,4 +1,4 @@
-//! `met generate`: token-id prompts through the serving engine, stepped on this thread
+//! `met generate`: text, chat or token-id prompts through the serving engine, stepped on this thread
 //! until every request is done, so batching, chunked prefill, prefix caching, preemption
 //! and sampling all behave as they do when serving.
 
@@ -8,12 +8,15 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use met_cache::PagedKvCache;
 use met_config::{EngineConfig, SamplingParams};
+use met_kernels::GpuBackend;
+use met_model_layers::Model;
 use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria, policy_by_name};
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
-use crate::load::load;
+use crate::load::{LoadedModel, load};
+use crate::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
 /// One line of `--prompts-file`.
 #[derive(Debug, Deserialize)]
@@ -36,6 +39,8 @@ struct Output<'a> {
     index: usize,
     prompt_ids: &'a [u32],
     generated_ids: &'a [u32],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
     finish_reason: &'a str,
     cached_prompt_tokens: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,12 +61,14 @@ struct Continuation {
 
 /// Runs `met generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let mut requests = read_prompts(args)?;
-    if requests.is_empty() {
-        bail!("no prompts: give --prompt-ids or --prompts-file");
+    if args.prompt.is_empty() && args.chat.is_empty() && args.prompt_ids.is_empty() && args.prompts_file.is_none() {
+        bail!("no prompts: give --prompt, --chat, --prompt-ids or --prompts-file");
     }
-    let loaded = load(&args.model)?;
-    let max_context = loaded.model.max_context();
+    let LoadedModel { model, backend, tokenizer, eos_token_ids } = load(&args.model)?;
+    let mut requests = text_prompts(args, tokenizer.as_ref())?;
+    requests.extend(id_prompts(args)?);
+    pin_seeds(&mut requests, args.sampling.seed);
+    let max_context = model.max_context();
     for (i, r) in requests.iter_mut().enumerate() {
         if r.prompt.len() + r.stop.max_new_tokens > max_context {
             bail!(
@@ -70,40 +77,88 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 r.stop.max_new_tokens
             );
         }
-        r.stop.eos_token_ids.clone_from(&loaded.eos_token_ids);
+        r.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
+    let mut engine = engine(&args.engine, model, backend, &requests)?;
+    let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+    let (outputs, timing) = run_to_completion(&mut engine, requests)?;
+    print(&prompts, &outputs, args, tokenizer.as_ref())?;
+    if args.timing {
+        let prompt_tokens = prompts.iter().map(Vec::len).sum();
+        eprintln!("{}", serde_json::to_string(&timing.summary(prompt_tokens))?);
+    }
+    Ok(())
+}
 
+/// The engine, with a KV cache large enough for every request at once unless
+/// `--kv-blocks` says otherwise (startup phase 6).
+fn engine(
+    e: &EngineArgs,
+    model: Box<dyn Model>,
+    backend: Arc<dyn GpuBackend>,
+    requests: &[EngineRequest],
+) -> Result<Engine> {
     let timer = PhaseTimer::start(Phase::KvCache);
-    let config = engine_config(&args.engine)?;
+    let config = engine_config(e)?;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
-    let blocks = args.engine.kv_blocks.unwrap_or(needed).max(1);
-    let kv = PagedKvCache::new(
-        &*loaded.backend,
-        loaded.model.kv_layout(),
-        config.block_size,
-        blocks,
-        config.prefix_caching,
-    )?;
+    let blocks = e.kv_blocks.unwrap_or(needed).max(1);
+    let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching)?;
     timer.done(format_args!("{blocks} blocks of {}", config.block_size));
+    let policy = policy_by_name(&e.policy)
+        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", e.policy))?;
+    Ok(Engine::new(model, backend, Box::new(kv), config, policy, Arc::new(Metrics::new()))?)
+}
 
-    let policy = policy_by_name(&args.engine.policy)
-        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", args.engine.policy))?;
-    let mut engine = Engine::new(loaded.model, loaded.backend, Box::new(kv), config, policy, Arc::new(Metrics::new()))?;
-    let ns: Vec<usize> = requests.iter().map(|r| r.n).collect();
-    let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+/// Submits every request and steps the engine until all are done.
+fn run_to_completion(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<(Vec<Vec<Continuation>>, Timing)> {
+    let mut outputs: Vec<Vec<Continuation>> = requests.iter().map(|r| vec![Continuation::default(); r.n]).collect();
     let mut streams = requests
         .into_iter()
         .enumerate()
         .map(|(i, r)| engine.submit(r).with_context(|| format!("prompt {i}")))
         .collect::<Result<Vec<_>>>()?;
-    let mut outputs: Vec<Vec<Continuation>> = ns.iter().map(|&n| vec![Continuation::default(); n]).collect();
+    let mut timing = Timing::default();
     while engine.has_work() {
+        let start = std::time::Instant::now();
         engine.step();
+        let before = outputs.iter().flatten().map(|c| c.tokens.len()).sum::<usize>();
         drain(&mut streams, &mut outputs);
+        let after = outputs.iter().flatten().map(|c| c.tokens.len()).sum::<usize>();
+        timing.record(start.elapsed().as_secs_f64(), before, after);
     }
     drain(&mut streams, &mut outputs);
-    print(&prompts, &outputs, args.json, args.sampling.top_logprobs > 0)
+    Ok((outputs, timing))
+}
+
+/// Wall time of the steps up to the first token (prefill) and after it (decode).
+#[derive(Debug, Default)]
+struct Timing {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_tokens: usize,
+}
+
+impl Timing {
+    fn record(&mut self, seconds: f64, tokens_before: usize, tokens_after: usize) {
+        if tokens_before == 0 {
+            self.prefill_s += seconds;
+        } else {
+            self.decode_s += seconds;
+            self.decode_tokens += tokens_after - tokens_before;
+        }
+    }
+
+    fn summary(&self, prompt_tokens: usize) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tokens": prompt_tokens,
+            "prefill_s": self.prefill_s,
+            "prompt_tokens_per_s": prompt_tokens as f64 / self.prefill_s,
+            "decode_tokens": self.decode_tokens,
+            "decode_s": self.decode_s,
+            "decode_tokens_per_s": self.decode_tokens as f64 / self.decode_s,
+        })
+    }
 }
 
 fn drain(streams: &mut [RequestStream], outputs: &mut [Vec<Continuation>]) {
@@ -121,7 +176,13 @@ fn drain(streams: &mut [RequestStream], outputs: &mut [Vec<Continuation>]) {
     }
 }
 
-fn print(prompts: &[Vec<u32>], outputs: &[Vec<Continuation>], json: bool, logprobs: bool) -> Result<()> {
+fn print(
+    prompts: &[Vec<u32>],
+    outputs: &[Vec<Continuation>],
+    args: &GenerateArgs,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
+    let (json, logprobs) = (args.json, args.sampling.top_logprobs > 0);
     let mut failed = None;
     for (i, (prompt, choices)) in prompts.iter().zip(outputs).enumerate() {
         for (index, c) in choices.iter().enumerate() {
@@ -134,18 +195,22 @@ fn print(prompts: &[Vec<u32>], outputs: &[Vec<Continuation>], json: bool, logpro
                     "error"
                 }
             };
+            let text = tokenizer.map(|t| t.decode(&c.tokens, true)).transpose()?;
             if json {
                 let line = Output {
                     prompt: i,
                     index,
                     prompt_ids: prompt,
                     generated_ids: &c.tokens,
+                    text: text.as_deref(),
                     finish_reason: reason,
                     cached_prompt_tokens: c.cached,
                     logprobs: logprobs.then_some(&c.logprobs[..]),
                     top_logprobs: logprobs.then_some(&c.top_logprobs[..]),
                 };
                 println!("{}", serde_json::to_string(&line)?);
+            } else if let Some(text) = text {
+                println!("{text}");
             } else {
                 println!("prompt {i}.{index} ({reason}): {prompt:?} -> {:?}", c.tokens);
             }
@@ -157,20 +222,48 @@ fn print(prompts: &[Vec<u32>], outputs: &[Vec<Continuation>], json: bool, logpro
     }
 }
 
-/// Every prompt of the command line and the prompts file, as engine requests.
-fn read_prompts(args: &GenerateArgs) -> Result<Vec<EngineRequest>> {
+/// The `--prompt` and `--chat` prompts, in that order, tokenized.
+fn text_prompts(args: &GenerateArgs, tokenizer: Option<&Tokenizer>) -> Result<Vec<EngineRequest>> {
+    if args.prompt.is_empty() && args.chat.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tokenizer = tokenizer.context("--prompt and --chat need a tokenizer, and this model has none")?;
+    let mut requests = Vec::new();
+    for text in &args.prompt {
+        requests.push(request(&args.sampling, tokenizer.encode(text, true)?));
+    }
+    if !args.chat.is_empty() {
+        let template = ChatTemplate::from_tokenizer(tokenizer)?.context("--chat: this model has no chat template")?;
+        for user in &args.chat {
+            let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::text("system", s)).collect();
+            messages.push(ChatMessage::text("user", user));
+            let rendered = template
+                .render(&messages, &RenderOptions { add_generation_prompt: true, ..RenderOptions::default() })?;
+            // The template writes its own special tokens.
+            requests.push(request(&args.sampling, tokenizer.encode(&rendered, false)?));
+        }
+    }
+    Ok(requests)
+}
+
+/// The `--prompt-ids` and `--prompts-file` prompts, in that order.
+fn id_prompts(args: &GenerateArgs) -> Result<Vec<EngineRequest>> {
     let s = &args.sampling;
     let mut requests: Vec<EngineRequest> = args.prompt_ids.iter().map(|p| request(s, p.clone())).collect();
     if let Some(path) = &args.prompts_file {
         requests.extend(read_file(s, path)?);
     }
-    let base_seed = s.seed.unwrap_or_else(random_seed);
+    Ok(requests)
+}
+
+/// Gives every request without a seed of its own `seed + i` (a random base without one).
+fn pin_seeds(requests: &mut [EngineRequest], seed: Option<u64>) {
+    let base_seed = seed.unwrap_or_else(random_seed);
     for (i, r) in requests.iter_mut().enumerate() {
         if r.sampling.seed == u64::MAX {
             r.sampling.seed = base_seed.wrapping_add(i as u64);
         }
     }
-    Ok(requests)
 }
 
 fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<EngineRequest>> {

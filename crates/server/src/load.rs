@@ -1,44 +1,72 @@
-//! Loading a model for a command: resolve, config, device, weights (startup phases 1-5).
+//! Loading a model for a command: resolve, config, device, weights (startup phases 1-5),
+//! from a Hugging Face directory or a GGUF file.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use met_config::{GenerationConfig, ModelConfig};
 use met_kernels::{GpuBackend, open_backend};
 use met_model_layers::{LoadOptions, Model, load_model, tensor_specs};
-use met_model_weights::{DummyStore, SafetensorsStore, WeightStore};
+use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
 use crate::cli::{LoadFormat, ModelArgs};
+use crate::resolve::{ModelSource, SearchPaths, resolve};
+use crate::text::Tokenizer;
 
 /// A model ready to run, with the facts commands need about it.
 pub struct LoadedModel {
+    /// Its tokenizer (with the chat template), when the model ships one.
+    pub tokenizer: Option<Tokenizer>,
     /// The device it runs on.
     pub backend: Arc<dyn GpuBackend>,
     /// The model.
     pub model: Box<dyn Model>,
-    /// End-of-sequence tokens from `config.json` and `generation_config.json`.
+    /// End-of-sequence tokens from the model's configuration.
     pub eos_token_ids: Vec<u32>,
 }
 
 /// Runs startup phases 1 to 5 for `args`.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
     let timer = PhaseTimer::start(Phase::Resolve);
-    let dir = resolve_dir(&args.model)?;
-    timer.done(dir.display());
+    let source = resolve(args.model.as_deref(), &SearchPaths::from_env())?;
+    timer.done(source.path().display());
 
     let timer = PhaseTimer::start(Phase::Config);
-    let path = dir.join("config.json");
-    let config = match &args.hf_overrides {
-        Some(o) => ModelConfig::from_file_with_overrides(&path, o),
-        None => ModelConfig::from_file(&path),
-    }?;
-    let mut eos_token_ids = config.eos_token_ids.clone();
-    let generation = dir.join("generation_config.json");
-    if generation.is_file() {
-        eos_token_ids.extend(GenerationConfig::from_file(&generation)?.eos_token_ids);
-    }
+    let overrides = args.hf_overrides.as_deref();
+    let (config, gguf, mut eos_token_ids) = match &source {
+        ModelSource::HfDir(dir) => {
+            let path = dir.join("config.json");
+            let config = match overrides {
+                Some(o) => ModelConfig::from_file_with_overrides(&path, o),
+                None => ModelConfig::from_file(&path),
+            }?;
+            let mut eos = config.eos_token_ids.clone();
+            let generation = dir.join("generation_config.json");
+            if generation.is_file() {
+                eos.extend(GenerationConfig::from_file(&generation)?.eos_token_ids);
+            }
+            (config, None, eos)
+        }
+        ModelSource::Gguf(path) => {
+            let store = GgufStore::open(path)?;
+            let config = match overrides {
+                Some(o) => {
+                    let mut json = store.config_json()?;
+                    let extra: serde_json::Value =
+                        serde_json::from_str(o).context("--hf-overrides is not a JSON object")?;
+                    let (Some(base), Some(extra)) = (json.as_object_mut(), extra.as_object()) else {
+                        bail!("--hf-overrides is not a JSON object");
+                    };
+                    base.extend(extra.clone());
+                    ModelConfig::from_json(path, &json.to_string())?
+                }
+                None => store.model_config()?,
+            };
+            let eos = config.eos_token_ids.clone();
+            (config, Some(store), eos)
+        }
+    };
     eos_token_ids.sort_unstable();
     eos_token_ids.dedup();
     timer.done(format_args!("{} with {} layers", config.model_type, config.num_layers));
@@ -48,26 +76,55 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
     timer.done(backend.name());
 
     let timer = PhaseTimer::start(Phase::Weights);
-    let store: Box<dyn WeightStore> = match args.load_format {
-        LoadFormat::Auto => Box::new(SafetensorsStore::open(dir)?),
-        LoadFormat::Dummy => Box::new(DummyStore::new(tensor_specs(&config)?, args.dummy_seed, backend.float_dtype())),
+    let owned: Box<dyn WeightStore>;
+    let store: &dyn WeightStore = match (args.load_format, &source, &gguf) {
+        (LoadFormat::Dummy, ..) => {
+            owned = Box::new(DummyStore::new(tensor_specs(&config)?, args.dummy_seed, backend.float_dtype()));
+            &*owned
+        }
+        (LoadFormat::Auto, _, Some(g)) => g,
+        (LoadFormat::Auto, source, None) => {
+            owned = Box::new(SafetensorsStore::open(source.path())?);
+            &*owned
+        }
     };
     let options = LoadOptions { attention_backend: args.attention_backend.clone() };
-    let model = load_model(&config, &*store, Arc::clone(&backend), &options)
+    let model = load_model(&config, store, Arc::clone(&backend), &options)
         .with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
-    Ok(LoadedModel { backend, model, eos_token_ids })
+
+    let timer = PhaseTimer::start(Phase::Tokenizer);
+    let tokenizer = tokenizer_for(&source, gguf.as_ref())?;
+    if let Some(t) = &tokenizer {
+        eos_token_ids.extend(t.eos_ids());
+        eos_token_ids.sort_unstable();
+        eos_token_ids.dedup();
+    }
+    timer.done(match &tokenizer {
+        Some(t) => format!("{} tokens, chat template: {}", t.vocab_size(), t.chat_template().is_some()),
+        None => "none (token ids only)".into(),
+    });
+    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids })
 }
 
-fn resolve_dir(path: &Path) -> Result<&Path> {
-    if !path.exists() {
-        bail!("model directory `{}` does not exist", path.display());
-    }
-    if !path.is_dir() {
-        bail!("`{}` is not a model directory", path.display());
-    }
-    if !path.join("config.json").is_file() {
-        bail!("`{}` has no config.json", path.display());
-    }
-    Ok(path)
+/// The tokenizer a model ships: GGUF metadata, or `tokenizer.json` in an HF directory
+/// (`None` when the directory has none, as for bare configs run with dummy weights).
+fn tokenizer_for(source: &ModelSource, gguf: Option<&GgufStore>) -> Result<Option<Tokenizer>> {
+    Ok(match (source, gguf) {
+        (_, Some(g)) => Some(Tokenizer::from_gguf(g.file())?),
+        (ModelSource::HfDir(dir), None) if dir.join("tokenizer.json").is_file() => Some(Tokenizer::from_hf_dir(dir)?),
+        _ => None,
+    })
+}
+
+/// Only the tokenizer of `--model` (for `met tokenize`): resolves, then reads the GGUF
+/// metadata or the tokenizer files, without loading weights.
+pub fn load_tokenizer(model: Option<&str>) -> Result<Tokenizer> {
+    let source = resolve(model, &SearchPaths::from_env())?;
+    let gguf = match &source {
+        ModelSource::Gguf(path) => Some(GgufStore::open(path)?),
+        ModelSource::HfDir(_) => None,
+    };
+    tokenizer_for(&source, gguf.as_ref())?
+        .with_context(|| format!("{} has no tokenizer (tokenizer.json)", source.path().display()))
 }

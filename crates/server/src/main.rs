@@ -6,6 +6,9 @@
 mod cli;
 mod generate;
 mod load;
+mod resolve;
+mod text;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -18,6 +21,7 @@ fn main() -> ExitCode {
     met_telemetry::init_tracing();
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -79,8 +79,10 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
-        (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "does not exist"),
+    let cases: [(&[&str], &str); 8] = [
+        (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
+        (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
+        (&["--model", llama], "no prompts"),
         (&["--model", llama, "--prompt-ids", "1,x"], "`x` is not a token id"),
         (&["--model", llama, "--prompt-ids", "1,512"], "token id 512 is outside the vocabulary of 512"),
         (&["--model", llama, "--prompt-ids", "1", "--max-tokens", "1000"], "exceed the model's context"),
@@ -184,4 +186,14 @@ fn prompts_come_from_a_jsonl_file() {
     let out = met(&["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("line 2") && stderr.contains("prompt_idz"), "{stderr}");
+}
+
+#[test]
+fn tokenize_reports_missing_tokenizers_and_bad_ids() {
+    let llama = fixture("llama");
+    let out = met(&["tokenize", "--model", llama.to_str().unwrap(), "hello"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("has no tokenizer"), "{stderr}");
+    let out = met(&["tokenize", "--decode", "1,x"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`x` is not a token id"));
 }

@@ -1,0 +1,37 @@
+//! The text layer: tokenizers, chat templates and incremental detokenization.
+//!
+//! The engine sees token ids only; this module is where text turns into ids and back, and
+//! it is checked against transformers, the reference for what a model was trained on:
+//!
+//! - [`Tokenizer`] (`tokenizer.rs`, `gguf_tokenizer.rs`): from a Hugging Face directory
+//!   (`tokenizer.json` + configs) or from GGUF metadata; `encode`/`decode` equal to
+//!   transformers' ids and text.
+//! - [`ChatTemplate`] (`chat.rs`, `pyfmt.rs`): Jinja chat templates rendered byte for byte as
+//!   `apply_chat_template` renders them.
+//! - [`Detokenizer`] (`detokenizer.rs`): streaming decode that never splits a character.
+//!
+//! Rendering and encoding are CPU work that can take milliseconds for long prompts; the
+//! server runs them on a blocking worker, never on the async reactor (DESIGN §4 step 2).
+//! The serving path encodes a rendered prompt with `add_special_tokens = false`: the
+//! template writes its own bos.
+//!
+//! **Boundary:** no HTTP and no engine types here; errors are one [`TextError`] naming the
+//! file, GGUF key or template line.
+
+// The HTTP server that uses this layer is not wired up yet; the tests exercise all of it.
+#![allow(dead_code, unused_imports)]
+
+mod chat;
+mod detokenizer;
+mod error;
+mod gguf_tokenizer;
+mod pyfmt;
+mod tokenizer;
+
+#[cfg(test)]
+mod tests;
+
+pub use chat::{ChatMessage, ChatTemplate, Clock, MessageContent, RenderOptions};
+pub use detokenizer::Detokenizer;
+pub use error::TextError;
+pub use tokenizer::{SpecialToken, SpecialTokens, Tokenizer};
