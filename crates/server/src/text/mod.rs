@@ -18,9 +18,6 @@
 //! **Boundary:** no HTTP and no engine types here; errors are one [`TextError`] naming the
 //! file, GGUF key or template line.
 
-// The HTTP server that uses this layer is not wired up yet; the tests exercise all of it.
-#![allow(dead_code, unused_imports)]
-
 mod chat;
 mod detokenizer;
 mod error;

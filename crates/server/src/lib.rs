@@ -1,0 +1,36 @@
+//! The `met` binary's library: command line, startup, model resolution, the text layer
+//! (tokenizers, chat templates, detokenizer) and the commands. A library so that tests and
+//! other front ends can reach the same pieces the binary uses.
+//!
+//! **Boundary:** the only crate that knows CLI flags, JSON output formats or HTTP.
+
+pub mod cli;
+pub mod generate;
+pub mod load;
+pub mod resolve;
+pub mod text;
+pub mod tokenize;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Parses the command line, installs logging and runs the subcommand. Every failure ends
+/// here as one `error:` message and a non-zero exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    met_telemetry::init_tracing();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
