@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
-use met_kernels::{AttentionMeta, AttentionParams, CpuBackend, GpuBackend, HostTensor, Tensor};
+use met_kernels::{AttentionMeta, AttentionParams, CpuBackend, DType, GpuBackend, HostTensor, Tensor};
 
 /// SmolLM2-135M's hidden and MLP intermediate sizes.
 const HIDDEN: usize = 576;
@@ -38,11 +38,11 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn upload(b: &CpuBackend, data: &[f32], dims: &[usize]) -> Tensor {
-    b.upload(&HostTensor::from_f32(data, dims)).expect("upload")
+    b.upload(&HostTensor::from_f32(data, dims), DType::F32).expect("upload")
 }
 
 fn upload_u32(b: &CpuBackend, data: &[u32], dims: &[usize]) -> Tensor {
-    b.upload(&HostTensor::from_u32(data, dims)).expect("upload")
+    b.upload(&HostTensor::from_u32(data, dims), DType::U32).expect("upload")
 }
 
 fn flops(n: usize) -> Throughput {

@@ -93,6 +93,15 @@ pub struct Sampled {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// Device memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now.
+    pub free: usize,
+    /// Bytes on the device.
+    pub total: usize,
+}
+
 /// A compute device for transformer inference.
 ///
 /// Implementations hold their own memory pool and stream; calls on one backend are
@@ -114,12 +123,32 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// When the device is out of memory.
     fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor>;
 
-    /// Copies a host tensor to the device. Float data is converted to
-    /// [`Self::float_dtype`]; `U32` data stays `U32`.
+    /// Copies a host tensor to the device, stored as `dtype`: `U32` for index data, and
+    /// for float or quantised data either `F32` or [`Self::float_dtype`] (weights take the
+    /// latter, values that need full precision such as rotary frequencies the former). A
+    /// backend that computes with quantised blocks directly may keep a quantised matrix in
+    /// its blocks (the tensor's dtype then says so); otherwise it is dequantised.
     ///
     /// # Errors
-    /// When the device is out of memory.
-    fn upload(&self, host: &HostTensor<'_>) -> Result<Tensor>;
+    /// [`crate::Error::DType`] for a dtype the backend cannot store this data as; when the
+    /// device is out of memory.
+    fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor>;
+
+    /// A copy of the float tensor `t` in `dtype` (`F32` or [`Self::float_dtype`]).
+    ///
+    /// # Errors
+    /// For a non-float source or target.
+    fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor>;
+
+    /// Free and total device memory in bytes, for devices with memory of their own.
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        None
+    }
+
+    /// A line describing the device for startup logs (name, capability, memory).
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
 
     /// Copies a float tensor to the host as f32.
     ///

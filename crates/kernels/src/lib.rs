@@ -25,7 +25,7 @@ mod tensor;
 
 use std::sync::Arc;
 
-pub use backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
+pub use backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled};
 pub use cpu::CpuBackend;
 pub use dtype::DType;
 pub use error::{Error, Result};

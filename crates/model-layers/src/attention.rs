@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use met_kernels::{AttentionMeta, AttentionParams, GpuBackend, HostTensor, Tensor};
+use met_kernels::{AttentionMeta, AttentionParams, DType, GpuBackend, HostTensor, Tensor};
 
 use crate::{ForwardBatch, ModelError, Result};
 
@@ -92,13 +92,13 @@ impl AttentionBackend for PagedAttention {
         let seq_lens: Vec<u32> = seqs.iter().map(|s| s.context_len as u32).collect();
         let b = &self.backend;
         let attention = AttentionMeta {
-            cu_seqlens_q: b.upload(&HostTensor::from_u32(&batch.cu_seqlens_q(), &[seqs.len() + 1]))?,
-            seq_lens: b.upload(&HostTensor::from_u32(&seq_lens, &[seqs.len()]))?,
-            block_tables: b.upload(&HostTensor::from_u32(&tables, &[seqs.len(), max_blocks]))?,
+            cu_seqlens_q: b.upload(&HostTensor::from_u32(&batch.cu_seqlens_q(), &[seqs.len() + 1]), DType::U32)?,
+            seq_lens: b.upload(&HostTensor::from_u32(&seq_lens, &[seqs.len()]), DType::U32)?,
+            block_tables: b.upload(&HostTensor::from_u32(&tables, &[seqs.len(), max_blocks]), DType::U32)?,
             max_seqlen_q: seqs.iter().map(|s| s.query_len).max().unwrap_or(0),
             max_seqlen_k: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
         };
-        let slots = b.upload(&HostTensor::from_u32(&batch.slot_mapping, &[batch.slot_mapping.len()]))?;
+        let slots = b.upload(&HostTensor::from_u32(&batch.slot_mapping, &[batch.slot_mapping.len()]), DType::U32)?;
         Ok(StepMetadata { attention, slots })
     }
 

@@ -18,7 +18,7 @@ use crate::{WeightError, WeightStore};
 /// When the store cannot provide the tensor ([`WeightError::Missing`],
 /// [`WeightError::UnsupportedDtype`]) or the backend rejects it.
 pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
-    Ok(backend.upload(&store.host(name)?)?)
+    Ok(backend.upload(&store.host(name)?, backend.float_dtype())?)
 }
 
 /// Loads several tensors concatenated along dim 0 (trailing dims must agree) as one
@@ -31,7 +31,7 @@ pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Re
 pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
     let parts = names.iter().map(|n| store.host(n)).collect::<Result<Vec<_>, _>>()?;
     let host = concat_dim0(names, parts)?;
-    Ok(backend.upload(&host)?)
+    Ok(backend.upload(&host, backend.float_dtype())?)
 }
 
 /// Joins host tensors along dim 0; a single part passes through without a copy.

@@ -118,7 +118,9 @@ impl Model for MockModel {
             }
             logits.extend(self.logits_of(history));
         }
-        Ok(self.backend.upload(&HostTensor::from_f32(&logits, &[batch.logit_rows.len(), self.vocab_size]))?)
+        Ok(self
+            .backend
+            .upload(&HostTensor::from_f32(&logits, &[batch.logit_rows.len(), self.vocab_size]), DType::F32)?)
     }
 
     fn vocab_size(&self) -> usize {

@@ -163,7 +163,11 @@ impl GpuBackend for CpuBackend {
         }
     }
 
-    fn upload(&self, host: &HostTensor<'_>) -> Result<Tensor> {
+    fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor> {
+        let expected = if host.dtype() == DType::U32 { DType::U32 } else { DType::F32 };
+        if dtype != expected {
+            return Err(Error::DType { op: "upload", expected, got: dtype });
+        }
         Ok(match host.dtype() {
             DType::U32 => u32_tensor(host.to_u32_vec()?, host.shape()),
             // Matrices keep their blocks (repacked where the kernels have a layout for
@@ -181,6 +185,13 @@ impl GpuBackend for CpuBackend {
             }
             _ => f32_tensor(host.to_f32_vec()?, host.shape()),
         })
+    }
+
+    fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
+        if dtype != DType::F32 {
+            return Err(Error::DType { op: "cast", expected: DType::F32, got: dtype });
+        }
+        Ok(f32_tensor(read_f32("cast", t)?.to_vec(), t.dims()))
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {

@@ -26,6 +26,16 @@ pub fn memory_round_trip(b: &dyn GpuBackend) -> Result<()> {
 
     expect_err(b.download_u32(&t), "download_u32 of a float tensor");
     expect_err(b.download_f32(&u), "download_f32 of a u32 tensor");
+
+    // f32 uploads stay exact whatever the float dtype, and casts reach f32.
+    let exact = b.upload(&met_kernels::HostTensor::from_f32(&data, &[24]), DType::F32)?;
+    assert_eq!(exact.dtype(), DType::F32);
+    assert_eq!(b.download_f32(&exact)?, data);
+    let cast = b.cast(&t, DType::F32)?;
+    assert_eq!(cast.dtype(), DType::F32);
+    assert_eq!(b.download_f32(&cast)?, b.download_f32(&t)?, "a cast to f32 is exact");
+    expect_err(b.upload(&met_kernels::HostTensor::from_u32(&ids, &[4]), DType::F32), "u32 data as f32");
+    expect_err(b.cast(&u, DType::F32), "cast of a u32 tensor");
     b.synchronize()
 }
 

@@ -98,12 +98,12 @@ pub fn expect_err<T: std::fmt::Debug>(r: Result<T>, what: &str) {
 
 /// Uploads f32 data of shape `dims` (stored in the backend's float dtype).
 pub fn upload_f32(b: &dyn GpuBackend, data: &[f32], dims: &[usize]) -> Result<Tensor> {
-    b.upload(&HostTensor::from_f32(data, dims))
+    b.upload(&HostTensor::from_f32(data, dims), b.float_dtype())
 }
 
 /// Uploads u32 data of shape `dims`.
 pub fn upload_u32(b: &dyn GpuBackend, data: &[u32], dims: &[usize]) -> Result<Tensor> {
-    b.upload(&HostTensor::from_u32(data, dims))
+    b.upload(&HostTensor::from_u32(data, dims), DType::U32)
 }
 
 /// f32 inputs as the f64 values a reference computes with.

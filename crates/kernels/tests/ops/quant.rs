@@ -34,7 +34,7 @@ pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -
     for format in QuantFormat::ALL {
         let host = HostTensor::from_bytes(DType::Quant(format), &[n, k], Cow::Owned(blocks(format, n, k, &mut rng)))?;
         let decoded = host.to_f32_vec()?;
-        let w = b.upload(&host)?;
+        let w = b.upload(&host, b.float_dtype())?;
         assert_values(b, &b.download_f32(&w)?, &widen(&decoded), &format!("{format} download"));
         for m in [1, 3, 12] {
             let x = rng.vec(m * k);

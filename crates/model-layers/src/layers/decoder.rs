@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use met_cache::{KvCache, KvLayout};
 use met_config::ModelConfig;
-use met_kernels::{GpuBackend, HostTensor, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{TensorSpec, WeightStore, load};
 
 use super::mlp::Mlp;
@@ -119,7 +119,8 @@ impl DecoderModel {
         let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { load(store, LM_HEAD, b)? };
         let freqs = inv_freq(&cfg.rope, cfg.head_dim);
         Ok(Self {
-            inv_freq: b.upload(&HostTensor::from_f32(&freqs, &[freqs.len()]))?,
+            // Rotary frequencies stay f32 on every device, as transformers keeps them.
+            inv_freq: b.upload(&HostTensor::from_f32(&freqs, &[freqs.len()]), DType::F32)?,
             norm: load(store, FINAL_NORM, b)?,
             embed,
             lm_head,
@@ -167,8 +168,8 @@ impl Model for DecoderModel {
         self.check(batch, kv)?;
         let b = &*self.backend;
         let t = batch.num_tokens();
-        let ids = b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]))?;
-        let positions = b.upload(&HostTensor::from_u32(&batch.positions, &[t]))?;
+        let ids = b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]), DType::U32)?;
+        let positions = b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?;
         let meta = self.attention.prepare(batch)?;
         let step = StepInputs { positions: &positions, inv_freq: &self.inv_freq, meta: &meta };
 
@@ -189,9 +190,11 @@ impl Model for DecoderModel {
             None => b.rms_norm(&hidden, &self.norm, self.eps)?,
             Some(r) => b.add_rms_norm(&hidden, r, &self.norm, self.eps)?.0,
         };
-        let rows = b.upload(&HostTensor::from_u32(&batch.logit_rows, &[batch.logit_rows.len()]))?;
+        let rows = b.upload(&HostTensor::from_u32(&batch.logit_rows, &[batch.logit_rows.len()]), DType::U32)?;
         let last = b.gather_rows(&normed, &rows)?;
-        Ok(b.matmul(&last, &self.lm_head, None)?)
+        // Logits in the device's float type, then f32 for sampling (as transformers
+        // computes `lm_head` in the model's dtype and upcasts).
+        Ok(b.cast(&b.matmul(&last, &self.lm_head, None)?, DType::F32)?)
     }
 
     fn vocab_size(&self) -> usize {
