@@ -79,6 +79,16 @@ impl ForwardBatch {
         &self.block_tables[self.sequences[i].blocks.clone()]
     }
 
+    /// Empties the batch, keeping its allocations for the next step.
+    pub fn clear(&mut self) {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.sequences.clear();
+        self.block_tables.clear();
+        self.logit_rows.clear();
+    }
+
     /// Rows in the batch.
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()

@@ -120,6 +120,7 @@ impl Engine {
                 Err(e) => self.scheduler.fail_running(&FinishReason::Error(e.to_string())),
             }
         }
+        self.scheduler.recycle(plan);
         self.record(counts, start);
     }
 

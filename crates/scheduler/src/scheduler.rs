@@ -54,6 +54,8 @@ pub(crate) struct Scheduler {
     draining: Vec<Sequence>,
     tick: u64,
     metrics: Arc<Metrics>,
+    /// The last step's plan, cleared and reused so steady-state steps do not allocate.
+    spare: Plan,
 }
 
 impl Scheduler {
@@ -72,6 +74,7 @@ impl Scheduler {
             draining: Vec::new(),
             tick: 0,
             metrics,
+            spare: Plan::default(),
         }
     }
 
@@ -100,7 +103,9 @@ impl Scheduler {
     /// Chooses this step's work.
     pub(crate) fn schedule(&mut self, kv: &dyn KvCache, counts: &mut StepStats) -> Plan {
         self.tick += 1;
-        let mut plan = Plan::default();
+        let mut plan = std::mem::take(&mut self.spare);
+        plan.batch.clear();
+        plan.entries.clear();
         let mut budget = self.config.max_batch_tokens;
         self.schedule_running(kv, &mut plan, &mut budget, counts);
         self.admit_waiting(kv, &mut plan, &mut budget, counts);
@@ -242,6 +247,8 @@ impl Scheduler {
     /// prefix cache, appends sampled tokens, sends events and retires finished sequences.
     pub(crate) fn postprocess(&mut self, plan: &Plan, samples: Vec<Sampled>, kv: &dyn KvCache) {
         let mut samples = samples.into_iter();
+        // One clock read per step: every token of a step is sampled at the same time.
+        let now = Instant::now();
         for e in &plan.entries {
             let seq = &mut self.running[e.seq];
             seq.computed += e.len;
@@ -254,7 +261,6 @@ impl Scheduler {
             }
             let s = samples.next().expect("one sample per sampling entry");
             seq.tokens.push(s.token);
-            let now = Instant::now();
             match seq.last_token.replace(now) {
                 None => self.metrics.first_token(now - seq.request.arrived),
                 Some(last) => self.metrics.inter_token(now - last),
@@ -278,6 +284,11 @@ impl Scheduler {
         for seq in done {
             self.drain(seq);
         }
+    }
+
+    /// Takes back a finished step's plan for reuse.
+    pub(crate) fn recycle(&mut self, plan: Plan) {
+        self.spare = plan;
     }
 
     /// Sends a sequence's last event and drops it (and its blocks).

@@ -89,8 +89,16 @@ impl Sequence {
 
     /// Sends `event`, queueing it when the stream is full.
     pub(crate) fn emit(&mut self, event: TokenEvent) {
-        self.pending.push_back(event);
-        self.flush();
+        if !self.pending.is_empty() {
+            self.pending.push_back(event);
+            return self.flush();
+        }
+        match self.request.events.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(event)) => self.pending.push_back(event),
+            // The client is gone; cancellation reaps the sequence.
+            Err(TrySendError::Closed(_)) => {}
+        }
     }
 
     /// Delivers queued events while the stream has room.
