@@ -16,6 +16,8 @@
 
 mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod dtype;
 mod error;
 mod host;
@@ -27,6 +29,8 @@ use std::sync::Arc;
 
 pub use backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled};
 pub use cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaStorage};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use host::HostTensor;
@@ -57,13 +61,26 @@ impl std::str::FromStr for DeviceKind {
     }
 }
 
-/// Opens the backend for `kind`.
+/// Opens the backend for `kind`: `Auto` is CUDA when it was compiled in and a GPU opens
+/// (its error is dropped), else the CPU.
 ///
 /// # Errors
-/// [`Error::CudaNotCompiled`] when CUDA is asked for in a build without the `cuda` feature.
+/// [`Error::CudaNotCompiled`] when CUDA is asked for in a build without the `cuda` feature;
+/// [`Error::Device`] when CUDA is asked for and no GPU, driver or kernel build works.
 pub fn open_backend(kind: DeviceKind) -> Result<Arc<dyn GpuBackend>> {
     match kind {
-        DeviceKind::Cpu | DeviceKind::Auto => Ok(Arc::new(CpuBackend::new())),
-        DeviceKind::Cuda => Err(Error::CudaNotCompiled),
+        DeviceKind::Cpu => Ok(Arc::new(CpuBackend::new())),
+        DeviceKind::Cuda => open_cuda(),
+        DeviceKind::Auto => Ok(open_cuda().unwrap_or_else(|_| Arc::new(CpuBackend::new()))),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<Arc<dyn GpuBackend>> {
+    Ok(Arc::new(CudaBackend::new()?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<Arc<dyn GpuBackend>> {
+    Err(Error::CudaNotCompiled)
 }

@@ -83,6 +83,9 @@ impl<const N: usize> From<[usize; N]> for Shape {
 pub enum Storage {
     /// Host memory of the [`crate::CpuBackend`].
     Cpu(CpuStorage),
+    /// Device memory of the `CudaBackend`.
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaStorage),
 }
 
 impl Storage {
@@ -90,6 +93,8 @@ impl Storage {
     pub fn device_name(&self) -> &'static str {
         match self {
             Self::Cpu(_) => "cpu",
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => "cuda",
         }
     }
 }

@@ -5,8 +5,8 @@
 //! within the tolerance of the backend's float dtype (`harness::tolerance`). The
 //! `backend_tests!` macro instantiates every check as a `#[test]` for one backend, in a
 //! module named after it (`cpu::matmul_matches_reference`), so adding a backend is one
-//! line at the bottom of this file, e.g. for CUDA:
-//! `#[cfg(feature = "cuda")] backend_tests!(cuda, met_kernels::CudaBackend::new().unwrap());`
+//! line at the bottom of this file. The CUDA instantiation is compiled with the `cuda`
+//! feature and needs a GPU (it runs on the GPU machine, from `cargo xtask gpu-bundle`).
 //!
 //! Shape and index errors are checked to come back as `Err`, never as a panic: the trait
 //! promises that every op validates its operands.
@@ -85,3 +85,5 @@ macro_rules! backend_tests {
 }
 
 backend_tests!(cpu, met_kernels::CpuBackend::new());
+#[cfg(feature = "cuda")]
+backend_tests!(cuda, met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU"));

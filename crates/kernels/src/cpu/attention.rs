@@ -46,7 +46,7 @@ pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tenso
 
 /// Per-query facts shared by the heads of one token.
 #[derive(Clone, Copy)]
-struct QueryRow {
+pub(crate) struct QueryRow {
     seq: usize,
     pos: usize,
 }
@@ -73,16 +73,8 @@ pub(super) fn paged_attention(
     let cu = read_u32("paged_attention", &meta.cu_seqlens_q)?;
     let lens = read_u32("paged_attention", &meta.seq_lens)?;
     let tables = read_u32("paged_attention", &meta.block_tables)?;
-    let rows = query_rows(&cu, &lens, t)?;
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
-    let needed = lens.iter().map(|&l| (l as usize).div_ceil(block_size)).max().unwrap_or(0);
-    ensure(needed <= max_blocks && tables.len() == lens.len() * max_blocks, "paged_attention", || {
-        format!("block tables {:?} cannot hold contexts of {:?} tokens", meta.block_tables.dims(), &lens[..])
-    })?;
-    let num_blocks = cd[0];
-    if let Some(bad) = tables.iter().find(|&&b| b as usize >= num_blocks) {
-        return Err(Error::InvalidArgument(format!("paged_attention: block {bad} is past the pool of {num_blocks}")));
-    }
+    let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, cd[0])?;
 
     let (qs, ks, vs) =
         (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);
@@ -121,6 +113,33 @@ pub(super) fn paged_attention(
         o.iter_mut().for_each(|x| *x *= inv);
     });
     Ok(f32_tensor(out, &[t, h, d]))
+}
+
+/// The varlen metadata of a step, read on the host.
+pub(crate) struct MetaView<'a> {
+    /// `cu_seqlens_q`.
+    pub cu: &'a [u32],
+    /// `seq_lens`.
+    pub lens: &'a [u32],
+    /// `block_tables`, row-major `[seqs, max_blocks]`.
+    pub tables: &'a [u32],
+    /// Width of the block tables.
+    pub max_blocks: usize,
+}
+
+/// Checks the metadata of `t` query rows against a pool of `num_blocks` blocks of
+/// `block_size` (every backend applies these rules), returning each query row's sequence and
+/// position.
+pub(crate) fn check_meta(m: MetaView<'_>, t: usize, block_size: usize, num_blocks: usize) -> Result<Vec<QueryRow>> {
+    let rows = query_rows(m.cu, m.lens, t)?;
+    let needed = m.lens.iter().map(|&l| (l as usize).div_ceil(block_size)).max().unwrap_or(0);
+    ensure(needed <= m.max_blocks && m.tables.len() == m.lens.len() * m.max_blocks, "paged_attention", || {
+        format!("block tables of width {} cannot hold contexts of {:?} tokens", m.max_blocks, m.lens)
+    })?;
+    if let Some(bad) = m.tables.iter().find(|&&b| b as usize >= num_blocks) {
+        return Err(Error::InvalidArgument(format!("paged_attention: block {bad} is past the pool of {num_blocks}")));
+    }
+    Ok(rows)
 }
 
 /// Sequence and absolute position of every query row, from the varlen metadata.

@@ -7,13 +7,13 @@
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
-mod attention;
+pub(crate) mod attention;
 mod matmul;
 mod moe;
 mod ops;
 mod pool;
 mod qmatmul;
-mod sample;
+pub(crate) mod sample;
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

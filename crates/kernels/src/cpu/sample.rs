@@ -110,7 +110,7 @@ impl Cand {
 }
 
 /// Checks the row index, the parameters and every token id against the vocab.
-fn check_row(row: &SampleRow<'_>, n: usize, vocab: usize) -> Result<()> {
+pub(crate) fn check_row(row: &SampleRow<'_>, n: usize, vocab: usize) -> Result<()> {
     if row.logits_row >= n {
         return Err(Error::InvalidArgument(format!("{OP}: logits row {} is past the {n} rows", row.logits_row)));
     }

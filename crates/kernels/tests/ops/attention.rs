@@ -5,7 +5,7 @@
 
 use met_kernels::{AttentionMeta, AttentionParams, GpuBackend, Result, Tensor};
 
-use crate::harness::{Rng, assert_close, expect_err, upload_f32, upload_u32};
+use crate::harness::{Rng, assert_close, expect_err, stored, upload_f32, upload_u32};
 
 /// One sequence of a varlen batch: its context length after this step's KV write, and how
 /// many of its last tokens are this step's queries.
@@ -61,14 +61,15 @@ pub struct Contents {
 }
 
 impl Contents {
-    /// Uniform values; queries are scaled by `q_gain` to make the softmax peakier.
-    pub fn random(rng: &mut Rng, layout: &Layout, seqs: &[Seq], q_gain: f32) -> Self {
+    /// Uniform values as `b` stores them; queries are scaled by `q_gain` to make the
+    /// softmax peakier.
+    pub fn random(b: &dyn GpuBackend, rng: &mut Rng, layout: &Layout, seqs: &[Seq], q_gain: f32) -> Self {
         let row = layout.kv_row();
-        let k = seqs.iter().map(|s| rng.vec(s.context * row)).collect();
-        let v = seqs.iter().map(|s| rng.vec(s.context * row)).collect();
+        let k = seqs.iter().map(|s| stored(b, rng.vec(s.context * row))).collect();
+        let v = seqs.iter().map(|s| stored(b, rng.vec(s.context * row))).collect();
         let t: usize = seqs.iter().map(|s| s.q_len).sum();
         let p = &layout.params;
-        let q = rng.vec(t * p.num_heads * p.head_dim).iter().map(|x| x * q_gain).collect();
+        let q = stored(b, rng.vec(t * p.num_heads * p.head_dim).iter().map(|x| x * q_gain).collect());
         Self { k, v, q }
     }
 }
@@ -195,7 +196,7 @@ fn check_case(
     what: &str,
 ) -> Result<Vec<f64>> {
     let mut rng = Rng::new(seed);
-    let contents = Contents::random(&mut rng, layout, seqs, q_gain);
+    let contents = Contents::random(b, &mut rng, layout, seqs, q_gain);
     let tables = shuffled_tables(&mut rng, seqs, layout.block_size, pool_blocks(seqs, layout.block_size));
     let out = run_paged(b, layout, seqs, &contents, &tables)?;
     let p = &layout.params;
@@ -259,7 +260,7 @@ pub fn write_kv_places_rows_at_slots(b: &dyn GpuBackend) -> Result<()> {
     let mut want_k = vec![0f64; blocks * bs * row];
     let mut want_v = want_k.clone();
     for slots in [&[23u32, 0, 9, 4, 17][..], &[9, 10]] {
-        let (k, v) = (rng.vec(slots.len() * row), rng.vec(slots.len() * row));
+        let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
         let dims = [slots.len(), h_kv, d];
         b.write_kv(
             &upload_f32(b, &k, &dims)?,

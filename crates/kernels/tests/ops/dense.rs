@@ -2,9 +2,9 @@
 //! per head, fused with the residual add), rotary, SiLU·mul, embedding, add, column splits
 //! and row gathers, plus the shape and index errors each must return instead of panicking.
 
-use met_kernels::{DType, Error, GpuBackend, Result};
+use met_kernels::{DType, Error, GpuBackend, HostTensor, Result};
 
-use crate::harness::{Rng, assert_close, assert_values, expect_err, upload_f32, upload_u32, widen};
+use crate::harness::{Rng, assert_close, assert_values, expect_err, stored, upload_f32, upload_u32, widen};
 
 /// Floats survive an upload/download round trip within the dtype's rounding, u32 exactly;
 /// zeros are zero; each download refuses the other kind of tensor.
@@ -28,13 +28,13 @@ pub fn memory_round_trip(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.download_f32(&u), "download_f32 of a u32 tensor");
 
     // f32 uploads stay exact whatever the float dtype, and casts reach f32.
-    let exact = b.upload(&met_kernels::HostTensor::from_f32(&data, &[24]), DType::F32)?;
+    let exact = b.upload(&HostTensor::from_f32(&data, &[24]), DType::F32)?;
     assert_eq!(exact.dtype(), DType::F32);
     assert_eq!(b.download_f32(&exact)?, data);
     let cast = b.cast(&t, DType::F32)?;
     assert_eq!(cast.dtype(), DType::F32);
     assert_eq!(b.download_f32(&cast)?, b.download_f32(&t)?, "a cast to f32 is exact");
-    expect_err(b.upload(&met_kernels::HostTensor::from_u32(&ids, &[4]), DType::F32), "u32 data as f32");
+    expect_err(b.upload(&HostTensor::from_u32(&ids, &[4]), DType::F32), "u32 data as f32");
     expect_err(b.cast(&u, DType::F32), "cast of a u32 tensor");
     b.synchronize()
 }
@@ -71,7 +71,7 @@ pub fn matmul_outputs(
     seed: u64,
 ) -> Result<(Vec<f32>, Vec<f64>)> {
     let mut rng = Rng::new(seed);
-    let (x, w, bias) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
+    let (x, w, bias) = (stored(b, rng.vec(m * k)), stored(b, rng.vec(n * k)), stored(b, rng.vec(n)));
     let bias = with_bias.then_some(&bias[..]);
     let bias_t = bias.map(|v| upload_f32(b, v, &[n])).transpose()?;
     let out = b.matmul(&upload_f32(b, &x, &[m, k])?, &upload_f32(b, &w, &[n, k])?, bias_t.as_ref())?;
@@ -117,13 +117,13 @@ pub fn rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut x = rng.vec(t * n);
     x[2 * n..3 * n].fill(0.0);
     x[3 * n..4 * n].iter_mut().for_each(|v| *v *= 1e-3);
-    let w = norm_weight(&mut rng, n);
+    let (x, w) = (stored(b, x), stored(b, norm_weight(&mut rng, n)));
     let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &w, &[n])?, eps)?;
     assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, eps), "rms_norm [t, n]")?;
 
     let (h, d) = (4, 16);
-    let x = rng.vec(t * h * d);
-    let w = norm_weight(&mut rng, d);
+    let x = stored(b, rng.vec(t * h * d));
+    let w = stored(b, norm_weight(&mut rng, d));
     let out = b.rms_norm(&upload_f32(b, &x, &[t, h, d])?, &upload_f32(b, &w, &[d])?, 1e-6)?;
     assert_close(b, &out, &[t, h, d], &rms_norm_reference(&x, &w, 1e-6), "rms_norm per head")
 }
@@ -132,7 +132,7 @@ pub fn rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 pub fn add_rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(3);
     let (t, n) = (4, 32);
-    let (x, res, w) = (rng.vec(t * n), rng.vec(t * n), norm_weight(&mut rng, n));
+    let (x, res, w) = (stored(b, rng.vec(t * n)), stored(b, rng.vec(t * n)), stored(b, norm_weight(&mut rng, n)));
     let sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
     let (normed, summed) =
         b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &upload_f32(b, &w, &[n])?, 1e-6)?;
@@ -174,12 +174,13 @@ pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let t = positions.len();
     let mut rng = Rng::new(4);
     for (h, d, rot_dim) in [(3, 16, 16), (2, 64, 64), (3, 16, 8)] {
-        let x = rng.vec(t * h * d);
+        let x = stored(b, rng.vec(t * h * d));
         let freq = inv_freq(10_000.0, rot_dim);
         let out = b.rotary(
             &upload_f32(b, &x, &[t, h, d])?,
             &upload_u32(b, &positions, &[t])?,
-            &upload_f32(b, &freq, &[freq.len()])?,
+            // Frequencies stay f32 on every backend, as the model uploads them.
+            &b.upload(&HostTensor::from_f32(&freq, &[freq.len()]), DType::F32)?,
         )?;
         let want = rotary_reference(&x, d, &positions, &freq);
         assert_close(b, &out, &[t, h, d], &want, &format!("rotary h={h} d={d} rot={rot_dim}"))?;
@@ -191,7 +192,7 @@ pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 pub fn silu_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(5);
     let (t, n) = (3, 7);
-    let x: Vec<f32> = rng.vec(t * 2 * n).iter().map(|v| v * 20.0).collect();
+    let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 20.0).collect());
     let want: Vec<f64> = x
         .chunks(2 * n)
         .flat_map(|row| {
@@ -215,7 +216,7 @@ fn gather_reference(table: &[f32], h: usize, ids: &[u32]) -> Vec<f64> {
 /// vocabulary is an `InvalidArgument` error.
 pub fn embedding_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let (v, h) = (11, 6);
-    let table = Rng::new(6).vec(v * h);
+    let table = stored(b, Rng::new(6).vec(v * h));
     let table_t = upload_f32(b, &table, &[v, h])?;
     let ids = [3, 0, 10, 3, 7];
     let out = b.embedding(&upload_u32(b, &ids, &[ids.len()])?, &table_t)?;
@@ -229,7 +230,7 @@ pub fn embedding_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 /// `gather_rows` picks rows in the given order, with repeats.
 pub fn gather_rows_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let (m, n) = (6, 5);
-    let x = Rng::new(7).vec(m * n);
+    let x = stored(b, Rng::new(7).vec(m * n));
     let rows = [5, 0, 5, 2];
     let out = b.gather_rows(&upload_f32(b, &x, &[m, n])?, &upload_u32(b, &rows, &[4])?)?;
     assert_close(b, &out, &[4, n], &gather_reference(&x, n, &rows), "gather_rows")
@@ -238,7 +239,7 @@ pub fn gather_rows_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 /// Elementwise add on a rank-3 shape.
 pub fn add_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(8);
-    let (x, y) = (rng.vec(30), rng.vec(30));
+    let (x, y) = (stored(b, rng.vec(30)), stored(b, rng.vec(30)));
     let out = b.add(&upload_f32(b, &x, &[2, 3, 5])?, &upload_f32(b, &y, &[2, 3, 5])?)?;
     let want: Vec<f64> = x.iter().zip(&y).map(|(&a, &c)| f64::from(a) + f64::from(c)).collect();
     assert_close(b, &out, &[2, 3, 5], &want, "add")
@@ -247,7 +248,7 @@ pub fn add_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 /// `split_columns` cuts `[m, n]` into consecutive column blocks (a fused QKV layout).
 pub fn split_columns_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let (m, n) = (4, 10);
-    let x = Rng::new(9).vec(m * n);
+    let x = stored(b, Rng::new(9).vec(m * n));
     let widths = [5, 3, 2];
     let parts = b.split_columns(&upload_f32(b, &x, &[m, n])?, &widths)?;
     assert_eq!(parts.len(), widths.len());

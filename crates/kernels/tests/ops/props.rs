@@ -64,7 +64,7 @@ pub fn paged_attention_property(b: &dyn GpuBackend) -> Result<()> {
         let mut layout = Layout::new(h, h_kv, 8, block_size);
         layout.params.sliding_window = window;
         let mut rng = Rng::new(seed);
-        let contents = Contents::random(&mut rng, &layout, &seqs, 2.0);
+        let contents = Contents::random(b, &mut rng, &layout, &seqs, 2.0);
         let pool = pool_blocks(&seqs, block_size);
         let (tables_a, tables_b) =
             (shuffled_tables(&mut rng, &seqs, block_size, pool), shuffled_tables(&mut rng, &seqs, block_size, pool));

@@ -8,7 +8,7 @@ use half::f16;
 use met_kernels::quant::QuantFormat;
 use met_kernels::{DType, GpuBackend, HostTensor, Result};
 
-use crate::harness::{Rng, assert_close, assert_values, upload_f32, upload_u32, widen};
+use crate::harness::{Rng, assert_close, assert_values, stored, upload_f32, upload_u32, widen};
 
 /// Random blocks of `format` for a `[n, k]` matrix, with small finite scales.
 fn blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
@@ -36,12 +36,15 @@ pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -
         let decoded = host.to_f32_vec()?;
         let w = b.upload(&host, b.float_dtype())?;
         assert_values(b, &b.download_f32(&w)?, &widen(&decoded), &format!("{format} download"));
+        // What a backend without quantised kernels computes with: the decoded values in its
+        // float dtype (unchanged on the CPU, which keeps the blocks).
+        let values = stored(b, decoded.clone());
         for m in [1, 3, 12] {
-            let x = rng.vec(m * k);
+            let x = stored(b, rng.vec(m * k));
             let want: Vec<f64> = (0..m)
                 .flat_map(|i| {
-                    let (x, decoded) = (&x, &decoded);
-                    (0..n).map(move |j| (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(decoded[j * k + l])).sum())
+                    let (x, values) = (&x, &values);
+                    (0..n).map(move |j| (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(values[j * k + l])).sum())
                 })
                 .collect();
             let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?;

@@ -8,14 +8,13 @@
 //! it with probability about 1e-6 over the choice of seed.
 
 use met_config::SamplingParams;
-use met_kernels::{GpuBackend, Result, SampleRow, Sampled, Tensor, rng};
+use met_kernels::{DType, GpuBackend, HostTensor, Result, SampleRow, Sampled, Tensor, rng};
 
 use crate::harness::{Rng, assert_values, expect_err, upload_f32, upload_u32};
 
-/// Uploads logits `[rows, vocab]`. `sample` needs f32 logits; this relies on the backend
-/// storing uploaded floats as f32 (true of the CPU backend).
+/// Uploads logits `[rows, vocab]` as f32, as `sample` needs them on every backend.
 fn upload_logits(b: &dyn GpuBackend, data: &[f32], rows: usize) -> Result<Tensor> {
-    upload_f32(b, data, &[rows, data.len() / rows.max(1)])
+    b.upload(&HostTensor::from_f32(data, &[rows, data.len() / rows.max(1)]), DType::F32)
 }
 
 /// Everything a sample row borrows, owned.

@@ -1,0 +1,97 @@
+// common.cuh: types, conversions and reductions shared by every met kernel.
+//
+// The kernel sources are compiled at run time by NVRTC as one translation unit, this file
+// first (see `src/cuda/compile.rs`). They include no CUDA header, so compiling needs no
+// toolkit on the machine: bf16 is handled as raw bits (`bf16_t`) with round-to-nearest-even
+// conversions that equal the `half` crate's, so host and device round identically.
+//
+// Invariants: every reduction here is deterministic (a fixed order of shuffles and shared
+// memory steps for a given block size), so a kernel's result does not change between runs.
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define MET_INF __int_as_float(0x7f800000)
+#define MET_FLT_MAX 3.402823466e+38f
+
+__device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
+
+// f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+// Rounds an f32 to the nearest bf16 value, kept as f32 (where transformers rounds an
+// intermediate to bf16, the kernels do the same so their results stay close to it).
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+__device__ __forceinline__ float load_f(const bf16_t* p, u64 i) { return bf2f(p[i]); }
+__device__ __forceinline__ float load_f(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ void store_f(bf16_t* p, u64 i, float v) { p[i] = f2bf(v); }
+__device__ __forceinline__ void store_f(float* p, u64 i, float v) { p[i] = v; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide reductions for blocks of at most 1024 threads (a multiple of 32). Every thread
+// gets the result. `scratch` holds 32 values of the reduced type.
+__device__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ double block_sum_d(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+__device__ u64 block_sum_u64(u64 v, u64* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum_u64(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0ull;
+    return warp_sum_u64(v);
+}
+
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -MET_INF;
+    return warp_max(v);
+}

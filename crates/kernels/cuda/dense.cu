@@ -1,0 +1,121 @@
+// dense.cu: the row-wise and elementwise ops of the CUDA backend.
+//
+// Storage is bf16, arithmetic f32. Where transformers rounds an intermediate to bf16 (the
+// residual sum, the normalised value before the norm weight, the rotary cos/sin and the two
+// products, SiLU before the multiply) these kernels round at the same point, so that a
+// bf16 model follows transformers' bf16 numerics closely rather than only the f32 math.
+// Elementwise kernels use grid-stride loops; row kernels take one block per row.
+
+extern "C" __global__ void cast_bf16_f32(const bf16_t* x, float* out, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = bf2f(x[i]);
+}
+
+extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* out, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = f2bf(x[i]);
+}
+
+extern "C" __global__ void add_bf16(const bf16_t* a, const bf16_t* b, bf16_t* out, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+}
+
+// One block per row of `n`: out = w * round(x / sqrt(mean(x^2) + eps)), as transformers'
+// `LlamaRMSNorm` (f32 statistics, normalised value cast to bf16, then times the weight).
+__device__ void rms_norm_row(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
+    __shared__ float scratch[32];
+    float ss = 0.0f;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = bf2f(x[i]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x)
+        out[i] = f2bf(bf2f(w[i]) * round_bf(bf2f(x[i]) * inv));
+}
+
+extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
+    const u64 row = blockIdx.x;
+    rms_norm_row(x + row * n, w, out + row * n, n, eps);
+}
+
+// `sum = round(x + residual)` (written out), then RMSNorm of the rounded sum.
+extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w,
+                                             bf16_t* normed, bf16_t* sum, u32 n, float eps) {
+    const u64 off = (u64)blockIdx.x * n;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) sum[off + i] = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
+    // Each thread reads back only the elements it wrote, so no barrier is needed here.
+    rms_norm_row(sum + off, w, normed + off, n, eps);
+}
+
+// Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *
+// inv_freq[i]` in f32 as transformers computes it; cos and sin are rounded to bf16 and each
+// product rounded, as transformers' `q * cos + rotate_half(q) * sin` in bf16 does. Dims past
+// `2 * half` pass through.
+extern "C" __global__ void rotary_bf16(const bf16_t* x, const u32* positions, const float* inv_freq, bf16_t* out,
+                                       u32 h, u32 d, u32 half) {
+    const u64 base = (u64)blockIdx.x * h * d;
+    const float p = (float)positions[blockIdx.x];
+    for (u32 idx = threadIdx.x; idx < h * d; idx += blockDim.x) {
+        const u32 e = idx % d;
+        const u64 head = base + (u64)(idx - e);
+        float r;
+        if (e < 2 * half) {
+            const u32 i = e < half ? e : e - half;
+            float s, c;
+            sincosf(p * inv_freq[i], &s, &c);
+            c = round_bf(c);
+            s = round_bf(s);
+            const float a = bf2f(x[head + i]), b = bf2f(x[head + i + half]);
+            r = e < half ? round_bf(a * c) - round_bf(b * s) : round_bf(b * c) + round_bf(a * s);
+        } else {
+            r = bf2f(x[head + e]);
+        }
+        out[head + e] = f2bf(r);
+    }
+}
+
+// silu(x[:, :n]) * x[:, n:] with silu rounded to bf16 first, as transformers' `act_fn(gate)
+// * up` in bf16.
+extern "C" __global__ void silu_mul_bf16(const bf16_t* x, bf16_t* out, u32 n, u64 total) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 row = i / n, col = i % n;
+        const float g = bf2f(x[row * 2 * n + col]), u = bf2f(x[row * 2 * n + n + col]);
+        out[i] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
+    }
+}
+
+// out[r] = table[ids[r]] for table [v, h]; an index past the table (rejected on the host
+// before launch) writes zeros rather than reading out of bounds.
+template <typename T>
+__device__ void gather_rows(const T* table, const u32* ids, T* out, u32 v, u32 h, u64 total) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / h, c = i % h;
+        const u32 id = ids[r];
+        out[i] = id < v ? table[(u64)id * h + c] : (T)0;
+    }
+}
+
+extern "C" __global__ void gather_rows_bf16(const bf16_t* t, const u32* ids, bf16_t* out, u32 v, u32 h, u64 total) {
+    gather_rows(t, ids, out, v, h, total);
+}
+
+extern "C" __global__ void gather_rows_f32(const float* t, const u32* ids, float* out, u32 v, u32 h, u64 total) {
+    gather_rows(t, ids, out, v, h, total);
+}
+
+// out [m, w] = x[:, start .. start + w] for x [m, n].
+extern "C" __global__ void copy_cols_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 start, u32 w, u64 total) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / w, c = i % w;
+        out[i] = x[r * n + start + c];
+    }
+}
+
+// Every row of out [m, n] = bias [n]: the C operand of a GEMM that adds the bias (beta = 1).
+extern "C" __global__ void fill_rows_bf16(const bf16_t* bias, bf16_t* out, u32 n, u64 total) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
+        out[i] = bias[i % n];
+}

@@ -1,0 +1,213 @@
+//! One CUDA device: its context, the single compute stream, and device memory.
+//!
+//! Memory comes from the driver's stream-ordered allocator (`cuMemAllocAsync` /
+//! `cuMemFreeAsync`) on the compute stream, with the pool's release threshold at its maximum,
+//! so freed blocks stay cached in the pool and later allocations of any size reuse them
+//! without a device synchronisation. Because every kernel, copy, allocation and free is
+//! issued on that one stream, a buffer freed by the host while kernels that read it are
+//! still queued is only reused by work queued after them: stream order is the only
+//! synchronisation memory needs. When an allocation fails, the pool's cached blocks are
+//! returned to the driver (after a synchronisation) and the allocation is tried once more.
+//!
+//! Every entry point binds the context to the calling thread first, so the backend can be
+//! used from any thread (loading on one, the engine on another).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
+
+use super::drv;
+use crate::backend::MemoryInfo;
+use crate::error::{Error, Result};
+
+/// The context, the compute stream and the facts about the device.
+pub(crate) struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pool: sys::CUmemoryPool,
+    /// `cudaGetDeviceProperties().name`.
+    pub(crate) name: String,
+    /// Compute capability (major, minor).
+    pub(crate) capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub(crate) multiprocessors: i32,
+    /// The CUDA device ordinal.
+    pub(crate) ordinal: usize,
+}
+
+// SAFETY: the pool handle is a driver object usable from any thread; the other fields are
+// `Send + Sync` cudarc handles and plain data.
+unsafe impl Send for Device {}
+// SAFETY: as above; the driver synchronises concurrent calls on one pool.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Opens device `ordinal`: its primary context, a new non-blocking stream, and the
+    /// device's memory pool set to keep freed memory cached.
+    pub(crate) fn open(ordinal: usize) -> Result<Arc<Self>> {
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        // SAFETY: met tracks no cudarc `CudaSlice`s: all memory is raw pointers ordered by
+        // the one stream, so cudarc's per-slice events are never needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv)?;
+        let attr = |a| ctx.attribute(a).map_err(drv);
+        let capability = (
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let multiprocessors = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
+            return Err(Error::Device(format!("CUDA device {ordinal} does not support stream-ordered memory pools")));
+        }
+        // SAFETY: `cu_device` comes from the context just created; the attribute takes a u64.
+        let pool = unsafe {
+            let pool = result::device::get_mem_pool(ctx.cu_device()).map_err(drv)?;
+            let mut threshold = u64::MAX;
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&raw mut threshold).cast(),
+            )
+            .map_err(drv)?;
+            pool
+        };
+        let name = ctx.name().map_err(drv)?;
+        Ok(Arc::new(Self { ctx, stream, pool, name, capability, multiprocessors, ordinal }))
+    }
+
+    /// Makes the context current on this thread.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv)
+    }
+
+    /// The compute stream.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The context.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// `bytes` of uninitialised device memory, ordered on the stream.
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Ok(DeviceBuffer { ptr: 0, bytes, device: Arc::clone(self) });
+        }
+        self.bind()?;
+        // SAFETY: the stream is live; the memory is only used through the returned buffer.
+        let first = unsafe { result::malloc_async(self.cu_stream(), bytes) };
+        let ptr = match first {
+            Ok(ptr) => ptr,
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY)) => {
+                // Give the cached blocks back to the driver and try once more.
+                self.synchronize()?;
+                // SAFETY: the pool belongs to this device; trimming frees only unused blocks.
+                unsafe { result::mem_pool::trim_to(self.pool, 0) }.map_err(drv)?;
+                // SAFETY: as above.
+                unsafe { result::malloc_async(self.cu_stream(), bytes) }
+                    .map_err(|e| Error::Device(format!("out of device memory allocating {bytes} bytes ({e})")))?
+            }
+            Err(e) => return Err(drv(e)),
+        };
+        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self) })
+    }
+
+    /// Copies host data into `dst` (which holds at least its bytes), ordered on the stream.
+    pub(crate) fn upload<T: Copy>(&self, dst: &DeviceBuffer, src: &[T]) -> Result<()> {
+        let bytes = size_of_val(src);
+        assert!(bytes <= dst.bytes, "upload of {bytes} bytes into a buffer of {}", dst.bytes);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` is a live allocation of at least `bytes`; from pageable memory the
+        // call returns once `src` has been staged, so `src` may be freed afterwards.
+        unsafe { result::memcpy_htod_async(dst.ptr, src, self.cu_stream()) }.map_err(drv)
+    }
+
+    /// Copies the first `dst.len()` elements of `src` to the host, waiting for them.
+    pub(crate) fn download<T: Copy>(&self, src: &DeviceBuffer, dst: &mut [T]) -> Result<()> {
+        let bytes = size_of_val(dst);
+        assert!(bytes <= src.bytes, "download of {bytes} bytes from a buffer of {}", src.bytes);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `src` is a live allocation of at least `bytes`; `dst` is exclusively
+        // borrowed until the stream is synchronised below.
+        unsafe { result::memcpy_dtoh_async(dst, src.ptr, self.cu_stream()) }.map_err(drv)?;
+        self.synchronize()
+    }
+
+    /// Sets the first `bytes` bytes of `dst` to zero.
+    pub(crate) fn zero(&self, dst: &DeviceBuffer, bytes: usize) -> Result<()> {
+        assert!(bytes <= dst.bytes, "zeroing {bytes} bytes of a buffer of {}", dst.bytes);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` is a live allocation of at least `bytes`.
+        unsafe { result::memset_d8_async(dst.ptr, 0, bytes, self.cu_stream()) }.map_err(drv)
+    }
+
+    /// Copies `bytes` from `src` to `dst` on the device.
+    pub(crate) fn copy(&self, src: &DeviceBuffer, dst: &DeviceBuffer, bytes: usize) -> Result<()> {
+        assert!(bytes <= src.bytes && bytes <= dst.bytes, "device copy of {bytes} bytes out of bounds");
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both are live allocations of at least `bytes`.
+        unsafe { result::memcpy_dtod_async(dst.ptr, src.ptr, bytes, self.cu_stream()) }.map_err(drv)
+    }
+
+    /// Waits for everything issued on the stream.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream.synchronize().map_err(drv)
+    }
+
+    /// Free and total device memory. Memory cached by the pool counts as in use: it is
+    /// held for this process's next allocations.
+    pub(crate) fn memory_info(&self) -> Result<MemoryInfo> {
+        self.bind()?;
+        let (free, total) = self.ctx.mem_get_info().map_err(drv)?;
+        Ok(MemoryInfo { free, total })
+    }
+}
+
+/// A device allocation, returned to the pool (stream-ordered) when dropped.
+pub(crate) struct DeviceBuffer {
+    ptr: CUdeviceptr,
+    bytes: usize,
+    device: Arc<Device>,
+}
+
+impl DeviceBuffer {
+    /// The device address (0 for an empty buffer).
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // A failure here leaves the memory to the context's teardown; it is recorded by
+        // the context and reported by the next call that checks it.
+        let ctx = &self.device.ctx;
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: the pointer came from `cuMemAllocAsync` and is freed once; work queued
+        // earlier on the stream that reads it finishes before the free takes effect.
+        ctx.record_err(unsafe { result::free_async(self.ptr, self.device.cu_stream()) });
+    }
+}

@@ -1,0 +1,381 @@
+//! `CudaBackend`: bf16 storage, f32 accumulation, f32 logits, on one NVIDIA GPU.
+//!
+//! Built on cudarc with the driver, NVRTC and cuBLAS loaded at run time, so building needs
+//! no CUDA toolkit and a binary built without a GPU runs wherever CUDA is installed.
+//! Device memory comes from the driver's stream-ordered pool ([`device`]); every op runs on
+//! one compute stream, so ops are ordered without events and the host waits only when it
+//! downloads. Kernels are CUDA C (`crates/kernels/cuda/`) compiled at startup by NVRTC
+//! and cached on disk ([`compile`]); GEMMs go through cuBLAS ([`gemm`]).
+//!
+//! Index tensors uploaded from the host keep a host copy (`CudaStorage::host_u32`), so ops
+//! validate ids, slots and attention metadata without reading the device; an index tensor
+//! the device produced is downloaded when it must be checked.
+
+mod attention;
+mod compile;
+mod device;
+mod gemm;
+mod moe;
+mod ops;
+mod sample;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+use half::bf16;
+use rayon::prelude::*;
+
+use self::compile::Origin;
+use self::device::{Device, DeviceBuffer};
+use self::gemm::Blas;
+use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled};
+use crate::error::{Error, Result};
+use crate::{DType, HostTensor, Shape, Storage, Tensor};
+
+const NAME: &str = "cuda";
+
+/// Index tensors up to this many elements keep a host copy for validation.
+const HOST_COPY_MAX: usize = 1 << 20;
+
+/// Every kernel of the module, looked up once at startup.
+const KERNELS: &[&str] = &[
+    "cast_bf16_f32",
+    "cast_f32_bf16",
+    "add_bf16",
+    "rms_norm_bf16",
+    "add_rms_norm_bf16",
+    "rotary_bf16",
+    "silu_mul_bf16",
+    "gather_rows_bf16",
+    "gather_rows_f32",
+    "copy_cols_bf16",
+    "fill_rows_bf16",
+    "write_kv_bf16",
+    "paged_attention_bf16",
+    "topk_routing_bf16",
+    "topk_routing_f32",
+    "moe_combine_f32",
+    "moe_combine_bf16",
+    "sample_rows",
+];
+
+/// Device memory of one CUDA tensor.
+pub struct CudaStorage {
+    buf: DeviceBuffer,
+    /// For `U32` tensors uploaded from the host: the same values, for validation.
+    host_u32: Option<Arc<[u32]>>,
+}
+
+/// The CUDA backend on one GPU.
+pub struct CudaBackend {
+    dev: Arc<Device>,
+    blas: Blas,
+    kernels: HashMap<&'static str, CudaFunction>,
+    origin: Origin,
+    arch: String,
+}
+
+impl fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaBackend({})", self.describe())
+    }
+}
+
+/// A driver, cuBLAS or NVRTC failure as a kernels error.
+pub(crate) fn drv(e: impl fmt::Debug) -> Error {
+    Error::Device(format!("CUDA: {e:?}"))
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+fn driver_present() -> bool {
+    // SAFETY: only tries to open the shared library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl CudaBackend {
+    /// Opens GPU 0: context, stream, memory pool, cuBLAS, and the kernels (compiled by
+    /// NVRTC or read from the cache under the met home).
+    ///
+    /// # Errors
+    /// [`Error::Device`] when no CUDA driver or GPU is present, NVRTC or cuBLAS cannot be
+    /// loaded, or the kernels fail to compile (with NVRTC's log).
+    pub fn new() -> Result<Self> {
+        Self::on_device(0)
+    }
+
+    /// [`Self::new`] on GPU `ordinal`.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn on_device(ordinal: usize) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::Device("the CUDA driver (libcuda) is not installed".into()));
+        }
+        // SAFETY: only tries to open the shared libraries.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Device(
+                "NVRTC (libnvrtc) is not installed; add the CUDA lib64 dir to the loader path".into(),
+            ));
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::Device("cuBLAS (libcublas) is not installed".into()));
+        }
+        let dev = Device::open(ordinal)?;
+        let arch = compile::arch_for(dev.capability.0, dev.capability.1);
+        let cache = met_config::met_home().map(|h| h.join("kernels"));
+        let (image, origin) = compile::kernel_image(&arch, cache.as_deref())?;
+        dev.bind()?;
+        let module = dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(image)).map_err(drv)?;
+        let kernels = KERNELS
+            .iter()
+            .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        let blas = Blas::new(&dev)?;
+        Ok(Self { dev, blas, kernels, origin, arch })
+    }
+
+    fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))
+    }
+
+    /// A tensor of `dims` with uninitialised contents.
+    fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
+        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32: None }), dtype, shape))
+    }
+
+    /// A `U32` tensor holding `data`, with its host copy.
+    fn upload_u32(&self, data: &[u32], dims: &[usize]) -> Result<Tensor> {
+        let buf = self.dev.alloc(size_of_val(data))?;
+        self.dev.upload(&buf, data)?;
+        let host_u32 = (data.len() <= HOST_COPY_MAX).then(|| Arc::from(data));
+        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32 }), DType::U32, Shape::new(dims)))
+    }
+
+    /// Elements of a `U32` tensor on the host: its host copy, or a download.
+    fn host_u32(&self, op: &'static str, t: &Tensor) -> Result<Arc<[u32]>> {
+        expect_dtype(op, t, &[DType::U32])?;
+        match &storage(op, t)?.host_u32 {
+            Some(h) => Ok(Arc::clone(h)),
+            None => self.download_u32(t).map(Arc::from),
+        }
+    }
+}
+
+fn storage<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
+    match t.storage() {
+        Storage::Cuda(s) => Ok(s),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::WrongDevice { op, found: other.device_name(), backend: NAME }),
+    }
+}
+
+/// The device address of a tensor's elements.
+fn ptr(op: &'static str, t: &Tensor) -> Result<u64> {
+    Ok(storage(op, t)?.buf.ptr())
+}
+
+/// Rejects a tensor whose dtype is not one of `allowed`.
+fn expect_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
+    if allowed.contains(&t.dtype()) { Ok(()) } else { Err(Error::DType { op, expected: allowed[0], got: t.dtype() }) }
+}
+
+/// Launch shape of a grid-stride elementwise kernel over `n` elements.
+fn elementwise(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Launch shape of one block per row, with a multiple of 32 threads up to `max`.
+fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
+    let threads = (cols.div_ceil(32) * 32).clamp(32, max) as u32;
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Launches kernel `$name` with `$cfg` and the arguments in order. Each argument is bound
+/// to a local first, so the launch builder borrows values that outlive it.
+macro_rules! launch {
+    ($be:expr, $name:literal, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let be = &$be;
+        be.dev.bind()?;
+        let func = be.kernel($name)?;
+        let mut builder = be.dev.stream().launch_builder(func);
+        launch!(@push builder; $($arg),*);
+        // SAFETY: the arguments match the kernel's parameters in number, order and type
+        // (see the `.cu` sources); every pointer is a live allocation of this device that
+        // holds what the kernel indexes, as the caller's shape checks establish.
+        unsafe { builder.launch($cfg) }.map(drop).map_err($crate::cuda::drv)
+    }};
+    (@push $b:ident; ) => {};
+    (@push $b:ident; $head:expr $(, $tail:expr)*) => {
+        let value = $head;
+        cudarc::driver::PushKernelArg::arg(&mut $b, &value);
+        launch!(@push $b; $($tail),*);
+    };
+}
+pub(crate) use launch;
+
+impl GpuBackend for CudaBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn float_dtype(&self) -> DType {
+        DType::BF16
+    }
+
+    fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::U32) {
+            return Err(Error::DType { op: "zeros", expected: DType::BF16, got: dtype });
+        }
+        let n: usize = dims.iter().product();
+        if dtype == DType::U32 && n <= HOST_COPY_MAX {
+            return self.upload_u32(&vec![0; n], dims);
+        }
+        let t = self.alloc(dims, dtype)?;
+        self.dev.zero(&storage("zeros", &t)?.buf, n * dtype.size_in_bytes())?;
+        Ok(t)
+    }
+
+    fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor> {
+        let dims = host.shape();
+        match (host.dtype(), dtype) {
+            (DType::U32, DType::U32) => self.upload_u32(&host.to_u32_vec()?, dims),
+            (DType::U32, _) => Err(Error::DType { op: "upload", expected: DType::U32, got: dtype }),
+            (_, DType::U32) => Err(Error::DType { op: "upload", expected: DType::BF16, got: dtype }),
+            (DType::BF16, DType::BF16) => {
+                let t = self.alloc(dims, DType::BF16)?;
+                self.dev.upload(&storage("upload", &t)?.buf, host.bytes())?;
+                Ok(t)
+            }
+            (_, DType::BF16) => {
+                let bits: Vec<u16> = host.to_f32_vec()?.par_iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+                let t = self.alloc(dims, DType::BF16)?;
+                self.dev.upload(&storage("upload", &t)?.buf, &bits)?;
+                Ok(t)
+            }
+            (_, DType::F32) => {
+                let t = self.alloc(dims, DType::F32)?;
+                self.dev.upload(&storage("upload", &t)?.buf, &host.to_f32_vec()?)?;
+                Ok(t)
+            }
+            (_, other) => Err(Error::DType { op: "upload", expected: DType::BF16, got: other }),
+        }
+    }
+
+    fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
+        ops::cast(self, t, dtype)
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        self.dev.memory_info().ok()
+    }
+
+    fn describe(&self) -> String {
+        let gib = |b: usize| b as f64 / f64::from(1 << 30);
+        let memory = self
+            .memory_info()
+            .map(|m| format!("{:.1} GiB, {:.1} GiB free", gib(m.total), gib(m.free)))
+            .unwrap_or_else(|| "memory unknown".into());
+        format!(
+            "cuda:{} {} ({}, {} SMs, {memory}); {}",
+            self.dev.ordinal, self.dev.name, self.arch, self.dev.multiprocessors, self.origin
+        )
+    }
+
+    fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let buf = &storage("download_f32", t)?.buf;
+        let n = t.elem_count();
+        match t.dtype() {
+            DType::F32 => {
+                let mut out = vec![0f32; n];
+                self.dev.download(buf, &mut out)?;
+                Ok(out)
+            }
+            DType::BF16 => {
+                let mut bits = vec![0u16; n];
+                self.dev.download(buf, &mut bits)?;
+                Ok(bits.into_iter().map(|b| bf16::from_bits(b).to_f32()).collect())
+            }
+            other => Err(Error::DType { op: "download_f32", expected: DType::F32, got: other }),
+        }
+    }
+
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>> {
+        expect_dtype("download_u32", t, &[DType::U32])?;
+        let mut out = vec![0u32; t.elem_count()];
+        self.dev.download(&storage("download_u32", t)?.buf, &mut out)?;
+        Ok(out)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.dev.synchronize()
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        ops::matmul(self, x, w, bias)
+    }
+
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        ops::rms_norm(self, x, weight, eps)
+    }
+
+    fn add_rms_norm(&self, x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+        ops::add_rms_norm(self, x, residual, weight, eps)
+    }
+
+    fn rotary(&self, x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
+        ops::rotary(self, x, positions, inv_freq)
+    }
+
+    fn silu_mul(&self, x: &Tensor) -> Result<Tensor> {
+        ops::silu_mul(self, x)
+    }
+
+    fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+        ops::embedding(self, ids, table)
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        ops::add(self, a, b)
+    }
+
+    fn split_columns(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+        ops::split_columns(self, x, widths)
+    }
+
+    fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        ops::gather_rows(self, x, rows)
+    }
+
+    fn topk_routing(&self, logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
+        moe::topk_routing(self, logits, k, renormalize)
+    }
+
+    fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
+        moe::moe_experts(self, x, routing, gate_up, down)
+    }
+
+    fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
+        sample::sample(self, logits, rows)
+    }
+
+    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
+        attention::write_kv(self, k, v, k_cache, v_cache, slots)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        attention::paged_attention(self, q, k_cache, v_cache, meta, params)
+    }
+}

@@ -1,0 +1,221 @@
+//! The dense ops of the CUDA backend: shape and dtype checks on the host (the same rules as
+//! the CPU backend), then one kernel or cuBLAS call each. Float operands are bf16 (the
+//! backend's float dtype); rotary frequencies are f32.
+
+use super::gemm::Gemm;
+use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
+use crate::error::{Error, Result, ensure};
+use crate::{DType, Tensor};
+
+const BF16: &[DType] = &[DType::BF16];
+
+pub(super) fn cast(b: &CudaBackend, t: &Tensor, dtype: DType) -> Result<Tensor> {
+    expect_dtype("cast", t, &[DType::BF16, DType::F32])?;
+    if !matches!(dtype, DType::BF16 | DType::F32) {
+        return Err(Error::DType { op: "cast", expected: DType::F32, got: dtype });
+    }
+    let out = b.alloc(t.dims(), dtype)?;
+    let n = t.elem_count() as u64;
+    match (t.dtype(), dtype) {
+        (DType::BF16, DType::F32) => {
+            launch!(b, "cast_bf16_f32", elementwise(n as usize), [ptr("cast", t)?, ptr("cast", &out)?, n])?;
+        }
+        (DType::F32, DType::BF16) => {
+            launch!(b, "cast_f32_bf16", elementwise(n as usize), [ptr("cast", t)?, ptr("cast", &out)?, n])?;
+        }
+        _ => {
+            let bytes = t.elem_count() * dtype.size_in_bytes();
+            b.dev.copy(&storage("cast", t)?.buf, &storage("cast", &out)?.buf, bytes)?;
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (xd, wd) = (x.dims(), w.dims());
+    ensure(xd.len() == 2 && wd.len() == 2 && xd[1] == wd[1], "matmul", || {
+        format!("x {xd:?} and w {wd:?} are not [m, k] and [n, k]")
+    })?;
+    let (m, k, n) = (xd[0], xd[1], wd[0]);
+    if let Some(bias) = bias {
+        ensure(bias.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", bias.dims()))?;
+        expect_dtype("matmul", bias, BF16)?;
+    }
+    expect_dtype("matmul", x, BF16)?;
+    expect_dtype("matmul", w, BF16)?;
+    let out = b.alloc(&[m, n], DType::BF16)?;
+    if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    let out_ptr = ptr("matmul", &out)?;
+    match bias {
+        Some(bias) => {
+            let total = (m * n) as u64;
+            launch!(b, "fill_rows_bf16", elementwise(m * n), [ptr("matmul", bias)?, out_ptr, n as u32, total])?;
+        }
+        None if k == 0 => b.dev.zero(&storage("matmul", &out)?.buf, m * n * 2)?,
+        None => {}
+    }
+    if k > 0 {
+        let g = Gemm { x: ptr("matmul", x)?, w: ptr("matmul", w)?, out: out_ptr, m, n, k, accumulate: bias.is_some() };
+        b.blas.gemm(&b.dev, g)?;
+    }
+    Ok(out)
+}
+
+fn check_norm(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<usize> {
+    let n = x.shape().last();
+    ensure(n > 0 && weight.dims() == [n], op, || {
+        format!("weight {:?} does not match x {:?}", weight.dims(), x.dims())
+    })?;
+    expect_dtype(op, x, BF16)?;
+    expect_dtype(op, weight, BF16)?;
+    Ok(n)
+}
+
+pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let n = check_norm("rms_norm", x, weight)?;
+    let out = b.alloc(x.dims(), DType::BF16)?;
+    let rows = x.elem_count() / n;
+    if rows > 0 {
+        let (xp, wp, op) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?, ptr("rms_norm", &out)?);
+        launch!(b, "rms_norm_bf16", per_row(rows, n, 1024), [xp, wp, op, n as u32, eps])?;
+    }
+    Ok(out)
+}
+
+pub(super) fn add_rms_norm(
+    b: &CudaBackend,
+    x: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    ensure(x.dims() == residual.dims(), "add_rms_norm", || {
+        format!("x {:?} and residual {:?} differ", x.dims(), residual.dims())
+    })?;
+    let n = check_norm("add_rms_norm", x, weight)?;
+    expect_dtype("add_rms_norm", residual, BF16)?;
+    let (normed, sum) = (b.alloc(x.dims(), DType::BF16)?, b.alloc(x.dims(), DType::BF16)?);
+    let rows = x.elem_count() / n;
+    if rows > 0 {
+        let op = "add_rms_norm";
+        let args = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?, ptr(op, &normed)?, ptr(op, &sum)?);
+        launch!(
+            b,
+            "add_rms_norm_bf16",
+            per_row(rows, n, 1024),
+            [args.0, args.1, args.2, args.3, args.4, n as u32, eps]
+        )?;
+    }
+    Ok((normed, sum))
+}
+
+pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    ensure(dims.len() == 3, "rotary", || format!("x {dims:?} is not [t, h, d]"))?;
+    let (t, h, d) = (dims[0], dims[1], dims[2]);
+    let half = inv_freq.elem_count();
+    ensure(positions.dims() == [t], "rotary", || format!("positions {:?} for {t} tokens", positions.dims()))?;
+    ensure(2 * half <= d && half > 0, "rotary", || format!("{half} frequencies do not fit head dim {d}"))?;
+    expect_dtype("rotary", x, BF16)?;
+    expect_dtype("rotary", positions, &[DType::U32])?;
+    expect_dtype("rotary", inv_freq, &[DType::F32])?;
+    let out = b.alloc(dims, DType::BF16)?;
+    if t > 0 && h * d > 0 {
+        let op = "rotary";
+        let args = (ptr(op, x)?, ptr(op, positions)?, ptr(op, inv_freq)?, ptr(op, &out)?);
+        let cfg = per_row(t, h * d, 256);
+        launch!(b, "rotary_bf16", cfg, [args.0, args.1, args.2, args.3, h as u32, d as u32, half as u32])?;
+    }
+    Ok(out)
+}
+
+pub(super) fn silu_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
+    let (rows, n2) = x.shape().rows_cols();
+    ensure(n2 % 2 == 0 && x.shape().rank() > 0, "silu_mul", || format!("last dim of {:?} is odd", x.dims()))?;
+    expect_dtype("silu_mul", x, BF16)?;
+    let n = n2 / 2;
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1 checked above") = n;
+    let out = b.alloc(&dims, DType::BF16)?;
+    let total = rows * n;
+    if total > 0 {
+        launch!(
+            b,
+            "silu_mul_bf16",
+            elementwise(total),
+            [ptr("silu_mul", x)?, ptr("silu_mul", &out)?, n as u32, total as u64]
+        )?;
+    }
+    Ok(out)
+}
+
+pub(super) fn embedding(b: &CudaBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+    let td = table.dims();
+    ensure(td.len() == 2 && ids.dims().len() == 1, "embedding", || {
+        format!("ids {:?} / table {td:?} are not [t] / [v, h]", ids.dims())
+    })?;
+    gather(b, ids, table, "embedding")
+}
+
+pub(super) fn gather_rows(b: &CudaBackend, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+    ensure(x.dims().len() == 2 && rows.dims().len() == 1, "gather_rows", || {
+        format!("x {:?} / rows {:?} are not [m, n] / [r]", x.dims(), rows.dims())
+    })?;
+    gather(b, rows, x, "gather_rows")
+}
+
+fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
+    let (v, h) = (table.dims()[0], table.dims()[1]);
+    expect_dtype(op, table, &[DType::BF16, DType::F32])?;
+    let ids = b.host_u32(op, idx)?;
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+        return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
+    }
+    let out = b.alloc(&[ids.len(), h], table.dtype())?;
+    let total = ids.len() * h;
+    if total > 0 {
+        let args = (ptr(op, table)?, ptr(op, idx)?, ptr(op, &out)?, v as u32, h as u32, total as u64);
+        let cfg = elementwise(total);
+        match table.dtype() {
+            DType::F32 => launch!(b, "gather_rows_f32", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
+            _ => launch!(b, "gather_rows_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn add(b: &CudaBackend, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    ensure(x.dims() == y.dims(), "add", || format!("{:?} + {:?}", x.dims(), y.dims()))?;
+    expect_dtype("add", x, BF16)?;
+    expect_dtype("add", y, BF16)?;
+    let out = b.alloc(x.dims(), DType::BF16)?;
+    let n = x.elem_count();
+    if n > 0 {
+        launch!(b, "add_bf16", elementwise(n), [ptr("add", x)?, ptr("add", y)?, ptr("add", &out)?, n as u64])?;
+    }
+    Ok(out)
+}
+
+pub(super) fn split_columns(b: &CudaBackend, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+    let d = x.dims();
+    ensure(d.len() == 2 && widths.iter().sum::<usize>() == d[1], "split_columns", || {
+        format!("widths {widths:?} do not partition {d:?}")
+    })?;
+    expect_dtype("split_columns", x, BF16)?;
+    let (m, n) = (d[0], d[1]);
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(widths.len());
+    for &w in widths {
+        let part = b.alloc(&[m, w], DType::BF16)?;
+        let total = m * w;
+        if total > 0 {
+            let (xp, pp) = (ptr("split_columns", x)?, ptr("split_columns", &part)?);
+            launch!(b, "copy_cols_bf16", elementwise(total), [xp, pp, n as u32, start as u32, w as u32, total as u64])?;
+        }
+        parts.push(part);
+        start += w;
+    }
+    Ok(parts)
+}
