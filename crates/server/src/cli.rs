@@ -22,6 +22,51 @@ pub enum Command {
     Generate(Box<GenerateArgs>),
     /// Print the token ids of TEXT as a JSON array (or, with --decode, the text of ids).
     Tokenize(TokenizeArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(Box<ServeArgs>),
+}
+
+/// `met serve`. Every long flag can also come from `--config FILE.toml`, whose keys are
+/// the flag names (`max-num-seqs = 64`); a flag given on the command line wins.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The model, as `--model` takes it (default: the embedded default model).
+    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    pub model_path: Option<String>,
+    /// The model.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Engine settings. Without `--kv-blocks` the KV cache takes `--gpu-memory-utilization`
+    /// of the device memory left after a warm-up step, or 1 GiB on the CPU, but never more
+    /// than `--max-num-seqs` full contexts need.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8888)]
+    pub port: u16,
+    /// The model id clients use and `/v1/models` lists (default: the model's file or
+    /// directory name, or the hub id it was given as).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on `/v1/*`.
+    #[arg(long, env = "MET_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Generation requests served at once; more are answered 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+    /// Largest request body accepted, in bytes; larger ones are answered 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// On SIGINT or SIGTERM, seconds to let in-flight requests finish before cancelling them.
+    #[arg(long, default_value_t = 30)]
+    pub drain_timeout_secs: u64,
+    /// A TOML file of flags (`port = 9000`, `no-prefix-caching = true`); unknown keys are
+    /// errors.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// `met tokenize`.
@@ -141,12 +186,18 @@ pub struct EngineArgs {
     /// Most prompt tokens of one sequence per step (chunked prefill); default: the budget.
     #[arg(long)]
     pub max_prefill_chunk: Option<usize>,
-    /// KV cache blocks (default: enough for every request at once).
+    /// KV cache blocks (default for `generate`: enough for every request at once; for
+    /// `serve`: what `--gpu-memory-utilization` of the device memory holds, or 1 GiB on the
+    /// CPU).
     #[arg(long)]
     pub kv_blocks: Option<usize>,
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Share of the device memory left free after a warm-up step at the largest batch that
+    /// the KV cache may take (devices with memory of their own, i.e. GPUs).
+    #[arg(long, default_value_t = 0.9, value_parser = parse_utilization)]
+    pub gpu_memory_utilization: f64,
     /// Turn automatic prefix caching off.
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -218,6 +269,13 @@ fn parse_bias(s: &str) -> Result<LogitBias, String> {
     pairs.collect::<Result<_, String>>().map(LogitBias)
 }
 
+fn parse_utilization(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(u) if u > 0.0 && u <= 1.0 => Ok(u),
+        _ => Err(format!("`{s}` is not a fraction in (0, 1]")),
+    }
+}
+
 fn parse_device(s: &str) -> Result<DeviceKind, String> {
     s.parse().map_err(|e: met_kernels::Error| e.to_string())
 }
@@ -248,6 +306,11 @@ mod tests {
         let Command::Tokenize(t) = cli.command else { panic!("tokenize") };
         assert_eq!(t.decode, Some(TokenIds(vec![5, 6])));
         assert!(Cli::try_parse_from(["met", "tokenize"]).is_err(), "text or --decode is required");
+        let cli = Cli::try_parse_from(["met", "serve", "m.gguf", "--port", "9000", "--max-num-seqs", "8"]).unwrap();
+        let Command::Serve(s) = cli.command else { panic!("serve") };
+        assert_eq!((s.model_path.as_deref(), s.port, s.engine.max_num_seqs), (Some("m.gguf"), 9000, 8));
+        assert_eq!((s.host.as_str(), s.max_body_bytes), ("127.0.0.1", 4 << 20));
+        assert!(Cli::try_parse_from(["met", "serve", "a", "--model", "b"]).is_err(), "MODEL or --model");
     }
 
     #[test]

@@ -6,15 +6,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use met_cache::PagedKvCache;
-use met_config::{EngineConfig, SamplingParams};
+use met_config::SamplingParams;
 use met_kernels::GpuBackend;
 use met_model_layers::Model;
-use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria, policy_by_name};
-use met_telemetry::{Metrics, Phase, PhaseTimer};
+use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
+use met_telemetry::Metrics;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
+use crate::engine::{build_engine, engine_config, random_seed};
+use crate::kv_budget::kv_blocks_after_warmup;
 use crate::load::{LoadedModel, load};
 use crate::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
@@ -64,7 +65,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if args.prompt.is_empty() && args.chat.is_empty() && args.prompt_ids.is_empty() && args.prompts_file.is_none() {
         bail!("no prompts: give --prompt, --chat, --prompt-ids or --prompts-file");
     }
-    let LoadedModel { model, backend, tokenizer, eos_token_ids } = load(&args.model)?;
+    let LoadedModel { model, backend, tokenizer, eos_token_ids, .. } = load(&args.model)?;
     let mut requests = text_prompts(args, tokenizer.as_ref())?;
     requests.extend(id_prompts(args)?);
     pin_seeds(&mut requests, args.sampling.seed);
@@ -90,7 +91,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The engine, with a KV cache large enough for every request at once unless
+/// The engine, with a KV cache large enough for every request at once (on a GPU, at most
+/// what `--gpu-memory-utilization` of the memory left after a warm-up step holds) unless
 /// `--kv-blocks` says otherwise (startup phase 6).
 fn engine(
     e: &EngineArgs,
@@ -98,16 +100,17 @@ fn engine(
     backend: Arc<dyn GpuBackend>,
     requests: &[EngineRequest],
 ) -> Result<Engine> {
-    let timer = PhaseTimer::start(Phase::KvCache);
     let config = engine_config(e)?;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
-    let blocks = e.kv_blocks.unwrap_or(needed).max(1);
-    let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching)?;
-    timer.done(format_args!("{blocks} blocks of {}", config.block_size));
-    let policy = policy_by_name(&e.policy)
-        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", e.policy))?;
-    Ok(Engine::new(model, backend, Box::new(kv), config, policy, Arc::new(Metrics::new()))?)
+    let blocks = match e.kv_blocks {
+        Some(blocks) => blocks,
+        None => match kv_blocks_after_warmup(&*model, &*backend, &config, e.gpu_memory_utilization)? {
+            Some(budget) => needed.min(budget),
+            None => needed,
+        },
+    };
+    build_engine(e, model, backend, blocks, Arc::new(Metrics::new()))
 }
 
 /// Submits every request and steps the engine until all are done.
@@ -311,22 +314,4 @@ fn request(s: &SamplingArgs, prompt: Vec<u32>) -> EngineRequest {
         n: s.n,
         priority: 0,
     }
-}
-
-fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
-    let config = EngineConfig {
-        max_num_seqs: e.max_num_seqs,
-        max_batch_tokens: e.max_batch_tokens,
-        max_prefill_chunk: e.max_prefill_chunk,
-        block_size: e.block_size,
-        prefix_caching: !e.no_prefix_caching,
-        ..EngineConfig::default()
-    };
-    config.validate()?;
-    Ok(config)
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::SystemTime::now())
 }

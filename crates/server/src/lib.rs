@@ -1,13 +1,17 @@
 //! The `met` binary's library: command line, startup, model resolution, the text layer
-//! (tokenizers, chat templates, detokenizer) and the commands. A library so that tests and
+//! (tokenizers, chat templates, detokenizer), the commands and the OpenAI-compatible HTTP
+//! server ([`serve`]). A library so that tests and
 //! other front ends can reach the same pieces the binary uses.
 //!
 //! **Boundary:** the only crate that knows CLI flags, JSON output formats or HTTP.
 
 pub mod cli;
+pub mod engine;
 pub mod generate;
+pub mod kv_budget;
 pub mod load;
 pub mod resolve;
+pub mod serve;
 pub mod text;
 pub mod tokenize;
 
@@ -25,6 +29,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
         Command::Tokenize(args) => tokenize::run(&args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

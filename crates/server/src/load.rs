@@ -1,13 +1,15 @@
-//! Loading a model for a command: resolve, config, device, weights (startup phases 1-5),
-//! from a Hugging Face directory or a GGUF file.
+//! Loading a model for a command: resolve, config, device, topology, weights and tokenizer
+//! (startup phases 1-5 and 8), from a Hugging Face directory or a GGUF file. Weight loading
+//! reports each tensor to a [`WeightProgress`] (a progress bar on a terminal for `met serve`).
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use met_config::{GenerationConfig, ModelConfig};
+use met_kernels::HostTensor;
 use met_kernels::{GpuBackend, open_backend};
 use met_model_layers::{LoadOptions, Model, load_model, tensor_specs};
-use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, WeightStore};
+use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
 use crate::cli::{LoadFormat, ModelArgs};
@@ -24,10 +26,37 @@ pub struct LoadedModel {
     pub model: Box<dyn Model>,
     /// End-of-sequence tokens from the model's configuration.
     pub eos_token_ids: Vec<u32>,
+    /// Where the model was found.
+    pub source: ModelSource,
 }
 
-/// Runs startup phases 1 to 5 for `args`.
+/// Hears about weight loading tensor by tensor (startup phase 5).
+pub trait WeightProgress: Sync {
+    /// Loading starts; about `tensors` tensors will be read.
+    fn start(&self, tensors: usize);
+    /// One tensor's bytes were read.
+    fn tensor(&self, name: &str);
+    /// Loading ended, successfully or not; called before the phase is logged.
+    fn finish(&self);
+}
+
+/// A [`WeightProgress`] that reports nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl WeightProgress for NoProgress {
+    fn start(&self, _: usize) {}
+    fn tensor(&self, _: &str) {}
+    fn finish(&self) {}
+}
+
+/// Runs startup phases 1 to 5 and 8 for `args`.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    load_with_progress(args, &NoProgress)
+}
+
+/// [`load`], telling `progress` about every tensor read.
+pub fn load_with_progress(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<LoadedModel> {
     let timer = PhaseTimer::start(Phase::Resolve);
     let source = resolve(args.model.as_deref(), &SearchPaths::from_env())?;
     timer.done(source.path().display());
@@ -73,7 +102,10 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
 
     let timer = PhaseTimer::start(Phase::Device);
     let backend = open_backend(args.device)?;
-    timer.done(backend.name());
+    timer.done(backend.describe());
+
+    // Tensor parallelism is planned; today every model runs on one device.
+    PhaseTimer::start(Phase::Topology).done("world size 1");
 
     let timer = PhaseTimer::start(Phase::Weights);
     let owned: Box<dyn WeightStore>;
@@ -89,8 +121,11 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
         }
     };
     let options = LoadOptions { attention_backend: args.attention_backend.clone() };
-    let model = load_model(&config, store, Arc::clone(&backend), &options)
-        .with_context(|| format!("loading {}", store.describe()))?;
+    progress.start(tensor_specs(&config).map_or(0, |specs| specs.len()));
+    let counted = Counted { inner: store, progress };
+    let model = load_model(&config, &counted, Arc::clone(&backend), &options);
+    progress.finish();
+    let model = model.with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
 
     let timer = PhaseTimer::start(Phase::Tokenizer);
@@ -104,7 +139,33 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
         Some(t) => format!("{} tokens, chat template: {}", t.vocab_size(), t.chat_template().is_some()),
         None => "none (token ids only)".into(),
     });
-    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids })
+    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids, source })
+}
+
+/// A store that reports each tensor read to a [`WeightProgress`].
+struct Counted<'a> {
+    inner: &'a dyn WeightStore,
+    progress: &'a dyn WeightProgress,
+}
+
+impl WeightStore for Counted<'_> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+
+    fn info(&self, name: &str) -> Option<TensorInfo> {
+        self.inner.info(name)
+    }
+
+    fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError> {
+        let tensor = self.inner.host(name);
+        self.progress.tensor(name);
+        tensor
+    }
 }
 
 /// The tokenizer a model ships: GGUF metadata, or `tokenizer.json` in an HF directory

@@ -1,0 +1,61 @@
+//! Building the serving engine from the engine flags (startup phase 6 and the engine
+//! itself), shared by `met generate` and `met serve` so both schedule the same way.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use met_cache::PagedKvCache;
+use met_config::EngineConfig;
+use met_kernels::GpuBackend;
+use met_model_layers::Model;
+use met_scheduler::{Engine, policy_by_name};
+use met_telemetry::{Metrics, Phase, PhaseTimer};
+
+use crate::cli::EngineArgs;
+
+/// The engine settings of `e`, validated.
+///
+/// # Errors
+/// A zero budget, naming its flag.
+pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
+    let config = EngineConfig {
+        max_num_seqs: e.max_num_seqs,
+        max_batch_tokens: e.max_batch_tokens,
+        max_prefill_chunk: e.max_prefill_chunk,
+        block_size: e.block_size,
+        prefix_caching: !e.no_prefix_caching,
+        ..EngineConfig::default()
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// An engine over `model` with a KV cache of `blocks` blocks (startup phase 6), recording
+/// into `metrics`.
+///
+/// # Errors
+/// Invalid engine flags, an unknown `--policy`, or a cache the device cannot hold.
+pub fn build_engine(
+    e: &EngineArgs,
+    model: Box<dyn Model>,
+    backend: Arc<dyn GpuBackend>,
+    blocks: usize,
+    metrics: Arc<Metrics>,
+) -> Result<Engine> {
+    let timer = PhaseTimer::start(Phase::KvCache);
+    let config = engine_config(e)?;
+    let blocks = blocks.max(1);
+    let layout = model.kv_layout();
+    let kv = PagedKvCache::new(&*backend, layout, config.block_size, blocks, config.prefix_caching)?;
+    let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
+    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB)", config.block_size));
+    let policy = policy_by_name(&e.policy)
+        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", e.policy))?;
+    Ok(Engine::new(model, backend, Box::new(kv), config, policy, metrics)?)
+}
+
+/// A seed for a request that did not pin one: different on every call.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}

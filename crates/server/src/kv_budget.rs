@@ -1,0 +1,130 @@
+//! Sizing the KV cache from device memory (startup phase 6): run one forward pass at the
+//! largest batch the engine can schedule, then give the KV pools a share of the memory
+//! still free.
+//!
+//! The warm-up step has `min(max_num_seqs, max_batch_tokens)` sequences sharing
+//! `max_batch_tokens` prompt tokens, each wanting logits, and samples every row with
+//! truncation and logprobs, so the activations, the logits and the sampler's scratch of the
+//! largest step have all been allocated once. Their memory stays in the device's pool
+//! (counted as in use by [`GpuBackend::memory_info`]) and is reused by every later step, so
+//! what is free afterwards can go to the cache:
+//!
+//! `blocks = (free_after_warmup × utilization − reserve) / bytes_per_block`.
+//!
+//! The warm-up's own small KV cache also stays in the pool as reusable activation memory,
+//! which makes the estimate conservative by that much. Devices without memory of their own
+//! (the CPU) report no memory and get no budget: their caller keeps its own default.
+
+use anyhow::{Context, Result};
+use met_cache::{KvCache, PagedKvCache};
+use met_config::{EngineConfig, SamplingParams};
+use met_kernels::{GpuBackend, SampleRow};
+use met_model_layers::{ForwardBatch, LogitRows, Model};
+
+/// Bytes kept free beyond the utilisation share, for what the warm-up cannot foresee
+/// (allocator fragmentation across other batch shapes, library workspaces).
+pub const DEFAULT_RESERVE: usize = 256 << 20;
+
+/// How many KV blocks of `bytes_per_block` fit in `free` bytes at `utilization`, less
+/// `reserve`.
+pub fn blocks_for(free: usize, utilization: f64, reserve: usize, bytes_per_block: usize) -> usize {
+    let usable = (free as f64 * utilization.clamp(0.0, 1.0)) as usize;
+    usable.saturating_sub(reserve) / bytes_per_block.max(1)
+}
+
+/// The KV blocks the device can hold after a warm-up forward at the largest batch of
+/// `config`, with the free memory scaled by `utilization` (`--gpu-memory-utilization`);
+/// `None` on a device that reports no memory of its own.
+///
+/// # Errors
+/// When the warm-up forward or sampling fails (out of memory at the largest batch, say).
+pub fn kv_blocks_after_warmup(
+    model: &dyn Model,
+    backend: &dyn GpuBackend,
+    config: &EngineConfig,
+    utilization: f64,
+) -> Result<Option<usize>> {
+    if backend.memory_info().is_none() {
+        return Ok(None);
+    }
+    warm_up(model, backend, config).context("warm-up forward at the largest batch")?;
+    let free = backend.memory_info().map_or(0, |m| m.free);
+    let bytes_per_block = model.kv_layout().bytes_per_block(config.block_size);
+    let blocks = blocks_for(free, utilization, DEFAULT_RESERVE, bytes_per_block);
+    tracing::info!(
+        "KV budget: {:.1} GiB free after a warm-up step of {} tokens; {utilization} of it holds {blocks} blocks",
+        free as f64 / f64::from(1 << 30),
+        config.max_batch_tokens
+    );
+    Ok(Some(blocks))
+}
+
+/// One step of the largest batch `config` allows, sampled, then everything it made freed.
+fn warm_up(model: &dyn Model, backend: &dyn GpuBackend, config: &EngineConfig) -> Result<()> {
+    let seqs = config.max_num_seqs.min(config.max_batch_tokens).max(1);
+    let per_seq = (config.max_batch_tokens / seqs).clamp(1, model.max_context().max(1));
+    let extra = if per_seq < model.max_context() { config.max_batch_tokens % seqs } else { 0 };
+    let lens: Vec<usize> = (0..seqs).map(|i| per_seq + usize::from(i < extra)).collect();
+    let blocks: usize = lens.iter().map(|l| l.div_ceil(config.block_size)).sum();
+    let mut kv = PagedKvCache::new(backend, model.kv_layout(), config.block_size, blocks, false)?;
+    let tokens = vec![0u32; per_seq + 1];
+    let mut held = Vec::with_capacity(seqs);
+    let mut batch = ForwardBatch::new();
+    for &len in &lens {
+        let mut blocks = kv.new_sequence();
+        kv.reserve(&mut blocks, len).context("warm-up blocks")?;
+        batch.push(&tokens[..len], 0, &blocks, LogitRows::Last);
+        held.push(blocks);
+    }
+    let logits = model.forward(&batch, &mut kv)?;
+    let params = SamplingParams { temperature: 1.0, top_p: 0.9, logprobs: Some(5), ..SamplingParams::default() };
+    let rows: Vec<SampleRow<'_>> = (0..seqs)
+        .map(|row| SampleRow {
+            logits_row: row,
+            params: &params,
+            prompt: &[],
+            output: &[],
+            seed: 0,
+            step: 0,
+            banned: &[],
+        })
+        .collect();
+    backend.sample(&logits, &rows)?;
+    backend.synchronize()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use met_config::ModelConfig;
+    use met_kernels::CpuBackend;
+    use met_model_layers::{LoadOptions, load_model, tensor_specs};
+    use met_model_weights::DummyStore;
+
+    use super::*;
+
+    #[test]
+    fn blocks_take_the_utilised_share_less_the_reserve() {
+        assert_eq!(blocks_for(1000, 0.9, 100, 10), 80);
+        assert_eq!(blocks_for(1000, 1.5, 0, 10), 100, "utilisation is capped at 1");
+        assert_eq!(blocks_for(50, 0.9, 100, 10), 0, "the reserve can take everything");
+        assert_eq!(blocks_for(1000, 0.5, 0, 0), 500, "a zero block size does not divide by zero");
+    }
+
+    #[test]
+    fn a_device_without_memory_of_its_own_gets_no_budget() {
+        let json = r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-6}"#;
+        let cfg = ModelConfig::from_json(std::path::Path::new("config.json"), json).unwrap();
+        let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
+        let store = DummyStore::new(tensor_specs(&cfg).unwrap(), 0, backend.float_dtype());
+        let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+        let config = EngineConfig { max_num_seqs: 3, max_batch_tokens: 100, ..EngineConfig::default() };
+        assert_eq!(kv_blocks_after_warmup(&*model, &*backend, &config, 0.9).unwrap(), None);
+        // The warm-up itself runs on any device: three sequences capped at the context of 64.
+        warm_up(&*model, &*backend, &config).unwrap();
+    }
+}

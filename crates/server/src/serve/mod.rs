@@ -1,0 +1,270 @@
+//! `met serve`: the OpenAI-compatible HTTP server, started in the numbered phases of
+//! DESIGN §3 and stopped gracefully.
+//!
+//! Startup binds the socket first (phase 0), so a taken port fails at once and `/health`
+//! can answer 503 while the model loads; every other route answers an OpenAI-shaped 503
+//! until the router is installed at phase 11. Loading (phases 1-8) runs on a blocking
+//! worker, never on the reactor. On SIGINT or SIGTERM the server stops accepting, `/health`
+//! turns 503, in-flight requests get `--drain-timeout-secs` to finish (a second signal or
+//! the timeout cancels them, which frees their KV blocks), and the process exits 0.
+//!
+//! Modules: `router` (routes and cross-cutting rules), `openai` (the two completion
+//! endpoints), `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens →
+//! text, stop strings, cancellation), `error` (the one error type), `state`, `config_file`
+//! (`--config FILE.toml`) and `progress` (the weight-loading bar).
+
+mod config_file;
+mod error;
+mod openai;
+mod progress;
+mod router;
+mod state;
+mod stream;
+mod validate;
+mod wire;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::Request;
+use axum::response::IntoResponse;
+use met_kernels::GpuBackend;
+use met_model_layers::Model;
+use met_scheduler::{Engine, policy_by_name};
+use met_telemetry::{Metrics, Phase, PhaseTimer};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+pub use config_file::{merge as merge_config_file, merge_text as merge_config_text};
+pub use error::ApiError;
+pub use router::app;
+pub use state::{AppState, MAX_N, ServerConfig};
+
+use crate::cli::{EngineArgs, ServeArgs};
+use crate::engine::{build_engine, engine_config};
+use crate::kv_budget::kv_blocks_after_warmup;
+use crate::load::{LoadedModel, load_with_progress};
+use crate::resolve::ModelSource;
+use crate::text::Tokenizer;
+
+/// KV cache size on a device without memory of its own (the CPU), without `--kv-blocks`.
+const CPU_KV_BYTES: usize = 1 << 30;
+
+/// Runs `met serve` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Invalid settings, a port that cannot be bound, a model that cannot be loaded.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let args = match &args.config {
+        Some(path) => config_file::merge(path, std::env::args_os().collect())?,
+        None => args,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("met-http")
+        .build()
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(serve(args));
+    // Blocking workers still tokenizing for cancelled requests are not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// The model and engine, once loaded (phases 1-9).
+struct Loaded {
+    engine: Engine,
+    tokenizer: Tokenizer,
+    eos_token_ids: Vec<u32>,
+    source: ModelSource,
+}
+
+async fn serve(mut args: ServeArgs) -> Result<()> {
+    let timer = PhaseTimer::start(Phase::Settings);
+    if let Some(model) = args.model_path.take() {
+        args.model.model = Some(model);
+    }
+    engine_config(&args.engine)?;
+    policy_by_name(&args.engine.policy)
+        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", args.engine.policy))?;
+    if args.max_concurrent_requests == 0 || args.max_body_bytes == 0 {
+        bail!("--max-concurrent-requests and --max-body-bytes must be positive");
+    }
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    // Stream chunks are small and latency-bound: no Nagle delay.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let slot = Arc::new(OnceLock::<Router>::new());
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let server = axum::serve(listener, gate(Arc::clone(&slot))).with_graceful_shutdown(async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    });
+    let mut server = tokio::spawn(server.into_future());
+    timer.done(format_args!("met {}, listening on http://{addr} (503 until ready)", env!("CARGO_PKG_VERSION")));
+
+    let metrics = Arc::new(Metrics::new());
+    let spec = args.model.model.clone();
+    let (model_args, engine_args, engine_metrics) = (args.model, args.engine.clone(), Arc::clone(&metrics));
+    let loaded = tokio::task::spawn_blocking(move || load(&model_args, &engine_args, engine_metrics))
+        .await
+        .context("the loading worker failed")??;
+
+    let timer = PhaseTimer::start(Phase::Engine);
+    let (handle, _thread) = met_scheduler::spawn(loaded.engine);
+    timer.done(format_args!(
+        "{} sequences and {} tokens per step, {} KV tokens",
+        args.engine.max_num_seqs,
+        args.engine.max_batch_tokens,
+        handle.limits().kv_capacity
+    ));
+
+    let timer = PhaseTimer::start(Phase::Router);
+    let config = ServerConfig {
+        model_name: model_name(args.served_model_name, spec.as_deref(), &loaded.source),
+        eos_token_ids: loaded.eos_token_ids,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        max_concurrent_requests: args.max_concurrent_requests,
+        max_body_bytes: args.max_body_bytes,
+    };
+    let auth = if config.api_key.is_some() { "API key required on /v1" } else { "no API key" };
+    let detail =
+        format!("model `{}`, {auth}, {} concurrent requests", config.model_name, config.max_concurrent_requests);
+    let state = AppState::new(handle, loaded.tokenizer, metrics, config)?;
+    let _ = slot.set(app(state.clone()));
+    timer.done(detail);
+
+    let timer = PhaseTimer::start(Phase::Ready);
+    state.set_ready(true);
+    timer.done(format_args!("http://{addr}/v1"));
+    drain(&mut server, &stop_tx, &state, Duration::from_secs(args.drain_timeout_secs), addr).await
+}
+
+/// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
+fn load(model_args: &crate::cli::ModelArgs, engine_args: &EngineArgs, metrics: Arc<Metrics>) -> Result<Loaded> {
+    let progress = progress::WeightBar::for_stderr();
+    let LoadedModel { tokenizer, backend, model, eos_token_ids, source } = load_with_progress(model_args, &progress)?;
+    let tokenizer = tokenizer.with_context(|| {
+        format!("{} has no tokenizer (tokenizer.json); met serve needs one", source.path().display())
+    })?;
+    let blocks = kv_blocks(engine_args, &*model, &*backend)?;
+    let engine = build_engine(engine_args, model, Arc::clone(&backend), blocks, metrics)?;
+    let capacity = engine.limits().kv_capacity;
+    if capacity < engine.limits().max_context {
+        tracing::warn!(
+            "the KV cache holds {capacity} tokens, less than the context of {}: longer requests end with `length`",
+            engine.limits().max_context
+        );
+    }
+    // The KV budget's warm-up step (phase 6) already ran the largest batch once; CUDA graph
+    // capture is planned.
+    PhaseTimer::start(Phase::Warmup).done(format_args!("no graph capture on {}", backend.name()));
+    Ok(Loaded { engine, tokenizer, eos_token_ids, source })
+}
+
+/// `--kv-blocks`, or what `--gpu-memory-utilization` of the device memory left after a
+/// warm-up step holds (1 GiB on the CPU), never more than every sequence at full context.
+fn kv_blocks(e: &EngineArgs, model: &dyn Model, backend: &dyn GpuBackend) -> Result<usize> {
+    if let Some(blocks) = e.kv_blocks {
+        return Ok(blocks);
+    }
+    let config = engine_config(e)?;
+    let budget = match kv_blocks_after_warmup(model, backend, &config, e.gpu_memory_utilization)? {
+        Some(blocks) => blocks,
+        None => CPU_KV_BYTES / model.kv_layout().bytes_per_block(e.block_size).max(1),
+    };
+    let most_useful = e.max_num_seqs.saturating_mul(model.max_context()).div_ceil(e.block_size);
+    Ok(budget.min(most_useful).max(1))
+}
+
+/// `--served-model-name`, else the hub id the model was given as, else its file or
+/// directory name.
+fn model_name(served: Option<String>, spec: Option<&str>, source: &ModelSource) -> String {
+    if let Some(name) = served {
+        return name;
+    }
+    match spec {
+        Some(spec) if !Path::new(spec).exists() => spec.to_owned(),
+        _ => source
+            .path()
+            .file_name()
+            .map_or_else(|| source.path().display().to_string(), |name| name.to_string_lossy().into_owned()),
+    }
+}
+
+/// A router that answers 503 until `slot` holds the real one, then hands every request to it.
+fn gate(slot: Arc<OnceLock<Router>>) -> Router {
+    Router::new().fallback_service(tower::service_fn(move |req: Request| {
+        let app = slot.get().cloned();
+        async move {
+            Ok::<_, Infallible>(match app {
+                Some(app) => app.oneshot(req).await.unwrap_or_else(|never| match never {}),
+                None if req.uri().path() == "/health" => {
+                    (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "starting"})))
+                        .into_response()
+                }
+                None => ApiError::unavailable("the server is starting: the model is loading").into_response(),
+            })
+        }
+    }))
+}
+
+/// Serves until a signal, then drains: stop accepting, let in-flight requests finish for at
+/// most `timeout` (a second signal cuts it short), cancel the rest.
+async fn drain(
+    server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
+    stop: &watch::Sender<bool>,
+    state: &AppState,
+    timeout: Duration,
+    addr: SocketAddr,
+) -> Result<()> {
+    let signal = tokio::select! {
+        signal = shutdown_signal() => signal?,
+        result = &mut *server => {
+            result.context("the server task failed")??;
+            bail!("the server on {addr} stopped by itself");
+        }
+    };
+    tracing::info!("{signal}: no longer accepting connections; draining in-flight requests (at most {timeout:?})");
+    state.set_ready(false);
+    let _ = stop.send(true);
+    tokio::select! {
+        result = &mut *server => {
+            result.context("the server task failed")??;
+            tracing::info!("drained; exiting");
+        }
+        () = tokio::time::sleep(timeout) => {
+            tracing::warn!("drain timed out after {timeout:?}; cancelling the remaining requests");
+            server.abort();
+        }
+        signal = shutdown_signal() => {
+            tracing::warn!("{}: cancelling the remaining requests", signal?);
+            server.abort();
+        }
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM; says which.
+async fn shutdown_signal() -> Result<&'static str> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.map(|()| "SIGINT").map_err(Into::into),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok("Ctrl-C")
+    }
+}

@@ -1,0 +1,171 @@
+//! [`AppState`]: what every handler shares: the engine handle, the tokenizer and chat
+//! template, the metrics, and the server's settings. Cheap to clone (one `Arc`).
+//!
+//! **Invariant:** nothing here is locked across an `.await`: the engine is reached through
+//! its channel-backed handle, the tokenizer and template are immutable, the ready flag is an
+//! atomic and the concurrency limit a semaphore whose permits are taken without waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use met_scheduler::EngineHandle;
+use met_telemetry::Metrics;
+use subtle::ConstantTimeEq;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::ApiError;
+use crate::text::{ChatTemplate, TextError, Tokenizer};
+
+/// Largest `n` a request may ask for.
+pub const MAX_N: usize = 128;
+
+/// The server's settings that are not the engine's.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model id clients send and `/v1/models` lists.
+    pub model_name: String,
+    /// The model's end-of-sequence ids; every request stops on them unless `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Generation requests served at once; the next one is answered 429.
+    pub max_concurrent_requests: usize,
+    /// Largest request body, in bytes; larger ones are answered 413.
+    pub max_body_bytes: usize,
+}
+
+/// The handlers' shared state.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    engine: EngineHandle,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    metrics: Arc<Metrics>,
+    config: ServerConfig,
+    permits: Arc<Semaphore>,
+    ready: AtomicBool,
+    created: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("model", &self.inner.config.model_name).finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// State over a running engine. `metrics` should be the registry the engine records into,
+    /// so that `/metrics` shows both. Not ready until [`AppState::set_ready`].
+    ///
+    /// # Errors
+    /// The tokenizer's chat template does not compile.
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Tokenizer,
+        metrics: Arc<Metrics>,
+        config: ServerConfig,
+    ) -> Result<Self, TextError> {
+        let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+        let permits = Arc::new(Semaphore::new(config.max_concurrent_requests));
+        let shared = Shared {
+            engine,
+            tokenizer,
+            template,
+            metrics,
+            config,
+            permits,
+            ready: AtomicBool::new(false),
+            created: unix_now(),
+        };
+        Ok(Self { inner: Arc::new(shared) })
+    }
+
+    /// Marks the server ready (`/health` answers 200) or not (503, while draining).
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether `/health` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &EngineHandle {
+        &self.inner.engine
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The server settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    /// The body limit in bytes.
+    pub fn max_body_bytes(&self) -> usize {
+        self.inner.config.max_body_bytes
+    }
+
+    /// Unix seconds the state was built (the model's `created`).
+    pub fn created(&self) -> u64 {
+        self.inner.created
+    }
+
+    /// The model's context length.
+    pub fn max_context(&self) -> usize {
+        self.inner.engine.limits().max_context
+    }
+
+    /// A slot among the concurrent generation requests, held until the response ends.
+    ///
+    /// # Errors
+    /// 429 when every slot is taken: requests never queue here.
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        Arc::clone(&self.inner.permits)
+            .try_acquire_owned()
+            .map_err(|_| ApiError::too_many_requests(self.inner.config.max_concurrent_requests))
+    }
+
+    /// Checks a request's `model` field (absent is fine).
+    ///
+    /// # Errors
+    /// 404 for a model this server does not serve.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        let served = &self.inner.config.model_name;
+        match model {
+            Some(m) if m != served => Err(ApiError::model_not_found(m, served)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether an `Authorization` header value carries the API key (always, with no key
+    /// set). Compares in constant time, so response timing does not leak the key.
+    pub fn authorized(&self, header: Option<&[u8]>) -> bool {
+        let Some(key) = &self.inner.config.api_key else { return true };
+        let given = header.and_then(|h| h.strip_prefix(b"Bearer ")).unwrap_or_default();
+        bool::from(given.ct_eq(key.as_bytes()))
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,340 @@
+//! Wire request → validated engine requests (parse, don't validate). Two stages:
+//!
+//! 1. [`parse`], on the reactor: every field checked against its domain and turned into
+//!    typed settings: `SamplingParams` with a pinned seed (a random one when the request has
+//!    none, so its draws never depend on what shares the batch), `StopCriteria` with the
+//!    model's EOS ids, stop strings, and the text options the response needs.
+//! 2. [`tokenize`], on a blocking worker (chat rendering and tokenization are CPU work):
+//!    the prompt becomes token ids, is checked against the context (prompt + `max_tokens`
+//!    must fit; the default `max_tokens` is what is left), and each prompt becomes one
+//!    [`EngineRequest`].
+//!
+//! Every failure is a 400 naming the field; nothing reaches the engine unchecked.
+
+use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
+use met_scheduler::{EngineRequest, StopCriteria};
+
+use super::error::ApiError;
+use super::state::{AppState, MAX_N};
+use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
+use crate::engine::random_seed;
+use crate::text::{ChatMessage, MessageContent, RenderOptions};
+
+/// Most stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// Which completion endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The field that holds the prompt.
+    fn prompt_param(self) -> &'static str {
+        match self {
+            Self::Chat => "messages",
+            Self::Completions => "prompt",
+        }
+    }
+}
+
+/// The shape logprobs are reported in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogprobsShape {
+    /// Not requested.
+    Off,
+    /// Chat's `choices[].logprobs.content[]`.
+    Chat,
+    /// Completions' parallel lists.
+    Legacy,
+}
+
+/// What the server does with generated tokens (the engine never sees these).
+#[derive(Debug, Clone)]
+pub struct TextOptions {
+    /// Which endpoint answers.
+    pub endpoint: Endpoint,
+    /// Stop strings, matched on the text across token boundaries.
+    pub stop: Vec<String>,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: bool,
+    /// Logprobs reporting.
+    pub logprobs: LogprobsShape,
+    /// Answer with server-sent events.
+    pub stream: bool,
+    /// Streaming: end with a usage chunk.
+    pub include_usage: bool,
+    /// Choices per prompt.
+    pub n: usize,
+}
+
+/// The prompt, before tokenization.
+#[derive(Debug)]
+enum PromptInput {
+    Chat { messages: Vec<ChatMessage>, options: RenderOptions },
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u32>>),
+}
+
+/// A request whose fields are all valid; its prompt is not tokenized yet.
+#[derive(Debug)]
+pub struct Parsed {
+    prompt: PromptInput,
+    sampling: SamplingParams,
+    stop: StopCriteria,
+    max_tokens: Option<(usize, &'static str)>,
+    text: TextOptions,
+}
+
+/// A request ready for the engine: one [`EngineRequest`] per prompt.
+#[derive(Debug)]
+pub struct Validated {
+    /// The engine requests, in prompt order.
+    pub requests: Vec<EngineRequest>,
+    /// What to do with their tokens.
+    pub text: TextOptions,
+}
+
+/// Checks every field of `req` (stage 1).
+///
+/// # Errors
+/// A 400 naming the first field out of range.
+pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Result<Parsed, ApiError> {
+    let n = match req.n.map_or(Ok(1), usize::try_from) {
+        Ok(n @ 1..=MAX_N) => n,
+        _ => return Err(ApiError::invalid("n", format!("must be between 1 and {MAX_N}; got {}", req.n.unwrap_or(0)))),
+    };
+    let max_tokens = max_tokens(&req, endpoint)?;
+    let (logprobs, shape) = logprobs(&req, endpoint)?;
+    let sampling = SamplingParams {
+        temperature: req.temperature.unwrap_or(1.0),
+        top_k: top_k(req.top_k)?,
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.0),
+        repetition_penalty: req.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        logit_bias: logit_bias(req.logit_bias)?,
+        seed: seed(req.seed.as_ref())?.unwrap_or_else(random_seed),
+        logprobs,
+    };
+    sampling.validate(state.engine().limits().vocab_size).map_err(|e| ApiError::invalid(e.field, e.msg))?;
+    let min_tokens = usize::try_from(req.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
+    if let Some((max, param)) = max_tokens.filter(|&(max, _)| min_tokens > max) {
+        return Err(ApiError::invalid("min_tokens", format!("{min_tokens} exceeds {param} ({max})")));
+    }
+    let stop = StopCriteria {
+        max_new_tokens: 0,
+        min_new_tokens: min_tokens,
+        stop_token_ids: req.stop_token_ids.unwrap_or_default(),
+        eos_token_ids: state.config().eos_token_ids.clone(),
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+    };
+    let text = TextOptions {
+        endpoint,
+        stop: stop_strings(req.stop)?,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        logprobs: shape,
+        stream: req.stream.unwrap_or(false),
+        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        n,
+    };
+    let prompt = match endpoint {
+        Endpoint::Chat => {
+            let options = RenderOptions {
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                continue_final_message: req.continue_final_message.unwrap_or(false),
+                kwargs: req.chat_template_kwargs.unwrap_or_default(),
+                ..RenderOptions::default()
+            };
+            if state.template().is_none() {
+                return Err(ApiError::invalid("messages", "this model has no chat template; use /v1/completions"));
+            }
+            PromptInput::Chat { messages: messages(req.messages)?, options }
+        }
+        Endpoint::Completions => prompts(req.prompt)?,
+    };
+    Ok(Parsed { prompt, sampling, stop, max_tokens, text })
+}
+
+/// Renders and tokenizes the prompt, checks it against the context, and builds the engine
+/// requests (stage 2). Blocking: call it on a blocking worker.
+///
+/// # Errors
+/// 400 for a template that rejects the conversation, an empty prompt, ids outside the
+/// vocabulary, or a prompt (plus `max_tokens`) longer than the context.
+pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError> {
+    let tokenizer = state.tokenizer();
+    let encode = |text: &str, special| tokenizer.encode(text, special).map_err(ApiError::from_text);
+    let prompts = match &parsed.prompt {
+        PromptInput::Chat { messages, options } => {
+            let template = state.template().ok_or_else(|| ApiError::invalid("messages", "no chat template"))?;
+            let rendered = template.render(messages, options).map_err(ApiError::from_text)?;
+            // The template writes its own special tokens.
+            vec![encode(&rendered, false)?]
+        }
+        PromptInput::Texts(texts) => texts.iter().map(|t| encode(t, true)).collect::<Result<_, _>>()?,
+        PromptInput::Ids(ids) => ids.clone(),
+    };
+    let limits = state.engine().limits();
+    let param = parsed.text.endpoint.prompt_param();
+    let mut requests = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let len = prompt.len();
+        if len == 0 {
+            return Err(ApiError::invalid(param, "the prompt is empty"));
+        }
+        if let Some(id) = prompt.iter().find(|&&id| id as usize >= limits.vocab_size) {
+            return Err(ApiError::invalid(
+                param,
+                format!("token id {id} is outside the vocabulary of {}", limits.vocab_size),
+            ));
+        }
+        let context = limits.max_context;
+        if len >= context {
+            let msg = format!("the prompt has {len} tokens; the model's maximum context length is {context} tokens");
+            return Err(ApiError::context_length(param, msg));
+        }
+        let max_new_tokens = match parsed.max_tokens {
+            Some((max, max_param)) if max > context - len => {
+                let msg = format!(
+                    "the prompt has {len} tokens and {max_param} is {max}: {} in all, more than the model's maximum \
+                     context length of {context} tokens",
+                    len.saturating_add(max)
+                );
+                return Err(ApiError::context_length(max_param, msg));
+            }
+            Some((max, _)) => max,
+            None => context - len,
+        };
+        if parsed.stop.min_new_tokens > max_new_tokens {
+            let msg = format!("{} exceeds the {max_new_tokens} tokens left in the context", parsed.stop.min_new_tokens);
+            return Err(ApiError::invalid("min_tokens", msg));
+        }
+        let mut sampling = parsed.sampling.clone();
+        sampling.seed = sampling.seed.wrapping_add(i as u64);
+        let stop = StopCriteria { max_new_tokens, ..parsed.stop.clone() };
+        requests.push(EngineRequest { prompt, sampling, stop, n: parsed.text.n, priority: 0 });
+    }
+    Ok(Validated { requests, text: parsed.text })
+}
+
+/// `max_completion_tokens` (chat) or `max_tokens`, with the name it was given by.
+fn max_tokens(req: &GenerationRequest, endpoint: Endpoint) -> Result<Option<(usize, &'static str)>, ApiError> {
+    let given = match (endpoint, req.max_completion_tokens) {
+        (Endpoint::Chat, Some(m)) => Some((m, "max_completion_tokens")),
+        _ => req.max_tokens.map(|m| (m, "max_tokens")),
+    };
+    match given {
+        Some((0, param)) => Err(ApiError::invalid(param, "must be at least 1")),
+        Some((m, param)) => Ok(Some((usize::try_from(m).unwrap_or(usize::MAX), param))),
+        None => Ok(None),
+    }
+}
+
+/// The engine's `logprobs` setting and the response shape.
+fn logprobs(req: &GenerationRequest, endpoint: Endpoint) -> Result<(Option<usize>, LogprobsShape), ApiError> {
+    let in_range = |param: &str, k: u64| match usize::try_from(k) {
+        Ok(k) if k <= MAX_TOP_LOGPROBS => Ok(k),
+        _ => Err(ApiError::invalid(param, format!("must be between 0 and {MAX_TOP_LOGPROBS}; got {k}"))),
+    };
+    match endpoint {
+        Endpoint::Chat => match (req.logprobs, req.top_logprobs) {
+            (Some(Logprobs::Count(_)), _) => Err(ApiError::invalid("logprobs", "must be a boolean for chat")),
+            (Some(Logprobs::Bool(true)), k) => {
+                Ok((Some(in_range("top_logprobs", k.unwrap_or(0))?), LogprobsShape::Chat))
+            }
+            (_, Some(_)) => Err(ApiError::invalid("top_logprobs", "requires `logprobs: true`")),
+            _ => Ok((None, LogprobsShape::Off)),
+        },
+        Endpoint::Completions => match req.logprobs {
+            Some(Logprobs::Count(k)) => Ok((Some(in_range("logprobs", k)?), LogprobsShape::Legacy)),
+            Some(Logprobs::Bool(true)) => Err(ApiError::invalid("logprobs", "must be an integer for completions")),
+            Some(Logprobs::Bool(false)) | None => Ok((None, LogprobsShape::Off)),
+        },
+    }
+}
+
+fn top_k(k: Option<i64>) -> Result<usize, ApiError> {
+    match k {
+        None | Some(-1 | 0) => Ok(0),
+        Some(k) => {
+            usize::try_from(k).map_err(|_| ApiError::invalid("top_k", format!("must be -1, 0 or positive; got {k}")))
+        }
+    }
+}
+
+fn logit_bias(bias: Option<std::collections::BTreeMap<String, f32>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let pairs = bias.unwrap_or_default().into_iter().map(|(token, bias)| match token.trim().parse::<u32>() {
+        Ok(id) => Ok((id, bias)),
+        Err(_) => Err(ApiError::invalid("logit_bias", format!("`{token}` is not a token id"))),
+    });
+    pairs.collect()
+}
+
+/// Any JSON integer; a negative one keeps its bits.
+fn seed(seed: Option<&serde_json::Number>) -> Result<Option<u64>, ApiError> {
+    let Some(n) = seed else { return Ok(None) };
+    match (n.as_u64(), n.as_i64()) {
+        (Some(s), _) => Ok(Some(s)),
+        (None, Some(s)) => Ok(Some(s as u64)),
+        _ => Err(ApiError::invalid("seed", format!("must be an integer; got {n}"))),
+    }
+}
+
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(list)) => list,
+    };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid("stop", format!("at most {MAX_STOP_STRINGS} stop strings; got {}", stop.len())));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    Ok(stop)
+}
+
+/// The conversation, with text parts joined into strings (other parts are refused).
+fn messages(messages: Option<Vec<ChatMessage>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages = messages.ok_or_else(|| ApiError::invalid("messages", "is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "must hold at least one message"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let Some(MessageContent::Parts(parts)) = &m.content else { continue };
+        for part in parts {
+            let kind = part.get("type").and_then(serde_json::Value::as_str);
+            if kind != Some("text") || !part.get("text").is_some_and(serde_json::Value::is_string) {
+                let msg = format!("only text parts are supported; got {}", serde_json::Value::Object(part.clone()));
+                return Err(ApiError::invalid(format!("messages[{i}].content"), msg));
+            }
+        }
+    }
+    Ok(messages.into_iter().map(ChatMessage::flatten_text_parts).collect())
+}
+
+fn prompts(prompt: Option<Prompt>) -> Result<PromptInput, ApiError> {
+    let input = match prompt.ok_or_else(|| ApiError::invalid("prompt", "is required"))? {
+        Prompt::Text(t) => PromptInput::Texts(vec![t]),
+        Prompt::Texts(ts) => PromptInput::Texts(ts),
+        Prompt::Ids(ids) => PromptInput::Ids(vec![ids]),
+        Prompt::IdLists(lists) => PromptInput::Ids(lists),
+    };
+    let count = match &input {
+        PromptInput::Texts(t) => t.len(),
+        PromptInput::Ids(i) => i.len(),
+        PromptInput::Chat { .. } => 1,
+    };
+    match count {
+        0 => Err(ApiError::invalid("prompt", "must hold at least one prompt")),
+        1..=MAX_N => Ok(input),
+        _ => Err(ApiError::invalid("prompt", format!("at most {MAX_N} prompts per request; got {count}"))),
+    }
+}
