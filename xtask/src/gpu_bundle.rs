@@ -1,0 +1,202 @@
+//! `cargo xtask gpu-bundle`: everything the GPU machine needs, in one folder that travels.
+//!
+//! The GPU machine has no Rust toolchain and no network, so the CUDA build happens here
+//! (cudarc loads the driver, NVRTC and cuBLAS at run time, so no toolkit is needed) and
+//! `gpu-bundle/` (ignored by git) receives:
+//!
+//! - `met`: the release binary with `--features cuda`;
+//! - `tests/`: the GPU test binaries (the op conformance suite, the kernels' unit tests
+//!   with the NVRTC compile, the Hugging Face fixtures through the engine), release, with
+//!   stable names;
+//! - `fixtures/hf/`: the fixtures those tests read; `configs/`: the real `config.json`
+//!   files of the transformers comparison; `gpu_compare.py`: that comparison;
+//! - `run.sh`: runs every test binary and the comparison, then prints a pass/fail
+//!   summary and the comparison's numbers; logs go to the folder given as its argument.
+//!
+//! Binaries are stripped so the folder stays well under the 64 MiB a device call carries;
+//! the task fails if it does not.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, root, run};
+
+/// The most the bundle may weigh (the device call carries 64 MiB with the working tree).
+const MAX_BYTES: u64 = 48 << 20;
+
+/// Test binaries to bundle: (cargo arguments selecting them, name in the bundle).
+const TESTS: [(&[&str], &str); 3] = [
+    (&["-p", "met-kernels", "--test", "ops"], "kernels-ops"),
+    (&["-p", "met-kernels", "--lib"], "kernels-lib"),
+    (&["-p", "met-scheduler", "--test", "gpu_hf_fixtures"], "scheduler-gpu-hf-fixtures"),
+];
+
+/// Builds and fills `gpu-bundle/`.
+pub fn gpu_bundle(args: &[String]) -> Result<()> {
+    if !args.is_empty() {
+        bail!("usage: cargo xtask gpu-bundle");
+    }
+    let out = root().join("gpu-bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("tests"))?;
+
+    run(cargo().args(["build", "--release", "-p", "met-server", "--features", "cuda"]))?;
+    strip_into(&root().join("target/release/met"), &out.join("met"))?;
+    for (select, name) in TESTS {
+        let exe = build_test(select)?;
+        strip_into(&exe, &out.join("tests").join(name))?;
+    }
+    copy_dir(&root().join("crates/model-layers/tests/fixtures/hf"), &out.join("fixtures/hf"))?;
+    for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct"] {
+        copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
+    }
+    std::fs::copy(root().join("scripts/gpu_compare.py"), out.join("gpu_compare.py"))?;
+    write_executable(&out.join("run.sh"), RUNNER)?;
+
+    let bytes = dir_bytes(&out)?;
+    eprintln!("xtask: gpu-bundle: {:.1} MiB in {}", bytes as f64 / f64::from(1 << 20), out.display());
+    if bytes > MAX_BYTES {
+        bail!("the bundle is {bytes} bytes, over the {MAX_BYTES} it may carry");
+    }
+    Ok(())
+}
+
+/// Builds one GPU test binary in release mode and returns its path, read from cargo's
+/// JSON messages.
+fn build_test(select: &[&str]) -> Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--features", "cuda", "--no-run", "--message-format=json"]).args(select);
+    eprintln!("xtask: {cmd:?}");
+    let output = cmd.current_dir(root()).stderr(Stdio::inherit()).output().context("running cargo test --no-run")?;
+    if !output.status.success() {
+        bail!("{cmd:?} failed with {}", output.status);
+    }
+    let mut found = None;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        if msg["reason"] == "compiler-artifact"
+            && is_test
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            found = Some(PathBuf::from(exe));
+        }
+    }
+    found.with_context(|| format!("cargo built no test executable for {select:?}"))
+}
+
+/// Copies `from` to `to` without debug info and symbols (`strip`, or a plain copy where
+/// the machine has none).
+fn strip_into(from: &Path, to: &Path) -> Result<()> {
+    let stripped = Command::new("strip").arg("-o").arg(to).arg(from).status();
+    if !matches!(stripped, Ok(s) if s.success()) {
+        eprintln!("xtask: strip unavailable or failed; copying {} unstripped", from.display());
+        std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        total += if entry.file_type()?.is_dir() { dir_bytes(&entry.path())? } else { entry.metadata()?.len() };
+    }
+    Ok(total)
+}
+
+fn write_executable(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+/// The runner. Every step runs even when an earlier one fails; the summary lists each
+/// step's status, the GPU fixture lines and the comparison's table.
+const RUNNER: &str = r#"#!/usr/bin/env bash
+# Runs every GPU test of met and the comparison with transformers, then prints a summary.
+# Usage: run.sh [LOG_DIR]   (default: ./logs). Made by `cargo xtask gpu-bundle`.
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+LOGS="${1:-$HERE/logs}"
+mkdir -p "$LOGS"
+CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
+export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+export MET_HOME="${MET_HOME:-$(mktemp -d /tmp/met-home.XXXX)}"
+export MET_HF_FIXTURES="$HERE/fixtures/hf"
+export RUST_BACKTRACE=1 PYTHONUNBUFFERED=1 MET_LOG="${MET_LOG:-info}"
+declare -a SUMMARY
+FAILED=0
+
+step() {  # step NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECONDS
+  local name="$1" log="$LOGS/$2" limit="$3"; shift 3
+  local start=$SECONDS
+  timeout --signal=KILL "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  local status=PASS; [ $rc -eq 0 ] || { status="FAIL(rc=$rc)"; FAILED=1; }
+  local counts; counts=$(grep -E "^test result:" "$log" | tail -1 | sed 's/^test result: //')
+  SUMMARY+=("$(printf '%-28s %-10s %4ss  %s' "$name" "$status" $((SECONDS - start)) "$counts")")
+  echo "== $name: $status"
+  if [ $rc -ne 0 ]; then grep -E "panicked|FAILED|failed|error" "$log" | head -20; fi
+}
+
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
+step "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --test-threads=4
+# The CPU checks in one process, each CUDA check in its own, so a kernel fault (which
+# poisons the whole CUDA context) is pinned on the check that caused it.
+ops_each() {
+  local bin="$HERE/tests/kernels-ops" pass=0 fail=0 t
+  "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
+  for t in $("$bin" --list 2>/dev/null | grep '^cuda::' | sed 's/: test$//'); do
+    if "$bin" --exact "$t" --test-threads=1 --nocapture >"$LOGS/op.tmp" 2>&1; then
+      pass=$((pass + 1)); echo "ok: $t"
+    else
+      fail=$((fail + 1)); echo "FAILED: $t"; cat "$LOGS/op.tmp"
+    fi
+  done
+  rm -f "$LOGS/op.tmp"
+  echo "test result: cuda checks: $pass passed; $fail failed (cpu checks in one run before)"
+  [ $fail -eq 0 ]
+}
+export -f ops_each
+export HERE LOGS
+step "kernels ops (cpu + cuda)" kernels-ops.log 120 bash -c ops_each
+step "hf fixtures on gpu" gpu-hf-fixtures.log 90 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=3
+# A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
+step "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
+  --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
+step "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
+  --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
+
+echo
+echo "======== met GPU summary ========"
+printf '%s\n' "${SUMMARY[@]}"
+echo
+grep -h "GPU-FIXTURE" "$LOGS/gpu-hf-fixtures.log" || true
+grep -h -E "device|kv cache|KV" "$LOGS/met-generate.log" "$LOGS/gpu-compare.log" | head -9 || true
+echo
+sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" || true
+exit $FAILED
+"#;
