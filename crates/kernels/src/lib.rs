@@ -15,6 +15,7 @@
 //! is stored in that backend's [`GpuBackend::float_dtype`], index data as `u32`.
 
 mod backend;
+mod check;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -14,25 +14,9 @@ use crate::error::{Error, Result, ensure};
 use super::{f32_tensor, read_f32, read_u32, write_f32};
 
 pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
-    let cd = k_cache.dims();
-    ensure(cd.len() == 4 && v_cache.dims() == cd, "write_kv", || {
-        format!("caches {cd:?} / {:?} are not equal [blocks, block_size, h_kv, d]", v_cache.dims())
-    })?;
-    let row = cd[2] * cd[3];
-    let t = slots.elem_count();
-    for (name, x) in [("k", k), ("v", v)] {
-        ensure(x.elem_count() == t * row && x.dims().first() == Some(&t), "write_kv", || {
-            format!("{name} {:?} is not [{t}, {}, {}]", x.dims(), cd[2], cd[3])
-        })?;
-    }
-    if [k, v].iter().any(|x| x.same_storage(k_cache) || x.same_storage(v_cache)) {
-        return Err(Error::InvalidArgument("write_kv: k and v must not be the cache pools themselves".into()));
-    }
-    let capacity = cd[0] * cd[1];
+    let crate::check::WriteKv { row, capacity } = crate::check::write_kv(k, v, k_cache, v_cache, slots)?;
     let slots = read_u32("write_kv", slots)?;
-    if let Some(bad) = slots.iter().find(|&&s| s as usize >= capacity) {
-        return Err(Error::InvalidArgument(format!("write_kv: slot {bad} is past the pool of {capacity} slots")));
-    }
+    crate::check::slots_in_pool(&slots, capacity)?;
     for (src, dst) in [(k, k_cache), (v, v_cache)] {
         let src = read_f32("write_kv", src)?;
         let mut dst = write_f32("write_kv", dst)?;
@@ -59,22 +43,12 @@ pub(super) fn paged_attention(
     p: &AttentionParams,
 ) -> Result<Tensor> {
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-    ensure(hkv > 0 && h % hkv == 0, "paged_attention", || format!("{h} heads cannot share {hkv} kv heads"))?;
-    let t = q.dims().first().copied().unwrap_or(0);
-    ensure(q.dims() == [t, h, d], "paged_attention", || format!("q {:?} is not [t, {h}, {d}]", q.dims()))?;
-    let cd = k_cache.dims();
-    ensure(cd.len() == 4 && cd[2] == hkv && cd[3] == d && v_cache.dims() == cd, "paged_attention", || {
-        format!("caches {cd:?} are not [blocks, block_size, {hkv}, {d}]")
-    })?;
-    if p.sliding_window == Some(0) {
-        return Err(Error::InvalidArgument("paged_attention: a sliding window of 0 sees nothing".into()));
-    }
-    let block_size = cd[1];
+    let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
     let cu = read_u32("paged_attention", &meta.cu_seqlens_q)?;
     let lens = read_u32("paged_attention", &meta.seq_lens)?;
     let tables = read_u32("paged_attention", &meta.block_tables)?;
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
-    let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, cd[0])?;
+    let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
 
     let (qs, ks, vs) =
         (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);

@@ -1,19 +1,12 @@
 //! `x · Wᵀ` on the CPU through the `gemm` crate.
 
 use crate::Tensor;
-use crate::error::{Result, ensure};
+use crate::error::Result;
 
 use super::{WeightView, f32_tensor, read_f32, read_weight};
 
 pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (xd, wd) = (x.dims(), w.dims());
-    ensure(xd.len() == 2 && wd.len() == 2 && xd[1] == wd[1], "matmul", || {
-        format!("x {xd:?} and w {wd:?} are not [m, k] and [n, k]")
-    })?;
-    let (m, k, n) = (xd[0], xd[1], wd[0]);
-    if let Some(b) = bias {
-        ensure(b.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", b.dims()))?;
-    }
+    let (m, k, n) = crate::check::matmul(x, w, bias)?;
     let (xs, ws) = (read_f32("matmul", x)?, read_weight("matmul", w)?);
     let bs = bias.map(|b| read_f32("matmul", b)).transpose()?;
     let out = match ws {
@@ -29,11 +22,28 @@ pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Te
     Ok(f32_tensor(out, &[m, n]))
 }
 
-/// `x [m, k] · wᵀ` for row-major `w [n, k]`, plus `bias [n]`: row-major `[m, n]`.
+/// `x [m, k] · wᵀ` for row-major `w [n, k]`, plus `bias [n]`: row-major `[m, n]`, on the
+/// rayon pool.
 ///
 /// # Panics
 /// If the slice lengths do not match `m`, `k` and `n`.
 pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize, n: usize) -> Vec<f32> {
+    gemm_xwt(x, w, bias, (m, k, n), gemm::Parallelism::Rayon(0))
+}
+
+/// [`matmul_xwt`] on the calling thread only (no bias), for callers that parallelise
+/// over independent products themselves.
+pub(crate) fn gemm_xwt_serial(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    gemm_xwt(x, w, None, (m, k, n), gemm::Parallelism::None)
+}
+
+fn gemm_xwt(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    (m, k, n): (usize, usize, usize),
+    parallelism: gemm::Parallelism,
+) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "x is not [m, k]");
     assert_eq!(w.len(), n * k, "w is not [n, k]");
     let mut out = match bias {
@@ -43,16 +53,14 @@ pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize
         }
         None => vec![0f32; m * n],
     };
-    if m == 0 || n == 0 {
-        return out;
-    }
-    if k == 0 {
+    if m == 0 || n == 0 || k == 0 {
         return out;
     }
     // SAFETY: the pointers address `m*n`, `m*k` and `n*k` initialised f32s, as asserted
     // above, with the strides below staying inside them: out and x are row-major
     // (column stride 1, row stride n / k); wᵀ is read column-major from w's rows (its
-    // column stride is k, its row stride 1). `out` does not alias the inputs.
+    // column stride is k, its row stride 1). `out` does not alias the inputs. With a bias
+    // the output starts as the bias rows and the product is added to it.
     unsafe {
         gemm::gemm(
             m,
@@ -73,42 +81,7 @@ pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(0),
-        );
-    }
-    out
-}
-
-/// [`matmul_xwt`] on the calling thread only (no bias), for callers that parallelise
-/// over independent products themselves.
-pub(crate) fn gemm_xwt_serial(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
-    if m == 0 || n == 0 || k == 0 {
-        return out;
-    }
-    // SAFETY: as in `matmul_xwt`: `x` is `m*k`, `w` is `n*k`, `out` is `m*n` (asserted by
-    // the slice lengths the callers build), all row-major, non-aliasing.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
     out

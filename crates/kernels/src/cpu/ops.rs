@@ -44,11 +44,7 @@ pub(super) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 pub(super) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
-    ensure(dims.len() == 3, "rotary", || format!("x {dims:?} is not [t, h, d]"))?;
-    let (t, h, d) = (dims[0], dims[1], dims[2]);
-    let half = inv_freq.elem_count();
-    ensure(positions.dims() == [t], "rotary", || format!("positions {:?} for {t} tokens", positions.dims()))?;
-    ensure(2 * half <= d && half > 0, "rotary", || format!("{half} frequencies do not fit head dim {d}"))?;
+    let (_, h, d, half) = crate::check::rotary(x, positions, inv_freq)?;
     let (xs, pos, freq) = (read_f32("rotary", x)?, read_u32("rotary", positions)?, read_f32("rotary", inv_freq)?);
     let mut out = xs.to_vec();
     out.par_chunks_mut(h * d).zip(pos.par_iter()).for_each(|(row, &p)| {

@@ -11,7 +11,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 use super::{CudaBackend, expect_dtype, launch, ptr};
 use crate::backend::{AttentionMeta, AttentionParams};
 use crate::cpu::attention::{MetaView, check_meta};
-use crate::error::{Error, Result, ensure};
+use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// Largest head dim the kernel handles (`ATTN_MAX_DIM`).
@@ -46,28 +46,12 @@ pub(super) fn write_kv(
     v_cache: &Tensor,
     slots: &Tensor,
 ) -> Result<()> {
-    let cd = k_cache.dims();
-    ensure(cd.len() == 4 && v_cache.dims() == cd, "write_kv", || {
-        format!("caches {cd:?} / {:?} are not equal [blocks, block_size, h_kv, d]", v_cache.dims())
-    })?;
-    let row = cd[2] * cd[3];
+    let crate::check::WriteKv { row, capacity } = crate::check::write_kv(k, v, k_cache, v_cache, slots)?;
     let t = slots.elem_count();
-    for (name, x) in [("k", k), ("v", v)] {
-        ensure(x.elem_count() == t * row && x.dims().first() == Some(&t), "write_kv", || {
-            format!("{name} {:?} is not [{t}, {}, {}]", x.dims(), cd[2], cd[3])
-        })?;
+    for x in [k, v, k_cache, v_cache] {
         expect_dtype("write_kv", x, &[DType::BF16])?;
     }
-    expect_dtype("write_kv", k_cache, &[DType::BF16])?;
-    expect_dtype("write_kv", v_cache, &[DType::BF16])?;
-    if [k, v].iter().any(|x| x.same_storage(k_cache) || x.same_storage(v_cache)) {
-        return Err(Error::InvalidArgument("write_kv: k and v must not be the cache pools themselves".into()));
-    }
-    let capacity = cd[0] * cd[1];
-    let host = b.host_u32("write_kv", slots)?;
-    if let Some(bad) = host.iter().find(|&&s| s as usize >= capacity) {
-        return Err(Error::InvalidArgument(format!("write_kv: slot {bad} is past the pool of {capacity} slots")));
-    }
+    crate::check::slots_in_pool(&b.host_u32("write_kv", slots)?, capacity)?;
     if t == 0 || row == 0 {
         return Ok(());
     }
@@ -90,16 +74,7 @@ pub(super) fn paged_attention(
     p: &AttentionParams,
 ) -> Result<Tensor> {
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-    ensure(hkv > 0 && h % hkv == 0, "paged_attention", || format!("{h} heads cannot share {hkv} kv heads"))?;
-    let t = q.dims().first().copied().unwrap_or(0);
-    ensure(q.dims() == [t, h, d], "paged_attention", || format!("q {:?} is not [t, {h}, {d}]", q.dims()))?;
-    let cd = k_cache.dims();
-    ensure(cd.len() == 4 && cd[2] == hkv && cd[3] == d && v_cache.dims() == cd, "paged_attention", || {
-        format!("caches {cd:?} are not [blocks, block_size, {hkv}, {d}]")
-    })?;
-    if p.sliding_window == Some(0) {
-        return Err(Error::InvalidArgument("paged_attention: a sliding window of 0 sees nothing".into()));
-    }
+    let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
     if d > MAX_HEAD_DIM {
         return Err(Error::InvalidArgument(format!("paged_attention: head dim {d} exceeds {MAX_HEAD_DIM}")));
     }
@@ -110,7 +85,7 @@ pub(super) fn paged_attention(
     let (cu, lens, tables) =
         (b.host_u32(op, &meta.cu_seqlens_q)?, b.host_u32(op, &meta.seq_lens)?, b.host_u32(op, &meta.block_tables)?);
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
-    check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, cd[1], cd[0])?;
+    check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
     let out = b.alloc(&[t, h, d], DType::BF16)?;
     if t == 0 || h == 0 || d == 0 {
         return Ok(out);
@@ -118,7 +93,7 @@ pub(super) fn paged_attention(
     let args = AttnArgs {
         num_seqs: lens.len() as u32,
         max_blocks: max_blocks as u32,
-        block_size: cd[1] as u32,
+        block_size: block_size as u32,
         h: h as u32,
         h_kv: hkv as u32,
         d: d as u32,

@@ -44,18 +44,7 @@ pub(super) fn moe_experts(
     gate_up: &Tensor,
     down: &Tensor,
 ) -> Result<Tensor> {
-    let (xd, gd, dd) = (x.dims(), gate_up.dims(), down.dims());
-    ensure(xd.len() == 2 && gd.len() == 3 && dd.len() == 3, "moe_experts", || {
-        format!("x {xd:?}, gate_up {gd:?}, down {dd:?} are not [t, h], [e, 2i, h], [e, h, i]")
-    })?;
-    let (t, h, e, i) = (xd[0], xd[1], gd[0], dd[2]);
-    ensure(gd == [e, 2 * i, h] && dd == [e, h, i], "moe_experts", || {
-        format!("gate_up {gd:?} and down {dd:?} do not match x {xd:?}")
-    })?;
-    let k = routing.experts.dims().get(1).copied().unwrap_or(0);
-    ensure(routing.experts.dims() == [t, k] && routing.weights.dims() == [t, k], "moe_experts", || {
-        format!("routing {:?} does not cover {t} tokens", routing.experts.dims())
-    })?;
+    let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     for w in [x, gate_up, down] {
         expect_dtype("moe_experts", w, &[DType::BF16])?;
     }

@@ -32,13 +32,8 @@ pub(super) fn cast(b: &CudaBackend, t: &Tensor, dtype: DType) -> Result<Tensor> 
 }
 
 pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (xd, wd) = (x.dims(), w.dims());
-    ensure(xd.len() == 2 && wd.len() == 2 && xd[1] == wd[1], "matmul", || {
-        format!("x {xd:?} and w {wd:?} are not [m, k] and [n, k]")
-    })?;
-    let (m, k, n) = (xd[0], xd[1], wd[0]);
+    let (m, k, n) = crate::check::matmul(x, w, bias)?;
     if let Some(bias) = bias {
-        ensure(bias.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", bias.dims()))?;
         expect_dtype("matmul", bias, BF16)?;
     }
     expect_dtype("matmul", x, BF16)?;
@@ -113,11 +108,7 @@ pub(super) fn add_rms_norm(
 
 pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
-    ensure(dims.len() == 3, "rotary", || format!("x {dims:?} is not [t, h, d]"))?;
-    let (t, h, d) = (dims[0], dims[1], dims[2]);
-    let half = inv_freq.elem_count();
-    ensure(positions.dims() == [t], "rotary", || format!("positions {:?} for {t} tokens", positions.dims()))?;
-    ensure(2 * half <= d && half > 0, "rotary", || format!("{half} frequencies do not fit head dim {d}"))?;
+    let (t, h, d, half) = crate::check::rotary(x, positions, inv_freq)?;
     expect_dtype("rotary", x, BF16)?;
     expect_dtype("rotary", positions, &[DType::U32])?;
     expect_dtype("rotary", inv_freq, &[DType::F32])?;

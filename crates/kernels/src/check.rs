@@ -1,0 +1,116 @@
+//! Operand checks shared by every backend, so that each rejects exactly the same shapes
+//! with the same messages. Each returns the sizes the op needs; dtype checks stay with the
+//! backend, which knows what it stores.
+
+use crate::Tensor;
+use crate::backend::{AttentionParams, Routing};
+use crate::error::{Error, Result, ensure};
+
+/// `matmul`: `x [m, k]`, `w [n, k]`, `bias [n]`; returns `(m, k, n)`.
+pub(crate) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<(usize, usize, usize)> {
+    let (xd, wd) = (x.dims(), w.dims());
+    ensure(xd.len() == 2 && wd.len() == 2 && xd[1] == wd[1], "matmul", || {
+        format!("x {xd:?} and w {wd:?} are not [m, k] and [n, k]")
+    })?;
+    let (m, k, n) = (xd[0], xd[1], wd[0]);
+    if let Some(b) = bias {
+        ensure(b.dims() == [n], "matmul", || format!("bias {:?} does not match n = {n}", b.dims()))?;
+    }
+    Ok((m, k, n))
+}
+
+/// `rotary`: `x [t, h, d]`, `positions [t]`, `inv_freq [half]` with `2·half ≤ d`; returns
+/// `(t, h, d, half)`.
+pub(crate) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Result<(usize, usize, usize, usize)> {
+    let dims = x.dims();
+    ensure(dims.len() == 3, "rotary", || format!("x {dims:?} is not [t, h, d]"))?;
+    let (t, h, d) = (dims[0], dims[1], dims[2]);
+    let half = inv_freq.elem_count();
+    ensure(positions.dims() == [t], "rotary", || format!("positions {:?} for {t} tokens", positions.dims()))?;
+    ensure(2 * half <= d && half > 0, "rotary", || format!("{half} frequencies do not fit head dim {d}"))?;
+    Ok((t, h, d, half))
+}
+
+/// The sizes of a `write_kv` call.
+pub(crate) struct WriteKv {
+    /// Elements per row (`h_kv · d`).
+    pub(crate) row: usize,
+    /// Slots in the pool.
+    pub(crate) capacity: usize,
+}
+
+/// `write_kv`: equal pools `[blocks, block_size, h_kv, d]`, `k, v [t, h_kv, d]` that are not
+/// the pools themselves, `slots [t]`.
+pub(crate) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<WriteKv> {
+    let cd = k_cache.dims();
+    ensure(cd.len() == 4 && v_cache.dims() == cd, "write_kv", || {
+        format!("caches {cd:?} / {:?} are not equal [blocks, block_size, h_kv, d]", v_cache.dims())
+    })?;
+    let row = cd[2] * cd[3];
+    let t = slots.elem_count();
+    for (name, x) in [("k", k), ("v", v)] {
+        ensure(x.elem_count() == t * row && x.dims().first() == Some(&t), "write_kv", || {
+            format!("{name} {:?} is not [{t}, {}, {}]", x.dims(), cd[2], cd[3])
+        })?;
+    }
+    if [k, v].iter().any(|x| x.same_storage(k_cache) || x.same_storage(v_cache)) {
+        return Err(Error::InvalidArgument("write_kv: k and v must not be the cache pools themselves".into()));
+    }
+    Ok(WriteKv { row, capacity: cd[0] * cd[1] })
+}
+
+/// Every slot inside a pool of `capacity` slots.
+pub(crate) fn slots_in_pool(slots: &[u32], capacity: usize) -> Result<()> {
+    match slots.iter().find(|&&s| s as usize >= capacity) {
+        Some(bad) => Err(Error::InvalidArgument(format!("write_kv: slot {bad} is past the pool of {capacity} slots"))),
+        None => Ok(()),
+    }
+}
+
+/// `paged_attention`: `q [t, h, d]`, pools `[blocks, block_size, h_kv, d]`, `h` a multiple of
+/// `h_kv`, a non-empty window; returns `(t, block_size, blocks)`.
+pub(crate) fn attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    p: &AttentionParams,
+) -> Result<(usize, usize, usize)> {
+    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    ensure(hkv > 0 && h % hkv == 0, "paged_attention", || format!("{h} heads cannot share {hkv} kv heads"))?;
+    let t = q.dims().first().copied().unwrap_or(0);
+    ensure(q.dims() == [t, h, d], "paged_attention", || format!("q {:?} is not [t, {h}, {d}]", q.dims()))?;
+    let cd = k_cache.dims();
+    ensure(cd.len() == 4 && cd[2] == hkv && cd[3] == d && v_cache.dims() == cd, "paged_attention", || {
+        format!("caches {cd:?} are not [blocks, block_size, {hkv}, {d}]")
+    })?;
+    if p.sliding_window == Some(0) {
+        return Err(Error::InvalidArgument("paged_attention: a sliding window of 0 sees nothing".into()));
+    }
+    Ok((t, cd[1], cd[0]))
+}
+
+/// The sizes of a `moe_experts` call.
+pub(crate) struct Moe {
+    pub(crate) t: usize,
+    pub(crate) h: usize,
+    pub(crate) e: usize,
+    pub(crate) i: usize,
+    pub(crate) k: usize,
+}
+
+/// `moe_experts`: `x [t, h]`, `gate_up [e, 2i, h]`, `down [e, h, i]`, routing `[t, k]`.
+pub(crate) fn moe(x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Moe> {
+    let (xd, gd, dd) = (x.dims(), gate_up.dims(), down.dims());
+    ensure(xd.len() == 2 && gd.len() == 3 && dd.len() == 3, "moe_experts", || {
+        format!("x {xd:?}, gate_up {gd:?}, down {dd:?} are not [t, h], [e, 2i, h], [e, h, i]")
+    })?;
+    let (t, h, e, i) = (xd[0], xd[1], gd[0], dd[2]);
+    ensure(gd == [e, 2 * i, h] && dd == [e, h, i], "moe_experts", || {
+        format!("gate_up {gd:?} and down {dd:?} do not match x {xd:?}")
+    })?;
+    let k = routing.experts.dims().get(1).copied().unwrap_or(0);
+    ensure(routing.experts.dims() == [t, k] && routing.weights.dims() == [t, k], "moe_experts", || {
+        format!("routing {:?} does not cover {t} tokens", routing.experts.dims())
+    })?;
+    Ok(Moe { t, h, e, i, k })
+}
