@@ -46,20 +46,23 @@ fn drain(streams: &mut [RequestStream]) {
 
 fn step(c: &mut Criterion) {
     c.bench_function("engine_step_256_decoding", |b| {
+        // Inside the rayon pool, as the engine thread runs (`met_scheduler::spawn`).
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut done = 0;
-            while done < iters {
-                let (mut engine, mut streams) = engine_in_decode();
-                for _ in 0..STEPS_PER_ENGINE.min(iters - done) {
-                    let start = Instant::now();
-                    engine.step();
-                    total += start.elapsed();
-                    drain(&mut streams);
-                    done += 1;
+            rayon::scope(|_| {
+                let mut total = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let (mut engine, mut streams) = engine_in_decode();
+                    for _ in 0..STEPS_PER_ENGINE.min(iters - done) {
+                        let start = Instant::now();
+                        engine.step();
+                        total += start.elapsed();
+                        drain(&mut streams);
+                        done += 1;
+                    }
                 }
-            }
-            total
+                total
+            })
         });
     });
 }

@@ -37,7 +37,10 @@ pub fn spawn(engine: Engine) -> (EngineHandle, JoinHandle<()>) {
     let limits = engine.limits();
     let thread = std::thread::Builder::new()
         .name("met-engine".into())
-        .spawn(move || run(engine, &rx))
+        // The loop runs as a job of the rayon pool, so the CPU backend's parallel ops are
+        // forked from a worker (work stealing) instead of being injected from outside and
+        // waited for, which costs two context switches per op.
+        .spawn(move || rayon::scope(move |_| run(engine, &rx)))
         .expect("spawning the engine thread");
     (EngineHandle { commands: tx, limits, next_id: Arc::new(AtomicU64::new(0)) }, thread)
 }

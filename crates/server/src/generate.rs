@@ -82,7 +82,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let mut engine = engine(&args.engine, model, backend, &requests)?;
     let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-    let (outputs, timing) = run_to_completion(&mut engine, requests)?;
+    // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
+    let (outputs, timing) = rayon::scope(|_| run_to_completion(&mut engine, requests))?;
     print(&prompts, &outputs, args, tokenizer.as_ref())?;
     if args.timing {
         let prompt_tokens = prompts.iter().map(Vec::len).sum();

@@ -51,18 +51,19 @@ pub(super) fn sample(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Samp
     ensure(d.len() == 2, OP, || format!("logits {d:?} are not [rows, vocab]"))?;
     let (n, vocab) = (d[0], d[1]);
     let xs = read_f32(OP, logits)?;
-    rows.par_iter()
-        .map_init(Scratch::default, |scratch, row| {
-            check_row(row, n, vocab)?;
-            let raw = &xs[row.logits_row * vocab..(row.logits_row + 1) * vocab];
-            sample_row(raw, row, scratch).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "{OP}: every token of logits row {} is banned or masked",
-                    row.logits_row
-                ))
-            })
+    let one = |scratch: &mut Scratch, row: &SampleRow<'_>| {
+        check_row(row, n, vocab)?;
+        let raw = &xs[row.logits_row * vocab..(row.logits_row + 1) * vocab];
+        sample_row(raw, row, scratch).ok_or_else(|| {
+            Error::InvalidArgument(format!("{OP}: every token of logits row {} is banned or masked", row.logits_row))
         })
-        .collect()
+    };
+    // Small batches stay on the calling thread: handing them to the pool costs more.
+    if rows.len() * vocab < 1 << 16 {
+        let mut scratch = Scratch::default();
+        return rows.iter().map(|row| one(&mut scratch, row)).collect();
+    }
+    rows.par_iter().map_init(Scratch::default, one).collect()
 }
 
 /// Buffers one worker reuses across rows.
