@@ -182,9 +182,9 @@ fn paged_attention(c: &mut Criterion) {
     group.finish();
 }
 
-/// `cpu::matmul_quant` at the MLP projection with Q4_1 and Q8_0 weights (SmolLM2's
-/// GGUF formats), for m = 1 and m = 64: the same FLOPs as `matmul_f32`, from quantised
-/// blocks.
+/// `cpu::matmul_packed` (the CPU's quantised matmul) at the MLP projection with Q4_1 and
+/// Q8_0 weights (SmolLM2's GGUF formats), for m = 1 and m = 64: the same FLOPs as
+/// `matmul_f32`, from quantised blocks.
 fn matmul_quant(c: &mut Criterion) {
     use met_kernels::quant::QuantFormat;
     let (k, n) = (HIDDEN, INTERMEDIATE);
@@ -199,11 +199,12 @@ fn matmul_quant(c: &mut Criterion) {
                 block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
             }
         }
+        let packed = met_kernels::quant::PackedQuant::from_blocks(format, &w, k).expect("a packed format");
         for m in [1, 64] {
             let x = values(m * k, 2);
             group.throughput(flops(2 * m * k * n));
             group.bench_function(format!("{format}/m{m}_k{k}_n{n}"), |bench| {
-                bench.iter(|| met_kernels::cpu::matmul_quant(black_box(&x), black_box(&w), None, (m, k, n), format));
+                bench.iter(|| met_kernels::cpu::matmul_packed(black_box(&x), black_box(&packed), None, m));
             });
         }
     }

@@ -46,8 +46,8 @@ impl QuantRows for Blocks<'_> {
         self.bytes.len() / self.row_bytes
     }
 
-    fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
-        dot_rows(self.format, x, sums, &self.bytes[rows.start * self.row_bytes..rows.end * self.row_bytes], out);
+    fn dot_rows(&self, x: &[f32], _sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
+        dot_rows(self.format, x, &self.bytes[rows.start * self.row_bytes..rows.end * self.row_bytes], out);
     }
 
     fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {

@@ -4,8 +4,8 @@
 //! `block_bytes` bytes, exactly as GGUF files lay them out, so weights go from the memory
 //! map to the CPU backend untouched and compute with exactly the file's values. This
 //! module knows the block layouts: it dequantises ([`dequantize`], [`dequantize_row`]) and
-//! computes `x · row` straight from the blocks ([`dot`]), with AVX-512 or AVX2 paths where
-//! the CPU has them.
+//! computes `x · row` from the blocks ([`dot_rows`]), or, for the formats the CPU repacks
+//! ([`PackedQuant`]), with AVX-512 or AVX2 kernels.
 
 mod blocks;
 mod packed;
@@ -132,17 +132,18 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
         .for_each(|(o, b)| dequantize_row(format, b, o));
 }
 
-/// Per-32-element block sums of `x` (the minimum terms of Q4_1/Q5_1 multiply them).
+/// Per-32-element block sums of `x` (the minimum terms of packed Q4_0/Q4_1 multiply them).
 pub fn block_sums(x: &[f32]) -> Vec<f32> {
     x.chunks_exact(32).map(|b| b.iter().sum()).collect()
 }
 
-/// `out[r] = x · row r` for the quantised rows `rows` (each `x.len()` elements); `sums`
-/// are [`block_sums`] of `x`. Uses SIMD where this CPU and format have a path.
+/// `out[r] = x · row r` for the quantised rows `rows` (each `x.len()` elements), decoding
+/// each block. The formats the CPU computes with most (Q4_0, Q4_1, Q8_0) go through
+/// [`PackedQuant::dot_rows`] and its SIMD kernels instead.
 ///
 /// # Panics
 /// If the lengths do not match the format.
-pub fn dot_rows(format: QuantFormat, x: &[f32], sums: &[f32], rows: &[u8], out: &mut [f32]) {
+pub fn dot_rows(format: QuantFormat, x: &[f32], rows: &[u8], out: &mut [f32]) {
     let row_bytes = format.bytes_for(x.len()).unwrap_or_else(|| panic!("{} is not whole {format} blocks", x.len()));
     assert_eq!(
         rows.len(),
@@ -151,11 +152,6 @@ pub fn dot_rows(format: QuantFormat, x: &[f32], sums: &[f32], rows: &[u8], out: 
         out.len(),
         x.len()
     );
-    assert_eq!(sums.len(), x.len() / 32, "one sum per 32 elements");
-    #[cfg(target_arch = "x86_64")]
-    if x86::dot_rows(format, x, sums, rows, out) {
-        return;
-    }
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(row_bytes.max(1))) {
         *o = dot_scalar(format, x, row);
     }

@@ -1,8 +1,9 @@
-//! AVX-512 and AVX2 (+ FMA, F16C) products of f32 activations with quantised rows.
+//! AVX-512 and AVX2 (+ FMA) products of f32 activations with packed quantised rows
+//! ([`super::PackedQuant`]: scales already f32, quants without their block headers).
 //!
-//! Per block: widen the packed integers to f32 vectors, multiply by the matching
-//! activations, scale the block's partial sum by `d`, and add the minimum term `m · Σx`
-//! from the precomputed block sums. Two rows run side by side so their FMA chains overlap
+//! Per block: widen the quants to f32 vectors, multiply by the matching activations,
+//! scale the block's partial sum by `d`; the minimum terms `m · Σx` of a row come last from
+//! the precomputed block sums. Two rows run side by side so their FMA chains overlap
 //! and each activation vector is loaded once for both. Weights are never rounded: results
 //! differ from the scalar path only by summation order.
 
@@ -32,60 +33,6 @@ fn level() -> Level {
     })
 }
 
-/// `out[r] = x · row r` with SIMD; false (and `out` untouched) where this CPU or format
-/// has no SIMD path.
-pub(super) fn dot_rows(format: QuantFormat, x: &[f32], sums: &[f32], rows: &[u8], out: &mut [f32]) -> bool {
-    let (level, nb) = (level(), x.len() / 32);
-    let kernel = match (level, format) {
-        (Level::Avx512, QuantFormat::Q4_0 | QuantFormat::Q4_1) => Kernel::Q4 { wide: true },
-        (Level::Avx512, QuantFormat::Q8_0) => Kernel::Q8 { wide: true },
-        (Level::Avx2, QuantFormat::Q4_0 | QuantFormat::Q4_1) => Kernel::Q4 { wide: false },
-        (Level::Avx2, QuantFormat::Q8_0) => Kernel::Q8 { wide: false },
-        _ => return false,
-    };
-    let min = format == QuantFormat::Q4_1;
-    let bb = format.block_bytes();
-    let row_bytes = nb * bb;
-    let mut r = 0;
-    while r < out.len() {
-        let pair = r + 1 < out.len();
-        let a = &rows[r * row_bytes..(r + 1) * row_bytes];
-        let b = if pair { &rows[(r + 1) * row_bytes..(r + 2) * row_bytes] } else { a };
-        // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
-        // `a` and `b` hold `nb` blocks of `format`, `x` holds `32 · nb` values and `sums`
-        // `nb` (the caller checked the lengths).
-        let (va, vb) = unsafe {
-            match kernel {
-                Kernel::Q4 { wide: true } => q4_512(x, sums, a, b, bb, min),
-                Kernel::Q4 { wide: false } => q4_256(x, sums, a, b, bb, min),
-                Kernel::Q8 { wide: true } => q8_512(x, a, b),
-                Kernel::Q8 { wide: false } => q8_256(x, a, b),
-            }
-        };
-        out[r] = va;
-        if pair {
-            out[r + 1] = vb;
-        }
-        r += 2;
-    }
-    true
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Kernel {
-    Q4 { wide: bool },
-    Q8 { wide: bool },
-}
-
-/// Reads the f16 at `p` as f32.
-#[inline]
-#[target_feature(enable = "f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees two readable bytes at `p`.
-    let bits = unsafe { p.cast::<u16>().read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum256(v: __m256) -> f32 {
@@ -93,130 +40,6 @@ fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     _mm_cvtss_f32(s)
-}
-
-/// Q4_0 (`min` false: the minimum is −8·d) and Q4_1 (`min` true: stored after `d`), two
-/// rows, 16 lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn q4_512(x: &[f32], sums: &[f32], a: &[u8], b: &[u8], bb: usize, min: bool) -> (f32, f32) {
-    let mask = _mm_set1_epi8(0x0F);
-    let qs_at = if min { 4 } else { 2 };
-    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let (mut min_a, mut min_b) = (0f32, 0f32);
-    for (i, &s) in sums.iter().enumerate() {
-        // SAFETY: block `i` of both rows and activations `32i..32i+32` are in bounds; all
-        // loads are unaligned.
-        unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-            let one = |blk: *const u8, acc: &mut __m512| -> f32 {
-                let d = f16_at(blk);
-                let m = if min { f16_at(blk.add(2)) } else { -8.0 * d };
-                let qs = _mm_loadu_si128(blk.add(qs_at).cast());
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-                m * s
-            };
-            min_a += one(a.as_ptr().add(i * bb), &mut acc_a);
-            min_b += one(b.as_ptr().add(i * bb), &mut acc_b);
-        }
-    }
-    (_mm512_reduce_add_ps(acc_a) + min_a, _mm512_reduce_add_ps(acc_b) + min_b)
-}
-
-/// Q8_0, two rows, 16 lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn q8_512(x: &[f32], a: &[u8], b: &[u8]) -> (f32, f32) {
-    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for i in 0..x.len() / 32 {
-        // SAFETY: as in `q4_512`.
-        unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-            let one = |blk: *const u8, acc: &mut __m512| {
-                let d = f16_at(blk);
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(2).cast())));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(18).cast())));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-            };
-            one(a.as_ptr().add(i * 34), &mut acc_a);
-            one(b.as_ptr().add(i * 34), &mut acc_b);
-        }
-    }
-    (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
-}
-
-/// [`q4_512`] with 8 lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_256(x: &[f32], sums: &[f32], a: &[u8], b: &[u8], bb: usize, min: bool) -> (f32, f32) {
-    let mask = _mm_set1_epi8(0x0F);
-    let qs_at = if min { 4 } else { 2 };
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut min_a, mut min_b) = (0f32, 0f32);
-    for (i, &s) in sums.iter().enumerate() {
-        // SAFETY: as in `q4_512`.
-        unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let xs = [
-                _mm256_loadu_ps(xp),
-                _mm256_loadu_ps(xp.add(8)),
-                _mm256_loadu_ps(xp.add(16)),
-                _mm256_loadu_ps(xp.add(24)),
-            ];
-            let one = |blk: *const u8, acc: &mut __m256| -> f32 {
-                let d = f16_at(blk);
-                let m = if min { f16_at(blk.add(2)) } else { -8.0 * d };
-                let qs = _mm_loadu_si128(blk.add(qs_at).cast());
-                let lo = _mm_and_si128(qs, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-                m * s
-            };
-            min_a += one(a.as_ptr().add(i * bb), &mut acc_a);
-            min_b += one(b.as_ptr().add(i * bb), &mut acc_b);
-        }
-    }
-    (hsum256(acc_a) + min_a, hsum256(acc_b) + min_b)
-}
-
-/// [`q8_512`] with 8 lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_256(x: &[f32], a: &[u8], b: &[u8]) -> (f32, f32) {
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for i in 0..x.len() / 32 {
-        // SAFETY: as in `q4_512`.
-        unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let xs = [
-                _mm256_loadu_ps(xp),
-                _mm256_loadu_ps(xp.add(8)),
-                _mm256_loadu_ps(xp.add(16)),
-                _mm256_loadu_ps(xp.add(24)),
-            ];
-            let one = |blk: *const u8, acc: &mut __m256| {
-                let d = f16_at(blk);
-                let qs = _mm256_loadu_si256(blk.add(2).cast());
-                let (lo, hi) = (_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
-                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-            };
-            one(a.as_ptr().add(i * 34), &mut acc_a);
-            one(b.as_ptr().add(i * 34), &mut acc_b);
-        }
-    }
-    (hsum256(acc_a), hsum256(acc_b))
 }
 
 /// `out[j] = x · row (rows.start + j)` of a packed matrix with SIMD; false where this CPU
