@@ -30,6 +30,40 @@ const SOURCES: [(&str, &str); 5] = [
 /// Options every compile uses, besides the architecture.
 const OPTIONS: [&str; 1] = ["--std=c++17"];
 
+/// The environment variable that selects a [`FAULTS`] variant.
+pub(crate) const FAULT_VAR: &str = "MET_TEST_FAULT";
+
+/// Deliberately wrong kernel variants, each a preprocessor define the kernels honour: the
+/// tests of the tests. The GPU precision gate (`scripts/gpu_gate.py`) runs met once with
+/// `MET_TEST_FAULT=<name>` and must see it fail; a normal run never sets the variable and
+/// compiles none of them.
+const FAULTS: [(&str, &str); 1] = [
+    // Attention ignores the keys of the sequence's last KV block (when it has more than one):
+    // the most recent 1 to 16 tokens of every decode row drop out of view.
+    ("drop-last-kv-block", "-DMET_FAULT_DROP_LAST_KV_BLOCK"),
+];
+
+/// The fault variant `MET_TEST_FAULT` asks for: `None` when unset or empty.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a name that is not in [`FAULTS`].
+pub(crate) fn requested_fault() -> Result<Option<&'static str>> {
+    let Some(name) = std::env::var_os(FAULT_VAR).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let name = name.to_string_lossy();
+    FAULTS.iter().find(|(n, _)| *n == name).map(|&(n, _)| Some(n)).ok_or_else(|| {
+        let known: Vec<&str> = FAULTS.iter().map(|(n, _)| *n).collect();
+        Error::InvalidArgument(format!("{FAULT_VAR}={name}: no such fault (known: {})", known.join(", ")))
+    })
+}
+
+/// The compile options for `arch` with the `fault` variant, if any.
+fn options(arch: &str, fault: Option<&str>) -> Vec<String> {
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| (*s).to_string()).collect();
+    options.push(format!("--gpu-architecture={arch}"));
+    options.extend(FAULTS.iter().filter(|(n, _)| Some(*n) == fault).map(|(_, define)| (*define).to_string()));
+    options
+}
+
 /// How the kernel image was obtained, for the startup log.
 #[derive(Debug, Clone)]
 pub(crate) enum Origin {
@@ -79,10 +113,11 @@ pub(crate) fn nvrtc_version() -> Result<(i32, i32)> {
 ///
 /// # Errors
 /// When NVRTC fails, with its log.
-pub(crate) fn kernel_image(arch: &str, cache_dir: Option<&Path>) -> Result<(Vec<u8>, Origin)> {
+pub(crate) fn kernel_image(arch: &str, fault: Option<&str>, cache_dir: Option<&Path>) -> Result<(Vec<u8>, Origin)> {
     let src = source();
     let version = nvrtc_version()?;
-    let key = cache_key(&src, arch, version);
+    let options = options(arch, fault);
+    let key = cache_key(&src, &options, version);
     let path = cache_dir.map(|d| d.join(format!("met-{key:016x}-{arch}-nvrtc{}.{}.cubin", version.0, version.1)));
     if let Some(path) = &path
         && let Ok(image) = std::fs::read(path)
@@ -91,16 +126,17 @@ pub(crate) fn kernel_image(arch: &str, cache_dir: Option<&Path>) -> Result<(Vec<
         return Ok((image, Origin::CacheHit(path.clone())));
     }
     let start = Instant::now();
-    let image = compile(&src, arch)?;
+    let image = compile(&src, &options)?;
     let seconds = start.elapsed().as_secs_f64();
     let stored = path.filter(|p| store(p, &image).is_ok());
     Ok((image, Origin::Compiled { seconds, stored }))
 }
 
-/// FNV-1a over everything that determines the image.
-fn cache_key(src: &str, arch: &str, (major, minor): (i32, i32)) -> u64 {
+/// FNV-1a over everything that determines the image: the source, the options (which name
+/// the architecture and any fault variant) and the NVRTC version.
+fn cache_key(src: &str, options: &[String], (major, minor): (i32, i32)) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let parts = [src, arch, &format!("nvrtc {major}.{minor}"), &OPTIONS.join(" ")];
+    let parts = [src, &format!("nvrtc {major}.{minor}"), &options.join(" ")];
     for part in parts {
         for &b in part.as_bytes().iter().chain(&[0xff]) {
             h ^= u64::from(b);
@@ -121,16 +157,15 @@ fn store(path: &Path, image: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Compiles `src` for `arch` to a CUBIN.
-fn compile(src: &str, arch: &str) -> Result<Vec<u8>> {
+/// Compiles `src` with `options` (which name the architecture) to a CUBIN.
+fn compile(src: &str, options: &[String]) -> Result<Vec<u8>> {
+    let arch = options.iter().find_map(|o| o.strip_prefix("--gpu-architecture=")).unwrap_or("?");
     let c_src = CString::new(src).map_err(|_| Error::Device("kernel source holds a NUL byte".into()))?;
     let name = CString::new("met_kernels.cu").expect("no NUL");
     let prog = nvrtc::create_program(&c_src, Some(&name)).map_err(nvrtc_err)?;
     let program = Program(prog);
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| (*s).to_string()).collect();
-    options.push(format!("--gpu-architecture={arch}"));
     // SAFETY: `prog` is a live program; the options are valid strings.
-    if let Err(e) = unsafe { nvrtc::compile_program(program.0, &options) } {
+    if let Err(e) = unsafe { nvrtc::compile_program(program.0, options) } {
         // SAFETY: the program is live; the log is NUL-terminated.
         let log = unsafe { nvrtc::get_program_log(program.0) }.map(|l| c_string(&l)).unwrap_or_default();
         return Err(Error::Device(format!("NVRTC failed to compile the met kernels for {arch} ({e:?}):\n{log}")));
@@ -176,11 +211,21 @@ mod tests {
 
     #[test]
     fn the_cache_key_changes_with_source_arch_and_version() {
-        let base = cache_key("a", "sm_90a", (13, 0));
-        assert_ne!(base, cache_key("b", "sm_90a", (13, 0)));
-        assert_ne!(base, cache_key("a", "sm_89", (13, 0)));
-        assert_ne!(base, cache_key("a", "sm_90a", (13, 1)));
-        assert_eq!(base, cache_key("a", "sm_90a", (13, 0)));
+        let hopper = options("sm_90a", None);
+        let base = cache_key("a", &hopper, (13, 0));
+        assert_ne!(base, cache_key("b", &hopper, (13, 0)));
+        assert_ne!(base, cache_key("a", &options("sm_89", None), (13, 0)));
+        assert_ne!(base, cache_key("a", &hopper, (13, 1)));
+        assert_ne!(base, cache_key("a", &options("sm_90a", Some("drop-last-kv-block")), (13, 0)));
+        assert_eq!(base, cache_key("a", &hopper, (13, 0)));
+    }
+
+    #[test]
+    fn only_a_named_fault_adds_its_define() {
+        assert!(!options("sm_90a", None).iter().any(|o| o.starts_with("-DMET_FAULT")));
+        let faulty = options("sm_90a", Some("drop-last-kv-block"));
+        assert!(faulty.contains(&"-DMET_FAULT_DROP_LAST_KV_BLOCK".to_string()), "{faulty:?}");
+        assert!(!options("sm_90a", Some("no-such-fault")).iter().any(|o| o.starts_with("-DMET_FAULT")));
     }
 
     /// Compiles the real kernels when NVRTC can be loaded (on a machine with CUDA, or with
@@ -194,13 +239,16 @@ mod tests {
             return;
         }
         let dir = std::env::temp_dir().join(format!("met-kernel-cache-test-{}", std::process::id()));
-        let (image, origin) = kernel_image("sm_90a", Some(&dir)).expect("the kernels compile");
+        let (image, origin) = kernel_image("sm_90a", None, Some(&dir)).expect("the kernels compile");
         assert!(!image.is_empty() && matches!(origin, Origin::Compiled { stored: Some(_), .. }), "{origin}");
-        let (again, origin) = kernel_image("sm_90a", Some(&dir)).unwrap();
+        let (again, origin) = kernel_image("sm_90a", None, Some(&dir)).unwrap();
         assert!(matches!(origin, Origin::CacheHit(_)), "{origin}");
         assert_eq!(again, image);
+        let (faulty, _) = kernel_image("sm_90a", Some("drop-last-kv-block"), Some(&dir)).expect("the fault compiles");
+        assert_ne!(faulty, image, "the fault variant compiles to another image");
         let _ = std::fs::remove_dir_all(&dir);
-        let err = compile("extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90a").unwrap_err();
+        let err =
+            compile("extern \"C\" __global__ void k() { undefined_thing(); }", &options("sm_90a", None)).unwrap_err();
         assert!(err.to_string().contains("undefined_thing"), "{err}");
     }
 }

@@ -75,6 +75,8 @@ pub struct CudaBackend {
     kernels: HashMap<&'static str, CudaFunction>,
     origin: Origin,
     arch: String,
+    /// The deliberately wrong variant compiled in (`MET_TEST_FAULT`), if any.
+    fault: Option<&'static str>,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -126,7 +128,8 @@ impl CudaBackend {
         let dev = Device::open(ordinal)?;
         let arch = compile::arch_for(dev.capability.0, dev.capability.1);
         let cache = met_config::met_home().map(|h| h.join("kernels"));
-        let (image, origin) = compile::kernel_image(&arch, cache.as_deref())?;
+        let fault = compile::requested_fault()?;
+        let (image, origin) = compile::kernel_image(&arch, fault, cache.as_deref())?;
         dev.bind()?;
         let module = dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(image)).map_err(drv)?;
         let kernels = KERNELS
@@ -134,7 +137,7 @@ impl CudaBackend {
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         let blas = Blas::new(&dev)?;
-        Ok(Self { dev, blas, kernels, origin, arch })
+        Ok(Self { dev, blas, kernels, origin, arch, fault })
     }
 
     fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -281,8 +284,12 @@ impl GpuBackend for CudaBackend {
             .memory_info()
             .map(|m| format!("{:.1} GiB, {:.1} GiB free", gib(m.total), gib(m.free)))
             .unwrap_or_else(|| "memory unknown".into());
+        let fault = self
+            .fault
+            .map(|f| format!("; DELIBERATELY WRONG KERNELS ({}={f}), for testing tests only", compile::FAULT_VAR))
+            .unwrap_or_default();
         format!(
-            "cuda:{} {} ({}, {} SMs, {memory}); {}",
+            "cuda:{} {} ({}, {} SMs, {memory}); {}{fault}",
             self.dev.ordinal, self.dev.name, self.arch, self.dev.multiprocessors, self.origin
         )
     }

@@ -249,6 +249,73 @@ pub fn paged_attention_smollm_shape(b: &dyn GpuBackend) -> Result<()> {
     check_case(b, &Layout::new(9, 3, 64, 16), &seqs, 1.0, 34, "paged_attention 9/3 heads d=64").map(drop)
 }
 
+/// Contexts up to 8k in one step, as long prompts reach them: a decode row over 8,192
+/// cached tokens, a prefill chunk of 64 queries after 5,936 cached tokens, and a whole
+/// prefill of 700, with head dim 128, GQA 8/2 and blocks of 16 shuffled over a pool of
+/// ~900. Queries are scaled so the softmax is peaked (scores of std ~2.7): a key read from
+/// the wrong block, a block dropped or a softmax that loses precision over thousands of
+/// terms moves the output past the tolerance.
+pub fn paged_attention_long_contexts(b: &dyn GpuBackend) -> Result<()> {
+    let seqs = [
+        Seq { context: 8_192, q_len: 1 },
+        Seq { context: 6_000, q_len: 64 },
+        Seq { context: 700, q_len: 700 },
+        Seq { context: 4_097, q_len: 1 },
+    ];
+    check_case(b, &Layout::new(8, 2, 128, 16), &seqs, 6.0, 41, "paged_attention at 8k").map(drop)
+}
+
+/// Decode rows at positions 32,767 and 20,000 under a sliding window of 4,096 (Mistral's
+/// shape of the problem): the block-table walk starts thousands of blocks in, and only the
+/// window's keys count. Without the window the reference moves (checked), so a kernel that
+/// ignored it, or walked the table from the start, fails.
+pub fn paged_attention_window_at_32k(b: &dyn GpuBackend) -> Result<()> {
+    let seqs = [Seq { context: 32_768, q_len: 1 }, Seq { context: 20_001, q_len: 3 }];
+    let mut layout = Layout::new(4, 1, 64, 16);
+    layout.params.sliding_window = Some(4_096);
+    let with = check_case(b, &layout, &seqs, 6.0, 42, "paged_attention window 4096 at 32k")?;
+    let without = attention_reference(&Layout::new(4, 1, 64, 16).params, &seqs, &{
+        let mut rng = Rng::new(42);
+        Contents::random(b, &mut rng, &layout, &seqs, 6.0)
+    });
+    assert_option_matters(&with, &without, "the window at 32k");
+    Ok(())
+}
+
+/// `write_kv` into a pool of 16,384 slots: rows land at scattered slots up to the very last
+/// one, and nothing else changes.
+pub fn write_kv_at_long_contexts(b: &dyn GpuBackend) -> Result<()> {
+    let (blocks, bs, h_kv, d) = (1_024, 16, 2, 64);
+    let row = h_kv * d;
+    let pool = [blocks, bs, h_kv, d];
+    let (kc, vc) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
+    let mut rng = Rng::new(43);
+    let mut slots: Vec<u32> = (0..(blocks * bs) as u32).collect();
+    rng.shuffle(&mut slots);
+    slots.truncate(300);
+    slots.extend([(blocks * bs - 1) as u32, 8_191, 8_192]);
+    slots.sort_unstable();
+    slots.dedup();
+    rng.shuffle(&mut slots);
+    let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
+    let dims = [slots.len(), h_kv, d];
+    b.write_kv(
+        &upload_f32(b, &k, &dims)?,
+        &upload_f32(b, &v, &dims)?,
+        &kc,
+        &vc,
+        &upload_u32(b, &slots, &[slots.len()])?,
+    )?;
+    let (mut want_k, mut want_v) = (vec![0f64; blocks * bs * row], vec![0f64; blocks * bs * row]);
+    for (i, &s) in slots.iter().enumerate() {
+        let (s, src) = (s as usize * row, i * row..(i + 1) * row);
+        want_k[s..s + row].iter_mut().zip(&k[src.clone()]).for_each(|(w, &x)| *w = f64::from(x));
+        want_v[s..s + row].iter_mut().zip(&v[src]).for_each(|(w, &x)| *w = f64::from(x));
+    }
+    assert_close(b, &kc, &pool, &want_k, "write_kv k pool of 16k slots")?;
+    assert_close(b, &vc, &pool, &want_v, "write_kv v pool of 16k slots")
+}
+
 /// `write_kv` puts each row at its flat slot, leaves every other slot alone, and a later
 /// write to the same slot overwrites it.
 pub fn write_kv_places_rows_at_slots(b: &dyn GpuBackend) -> Result<()> {

@@ -188,6 +188,29 @@ pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
+/// Rotary at the positions long contexts reach, up to 32k: head dims 64 and 128 with the
+/// bases of Llama 3 (500k) and Qwen (1M), and theta 10000, where the fastest pairs turn
+/// thousands of times. The reference rounds each angle to f32 as transformers does, so a
+/// kernel that lost precision in the angle (a fast `__sinf`, an f16 angle, positions
+/// wrapped at 16 bits) fails here.
+pub fn rotary_at_long_positions(b: &dyn GpuBackend) -> Result<()> {
+    let positions = [32_767, 0, 16_384, 4_095, 31_999, 8_191, 24_577, 65_535, 1, 20_000];
+    let t = positions.len();
+    let mut rng = Rng::new(40);
+    for (h, d, theta) in [(2, 128, 500_000.0), (3, 64, 1_000_000.0), (2, 128, 10_000.0)] {
+        let x = stored(b, rng.vec(t * h * d));
+        let freq = inv_freq(theta, d);
+        let out = b.rotary(
+            &upload_f32(b, &x, &[t, h, d])?,
+            &upload_u32(b, &positions, &[t])?,
+            &b.upload(&HostTensor::from_f32(&freq, &[freq.len()]), DType::F32)?,
+        )?;
+        let want = rotary_reference(&x, d, &positions, &freq);
+        assert_close(b, &out, &[t, h, d], &want, &format!("rotary at 32k h={h} d={d} theta={theta}"))?;
+    }
+    Ok(())
+}
+
 /// `silu(gate) · up` with gates up to ±20, where a naive `exp` would overflow.
 pub fn silu_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(5);
