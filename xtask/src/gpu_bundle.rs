@@ -10,8 +10,13 @@
 //!   stable names;
 //! - `fixtures/hf/`: the fixtures those tests read; `configs/`: the real `config.json`
 //!   files of the transformers comparison; `gpu_compare.py`: that comparison;
-//! - `run.sh`: runs every test binary and the comparison, then prints a pass/fail
-//!   summary and the comparison's numbers; logs go to the folder given as its argument.
+//!   `gpu_gate.py`: the precision gate (sharp random weights of every architecture, prompts
+//!   to 4,096 tokens, met against transformers-float32 within 1.5x transformers-bf16's own
+//!   distance), with its test of the test (a deliberately wrong kernel must fail it);
+//! - `run.sh`: runs every test binary, the gate and the comparison, then prints a pass/fail
+//!   summary, the gate's per-length table and the comparison's numbers; logs go to the
+//!   folder given as its first argument, and further arguments pick steps by name
+//!   (`run.sh logs ops gate`).
 //!
 //! Binaries are stripped so the folder stays well under the 64 MiB a device call carries;
 //! the task fails if it does not.
@@ -54,7 +59,9 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
-    std::fs::copy(root().join("scripts/gpu_compare.py"), out.join("gpu_compare.py"))?;
+    for script in ["gpu_compare.py", "gpu_gate.py"] {
+        std::fs::copy(root().join("scripts").join(script), out.join(script))?;
+    }
     write_executable(&out.join("run.sh"), RUNNER)?;
 
     let bytes = dir_bytes(&out)?;
@@ -137,10 +144,13 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 /// step's status, the GPU fixture lines and the comparison's table.
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
-# Usage: run.sh [LOG_DIR]   (default: ./logs). Made by `cargo xtask gpu-bundle`.
+# Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
+# ops, fixtures, generate, gate, compare. Made by `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGS="${1:-$HERE/logs}"
+shift || true
+STEPS="${*:-lib ops fixtures generate gate compare}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -150,8 +160,11 @@ export RUST_BACKTRACE=1 PYTHONUNBUFFERED=1 MET_LOG="${MET_LOG:-info}"
 declare -a SUMMARY
 FAILED=0
 
-step() {  # step NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECONDS
-  local name="$1" log="$LOGS/$2" limit="$3"; shift 3
+wanted() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
+
+step() {  # step KEY NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECONDS, if KEY is wanted
+  wanted "$1" || return 0
+  local name="$2" log="$LOGS/$3" limit="$4"; shift 4
   local start=$SECONDS
   timeout --signal=KILL "$limit" "$@" >"$log" 2>&1
   local rc=$?
@@ -163,7 +176,7 @@ step() {  # step NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECONDS
 }
 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
-step "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --test-threads=4
+step lib "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --test-threads=4
 # The CPU checks in one process, each CUDA check in its own, so a kernel fault (which
 # poisons the whole CUDA context) is pinned on the check that caused it.
 ops_each() {
@@ -182,21 +195,26 @@ ops_each() {
 }
 export -f ops_each
 export HERE LOGS
-step "kernels ops (cpu + cuda)" kernels-ops.log 120 bash -c ops_each
-step "hf fixtures on gpu" gpu-hf-fixtures.log 90 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=3
+step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
+step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 90 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=3
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
-step "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
+step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
-step "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
+# The precision gate, and its test: met with a deliberately wrong attention kernel must fail.
+step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
+  --work /tmp/met-gpu-gate --out "$LOGS/gpu_gate.json" --broken drop-last-kv-block
+step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
 
 echo
 echo "======== met GPU summary ========"
 printf '%s\n' "${SUMMARY[@]}"
 echo
-grep -h "GPU-FIXTURE" "$LOGS/gpu-hf-fixtures.log" || true
-grep -h -E "device|kv cache|KV" "$LOGS/met-generate.log" "$LOGS/gpu-compare.log" | head -9 || true
+grep -h "GPU-FIXTURE" "$LOGS/gpu-hf-fixtures.log" 2>/dev/null || true
+grep -h -E "device|kv cache|KV" "$LOGS/met-generate.log" "$LOGS/gpu-compare.log" 2>/dev/null | head -9 || true
 echo
-sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" || true
+sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate.log" 2>/dev/null || true
+echo
+sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
 exit $FAILED
 "#;

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""The GPU precision gate: met in bf16 against transformers in float32, judged by the
+distance transformers' own bf16 keeps from float32 on the same weights and positions.
+
+Why this exists: random models with transformers' default init (std 0.02) attend almost
+uniformly, so a wrong score, softmax or block-table walk barely moves their output. The
+gate draws *sharp* weights instead, so that attention picks out a few keys:
+
+- q/k projections with std sqrt(SCORE_STD / hidden), which gives pre-softmax scores of
+  std ~SCORE_STD (4) for models without q/k norms; for Qwen3's q/k RMSNorms the norm
+  weights are drawn around QK_NORM_GAIN (2), which gives the same score spread;
+- every other matrix and bias std 0.03; norm weights uniform in 1 +- 0.1.
+
+The report shows the sharpness measured on each model (the mean largest attention weight of
+a query and the mean effective number of keys, exp(entropy), at 512 tokens, eager float32
+transformers).
+
+Five shapes unlike the shipped configs, one per supported architecture (tied Llama with
+llama3 rope scaling, Mistral with a sliding window shorter than the prompts, Qwen2 with
+q/k/v biases, Qwen3 with head_dim 128 and 5 layers, Qwen3-MoE with 16 experts), each with
+SEEDS independent weight draws. For each model:
+
+- run A: prompts of 16 to 2,048 random tokens (4,096 for the Qwen3 shape) in one batch,
+  prefill chunks of CHUNK tokens (`--max-prefill-chunk`), KV blocks of 16;
+- run B: prefix-cache hits: a base prompt, then prompts that share 1,024 and 1,536 of its
+  tokens, one at a time (`--max-num-seqs 1`) so the later ones read the earlier one's
+  cached blocks; the hit is checked through met's `cached_prompt_tokens`.
+
+Each run generates NEW_TOKENS greedy tokens with the top-20 logprobs of every step. The
+references are teacher-forced on met's own continuation (one forward over prompt +
+continuation), so the last prompt position (prefill attention) and every decode step
+(decode attention) are compared at the same positions and contexts.
+
+Measures, per (architecture, case), over the rows of every seed:
+- met's |dlogprob|: |met's logprob - float32's| of met's top-20 tokens at each row;
+- the noise floor: the same for transformers-bf16's top-20 tokens against float32;
+- greedy departures: rows where met's token is not float32's argmax, with float32's
+  logprob margin between the two.
+
+The gate (exit status 1 when broken):
+- mean and p99 of met's |dlogprob| at most RATIO (1.5) x the noise floor's, per case;
+- every greedy departure at a margin of at most twice the largest noise |dlogprob| of that
+  case (a flip needs the two logprobs to move by the margin between them).
+
+`--broken FAULT` also runs met with `MET_TEST_FAULT=FAULT` (a deliberately wrong kernel,
+compiled in only when that variable is set) on the first seed of every shape, and requires
+that variant to FAIL the gate: the test of the test. The exit status is 0 only when met
+passes and the broken variant fails.
+
+Runs on the GPU machine from the gpu-bundle runner:
+    python3 gpu_gate.py --met ./met --work /tmp/gate --out gate.json --broken drop-last-kv-block
+Needs torch, transformers, safetensors (no downloads: weights are random). `--device cpu`
+runs the same on the CPU (met's f32 backend, float32 transformers), to check the script.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+SEEDS = [11, 12, 13]
+LENS = [16, 64, 200, 513, 1024, 2048]
+LONG = 4096  # for the shape marked long
+NEW_TOKENS = 16
+TOP = 20
+CHUNK = 256
+BLOCK = 16
+RATIO = 1.5
+SCORE_STD = 4.0
+QK_NORM_GAIN = 2.0
+VOCAB = 32000
+
+COMMON = {"vocab_size": VOCAB, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+          "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+SHAPES = [
+    # (name, config, long prompt)
+    ("llama-tied-rope3", {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+        "tie_word_embeddings": True, "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 1024}}, False),
+    ("mistral-window512", {
+        "model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 32, "sliding_window": 512, "rope_theta": 10000.0, "tie_word_embeddings": False}, False),
+    ("qwen2-bias", {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 384, "intermediate_size": 1024,
+        "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "rope_theta": 1000000.0,
+        "use_sliding_window": False, "tie_word_embeddings": False}, False),
+    ("qwen3-hd128", {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+        "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+        "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": True,
+        "attention_bias": False}, True),
+    ("qwen3-moe-16e", {
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "num_experts": 16,
+        "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+        "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
+        "attention_bias": False, "router_aux_loss_coef": 0.001}, False),
+]
+
+
+def sharpen(model, hidden, seed):
+    """Redraws every parameter as the module docstring says."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    qk_std = math.sqrt(SCORE_STD / hidden)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                gain = QK_NORM_GAIN if ("q_norm" in name or "k_norm" in name) else 1.0
+                new = gain * (1.0 + 0.1 * (2 * torch.rand(p.shape, generator=g) - 1))
+            elif ("q_proj" in name or "k_proj" in name) and name.endswith("weight") and not has_qk_norm(model):
+                new = torch.randn(p.shape, generator=g) * qk_std
+            else:
+                new = torch.randn(p.shape, generator=g) * 0.03
+            p.copy_(new.to(p.dtype))
+
+
+def has_qk_norm(model):
+    return any("q_norm" in n for n, _ in model.named_parameters())
+
+
+def build(name, raw, work, seed):
+    """Sharp random weights, rounded to bf16 and saved as a checkpoint with the config."""
+    out = os.path.join(work, f"{name}-s{seed}")
+    raw = {**COMMON, **raw}
+    cfg = AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    sharpen(model, raw["hidden_size"], seed)
+    model = model.to(torch.bfloat16)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    del model
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(raw, f, indent=2)
+    gen = os.path.join(out, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    return out
+
+
+def load(path, dtype, device, attn=None):
+    kw = {"dtype": dtype}
+    if attn:
+        kw["attn_implementation"] = attn
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kw)
+    bad = {k: list(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:  # a reference with re-initialised tensors would judge met against another model
+        raise SystemExit(f"{path}: transformers did not load the checkpoint cleanly: {bad}")
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def sharpness(path, device, seed):
+    """Mean largest attention weight and mean effective keys at 512 tokens (rows past 256)."""
+    model = load(path, torch.float32, device, attn="eager")
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (1, 512), generator=g).to(device)
+    att = model(input_ids=ids, output_attentions=True).attentions
+    top, eff = [], []
+    for a in att:  # [1, h, q, k]
+        a = a[0, :, 256:, :].float()
+        top.append(float(a.max(-1).values.mean()))
+        ent = -(a.clamp_min(1e-30).log() * a).sum(-1)
+        eff.append(float(ent.exp().mean()))
+    del model
+    return sum(top) / len(top), sum(eff) / len(eff)
+
+
+def prompts_for(seed, long):
+    g = torch.Generator().manual_seed(seed * 7919)
+    draw = lambda n: torch.randint(3, VOCAB, (n,), generator=g).tolist()  # noqa: E731
+    lens = LENS + ([LONG] if long else [])
+    batch = [(str(n), draw(n)) for n in lens]
+    base = draw(1600)
+    hits = [("prefix base 1600", base), ("prefix hit 1024+500", base[:1024] + draw(500)),
+            ("prefix hit 1536+100", base[:1536] + draw(100))]
+    return batch, hits
+
+
+def run_met(met, model_dir, prompts, work, device, extra, env_extra):
+    path = os.path.join(work, "prompts.jsonl")
+    with open(path, "w") as f:
+        for _, p in prompts:
+            f.write(json.dumps({"prompt_ids": p}) + "\n")
+    cmd = [met, "generate", "--model", model_dir, "--device", device, "--prompts-file", path,
+           "--max-tokens", str(NEW_TOKENS), "--temperature", "0", "--top-logprobs", str(TOP), "--ignore-eos",
+           "--block-size", str(BLOCK), "--json"] + extra
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "MET_LOG": "warn", **env_extra})
+    if res.returncode != 0:
+        sys.stderr.write(res.stderr)
+        raise SystemExit(f"met generate failed ({res.returncode}): {' '.join(cmd)}")
+    lines = sorted((json.loads(l) for l in res.stdout.splitlines() if l.strip()), key=lambda o: o["prompt"])
+    assert len(lines) == len(prompts), f"{len(lines)} outputs for {len(prompts)} prompts"
+    for (_, p), out in zip(prompts, lines):
+        assert out["prompt_ids"] == p
+        assert len(out["generated_ids"]) == NEW_TOKENS, f"met generated {len(out['generated_ids'])} tokens"
+    return lines
+
+
+@torch.no_grad()
+def teacher_forced(model, prompt, cont, device):
+    """Float32 log-softmax rows at the last prompt position and every decode step."""
+    ids = torch.tensor([prompt + cont[:-1]], device=device)
+    logits = model(input_ids=ids, logits_to_keep=len(cont)).logits[0].float()
+    return torch.log_softmax(logits, -1)
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+class Case:
+    """Everything measured for one (shape, case) over the seeds."""
+
+    def __init__(self):
+        self.met, self.noise, self.departures, self.hf_departures, self.rows = [], [], [], [], 0
+
+    def summary(self):
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+        noise_max = max(self.noise, default=0.0)
+        allowed = 2 * noise_max
+        bad = [d for d in self.departures if d > allowed]
+        s = {
+            "rows": self.rows,
+            "met_mean": mean(self.met), "met_p99": percentile(self.met, 0.99), "met_max": max(self.met, default=0),
+            "bf16_mean": mean(self.noise), "bf16_p99": percentile(self.noise, 0.99), "bf16_max": noise_max,
+            "met_departures": len(self.departures), "met_departure_max_margin": max(self.departures, default=0.0),
+            "bf16_departures": len(self.hf_departures), "allowed_margin": allowed, "departures_outside_noise": bad,
+        }
+        s["mean_ratio"] = s["met_mean"] / max(s["bf16_mean"], 1e-12)
+        s["p99_ratio"] = s["met_p99"] / max(s["bf16_p99"], 1e-12)
+        s["pass"] = s["mean_ratio"] <= RATIO and s["p99_ratio"] <= RATIO and not bad
+        return s
+
+
+def judge(cases, prompts, outs, ref32, refs_bf16):
+    """Adds met's rows of one run to `cases[label-of-prompt]`."""
+    for (case, p), out, r32, rb in zip(prompts, outs, ref32, refs_bf16):
+        c = cases.setdefault(case, Case())
+        toks = out["generated_ids"]
+        for step, tok in enumerate(toks):
+            row32, rowb = r32[step], rb[step]
+            for t, lp in out["top_logprobs"][step]:
+                c.met.append(abs(lp - float(row32[t])))
+            top = torch.topk(rowb, TOP).indices
+            c.noise += (rowb[top] - row32[top]).abs().tolist()
+            best = int(torch.argmax(row32))
+            if tok != best:
+                c.departures.append(float(row32[best] - row32[tok]))
+            if int(top[0]) != best:
+                c.hf_departures.append(float(row32[best] - row32[int(top[0])]))
+            c.rows += 1
+
+
+def check_hits(prompts, outs, label):
+    want = {"prefix hit 1024+500": 1024, "prefix hit 1536+100": 1536}
+    for (case, _), out in zip(prompts, outs):
+        if case in want and out["cached_prompt_tokens"] < want[case]:
+            raise SystemExit(f"{label}: {case} read {out['cached_prompt_tokens']} cached tokens, "
+                             f"expected at least {want[case]}: the prefix cache was not hit")
+
+
+def gate_shape(name, raw, long, args, results, broken_results):
+    device = args.device
+    torch_device = "cuda" if device == "cuda" else "cpu"
+    for i, seed in enumerate(SEEDS):
+        t0 = time.time()
+        path = build(name, raw, args.work, seed)
+        if i == 0:
+            top, eff = sharpness(path, torch_device, seed)
+            results.setdefault("sharpness", {})[name] = {"mean_max_weight": top, "mean_effective_keys": eff}
+        batch, hits = prompts_for(seed, long)
+        runs = [(batch, ["--max-prefill-chunk", str(CHUNK)]), (hits, ["--max-num-seqs", "1"])]
+        m32 = load(path, torch.float32, torch_device)
+        mb = load(path, torch.bfloat16, torch_device)
+        variants = [("met", {}, results)]
+        if args.broken and i == 0:
+            variants.append(("broken", {"MET_TEST_FAULT": args.broken}, broken_results))
+        for label, env, into in variants:
+            cases = into.setdefault("cases", {}).setdefault(name, {})
+            for prompts, extra in runs:
+                outs = run_met(args.met, path, prompts, args.work, device, extra, env)
+                check_hits(prompts, outs, f"{label} {name} seed {seed}")
+                r32 = [teacher_forced(m32, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
+                rb = [teacher_forced(mb, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
+                judge(cases, prompts, outs, r32, rb)
+        del m32, mb
+        if torch_device == "cuda":
+            torch.cuda.empty_cache()
+        print(f"gate: {name} seed {seed} done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def table(title, summaries):
+    lines = [title, f"{'shape':<18} {'case':<20} {'rows':>4} {'met mean':>9} {'bf16 mean':>9} {'ratio':>5} "
+             f"{'met p99':>8} {'bf16 p99':>8} {'ratio':>5} {'depart':>6} {'bf16 dep':>8} {'max margin':>10} "
+             f"{'allowed':>7}  result"]
+    for shape, cases in summaries.items():
+        for case, s in cases.items():
+            lines.append(f"{shape:<18} {case:<20} {s['rows']:4} {s['met_mean']:9.4f} {s['bf16_mean']:9.4f} "
+                         f"{s['mean_ratio']:5.2f} {s['met_p99']:8.4f} {s['bf16_p99']:8.4f} {s['p99_ratio']:5.2f} "
+                         f"{s['met_departures']:6} {s['bf16_departures']:8} {s['met_departure_max_margin']:10.4f} "
+                         f"{s['allowed_margin']:7.4f}  {'PASS' if s['pass'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def summarize(raw):
+    return {shape: {case: c.summary() for case, c in cases.items()} for shape, cases in raw.get("cases", {}).items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--met", required=True)
+    ap.add_argument("--work", default="/tmp/met-gate")
+    ap.add_argument("--out", default="gate.json")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--broken", help="a MET_TEST_FAULT value whose variant must fail the gate")
+    ap.add_argument("--shapes", help="comma-separated subset of the shape names")
+    args = ap.parse_args()
+    args.met = os.path.abspath(args.met)
+    os.makedirs(args.work, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    wanted = set(args.shapes.split(",")) if args.shapes else None
+    results, broken = {}, {}
+    for name, raw, long in SHAPES:
+        if wanted is None or name in wanted:
+            gate_shape(name, raw, long, args, results, broken)
+    met_s, broken_s = summarize(results), summarize(broken)
+    passed = all(s["pass"] for cases in met_s.values() for s in cases.values())
+    broken_failed = any(not s["pass"] for cases in broken_s.values() for s in cases.values())
+    report = {"settings": {"seeds": SEEDS, "lens": LENS, "long": LONG, "new_tokens": NEW_TOKENS, "top": TOP,
+                           "chunk": CHUNK, "block": BLOCK, "ratio": RATIO, "score_std": SCORE_STD,
+                           "qk_norm_gain": QK_NORM_GAIN, "device": args.device, "broken": args.broken},
+              "sharpness": results.get("sharpness", {}), "met": met_s, "broken": broken_s,
+              "pass": passed, "broken_failed": broken_failed if args.broken else None}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print("\nattention sharpness (float32, 512 tokens, rows past 256): mean largest weight, mean effective keys")
+    for name, s in report["sharpness"].items():
+        print(f"  {name:<18} {s['mean_max_weight']:.3f}  {s['mean_effective_keys']:.1f}")
+    print()
+    print(table(f"met vs transformers-float32, noise floor = transformers-bf16 vs float32 "
+                f"(bound: ratios <= {RATIO}; departures within 2x the largest noise)", met_s))
+    if args.broken:
+        print()
+        print(table(f"broken variant MET_TEST_FAULT={args.broken} (must FAIL)", broken_s))
+    print()
+    print(f"gate: {'PASS' if passed else 'FAIL'}" + (
+        f"; broken variant {'FAILED the gate, as it must' if broken_failed else 'PASSED the gate: the gate is blind'}"
+        if args.broken else ""))
+    ok = passed and (broken_failed if args.broken else True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
