@@ -24,6 +24,158 @@ pub enum Command {
     Tokenize(TokenizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(Box<ServeArgs>),
+    /// Measure speed: load-test a server (`bench serve`), the engine alone (`bench
+    /// throughput`, `bench latency`), draw results (`bench plot`).
+    Bench(BenchArgs),
+}
+
+/// `met bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The benchmarks of `met bench`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Load-test any OpenAI-compatible server (met, vLLM, SGLang, llama-server): stream
+    /// requests at a concurrency or request-rate ladder, report TTFT, TPOT, ITL, latency,
+    /// throughput, goodput and errors.
+    Serve(Box<BenchServeArgs>),
+    /// Draw `met bench serve --output` files in one SVG, one line per file.
+    Plot(BenchPlotArgs),
+    /// Offline throughput: N random-prompt requests through the engine at once, no HTTP.
+    Throughput(Box<crate::bench::offline::ThroughputArgs>),
+    /// Offline latency: one batch, per-step decode latency and prefill time, no HTTP.
+    Latency(Box<crate::bench::offline::LatencyArgs>),
+}
+
+/// Where `met bench serve` prompts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchDataset {
+    /// Random token ids of exactly `--input-len` (after a shared `--prefix-len`), generating
+    /// exactly `--output-len` tokens.
+    Random,
+    /// One JSON object per line: `{"prompt": "...", "max_tokens": N}` (`max_tokens` optional).
+    Jsonl,
+    /// ShareGPT conversations (vLLM's benchmark format): the first human turn is the prompt.
+    Sharegpt,
+}
+
+/// The OpenAI endpoint `met bench serve` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchEndpoint {
+    /// `/v1/completions` with `prompt`.
+    Completions,
+    /// `/v1/chat/completions` with one user message.
+    Chat,
+}
+
+/// `met bench serve`: a bounded load generator. It only talks to `--base-url`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchServeArgs {
+    /// The server, plain HTTP: `http://127.0.0.1:8888` (a trailing `/v1` is allowed).
+    #[arg(long, value_name = "URL")]
+    pub base_url: String,
+    /// The endpoint to drive.
+    #[arg(long, value_enum, default_value = "completions")]
+    pub endpoint: BenchEndpoint,
+    /// The model id sent with each request (default: the first id `GET /v1/models` lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY`.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Where prompts come from.
+    #[arg(long, value_enum, default_value = "random")]
+    pub dataset: BenchDataset,
+    /// The file of `--dataset jsonl` or `--dataset sharegpt`.
+    #[arg(long, value_name = "FILE")]
+    pub dataset_path: Option<PathBuf>,
+    /// Prompt tokens of `--dataset random`, after the shared prefix.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Tokens to generate per request (default: 128 for `random`; a JSONL line's
+    /// `max_tokens`, or a ShareGPT reply's length in characters / 4).
+    #[arg(long)]
+    pub output_len: Option<usize>,
+    /// Token ids every `--dataset random` prompt starts with (a prefix-cache workload).
+    #[arg(long, default_value_t = 0)]
+    pub prefix_len: usize,
+    /// Random prompt ids are drawn uniformly from LO..HI (keep it inside the vocabulary and
+    /// clear of special tokens).
+    #[arg(long, value_name = "LO..HI", default_value = "1000..30000", value_parser = parse_id_range)]
+    pub random_ids: IdRange,
+    /// Measured requests per ladder point.
+    #[arg(long, default_value_t = 100)]
+    pub num_prompts: usize,
+    /// Seed of random prompts, of the ShareGPT sample and of the arrival times.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Send `ignore_eos` for file datasets too (`random` always does).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Requests in flight at once, as a ladder: `1,4,16,64` runs once per value (default 1).
+    #[arg(long, value_delimiter = ',', conflicts_with = "request_rate")]
+    pub concurrency: Vec<usize>,
+    /// Requests per second, arriving as a Poisson process (see `--burstiness`), as a ladder:
+    /// `1,2,4` runs once per value.
+    #[arg(long, value_delimiter = ',')]
+    pub request_rate: Vec<f64>,
+    /// Shape of the gamma-distributed gaps between arrivals (mean 1 / rate): 1 is Poisson,
+    /// smaller is burstier, larger is more even.
+    #[arg(long, default_value_t = 1.0, requires = "request_rate")]
+    pub burstiness: f64,
+    /// Warm-up requests before each ladder point; not counted.
+    #[arg(long, default_value_t = 1)]
+    pub num_warmup: usize,
+    /// Goodput counts only requests whose time to first token is at most this.
+    #[arg(long, value_name = "MS")]
+    pub slo_ttft_ms: Option<f64>,
+    /// Goodput counts only requests whose time per output token is at most this.
+    #[arg(long, value_name = "MS")]
+    pub slo_tpot_ms: Option<f64>,
+    /// A request taking longer is abandoned and counted as a timeout.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout_s: f64,
+    /// The whole benchmark stops after this long: in-flight requests are cancelled and the
+    /// ladder points not reached are skipped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub max_duration_s: f64,
+    /// Write the result (settings, machine, every figure per ladder point) as JSON.
+    #[arg(long, value_name = "FILE.json")]
+    pub output: Option<PathBuf>,
+    /// Draw the result as an SVG (as `met bench plot` does).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// The name of this result in plots (default: the model id).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// No progress bar and no table.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `met bench plot`.
+#[derive(Debug, Args)]
+pub struct BenchPlotArgs {
+    /// Result files of `met bench serve --output`.
+    #[arg(required = true, value_name = "RESULT.json")]
+    pub results: Vec<PathBuf>,
+    /// The SVG to write.
+    #[arg(short = 'o', long, value_name = "FILE.svg")]
+    pub output: PathBuf,
+}
+
+/// A half-open range of token ids, `LO..HI`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    /// The smallest id drawn.
+    pub lo: u32,
+    /// One past the largest id drawn.
+    pub hi: u32,
 }
 
 /// `met serve`. Every long flag can also come from `--config FILE.toml`, whose keys are
@@ -259,6 +411,16 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     s.split(',').map(|t| t.trim().parse::<u32>().map_err(|_| format!("`{}` is not a token id", t.trim()))).collect()
 }
 
+fn parse_id_range(s: &str) -> Result<IdRange, String> {
+    let (lo, hi) = s.split_once("..").ok_or_else(|| format!("`{s}` is not LO..HI"))?;
+    let id = |t: &str| t.trim().parse::<u32>().map_err(|_| format!("`{}` is not a token id", t.trim()));
+    let (lo, hi) = (id(lo)?, id(hi)?);
+    if lo >= hi {
+        return Err(format!("`{s}` is empty"));
+    }
+    Ok(IdRange { lo, hi })
+}
+
 fn parse_bias(s: &str) -> Result<LogitBias, String> {
     let pairs = s.split(',').filter(|p| !p.trim().is_empty()).map(|p| {
         let (id, bias) = p.split_once(':').ok_or_else(|| format!("`{p}` is not ID:BIAS"))?;
@@ -311,6 +473,35 @@ mod tests {
         assert_eq!((s.model_path.as_deref(), s.port, s.engine.max_num_seqs), (Some("m.gguf"), 9000, 8));
         assert_eq!((s.host.as_str(), s.max_body_bytes), ("127.0.0.1", 4 << 20));
         assert!(Cli::try_parse_from(["met", "serve", "a", "--model", "b"]).is_err(), "MODEL or --model");
+    }
+
+    #[test]
+    fn bench_serve_takes_ladders_and_rejects_contradictions() {
+        let bench = |extra: &[&str]| {
+            let args = ["met", "bench", "serve", "--base-url", "http://127.0.0.1:1"].iter().chain(extra);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Bench(BenchArgs { command: BenchCommand::Serve(s) }) => s,
+                other => panic!("{other:?}"),
+            })
+        };
+        let s = bench(&["--concurrency", "1,4,16"]).unwrap();
+        assert_eq!(
+            (s.concurrency.as_slice(), s.dataset, s.endpoint),
+            (&[1, 4, 16][..], BenchDataset::Random, BenchEndpoint::Completions)
+        );
+        assert_eq!(s.random_ids, IdRange { lo: 1000, hi: 30000 });
+        let s = bench(&["--request-rate", "0.5,2", "--burstiness", "0.5"]).unwrap();
+        assert_eq!((s.request_rate.as_slice(), s.burstiness), (&[0.5, 2.0][..], 0.5));
+        assert!(bench(&["--concurrency", "1", "--request-rate", "2"]).is_err(), "one kind of ladder");
+        assert!(bench(&["--burstiness", "2"]).is_err(), "burstiness needs a rate");
+        let err = bench(&["--concurrency", ""]).unwrap_err().to_string();
+        assert!(err.contains("--concurrency"), "{err}");
+        let err = bench(&["--dataset", "imagenet"]).unwrap_err().to_string();
+        assert!(err.contains("--dataset"), "{err}");
+        assert!(parse_id_range("5..5").is_err() && parse_id_range("9").is_err());
+        let cli = Cli::try_parse_from(["met", "bench", "plot", "a.json", "b.json", "-o", "c.svg"]).unwrap();
+        let Command::Bench(BenchArgs { command: BenchCommand::Plot(p) }) = cli.command else { panic!("plot") };
+        assert_eq!((p.results.len(), p.output), (2, PathBuf::from("c.svg")));
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
         r.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
-    let mut engine = engine(&args.engine, model, backend, &requests)?;
+    let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
     let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
     let (outputs, timing) = rayon::scope(|_| run_to_completion(&mut engine, requests))?;
@@ -95,7 +95,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 /// The engine, with a KV cache large enough for every request at once (on a GPU, at most
 /// what `--gpu-memory-utilization` of the memory left after a warm-up step holds) unless
 /// `--kv-blocks` says otherwise (startup phase 6).
-fn engine(
+pub(crate) fn sized_engine(
     e: &EngineArgs,
     model: Box<dyn Model>,
     backend: Arc<dyn GpuBackend>,

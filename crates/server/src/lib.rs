@@ -1,10 +1,12 @@
 //! The `met` binary's library: command line, startup, model resolution, the text layer
-//! (tokenizers, chat templates, detokenizer), the commands and the OpenAI-compatible HTTP
-//! server ([`serve`]). A library so that tests and
-//! other front ends can reach the same pieces the binary uses.
+//! (tokenizers, chat templates, detokenizer), the commands, the OpenAI-compatible HTTP
+//! server ([`serve`]) and the load generator that measures it and its peers
+//! ([`bench`](mod@bench)).
+//! A library so that tests and other front ends can reach the same pieces the binary uses.
 //!
 //! **Boundary:** the only crate that knows CLI flags, JSON output formats or HTTP.
 
+pub mod bench;
 pub mod cli;
 pub mod engine;
 pub mod generate;
@@ -30,6 +32,7 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Serve(args) => serve::run(*args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

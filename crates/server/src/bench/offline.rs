@@ -1,0 +1,392 @@
+//! `met bench throughput` and `met bench latency`: the engine alone, without HTTP.
+//!
+//! Both load a model as `met generate` does (any checkpoint, or `--load-format dummy` with a
+//! bare `config.json`), on the CPU or a GPU, and drive the same engine the server runs
+//! (continuous batching, chunked prefill, sampling on the device) with random token-id
+//! prompts of exact length, greedy and `ignore_eos` so every request makes exactly
+//! `--output-len` tokens.
+//!
+//! - `throughput`: `--num-prompts` requests submitted at once; output-token and total-token
+//!   throughput over the whole run, and decode throughput over the steps after every request
+//!   has its first token (the steady state a server reaches under load).
+//! - `latency`: one batch of `--batch-size` requests, `--num-iters` times after
+//!   `--num-warmup` uncounted ones, each with fresh prompts (so the prefix cache never
+//!   hits): the prefill time (until every request has its first token), every decode step's
+//!   latency (p50/p90/p99), and the whole batch's latency.
+//!
+//! Each step's clock stops after the engine has the step's sampled tokens on the host, so
+//! device work is included. Both print a summary and write one JSON result with
+//! `--output`, with the same header as `met bench serve` (command line, met version,
+//! commit, date, machine) plus the device and the model.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use met_config::SamplingParams;
+use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
+use serde::Serialize;
+
+use super::metrics::Summary;
+use super::report::{Machine, git_commit};
+use super::rng::Rng;
+use crate::cli::{EngineArgs, ModelArgs};
+use crate::generate::sized_engine;
+use crate::load::{LoadedModel, load};
+
+/// `met bench throughput`.
+#[derive(Debug, Args)]
+pub struct ThroughputArgs {
+    /// The model.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Engine settings (the KV cache holds every request at once unless `--kv-blocks`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Requests, all submitted at once.
+    #[arg(long, default_value_t = 256)]
+    pub num_prompts: usize,
+    /// Prompt tokens of each request.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Generated tokens of each request.
+    #[arg(long, default_value_t = 256)]
+    pub output_len: usize,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the JSON result here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+/// `met bench latency`.
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    /// The model.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Requests in the batch.
+    #[arg(long, default_value_t = 1)]
+    pub batch_size: usize,
+    /// Prompt tokens of each request.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Generated tokens of each request.
+    #[arg(long, default_value_t = 256)]
+    pub output_len: usize,
+    /// Measured iterations.
+    #[arg(long, default_value_t = 3)]
+    pub num_iters: usize,
+    /// Uncounted iterations first.
+    #[arg(long, default_value_t = 1)]
+    pub num_warmup: usize,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the JSON result here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+/// What every offline result starts with.
+#[derive(Debug, Serialize)]
+struct Header {
+    /// `throughput` or `latency`.
+    bench: &'static str,
+    command_line: Vec<String>,
+    met_version: &'static str,
+    git_commit: Option<String>,
+    date: String,
+    machine: Machine,
+    device: String,
+    model: String,
+    /// Seconds from the start of the command until the model and engine were ready.
+    load_s: f64,
+}
+
+/// The result of `met bench throughput`.
+#[derive(Debug, Serialize)]
+struct ThroughputResult {
+    #[serde(flatten)]
+    header: Header,
+    num_prompts: usize,
+    input_len: usize,
+    output_len: usize,
+    elapsed_s: f64,
+    steps: usize,
+    prompt_tokens: usize,
+    output_tokens: usize,
+    requests_per_s: f64,
+    output_tokens_per_s: f64,
+    total_tokens_per_s: f64,
+    /// Output tokens per second over the steps after every request had its first token.
+    decode_tokens_per_s: Option<f64>,
+    decode_steps: usize,
+}
+
+/// The result of `met bench latency`.
+#[derive(Debug, Serialize)]
+struct LatencyResult {
+    #[serde(flatten)]
+    header: Header,
+    batch_size: usize,
+    input_len: usize,
+    output_len: usize,
+    num_iters: usize,
+    num_warmup: usize,
+    /// Time until every request of the batch had its first token, per iteration (ms).
+    prefill_ms: Summary,
+    /// Every decode step of every iteration (ms).
+    decode_step_ms: Summary,
+    /// The whole batch, per iteration (ms).
+    batch_ms: Summary,
+    /// Output tokens per second of the batch during decode, from the median step.
+    decode_tokens_per_s: f64,
+}
+
+/// Runs `met bench throughput`.
+///
+/// # Errors
+/// Bad flags, a model that does not load, or an engine failure.
+pub fn throughput(args: &ThroughputArgs) -> Result<()> {
+    check_lengths(args.num_prompts, "--num-prompts", args.input_len, args.output_len)?;
+    let start = Instant::now();
+    let LoadedModel { model, backend, .. } = load(&args.model)?;
+    let vocab = model.vocab_size();
+    check_context(model.max_context(), args.input_len, args.output_len)?;
+    let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
+    let device = backend.describe();
+    let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
+    let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
+
+    let run = rayon::scope(|_| drive(&mut engine, requests))?;
+    let output_tokens = run.tokens;
+    let prompt_tokens = args.num_prompts * args.input_len;
+    let elapsed = run.steps.iter().map(|s| s.seconds).sum::<f64>();
+    let decode: Vec<&Step> = run.steps.iter().filter(|s| s.all_started_before).collect();
+    let decode_s = decode.iter().map(|s| s.seconds).sum::<f64>();
+    let decode_tokens = decode.iter().map(|s| s.tokens).sum::<usize>();
+    let result = ThroughputResult {
+        header,
+        num_prompts: args.num_prompts,
+        input_len: args.input_len,
+        output_len: args.output_len,
+        elapsed_s: elapsed,
+        steps: run.steps.len(),
+        prompt_tokens,
+        output_tokens,
+        requests_per_s: args.num_prompts as f64 / elapsed,
+        output_tokens_per_s: output_tokens as f64 / elapsed,
+        total_tokens_per_s: (prompt_tokens + output_tokens) as f64 / elapsed,
+        decode_tokens_per_s: (decode_s > 0.0).then(|| decode_tokens as f64 / decode_s),
+        decode_steps: decode.len(),
+    };
+    println!(
+        "throughput: {} requests x ({} in + {} out) in {:.2} s: {:.2} req/s, {:.1} output tok/s, {:.1} total tok/s{}",
+        result.num_prompts,
+        result.input_len,
+        result.output_len,
+        result.elapsed_s,
+        result.requests_per_s,
+        result.output_tokens_per_s,
+        result.total_tokens_per_s,
+        result.decode_tokens_per_s.map(|t| format!(", decode phase {t:.1} tok/s")).unwrap_or_default()
+    );
+    write(args.output.as_ref(), &result)
+}
+
+/// Runs `met bench latency`.
+///
+/// # Errors
+/// Bad flags, a model that does not load, or an engine failure.
+pub fn latency(args: &LatencyArgs) -> Result<()> {
+    check_lengths(args.batch_size, "--batch-size", args.input_len, args.output_len)?;
+    if args.num_iters == 0 {
+        bail!("--num-iters must be at least 1");
+    }
+    let start = Instant::now();
+    let LoadedModel { model, backend, .. } = load(&args.model)?;
+    let vocab = model.vocab_size();
+    check_context(model.max_context(), args.input_len, args.output_len)?;
+    let batch =
+        |i: usize| random_requests(args.batch_size, args.input_len, args.output_len, vocab, args.seed + i as u64);
+    let device = backend.describe();
+    let mut engine = sized_engine(&args.engine, model, backend, &batch(0))?;
+    let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
+
+    let (mut prefill, mut steps, mut whole) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..args.num_warmup + args.num_iters {
+        let run = rayon::scope(|_| drive(&mut engine, batch(i)))?;
+        if i < args.num_warmup {
+            continue;
+        }
+        prefill.push(run.steps.iter().filter(|s| !s.all_started_before).map(|s| s.seconds).sum::<f64>());
+        steps.extend(run.steps.iter().filter(|s| s.all_started_before).map(|s| s.seconds));
+        whole.push(run.steps.iter().map(|s| s.seconds).sum::<f64>());
+    }
+    let summary = |xs: &[f64], what: &str| Summary::of_seconds(xs).with_context(|| format!("no {what} was timed"));
+    let decode_step_ms = if args.output_len > 1 {
+        summary(&steps, "decode step")?
+    } else {
+        Summary::of_seconds(&[0.0]).expect("one value")
+    };
+    let result = LatencyResult {
+        header,
+        batch_size: args.batch_size,
+        input_len: args.input_len,
+        output_len: args.output_len,
+        num_iters: args.num_iters,
+        num_warmup: args.num_warmup,
+        prefill_ms: summary(&prefill, "prefill")?,
+        decode_step_ms,
+        batch_ms: summary(&whole, "batch")?,
+        decode_tokens_per_s: if decode_step_ms.p50 > 0.0 {
+            args.batch_size as f64 * 1e3 / decode_step_ms.p50
+        } else {
+            0.0
+        },
+    };
+    println!(
+        "latency: batch {} x ({} in + {} out), {} iterations: prefill p50 {:.2} ms; decode step p50 {:.3} ms, p90 \
+         {:.3}, p99 {:.3} ({:.1} tok/s); batch p50 {:.1} ms",
+        result.batch_size,
+        result.input_len,
+        result.output_len,
+        result.num_iters,
+        result.prefill_ms.p50,
+        result.decode_step_ms.p50,
+        result.decode_step_ms.p90,
+        result.decode_step_ms.p99,
+        result.decode_tokens_per_s,
+        result.batch_ms.p50
+    );
+    write(args.output.as_ref(), &result)
+}
+
+fn check_lengths(count: usize, flag: &str, input_len: usize, output_len: usize) -> Result<()> {
+    if count == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    if input_len == 0 {
+        bail!("--input-len must be at least 1");
+    }
+    if output_len == 0 {
+        bail!("--output-len must be at least 1");
+    }
+    Ok(())
+}
+
+fn check_context(max_context: usize, input_len: usize, output_len: usize) -> Result<()> {
+    if input_len + output_len > max_context {
+        bail!("--input-len {input_len} plus --output-len {output_len} exceed the model's context of {max_context}");
+    }
+    Ok(())
+}
+
+/// `count` greedy requests of `input_len` random ids below `vocab` that generate exactly
+/// `output_len` tokens.
+fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usize, seed: u64) -> Vec<EngineRequest> {
+    let mut rng = Rng::new(seed);
+    let top = u32::try_from(vocab).unwrap_or(u32::MAX);
+    (0..count)
+        .map(|i| EngineRequest {
+            prompt: (0..input_len).map(|_| rng.range(0, top)).collect(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                seed: seed.wrapping_add(i as u64),
+                ..SamplingParams::default()
+            },
+            stop: StopCriteria {
+                max_new_tokens: output_len,
+                min_new_tokens: 0,
+                stop_token_ids: Vec::new(),
+                eos_token_ids: Vec::new(),
+                ignore_eos: true,
+            },
+            n: 1,
+            priority: 0,
+        })
+        .collect()
+}
+
+/// One engine step as the bench saw it.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    seconds: f64,
+    /// Tokens the step produced.
+    tokens: usize,
+    /// Whether every request already had its first token when the step began (a pure
+    /// decode step).
+    all_started_before: bool,
+}
+
+/// Every step of one run.
+struct Run {
+    steps: Vec<Step>,
+    tokens: usize,
+}
+
+/// Submits `requests`, steps the engine until they are all done, and times each step.
+fn drive(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<Run> {
+    let total = requests.len();
+    let expected: usize = requests.iter().map(|r| r.stop.max_new_tokens).sum();
+    let mut streams: Vec<RequestStream> = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| engine.submit(r).with_context(|| format!("request {i}")))
+        .collect::<Result<_>>()?;
+    let mut started = vec![false; total];
+    let (mut steps, mut tokens, mut started_count) = (Vec::new(), 0, 0);
+    while engine.has_work() {
+        let all_started_before = started_count == total;
+        let clock = Instant::now();
+        engine.step();
+        let seconds = clock.elapsed().as_secs_f64();
+        let mut made = 0;
+        for (s, stream) in streams.iter_mut().enumerate() {
+            while let Some(event) = stream.try_next() {
+                if event.token.is_some() {
+                    made += 1;
+                    if !started[s] {
+                        started[s] = true;
+                        started_count += 1;
+                    }
+                }
+                if let Some(FinishReason::Error(e)) = &event.finish {
+                    bail!("request {s} failed: {e}");
+                }
+            }
+        }
+        tokens += made;
+        steps.push(Step { seconds, tokens: made, all_started_before });
+    }
+    if tokens != expected {
+        bail!("the engine produced {tokens} tokens, {expected} expected (was the KV cache too small?)");
+    }
+    Ok(Run { steps, tokens })
+}
+
+fn header(bench: &'static str, device: String, model: &ModelArgs, load_s: f64) -> Header {
+    Header {
+        bench,
+        command_line: std::env::args().collect(),
+        met_version: env!("CARGO_PKG_VERSION"),
+        git_commit: git_commit(),
+        date: jiff::Timestamp::now().to_string(),
+        machine: Machine::detect(),
+        device,
+        model: model.model.clone().unwrap_or_else(|| "the default model".into()),
+        load_s,
+    }
+}
+
+fn write(path: Option<&PathBuf>, result: &impl Serialize) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let text = serde_json::to_string_pretty(result)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
