@@ -34,6 +34,13 @@ __device__ __forceinline__ float load_f(const float* p, u64 i) { return p[i]; }
 __device__ __forceinline__ void store_f(bf16_t* p, u64 i, float v) { p[i] = f2bf(v); }
 __device__ __forceinline__ void store_f(float* p, u64 i, float v) { p[i] = v; }
 
+// SplitMix64's finaliser (`rng::mix64`).
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -16,6 +16,15 @@ extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* out, u64 n) {
         out[i] = f2bf(x[i]);
 }
 
+// out[i] = bound * rng::weight_uniform(key, i) for i < n, rounded to bf16 (dummy weights).
+extern "C" __global__ void random_uniform_bf16(bf16_t* out, u64 n, u64 key, float bound) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 bits = mix64(key + (i + 1ull) * 0x9E3779B97F4A7C15ull);
+        const float u = (float)(bits >> 40) * (1.0f / 16777216.0f);
+        out[i] = f2bf(bound * (2.0f * u - 1.0f));
+    }
+}
+
 extern "C" __global__ void add_bf16(const bf16_t* a, const bf16_t* b, bf16_t* out, u64 n) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));

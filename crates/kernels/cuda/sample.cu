@@ -25,12 +25,6 @@
 #define FLAG_SCRATCH 2u
 #define FIX_SCALE 1099511627776.0  // 2^40
 
-__device__ __forceinline__ u64 mix64(u64 z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 // `rng::uniform`: the top 24 bits of mix64(seed ^ mix64((step + 1) * GAMMA)).
 __device__ __forceinline__ float uniform01(u64 seed, u64 step) {
     const u64 bits = mix64(seed ^ mix64((step + 1ull) * 0x9E3779B97F4A7C15ull));

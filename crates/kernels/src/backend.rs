@@ -102,6 +102,27 @@ pub struct MemoryInfo {
     pub total: usize,
 }
 
+/// A run of [`GpuBackend::random_uniform`]: `len` elements, element `j` being
+/// `bound · rng::weight_uniform(key, j)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UniformRun {
+    /// Elements in the run.
+    pub len: usize,
+    /// The stream's key.
+    pub key: u64,
+    /// Half-width of the uniform range.
+    pub bound: f32,
+}
+
+impl UniformRun {
+    /// The run's values in f32, generated in parallel on the host.
+    #[must_use]
+    pub fn host_values(&self) -> Vec<f32> {
+        use rayon::prelude::*;
+        (0..self.len as u64).into_par_iter().map(|j| self.bound * crate::rng::weight_uniform(self.key, j)).collect()
+    }
+}
+
 /// A compute device for transformer inference.
 ///
 /// Implementations hold their own memory pool and stream; calls on one backend are
@@ -133,6 +154,22 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// [`crate::Error::DType`] for a dtype the backend cannot store this data as; when the
     /// device is out of memory.
     fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor>;
+
+    /// A float tensor of `dims` ([`Self::float_dtype`]) made of `runs` back to back, each
+    /// rounded once to the float dtype: random weights without a host round trip (dummy
+    /// checkpoints). The default generates on the host and uploads; a device backend
+    /// generates in place.
+    ///
+    /// # Errors
+    /// When the runs' lengths do not add up to the element count; out of memory.
+    fn random_uniform(&self, dims: &[usize], runs: &[UniformRun]) -> Result<Tensor> {
+        crate::check::uniform_runs(dims, runs)?;
+        let mut data = Vec::with_capacity(dims.iter().product());
+        for run in runs {
+            data.extend(run.host_values());
+        }
+        self.upload(&HostTensor::from_f32(&data, dims), self.float_dtype())
+    }
 
     /// A copy of the float tensor `t` in `dtype` (`F32` or [`Self::float_dtype`]).
     ///

@@ -3,7 +3,7 @@
 //! backend, which knows what it stores.
 
 use crate::Tensor;
-use crate::backend::{AttentionParams, Routing};
+use crate::backend::{AttentionParams, Routing, UniformRun};
 use crate::error::{Error, Result, ensure};
 
 /// `matmul`: `x [m, k]`, `w [n, k]`, `bias [n]`; returns `(m, k, n)`.
@@ -57,6 +57,13 @@ pub(crate) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tenso
         return Err(Error::InvalidArgument("write_kv: k and v must not be the cache pools themselves".into()));
     }
     Ok(WriteKv { row, capacity: cd[0] * cd[1] })
+}
+
+/// `random_uniform`: the runs fill `dims` exactly and every bound is finite.
+pub(crate) fn uniform_runs(dims: &[usize], runs: &[UniformRun]) -> Result<()> {
+    let (n, total) = (dims.iter().product::<usize>(), runs.iter().map(|r| r.len).sum::<usize>());
+    ensure(total == n, "random_uniform", || format!("runs of {total} elements for a tensor {dims:?} of {n}"))?;
+    ensure(runs.iter().all(|r| r.bound.is_finite()), "random_uniform", || "a run's bound is not finite".into())
 }
 
 /// Every slot inside a pool of `capacity` slots.

@@ -28,7 +28,7 @@ mod tensor;
 
 use std::sync::Arc;
 
-pub use backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled};
+pub use backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled, UniformRun};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaStorage};

@@ -23,6 +23,16 @@ pub fn random_bits(seed: u64, step: u64) -> u64 {
     mix64(seed ^ mix64(step.wrapping_add(1).wrapping_mul(GAMMA)))
 }
 
+/// Element `i` of the weight stream `key`, uniform in `[-1, 1)`: `2u - 1`, where `u` is the
+/// top 24 bits of `mix64(key + (i + 1) · GAMMA)` over 2²⁴ (SplitMix64's own sequence, read
+/// at position `i`), exact in f32. Dummy weights are drawn from it ([`crate::UniformRun`]);
+/// every backend computes it with these integer operations and one f32 product, so a
+/// tensor generated on a device equals the host's before rounding to the float dtype.
+pub fn weight_uniform(key: u64, i: u64) -> f32 {
+    let bits = mix64(key.wrapping_add(i.wrapping_add(1).wrapping_mul(GAMMA)));
+    2.0 * ((bits >> 40) as f32 * (1.0 / (1u64 << 24) as f32)) - 1.0
+}
+
 /// A uniform in `[0, 1)` for draw `step` of the stream `seed`: the top 24 bits of
 /// [`random_bits`], so the value is an exact f32 and never rounds up to 1.
 pub fn uniform(seed: u64, step: u64) -> f32 {

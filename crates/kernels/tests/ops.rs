@@ -38,6 +38,7 @@ macro_rules! backend_tests {
                 dense::add_rms_norm_matches_reference,
                 dense::rotary_matches_reference,
                 dense::rotary_at_long_positions,
+                dense::random_uniform_is_the_weight_stream,
                 dense::silu_mul_matches_reference,
                 dense::embedding_matches_reference,
                 dense::gather_rows_matches_reference,

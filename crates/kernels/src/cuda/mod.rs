@@ -44,6 +44,7 @@ const KERNELS: &[&str] = &[
     "cast_bf16_f32",
     "cast_f32_bf16",
     "add_bf16",
+    "random_uniform_bf16",
     "rms_norm_bf16",
     "add_rms_norm_bf16",
     "rotary_bf16",
@@ -345,6 +346,10 @@ impl GpuBackend for CudaBackend {
 
     fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
         ops::embedding(self, ids, table)
+    }
+
+    fn random_uniform(&self, dims: &[usize], runs: &[crate::UniformRun]) -> Result<Tensor> {
+        ops::random_uniform(self, dims, runs)
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {

@@ -189,6 +189,18 @@ pub(super) fn add(b: &CudaBackend, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
+/// Each run generated in place at its offset of one bf16 allocation.
+pub(super) fn random_uniform(b: &CudaBackend, dims: &[usize], runs: &[crate::UniformRun]) -> Result<Tensor> {
+    crate::check::uniform_runs(dims, runs)?;
+    let out = b.alloc(dims, DType::BF16)?;
+    let mut at = ptr("random_uniform", &out)?;
+    for run in runs.iter().filter(|r| r.len > 0) {
+        launch!(b, "random_uniform_bf16", elementwise(run.len), [at, run.len as u64, run.key, run.bound])?;
+        at += (run.len * DType::BF16.size_in_bytes()) as u64;
+    }
+    Ok(out)
+}
+
 pub(super) fn split_columns(b: &CudaBackend, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
     let d = x.dims();
     ensure(d.len() == 2 && widths.iter().sum::<usize>() == d[1], "split_columns", || {

@@ -2,7 +2,7 @@
 //! per head, fused with the residual add), rotary, SiLU·mul, embedding, add, column splits
 //! and row gathers, plus the shape and index errors each must return instead of panicking.
 
-use met_kernels::{DType, Error, GpuBackend, HostTensor, Result};
+use met_kernels::{DType, Error, GpuBackend, HostTensor, Result, UniformRun};
 
 use crate::harness::{Rng, assert_close, assert_values, expect_err, stored, upload_f32, upload_u32, widen};
 
@@ -208,6 +208,27 @@ pub fn rotary_at_long_positions(b: &dyn GpuBackend) -> Result<()> {
         let want = rotary_reference(&x, d, &positions, &freq);
         assert_close(b, &out, &[t, h, d], &want, &format!("rotary at 32k h={h} d={d} theta={theta}"))?;
     }
+    Ok(())
+}
+
+/// `random_uniform` makes exactly the host's weight stream, rounded once to the float
+/// dtype, run after run (an empty run in the middle included), and refuses runs that do
+/// not fill the tensor.
+pub fn random_uniform_is_the_weight_stream(b: &dyn GpuBackend) -> Result<()> {
+    let runs = [
+        UniformRun { len: 1_000, key: 0x1234_5678_9abc_def0, bound: 0.5 },
+        UniformRun { len: 0, key: 7, bound: 1.0 },
+        UniformRun { len: 4_097, key: u64::MAX, bound: 0.03 },
+    ];
+    let got = b.download_f32(&b.random_uniform(&[3, 1_699], &runs)?)?;
+    let want: Vec<f32> = stored(b, runs.iter().flat_map(UniformRun::host_values).collect());
+    assert_eq!(got.len(), want.len());
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+        panic!("random_uniform element {i}: {} on {}, {} on the host", got[i], b.name(), want[i]);
+    }
+    assert!(want.iter().all(|x| x.abs() <= 0.5) && want.iter().any(|x| x.abs() > 0.4), "the bounds hold");
+    expect_err(b.random_uniform(&[3, 1_700], &runs), "runs short of the tensor");
+    expect_err(b.random_uniform(&[2], &[UniformRun { len: 2, key: 1, bound: f32::NAN }]), "a NaN bound");
     Ok(())
 }
 
