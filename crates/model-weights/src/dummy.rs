@@ -5,16 +5,19 @@
 //! and matrices uniform in `±sqrt(3 / fan_in)` so a product keeps unit variance.
 //!
 //! Invariant: element `i` of tensor `name` is a pure function of `(seed, name, i)` through
-//! a counter-based generator ([`CounterRng`]), so tensors are generated in parallel, on
-//! demand, in any order, and identically on every run and machine. Nothing is cached:
-//! each [`WeightStore::host`] call regenerates the tensor.
+//! a counter-based generator ([`met_kernels::rng::weight_uniform`] over the tensor's
+//! stream key), so tensors are generated in parallel, on demand, in any order, and
+//! identically on every run and machine. Nothing is cached: each [`WeightStore::host`] call
+//! regenerates the tensor. Uniform tensors are also offered as [`UniformRun`]s, which a GPU
+//! backend generates in place, with no host memory or copies; the values are the same.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use half::{bf16, f16};
-use met_kernels::{DType, HostTensor};
+use met_kernels::rng::{mix64, weight_uniform};
+use met_kernels::{DType, HostTensor, UniformRun};
 use rayon::prelude::*;
 
 use crate::{TensorInfo, TensorSpec, WeightError, WeightStore};
@@ -73,6 +76,16 @@ impl WeightStore for DummyStore {
         let bytes = generate(name, shape, self.seed, self.dtype);
         Ok(HostTensor::from_bytes(self.dtype, shape, Cow::Owned(bytes))?)
     }
+
+    fn uniform_run(&self, name: &str) -> Option<UniformRun> {
+        let shape = self.specs.get(name)?;
+        match fill_for(name, shape) {
+            Fill::Ones => None,
+            Fill::Uniform(bound) => {
+                Some(UniformRun { len: shape.iter().product(), key: stream_key(self.seed, name), bound })
+            }
+        }
+    }
 }
 
 impl fmt::Debug for DummyStore {
@@ -102,13 +115,13 @@ fn generate(name: &str, shape: &[usize], seed: u64, dtype: DType) -> Vec<u8> {
     let n: usize = shape.iter().product();
     let width = dtype.size_in_bytes();
     let fill = fill_for(name, shape);
-    let rng = CounterRng::new(seed, name);
+    let key = stream_key(seed, name);
     let mut bytes = vec![0u8; n * width];
     bytes.par_chunks_mut(CHUNK * width).enumerate().for_each(|(c, out)| {
         for (j, slot) in out.chunks_exact_mut(width).enumerate() {
             let value = match fill {
                 Fill::Ones => 1.0,
-                Fill::Uniform(bound) => bound * rng.symmetric((c * CHUNK + j) as u64),
+                Fill::Uniform(bound) => bound * weight_uniform(key, (c * CHUNK + j) as u64),
             };
             encode(value, dtype, slot);
         }
@@ -126,42 +139,11 @@ fn encode(value: f32, dtype: DType, slot: &mut [u8]) {
     }
 }
 
-/// A counter-based generator: the `i`-th draw of a stream is a hash of (key, i), so draws
-/// need no state and can be made in any order.
-///
-/// The stream key mixes the seed with the FNV-1a hash of the tensor name; each draw runs
-/// SplitMix64's finaliser over the key plus `i` times the golden-ratio increment, the same
-/// sequence SplitMix64 itself walks, and keeps the top 24 bits: exactly representable as
-/// an f32, so the uniforms are unbiased on a grid of 2⁻²⁴.
-#[derive(Debug, Clone, Copy)]
-struct CounterRng {
-    key: u64,
-}
-
-impl CounterRng {
-    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-    fn new(seed: u64, name: &str) -> Self {
-        Self { key: mix64(seed ^ mix64(fnv1a(name.as_bytes()))) }
-    }
-
-    /// Draw `i`, uniform on `[0, 1)`.
-    fn uniform(self, i: u64) -> f32 {
-        let bits = mix64(self.key.wrapping_add(i.wrapping_add(1).wrapping_mul(Self::GOLDEN)));
-        (bits >> 40) as f32 * (1.0 / (1u32 << 24) as f32)
-    }
-
-    /// Draw `i`, uniform on `[-1, 1)`.
-    fn symmetric(self, i: u64) -> f32 {
-        2.0 * self.uniform(i) - 1.0
-    }
-}
-
-/// SplitMix64's output finaliser: a bijective avalanche mix of 64 bits.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The key of tensor `name`'s stream of [`met_kernels::rng::weight_uniform`] draws: the
+/// seed mixed with the FNV-1a hash of the name. Draw `i` is a hash of (key, i), so draws
+/// need no state and can be made in any order, on the host or on a device.
+fn stream_key(seed: u64, name: &str) -> u64 {
+    mix64(seed ^ mix64(fnv1a(name.as_bytes())))
 }
 
 /// 64-bit FNV-1a of `bytes`.
@@ -175,9 +157,9 @@ mod tests {
 
     #[test]
     fn uniforms_lie_in_range_with_the_right_moments() {
-        let rng = CounterRng::new(7, "model.layers.0.mlp.up_proj.weight");
+        let key = stream_key(7, "model.layers.0.mlp.up_proj.weight");
         let n = 200_000;
-        let draws: Vec<f32> = (0..n).map(|i| rng.uniform(i)).collect();
+        let draws: Vec<f32> = (0..n).map(|i| (weight_uniform(key, i) + 1.0) / 2.0).collect();
         assert!(draws.iter().all(|&u| (0.0..1.0).contains(&u)));
         let mean = draws.iter().map(|&u| f64::from(u)).sum::<f64>() / n as f64;
         let var = draws.iter().map(|&u| (f64::from(u) - mean).powi(2)).sum::<f64>() / n as f64;
@@ -194,13 +176,11 @@ mod tests {
 
     #[test]
     fn streams_differ_by_seed_and_name() {
-        let a = CounterRng::new(1, "w");
-        let b = CounterRng::new(2, "w");
-        let c = CounterRng::new(1, "v");
-        let first = |r: CounterRng| (0..8).map(|i| r.uniform(i)).collect::<Vec<_>>();
+        let (a, b, c) = (stream_key(1, "w"), stream_key(2, "w"), stream_key(1, "v"));
+        let first = |key: u64| (0..8).map(|i| weight_uniform(key, i)).collect::<Vec<_>>();
         assert_ne!(first(a), first(b));
         assert_ne!(first(a), first(c));
-        assert_eq!(first(a), first(CounterRng::new(1, "w")));
+        assert_eq!(first(a), first(stream_key(1, "w")));
     }
 
     #[test]

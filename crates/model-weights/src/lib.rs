@@ -79,4 +79,13 @@ pub trait WeightStore: Send + Sync {
     /// [`WeightError::Missing`] when the store lacks `name`;
     /// [`WeightError::UnsupportedDtype`] when it is stored in a dtype met cannot load.
     fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError>;
+
+    /// When the tensor is one run of random weights (a dummy store), the run: the loader
+    /// then has the backend generate it ([`met_kernels::GpuBackend::random_uniform`]) instead
+    /// of making it on the host and copying it over. Its values equal [`Self::host`]'s.
+    /// `None` (the default) for stored data.
+    fn uniform_run(&self, name: &str) -> Option<met_kernels::UniformRun> {
+        let _ = name;
+        None
+    }
 }

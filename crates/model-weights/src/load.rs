@@ -5,6 +5,10 @@
 //! (concatenate along dim 0, then reshape the device tensor). Equal dtypes are joined as raw
 //! bytes, so no precision is lost; mixed dtypes are widened to f32 first, which is exact
 //! for f16 and bf16.
+//!
+//! Random weights skip the host: when the store describes every part as a run of its
+//! random stream ([`WeightStore::uniform_run`]), the backend generates the fused tensor in
+//! place ([`GpuBackend::random_uniform`]), with the same values.
 
 use std::borrow::Cow;
 
@@ -18,6 +22,9 @@ use crate::{WeightError, WeightStore};
 /// When the store cannot provide the tensor ([`WeightError::Missing`],
 /// [`WeightError::UnsupportedDtype`]) or the backend rejects it.
 pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
+    if let Some(run) = store.uniform_run(name) {
+        return Ok(backend.random_uniform(&shape_of(store, name)?, &[run])?);
+    }
     Ok(backend.upload(&store.host(name)?, backend.float_dtype())?)
 }
 
@@ -29,6 +36,11 @@ pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Re
 /// [`WeightError::Concat`] for an empty list, a 0-D tensor or disagreeing trailing dims;
 /// otherwise as [`load`].
 pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
+    if let Some(runs) = names.iter().map(|n| store.uniform_run(n)).collect::<Option<Vec<_>>>() {
+        let shapes = names.iter().map(|n| shape_of(store, n)).collect::<Result<Vec<_>, _>>()?;
+        let shape = concat_shape(names, &shapes.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        return Ok(backend.random_uniform(&shape, &runs)?);
+    }
     let parts = names.iter().map(|n| store.host(n)).collect::<Result<Vec<_>, _>>()?;
     let host = concat_dim0(names, parts)?;
     Ok(backend.upload(&host, backend.float_dtype())?)
@@ -36,7 +48,7 @@ pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBac
 
 /// Joins host tensors along dim 0; a single part passes through without a copy.
 fn concat_dim0<'a>(names: &[&str], mut parts: Vec<HostTensor<'a>>) -> Result<HostTensor<'a>, WeightError> {
-    let shape = concat_shape(names, &parts)?;
+    let shape = concat_shape(names, &parts.iter().map(HostTensor::shape).collect::<Vec<_>>())?;
     if parts.len() == 1 {
         return Ok(parts.remove(0));
     }
@@ -59,24 +71,32 @@ fn concat_dim0<'a>(names: &[&str], mut parts: Vec<HostTensor<'a>>) -> Result<Hos
 }
 
 /// The shape of the concatenation: dim 0 summed, trailing dims shared by every part.
-fn concat_shape(names: &[&str], parts: &[HostTensor<'_>]) -> Result<Vec<usize>, WeightError> {
-    let Some(first) = parts.first() else {
+fn concat_shape(names: &[&str], shapes: &[&[usize]]) -> Result<Vec<usize>, WeightError> {
+    let Some(first) = shapes.first() else {
         return Err(concat_error(names, "no tensors given".into()));
     };
-    let Some((_, trailing)) = first.shape().split_first() else {
+    let Some((_, trailing)) = first.split_first() else {
         return Err(concat_error(names, format!("`{}` is 0-D", names[0])));
     };
     let mut rows = 0;
-    for (p, name) in parts.iter().zip(names) {
-        if p.shape().get(1..) != Some(trailing) {
+    for (shape, name) in shapes.iter().zip(names) {
+        if shape.get(1..) != Some(trailing) {
             return Err(concat_error(
                 names,
-                format!("`{name}` has shape {:?}, but `{}` has trailing dims {trailing:?}", p.shape(), names[0]),
+                format!("`{name}` has shape {shape:?}, but `{}` has trailing dims {trailing:?}", names[0]),
             ));
         }
-        rows += p.shape()[0];
+        rows += shape[0];
     }
     Ok([&[rows], trailing].concat())
+}
+
+/// The shape `store` lists for `name`.
+fn shape_of(store: &dyn WeightStore, name: &str) -> Result<Vec<usize>, WeightError> {
+    store
+        .info(name)
+        .map(|i| i.shape)
+        .ok_or_else(|| WeightError::Missing { name: name.to_string(), store: store.describe() })
 }
 
 fn concat_error(names: &[&str], msg: String) -> WeightError {

@@ -166,6 +166,14 @@ impl WeightStore for Counted<'_> {
         self.progress.tensor(name);
         tensor
     }
+
+    fn uniform_run(&self, name: &str) -> Option<met_kernels::UniformRun> {
+        let run = self.inner.uniform_run(name);
+        if run.is_some() {
+            self.progress.tensor(name);
+        }
+        run
+    }
 }
 
 /// The tokenizer a model ships: GGUF metadata, or `tokenizer.json` in an HF directory

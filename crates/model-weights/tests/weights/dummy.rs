@@ -106,3 +106,41 @@ fn names_are_sorted_and_loading_works() {
 fn integer_dtype_is_refused() {
     let _ = DummyStore::new(specs(), 0, DType::U32);
 }
+
+/// The store as a checkpoint would be: host bytes only, no uniform runs.
+struct HostOnly<'a>(&'a DummyStore);
+
+impl WeightStore for HostOnly<'_> {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn names(&self) -> Vec<String> {
+        self.0.names()
+    }
+    fn info(&self, name: &str) -> Option<met_model_weights::TensorInfo> {
+        self.0.info(name)
+    }
+    fn host(&self, name: &str) -> Result<met_kernels::HostTensor<'_>, WeightError> {
+        self.0.host(name)
+    }
+}
+
+/// Loading through the backend's generator (`uniform_run`) gives exactly the tensors of
+/// the host path, alone and fused, and norms (no run) still load from the host.
+#[test]
+fn generated_on_the_backend_equals_the_host_path() {
+    let backend = CpuBackend::new();
+    let store = DummyStore::new(specs(), 9, backend.float_dtype());
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let k = "model.layers.0.self_attn.k_proj.weight";
+    assert!(store.uniform_run(q).is_some() && store.uniform_run("model.norm.weight").is_none());
+    for names in [&[q][..], &[q, k], &["model.layers.0.mlp.experts"], &["model.norm.weight"]] {
+        let generated = met_model_weights::load_concat(&store, names, &backend).unwrap();
+        let hosted = met_model_weights::load_concat(&HostOnly(&store), names, &backend).unwrap();
+        assert_eq!(generated.dims(), hosted.dims(), "{names:?}");
+        let (g, h) = (backend.download_f32(&generated).unwrap(), backend.download_f32(&hosted).unwrap());
+        assert!(g.iter().zip(&h).all(|(a, b)| a.to_bits() == b.to_bits()), "{names:?}");
+    }
+    let single = load(&store, q, &backend).unwrap();
+    assert_eq!(backend.download_f32(&single).unwrap(), values(&store, q));
+}
