@@ -145,12 +145,12 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, generate, gate, compare. Made by `cargo xtask gpu-bundle`.
+# ops, fixtures, generate, gate, compare, bench. Made by `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures generate gate compare}"
+STEPS="${*:-lib ops fixtures generate gate compare bench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -205,6 +205,19 @@ step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gp
   --work /tmp/met-gpu-gate --out "$LOGS/gpu_gate.json" --broken drop-last-kv-block
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
+# The offline benches on dummy weights of the real configs: batch-1 latency and 256
+# requests at once, 128 prompt tokens and 256 generated, JSON results in the log dir.
+bench_offline() {
+  local model
+  for model in Llama-3.1-8B-Instruct Qwen3-0.6B; do
+    "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
+      --input-len 128 --output-len 256 --num-iters 3 --output "$LOGS/bench-latency-$model.json" || return 1
+    "$HERE/met" bench throughput --model "$HERE/configs/$model" --load-format dummy --num-prompts 256 \
+      --input-len 128 --output-len 256 --output "$LOGS/bench-throughput-$model.json" || return 1
+  done
+}
+export -f bench_offline
+step bench "offline benches (dummy weights)" bench.log 300 bash -c bench_offline
 
 echo
 echo "======== met GPU summary ========"
@@ -216,5 +229,6 @@ echo
 sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate.log" 2>/dev/null || true
 echo
 sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
+grep -h -E "^(latency|throughput):|\[ 5\] weights" "$LOGS/bench.log" 2>/dev/null || true
 exit $FAILED
 "#;
