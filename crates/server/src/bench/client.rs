@@ -1,5 +1,5 @@
 //! The HTTP side of `met bench serve`: hyper's HTTP/1 client (the hyper axum already
-//! brings), one pooled connection per request in flight, `TCP_NODELAY` so small chunks are
+//! brings), a fresh connection for every request, `TCP_NODELAY` so small chunks are
 //! not held back, and every request streamed and timed chunk by chunk.
 //!
 //! Timing starts just before the request is handed to the connection pool and each event is
@@ -129,7 +129,11 @@ impl Client {
     pub fn new(base: BaseUrl, api_key: Option<String>, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let pool = Pool::builder(TokioExecutor::new()).build(connector);
+        // A fresh connection per request, never an idle one reused: servers differ in when
+        // they close a keep-alive connection after a stream (llama-server closes it), and a
+        // request sent on a connection the server just closed fails for reasons that say
+        // nothing about the server. On loopback a connect costs tens of microseconds.
+        let pool = Pool::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
         let logged_status = Arc::new(AtomicBool::new(false));
         Self { pool, base, api_key: api_key.filter(|k| !k.is_empty()), timeout, logged_status }
     }
