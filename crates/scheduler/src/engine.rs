@@ -2,8 +2,16 @@
 //!
 //! `step` is the whole serving loop in four lines: reap cancelled requests, schedule a
 //! batch, run it through the model, sample and hand the results back to the scheduler.
+//!
+//! One bad sequence never fails its batch: when the forward pass or the sampler fails for
+//! the batch, each sequence is run (or its row sampled) alone, and only those that fail
+//! alone end, with [`FinishReason::Error`]; the others go on with the outputs they would
+//! have had anyway (sampling is a pure function of a row). A device error belongs to no
+//! sequence: it is an engine-level fault, as is a panic inside a step ([`crate::spawn`]
+//! catches it). A fault ends every request with an error and is recorded once in the
+//! engine's [`Health`], which handles report and refuse new work by.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use met_cache::KvCache;
@@ -14,7 +22,7 @@ use met_telemetry::{Metrics, StepStats};
 
 use crate::policy::SchedulingPolicy;
 use crate::request::{EngineRequest, FinishReason, RequestShared, RequestStream, TokenEvent};
-use crate::scheduler::{Plan, Scheduler};
+use crate::scheduler::{EntryResult, Plan, Scheduled, Scheduler};
 use crate::sequence::Sequence;
 use crate::{EngineError, RequestId, SubmitError};
 
@@ -25,8 +33,41 @@ pub struct Engine {
     kv: Box<dyn KvCache>,
     scheduler: Scheduler,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     arrivals: u64,
     next_id: u64,
+}
+
+/// An engine-level fault, once one happened: shared by the engine and its handles.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    fault: OnceLock<String>,
+    changed: tokio::sync::Notify,
+}
+
+impl Health {
+    /// Records `fault` (the first one wins) and wakes whoever waits for it.
+    pub(crate) fn fail(&self, fault: String) {
+        let _ = self.fault.set(fault);
+        self.changed.notify_waiters();
+    }
+
+    /// The fault, if one happened.
+    pub(crate) fn fault(&self) -> Option<&str> {
+        self.fault.get().map(String::as_str)
+    }
+
+    /// Waits until a fault happens and returns it.
+    pub(crate) async fn wait(&self) -> String {
+        loop {
+            // Registered before the check, so a fault recorded in between still wakes it.
+            let changed = self.changed.notified();
+            if let Some(fault) = self.fault() {
+                return fault.to_owned();
+            }
+            changed.await;
+        }
+    }
 }
 
 /// Facts a request is validated against before it reaches the engine.
@@ -66,7 +107,8 @@ impl Engine {
         }
         metrics.set_kv_capacity(kv.num_blocks());
         let scheduler = Scheduler::new(config, model.max_context(), policy, Arc::clone(&metrics));
-        Ok(Self { model, backend, kv, scheduler, metrics, arrivals: 0, next_id: 0 })
+        let health = Arc::new(Health::default());
+        Ok(Self { model, backend, kv, scheduler, metrics, health, arrivals: 0, next_id: 0 })
     }
 
     /// The limits requests are validated against.
@@ -83,8 +125,12 @@ impl Engine {
     /// (tests, benchmarks, batch jobs); servers use [`crate::spawn`] and a handle.
     ///
     /// # Errors
-    /// [`SubmitError::Invalid`] naming the field that cannot work.
+    /// [`SubmitError::Invalid`] naming the field that cannot work;
+    /// [`SubmitError::EngineStopped`] after an engine-level fault.
     pub fn submit(&mut self, req: EngineRequest) -> Result<RequestStream, SubmitError> {
+        if self.fault().is_some() {
+            return Err(SubmitError::EngineStopped);
+        }
         let limits = self.limits();
         validate(&req, &limits)?;
         self.next_id += 1;
@@ -108,7 +154,8 @@ impl Engine {
         self.scheduler.has_work()
     }
 
-    /// Runs one step: schedule, forward, sample, postprocess.
+    /// Runs one step: schedule, forward, sample, postprocess. A sequence that fails ends
+    /// alone; an engine-level fault ends every request (see [`Engine::fault`]).
     pub fn step(&mut self) {
         let start = Instant::now();
         self.scheduler.reap();
@@ -116,30 +163,64 @@ impl Engine {
         let plan = self.scheduler.schedule(&*self.kv, &mut counts);
         if !plan.entries.is_empty() {
             match self.run(&plan) {
-                Ok(samples) => self.scheduler.postprocess(&plan, samples, &*self.kv),
-                Err(e) => self.scheduler.fail_running(&FinishReason::Error(e.to_string())),
+                Ok(results) => self.scheduler.postprocess(&plan, results, &*self.kv),
+                Err(fault) => self.fail(&fault.to_string()),
             }
         }
         self.scheduler.recycle(plan);
         self.record(counts, start);
     }
 
-    fn run(&mut self, plan: &Plan) -> Result<Vec<met_kernels::Sampled>, EngineError> {
-        let logits = self.model.forward(&plan.batch, &mut *self.kv)?;
+    /// The engine-level fault (a device error, a panic inside a step) that ended every
+    /// request, if one happened. A faulted engine accepts no more requests.
+    pub fn fault(&self) -> Option<&str> {
+        self.health.fault()
+    }
+
+    /// Records an engine-level fault and ends every request with it.
+    pub(crate) fn fail(&mut self, fault: &str) {
+        self.health.fail(fault.to_owned());
+        self.scheduler.fail_all(&FinishReason::Error(fault.to_owned()));
+    }
+
+    pub(crate) fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
+    }
+
+    /// Forwards and samples `plan`: one result per entry. When the batch fails, each
+    /// sequence runs alone to find the ones that fail; only a device error is `Err`.
+    fn run(&mut self, plan: &Plan) -> Result<Vec<EntryResult>, EngineError> {
+        let batch_error = match self.model.forward(&plan.batch, &mut *self.kv) {
+            Ok(logits) => return self.sample(&logits, &plan.entries),
+            Err(e) => EngineError::from(e),
+        };
+        blame(batch_error)?;
+        // Rerunning a sequence writes the same K/V at the same slots again.
+        let mut results = Vec::with_capacity(plan.entries.len());
+        for entry in &plan.entries {
+            let batch = self.scheduler.batch_of(entry);
+            let result = match self.model.forward(&batch, &mut *self.kv) {
+                Ok(logits) => self.sample(&logits, std::slice::from_ref(entry))?.remove(0),
+                Err(e) => EntryResult::Failed(blame(e.into())?),
+            };
+            results.push(result);
+        }
+        Ok(results)
+    }
+
+    /// Samples the rows of `entries` from `logits` (one row per sampling entry, in order).
+    /// When the batch fails, each row is sampled alone to find the ones that fail.
+    fn sample(&self, logits: &met_kernels::Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
         let running = &self.scheduler.running;
-        let banned: Vec<Vec<u32>> = plan
-            .entries
-            .iter()
-            .filter(|e| e.sample)
+        let vocab = self.model.vocab_size();
+        let sampling = || entries.iter().filter(|e| e.sample);
+        let banned: Vec<Vec<u32>> = sampling()
             .map(|e| {
                 let s = &running[e.seq];
-                s.request.stop.banned(s.output().len())
+                s.request.stop.banned(s.output().len(), vocab)
             })
             .collect();
-        let rows: Vec<SampleRow<'_>> = plan
-            .entries
-            .iter()
-            .filter(|e| e.sample)
+        let rows: Vec<SampleRow<'_>> = sampling()
             .zip(&banned)
             .enumerate()
             .map(|(row, (e, banned))| {
@@ -155,7 +236,21 @@ impl Engine {
                 }
             })
             .collect();
-        Ok(self.backend.sample(&logits, &rows)?)
+        let mut sampled = match self.backend.sample(logits, &rows) {
+            Ok(samples) => samples.into_iter().map(EntryResult::Sampled).collect(),
+            Err(e) => {
+                blame(e.into())?;
+                let alone = |row: &SampleRow<'_>| match self.backend.sample(logits, std::slice::from_ref(row)) {
+                    Ok(mut one) => Ok(EntryResult::Sampled(one.remove(0))),
+                    Err(e) => blame(e.into()).map(EntryResult::Failed),
+                };
+                rows.iter().map(alone).collect::<Result<Vec<_>, _>>()?
+            }
+        }
+        .into_iter();
+        let results =
+            entries.iter().map(|e| if e.sample { sampled.next().expect("one per row") } else { EntryResult::Computed });
+        Ok(results.collect())
     }
 
     fn record(&self, mut stats: StepStats, start: Instant) {
@@ -179,6 +274,16 @@ impl Engine {
     /// KV blocks in the pool.
     pub fn total_blocks(&self) -> usize {
         self.kv.num_blocks()
+    }
+}
+
+/// The message a sequence that failed ends with, or the error back when it is the
+/// engine's (a device error, which no sequence owns).
+fn blame(e: EngineError) -> Result<String, EngineError> {
+    let device = |e: &met_kernels::Error| matches!(e, met_kernels::Error::Device(_));
+    match &e {
+        EngineError::Kernels(k) | EngineError::Model(met_model_layers::ModelError::Kernels(k)) if device(k) => Err(e),
+        _ => Ok(e.to_string()),
     }
 }
 
@@ -209,11 +314,24 @@ pub(crate) fn validate(req: &EngineRequest, limits: &EngineLimits) -> Result<(),
     if req.n == 0 {
         return invalid("n", "must be at least 1".into());
     }
-    if req.stop.max_new_tokens == 0 {
+    let stop = &req.stop;
+    if stop.max_new_tokens == 0 {
         return invalid("max_tokens", "must be at least 1".into());
     }
-    if let Some(id) = req.stop.stop_token_ids.iter().find(|&&id| id as usize >= limits.vocab_size) {
+    if stop.min_new_tokens > stop.max_new_tokens {
+        let (min, max) = (stop.min_new_tokens, stop.max_new_tokens);
+        return invalid("min_tokens", format!("{min} exceeds max_tokens ({max})"));
+    }
+    if let Some(id) = stop.stop_token_ids.iter().find(|&&id| id as usize >= limits.vocab_size) {
         return invalid("stop_token_ids", format!("token id {id} is outside the vocabulary of {}", limits.vocab_size));
+    }
+    if stop.bans_everything(limits.vocab_size) {
+        let msg = format!(
+            "with min_tokens {}, the stop tokens and the end-of-sequence tokens ban all {} tokens of the \
+             vocabulary: nothing could be sampled",
+            stop.min_new_tokens, limits.vocab_size
+        );
+        return invalid("stop_token_ids", msg);
     }
     req.sampling.validate(limits.vocab_size).map_err(|e| SubmitError::Invalid { field: e.field, msg: e.msg })
 }

@@ -3,7 +3,13 @@
 //! The handle validates each request against the engine's limits (parse, don't
 //! validate: the engine accepts nothing else) and sends it over a channel; the engine
 //! thread blocks on that channel while idle and drains it between steps while busy.
+//!
+//! A panic inside a step is caught here: it is an engine-level fault like a device error.
+//! Every request then ends with an error, the fault is recorded where every handle sees it
+//! ([`EngineHandle::fault`]), and the thread ends, so new requests are refused at once
+//! instead of waiting on an engine whose state can no longer be trusted.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -11,7 +17,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc as events;
 
-use crate::engine::{Engine, EngineLimits, validate};
+use crate::engine::{Engine, EngineLimits, Health, validate};
 use crate::request::{EngineRequest, RequestStream, TokenEvent};
 use crate::{RequestId, SubmitError};
 
@@ -26,6 +32,7 @@ pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     limits: EngineLimits,
     next_id: Arc<AtomicU64>,
+    health: Arc<Health>,
 }
 
 /// Starts `engine` on its own thread.
@@ -35,6 +42,7 @@ pub struct EngineHandle {
 pub fn spawn(engine: Engine) -> (EngineHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let limits = engine.limits();
+    let health = engine.health();
     let thread = std::thread::Builder::new()
         .name("met-engine".into())
         // The loop runs as a job of the rayon pool, so the CPU backend's parallel ops are
@@ -42,11 +50,13 @@ pub fn spawn(engine: Engine) -> (EngineHandle, JoinHandle<()>) {
         // waited for, which costs two context switches per op.
         .spawn(move || rayon::scope(move |_| run(engine, &rx)))
         .expect("spawning the engine thread");
-    (EngineHandle { commands: tx, limits, next_id: Arc::new(AtomicU64::new(0)) }, thread)
+    (EngineHandle { commands: tx, limits, next_id: Arc::new(AtomicU64::new(0)), health }, thread)
 }
 
+/// Serves commands until every handle is gone and the work is done, or a fault.
 fn run(mut engine: Engine, commands: &mpsc::Receiver<Command>) {
-    loop {
+    let health = engine.health();
+    while health.fault().is_none() {
         if !engine.has_work() {
             match commands.recv() {
                 Ok(cmd) => apply(&mut engine, cmd),
@@ -56,7 +66,22 @@ fn run(mut engine: Engine, commands: &mpsc::Receiver<Command>) {
         while let Ok(cmd) = commands.try_recv() {
             apply(&mut engine, cmd);
         }
-        engine.step();
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| engine.step())) {
+            let fault = format!("the engine panicked: {}", panic_message(&*panic));
+            // Recorded first: ending the requests touches state the panic may have left
+            // inconsistent, and may panic again.
+            health.fail(fault.clone());
+            let _ = catch_unwind(AssertUnwindSafe(|| engine.fail(&fault)));
+        }
+    }
+}
+
+/// The text a panic was raised with.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => s,
+        (_, Some(s)) => s.as_str(),
+        _ => "(no message)",
     }
 }
 
@@ -72,12 +97,28 @@ impl EngineHandle {
         self.limits
     }
 
+    /// The engine-level fault (a panic inside a step, a device error) that stopped the
+    /// engine, if one did. Every request it was serving ended with an error; new ones are
+    /// refused with [`SubmitError::EngineStopped`]. A server reports it as unhealthy.
+    pub fn fault(&self) -> Option<String> {
+        self.health.fault().map(str::to_owned)
+    }
+
+    /// Waits until the engine faults (never, for a healthy one) and returns the fault, for
+    /// a server that should exit so that its supervisor restarts it.
+    pub async fn wait_for_fault(&self) -> String {
+        self.health.wait().await
+    }
+
     /// Validates `req` and queues it; its events arrive on the returned stream.
     ///
     /// # Errors
     /// [`SubmitError::Invalid`] naming the field that cannot work;
     /// [`SubmitError::EngineStopped`] when the engine thread is gone.
     pub fn submit(&self, req: EngineRequest) -> Result<RequestStream, SubmitError> {
+        if self.health.fault().is_some() {
+            return Err(SubmitError::EngineStopped);
+        }
         validate(&req, &self.limits)?;
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = events::channel(self.limits.stream_capacity);

@@ -9,6 +9,11 @@
 //!
 //! The engine sees token ids, never text; stop strings and detokenisation belong to the
 //! server. Which request is admitted or preempted is a [`SchedulingPolicy`].
+//!
+//! Faults stay where they belong: a sequence the model or sampler fails on ends its own
+//! request with [`FinishReason::Error`] while the rest of its batch goes on unchanged; an
+//! engine-level fault (a device error, a panic inside a step) ends every request and stops
+//! the engine, which its handles report ([`EngineHandle::fault`]).
 
 mod engine;
 mod handle;
@@ -34,7 +39,7 @@ pub enum SubmitError {
         /// What is wrong.
         msg: String,
     },
-    /// The engine thread has stopped.
+    /// The engine thread has stopped, or an engine-level fault stopped the engine.
     #[error("the engine has stopped")]
     EngineStopped,
 }

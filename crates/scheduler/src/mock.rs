@@ -7,6 +7,9 @@
 //! scheduling or caching bug that hands a sequence the wrong blocks, or blocks computed
 //! at other positions, changes its output. The logits are a hash of that history; [`MockModel::reference_greedy`]
 //! computes the same continuation without any cache, as the ground truth.
+//!
+//! [`Faults`] make it fail on purpose, for tests of the engine's fault isolation: each is
+//! triggered by the first token of a sequence, so a test picks the victim by its prompt.
 
 use std::sync::Arc;
 
@@ -27,9 +30,44 @@ pub struct MockModel {
     whole_context: bool,
     /// With `whole_context` off: the logits after each token, precomputed.
     last_token_logits: Vec<f32>,
+    faults: Faults,
+}
+
+/// Failures a [`MockModel`] injects, each for the sequences whose first token (position 0)
+/// is the one given. Only a mock that reads the whole context ([`MockModel::new`]) sees
+/// the first token; [`MockModel::last_token_only`] ignores them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// The sequence's logits are all NaN, which the sampler refuses (a row fails).
+    pub nan_logits: Option<u32>,
+    /// The batch holding the sequence fails with [`ModelError::Batch`], as a model fails
+    /// on input it cannot run.
+    pub fail_batch: Option<u32>,
+    /// The batch fails with a device error, which no one sequence owns.
+    pub device_error: Option<u32>,
+    /// The forward pass panics.
+    pub panic: Option<u32>,
 }
 
 const UNWRITTEN: (u32, u32) = (u32::MAX, u32::MAX);
+
+impl Faults {
+    /// The fault of logits row `row`, whose sequence starts with `first`: `Err` for a
+    /// failed batch, `Ok(true)` for NaN logits; it panics when told to.
+    fn apply(&self, first: u32, row: u32) -> Result<bool, ModelError> {
+        let hit = |trigger: Option<u32>| trigger == Some(first);
+        if hit(self.panic) {
+            panic!("mock fault: row {row} panics");
+        }
+        if hit(self.device_error) {
+            return Err(met_kernels::Error::Device(format!("mock fault: row {row} broke the device")).into());
+        }
+        if hit(self.fail_batch) {
+            return Err(ModelError::Batch(format!("mock fault: row {row} cannot run")));
+        }
+        Ok(hit(self.nan_logits))
+    }
+}
 
 impl MockModel {
     /// A mock over `vocab_size` tokens with a context of `max_context`.
@@ -41,7 +79,13 @@ impl MockModel {
             slots: Mutex::new(Vec::new()),
             whole_context: true,
             last_token_logits: Vec::new(),
+            faults: Faults::default(),
         }
+    }
+
+    /// This mock, failing as `faults` say.
+    pub fn with_faults(self, faults: Faults) -> Self {
+        Self { faults, ..self }
     }
 
     /// A mock whose logits depend on the last token only: nearly free, for measuring the
@@ -116,7 +160,12 @@ impl Model for MockModel {
             if history.contains(&UNWRITTEN) {
                 return Err(ModelError::Batch(format!("row {row} reads a cache slot nothing wrote")));
             }
+            let nan = self.faults.apply(history[0].0, row)?;
+            let start = logits.len();
             logits.extend(self.logits_of(history));
+            if nan {
+                logits[start..].fill(f32::NAN);
+            }
         }
         Ok(self
             .backend

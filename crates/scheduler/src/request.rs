@@ -33,18 +33,37 @@ impl StopCriteria {
             && (self.stop_token_ids.contains(&token) || (!self.ignore_eos && self.eos_token_ids.contains(&token)))
     }
 
-    /// Tokens banned while fewer than `min_new_tokens` were generated.
-    pub(crate) fn banned(&self, generated: usize) -> Vec<u32> {
+    /// Tokens banned while fewer than `min_new_tokens` were generated, among the `vocab`
+    /// the model knows (an end token past the vocabulary can never be drawn anyway).
+    pub(crate) fn banned(&self, generated: usize, vocab: usize) -> Vec<u32> {
         if generated >= self.min_new_tokens {
             return Vec::new();
         }
+        self.ending_tokens().filter(|&t| (t as usize) < vocab).collect()
+    }
+
+    /// The stop tokens and, unless `ignore_eos`, the end-of-sequence tokens.
+    fn ending_tokens(&self) -> impl Iterator<Item = u32> + '_ {
         let eos = if self.ignore_eos { &[][..] } else { &self.eos_token_ids[..] };
-        self.stop_token_ids.iter().chain(eos).copied().collect()
+        self.stop_token_ids.iter().chain(eos).copied()
+    }
+
+    /// Whether the tokens banned before `min_new_tokens` cover all of a `vocab`, so that
+    /// nothing could be sampled.
+    pub(crate) fn bans_everything(&self, vocab: usize) -> bool {
+        if self.min_new_tokens == 0 || self.stop_token_ids.len() + self.eos_token_ids.len() < vocab {
+            return false;
+        }
+        let mut seen = vec![false; vocab];
+        self.ending_tokens().filter(|&t| (t as usize) < vocab).for_each(|t| seen[t as usize] = true);
+        seen.into_iter().all(|s| s)
     }
 }
 
 /// A request for the engine. [`crate::EngineHandle::submit`] validates it against the
-/// model and cache before the engine sees it.
+/// model and cache before the engine sees it, and refuses one that could never sample
+/// (`min_tokens` above `max_tokens`, or end tokens banned by `min_tokens` that cover the
+/// whole vocabulary).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineRequest {
     /// Prompt token ids.
@@ -68,7 +87,8 @@ pub enum FinishReason {
     Length,
     /// The engine shut down before the sequence finished.
     Cancelled,
-    /// The model failed; the message says how.
+    /// The model or the sampler failed on this request (its other continuations end too),
+    /// or an engine-level fault ended every request; the message says how.
     Error(String),
 }
 

@@ -8,7 +8,8 @@
 //! victim among itself and the sequences after it, by recompute: the victim drops its
 //! blocks and waits, and on readmission recomputes its tokens (reusing whatever the prefix
 //! cache still holds). The first running sequence can always preempt every other, so the
-//! engine never deadlocks; one that cannot fit even alone ends with `Length`.
+//! engine never deadlocks; one that cannot fit even alone ends with `Length`. A sequence the
+//! model or sampler failed on ends its whole request (every continuation) with `Error`.
 
 use std::sync::atomic::Ordering;
 
@@ -23,7 +24,7 @@ use std::time::Instant;
 use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
 
 use crate::policy::SchedulingPolicy;
-use crate::request::{FinishReason, GeneratedToken, TokenEvent};
+use crate::request::{FinishReason, GeneratedToken, RequestId, TokenEvent};
 use crate::sequence::Sequence;
 
 /// One sequence's part of a step.
@@ -42,6 +43,17 @@ pub(crate) struct Scheduled {
 pub(crate) struct Plan {
     pub(crate) batch: ForwardBatch,
     pub(crate) entries: Vec<Scheduled>,
+}
+
+/// What a step did for one of its entries.
+#[derive(Debug)]
+pub(crate) enum EntryResult {
+    /// Its tokens were computed; it samples nothing this step.
+    Computed,
+    /// Its tokens were computed and this token sampled.
+    Sampled(Sampled),
+    /// The model or the sampler failed on this sequence alone; the message says how.
+    Failed(String),
 }
 
 pub(crate) struct Scheduler {
@@ -235,31 +247,45 @@ impl Scheduler {
     }
 
     fn push(&self, plan: &mut Plan, i: usize, n: usize) {
-        let seq = &self.running[i];
-        let sample = seq.computed + n == seq.tokens.len();
-        let rows = if sample { LogitRows::Last } else { LogitRows::None };
-        let blocks = seq.blocks.as_ref().expect("scheduled sequences hold blocks");
-        plan.batch.push(&seq.tokens[seq.computed..seq.computed + n], seq.computed, blocks, rows);
+        let sample = self.running[i].computed + n == self.running[i].tokens.len();
+        self.push_to(&mut plan.batch, Scheduled { seq: i, len: n, sample });
         plan.entries.push(Scheduled { seq: i, len: n, sample });
     }
 
-    /// Applies a step's results: advances computed tokens, registers full blocks in the
-    /// prefix cache, appends sampled tokens, sends events and retires finished sequences.
-    pub(crate) fn postprocess(&mut self, plan: &Plan, samples: Vec<Sampled>, kv: &dyn KvCache) {
-        let mut samples = samples.into_iter();
+    /// Appends entry `e`'s rows to `batch`.
+    fn push_to(&self, batch: &mut ForwardBatch, e: Scheduled) {
+        let seq = &self.running[e.seq];
+        let rows = if e.sample { LogitRows::Last } else { LogitRows::None };
+        let blocks = seq.blocks.as_ref().expect("scheduled sequences hold blocks");
+        batch.push(&seq.tokens[seq.computed..seq.computed + e.len], seq.computed, blocks, rows);
+    }
+
+    /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
+    pub(crate) fn batch_of(&self, e: &Scheduled) -> ForwardBatch {
+        let mut batch = ForwardBatch::default();
+        self.push_to(&mut batch, *e);
+        batch
+    }
+
+    /// Applies a step's results, one per entry: advances computed tokens, registers full
+    /// blocks in the prefix cache, appends sampled tokens, sends events and retires finished
+    /// sequences, then ends the requests of failed entries.
+    pub(crate) fn postprocess(&mut self, plan: &Plan, results: Vec<EntryResult>, kv: &dyn KvCache) {
         // One clock read per step: every token of a step is sampled at the same time.
         let now = Instant::now();
-        for e in &plan.entries {
+        let mut failed: Vec<(RequestId, String)> = Vec::new();
+        for (e, result) in plan.entries.iter().zip(results) {
             let seq = &mut self.running[e.seq];
+            if let EntryResult::Failed(msg) = result {
+                failed.push((seq.request.id, msg));
+                continue;
+            }
             seq.computed += e.len;
             kv.commit(seq.blocks.as_mut().expect("running"), &seq.tokens, seq.computed);
             if seq.index == 0 && seq.computed >= seq.request.prompt_len {
                 seq.request.prompt_ready.store(true, Ordering::Relaxed);
             }
-            if !e.sample {
-                continue;
-            }
-            let s = samples.next().expect("one sample per sampling entry");
+            let EntryResult::Sampled(s) = result else { continue };
             seq.tokens.push(s.token);
             match seq.last_token.replace(now) {
                 None => self.metrics.first_token(now - seq.request.arrived),
@@ -283,6 +309,19 @@ impl Scheduler {
         let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).collect();
         for seq in done {
             self.drain(seq);
+        }
+        for (id, msg) in failed {
+            self.fail_request(id, &msg);
+        }
+    }
+
+    /// Ends every unfinished continuation of request `id` with `Error(msg)`: a request whose
+    /// sequence failed has failed (and its siblings may be waiting for that one's prompt).
+    fn fail_request(&mut self, id: RequestId, msg: &str) {
+        let ours = |s: &mut Sequence| s.request.id == id;
+        let seqs: Vec<Sequence> = self.running.extract_if(.., ours).chain(self.waiting.extract_if(.., ours)).collect();
+        for seq in seqs {
+            self.retire(seq, None, FinishReason::Error(msg.to_owned()));
         }
     }
 
@@ -311,9 +350,11 @@ impl Scheduler {
         }
     }
 
-    /// Ends every running sequence with `reason` (after a failed step).
-    pub(crate) fn fail_running(&mut self, reason: &FinishReason) {
-        for seq in std::mem::take(&mut self.running) {
+    /// Ends every running and waiting sequence with `reason` (after an engine-level fault).
+    pub(crate) fn fail_all(&mut self, reason: &FinishReason) {
+        let seqs: Vec<Sequence> =
+            std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)).collect();
+        for seq in seqs {
             self.retire(seq, None, reason.clone());
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use met_cache::PagedKvCache;
 use met_config::{EngineConfig, SamplingParams};
 use met_kernels::CpuBackend;
-use met_scheduler::mock::MockModel;
+use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{
     Engine, EngineRequest, FinishReason, Priority, RequestStream, SchedulingPolicy, StopCriteria, TokenEvent,
 };
@@ -23,11 +23,18 @@ pub struct Setup {
     pub config: EngineConfig,
     pub kv_blocks: usize,
     pub priority: bool,
+    /// Failures the mock injects.
+    pub faults: Faults,
 }
 
 impl Setup {
     pub fn new(kv_blocks: usize) -> Self {
-        Self { config: EngineConfig { block_size: 4, ..EngineConfig::default() }, kv_blocks, priority: false }
+        Self {
+            config: EngineConfig { block_size: 4, ..EngineConfig::default() },
+            kv_blocks,
+            priority: false,
+            faults: Faults::default(),
+        }
     }
 
     pub fn chunk(mut self, chunk: usize) -> Self {
@@ -54,7 +61,7 @@ impl Setup {
         let policy: Box<dyn SchedulingPolicy> =
             if self.priority { Box::new(Priority) } else { Box::new(met_scheduler::Fcfs) };
         let engine = Engine::new(
-            Box::new(MockModel::new(VOCAB, MAX_CONTEXT)),
+            Box::new(MockModel::new(VOCAB, MAX_CONTEXT).with_faults(self.faults)),
             backend,
             Box::new(kv),
             self.config.clone(),
