@@ -62,6 +62,7 @@ fn server() -> Router {
         api_key: None,
         max_concurrent_requests: 64,
         max_body_bytes: 1 << 20,
+        ..ServerConfig::default()
     };
     let state = AppState::new(handle, tokenizer, metrics, server_config).expect("the template compiles");
     state.set_ready(true);

@@ -203,7 +203,8 @@ pub struct ServeArgs {
     /// directory name, or the hub id it was given as).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on `/v1/*`.
+    /// Require `Authorization: Bearer KEY` on every route but `/health` (an empty key is an
+    /// error).
     #[arg(long, env = "MET_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Generation requests served at once; more are answered 429.
@@ -215,6 +216,34 @@ pub struct ServeArgs {
     /// On SIGINT or SIGTERM, seconds to let in-flight requests finish before cancelling them.
     #[arg(long, default_value_t = 30)]
     pub drain_timeout_secs: u64,
+    /// Most sequences one request may run: its prompts times `n` (default: `--max-num-seqs`).
+    /// More is answered 400, so one request cannot hold the whole engine.
+    #[arg(long, value_name = "N")]
+    pub max_sequences_per_request: Option<usize>,
+    /// `max_tokens` of a request that gives none (nor `max_completion_tokens`): at most this
+    /// many tokens per choice, and never past the model's context. A request that asks for
+    /// more explicitly still gets it, up to the context; `min_tokens` above this default
+    /// without `max_tokens` is answered 400.
+    #[arg(long, value_name = "TOKENS", default_value_t = crate::serve::DEFAULT_MAX_TOKENS)]
+    pub max_tokens_default: usize,
+    /// Let `/metrics` answer without the API key (for a scraper on a trusted network).
+    #[arg(long)]
+    pub metrics_without_auth: bool,
+    /// Origins browsers may call the API from, comma separated (`http://localhost:3000`;
+    /// `*` for any); requests from other origins are answered 403. Default: none.
+    #[arg(long, value_delimiter = ',', value_name = "ORIGINS")]
+    pub allowed_origins: Vec<String>,
+    /// Seconds a client has to send a request's headers, and again its body; an idle
+    /// keep-alive connection is closed after the same time.
+    #[arg(long, default_value_t = 30)]
+    pub http_read_timeout_secs: u64,
+    /// Open connections at most; more wait in the listen queue until one closes.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Keep special-token text in user messages (`<|im_start|>`) as text, so a user cannot
+    /// write control tokens; by default it becomes those tokens, as in transformers.
+    #[arg(long)]
+    pub no_special_tokens_in_user_content: bool,
     /// A TOML file of flags (`port = 9000`, `no-prefix-caching = true`); unknown keys are
     /// errors.
     #[arg(long, value_name = "FILE")]

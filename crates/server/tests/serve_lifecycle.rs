@@ -1,6 +1,6 @@
 //! Request lifecycle (issue 5 item 7): a client that goes away mid-stream cancels its
 //! sequence and its KV blocks return to the pool; the concurrency limit answers 429 instead
-//! of queueing; the API key guards `/v1/*`.
+//! of queueing; the API key guards every route but `/health`.
 
 mod serve_support;
 
@@ -77,7 +77,8 @@ async fn the_api_key_guards_v1() {
     assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
     let models = Request::get("/v1/models").header(header::AUTHORIZATION, "Bearer sk-secret").body(Body::empty());
     assert_eq!(server.send(models.unwrap()).await.status(), StatusCode::OK);
-    // Outside /v1 no key is needed.
+    // Only /health answers without the key (`/metrics` with `--metrics-without-auth`, in
+    // serve_http.rs).
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
-    assert_eq!(server.get("/metrics").await.0, StatusCode::OK);
+    assert_eq!(server.get("/metrics").await.0, StatusCode::UNAUTHORIZED);
 }

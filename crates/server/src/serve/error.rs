@@ -7,10 +7,12 @@
 //!
 //! Before a response has started, an error is that JSON with its status; once a stream has
 //! started (the status is already 200), it is one SSE event carrying the same object
-//! ([`ApiError::sse_event`]), followed by `data: [DONE]`.
+//! ([`ApiError::sse_event`]), followed by `data: [DONE]`. The headers some statuses need go
+//! on here too, once: `Retry-After` on 429, `Connection: close` on 413 and 408 (the body
+//! was not read to its end, so the connection cannot carry another request).
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use met_scheduler::SubmitError;
@@ -103,6 +105,36 @@ impl ApiError {
         .with_code("payload_too_large")
     }
 
+    /// 403: a browser request from an origin `--allowed-origins` does not list.
+    pub fn origin_not_allowed(origin: &str) -> Self {
+        let message = format!("requests from the origin {origin} are not allowed (see --allowed-origins)");
+        Self::new(StatusCode::FORBIDDEN, INVALID, message).with_code("origin_not_allowed")
+    }
+
+    /// 408: the body did not arrive within `timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        let message = format!("the request body did not arrive within {timeout:?}");
+        Self::new(StatusCode::REQUEST_TIMEOUT, INVALID, message).with_code("request_timeout")
+    }
+
+    /// 414: the request target is longer than `limit` bytes.
+    pub fn uri_too_long(limit: usize) -> Self {
+        let message = format!("the request URI exceeds the limit of {limit} bytes");
+        Self::new(StatusCode::URI_TOO_LONG, INVALID, message).with_code("uri_too_long")
+    }
+
+    /// 415: a JSON endpoint got a body of another type.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        let message = format!("the body must be JSON (Content-Type: application/json), not `{content_type}`");
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, INVALID, message).with_code("unsupported_media_type")
+    }
+
+    /// 431: more than `count` headers, or more than `bytes` bytes of them.
+    pub fn headers_too_large(count: usize, bytes: usize) -> Self {
+        let message = format!("the request headers exceed the limit of {count} headers or {bytes} bytes");
+        Self::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, INVALID, message).with_code("headers_too_large")
+    }
+
     /// 429: `limit` generation requests are already in flight.
     pub fn too_many_requests(limit: usize) -> Self {
         let message = format!("the server is serving its limit of {limit} concurrent requests; retry later");
@@ -112,6 +144,11 @@ impl ApiError {
     /// 500: the server failed.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// 503 inside a stream: the drain timeout cut it before it finished.
+    pub fn drain_cut() -> Self {
+        Self::unavailable("the server is shutting down: the drain timeout ended this stream")
     }
 
     /// 503: the server is starting or shutting down.
@@ -164,9 +201,24 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// Seconds a client told 429 should wait: the slots of the concurrency limit turn over
+/// within a generation or two.
+const RETRY_AFTER_SECS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        match self.status {
+            StatusCode::TOO_MANY_REQUESTS => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+            }
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
+        }
+        response
     }
 }
 

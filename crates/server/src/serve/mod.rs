@@ -5,16 +5,19 @@
 //! can answer 503 while the model loads; every other route answers an OpenAI-shaped 503
 //! until the router is installed at phase 11. Loading (phases 1-8) runs on a blocking
 //! worker, never on the reactor. On SIGINT or SIGTERM the server stops accepting, `/health`
-//! turns 503, in-flight requests get `--drain-timeout-secs` to finish (a second signal or
-//! the timeout cancels them, which frees their KV blocks), and the process exits 0.
+//! turns 503, idle connections close, in-flight requests get `--drain-timeout-secs` to
+//! finish (a second signal or the timeout ends them with an error, a final SSE event for a
+//! stream, which frees their KV blocks), and the process exits 0.
 //!
-//! Modules: `router` (routes and cross-cutting rules), `openai` (the two completion
-//! endpoints), `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens →
-//! text, stop strings, cancellation), `error` (the one error type), `state`, `config_file`
-//! (`--config FILE.toml`) and `progress` (the weight-loading bar).
+//! Modules: `listen` (accepting and serving connections: cap, read timeouts, drain),
+//! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
+//! `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens → text, stop
+//! strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
+//! FILE.toml`) and `progress` (the weight-loading bar).
 
 mod config_file;
 mod error;
+mod listen;
 mod openai;
 mod progress;
 mod router;
@@ -42,8 +45,9 @@ use tower::ServiceExt;
 
 pub use config_file::{merge as merge_config_file, merge_text as merge_config_text};
 pub use error::ApiError;
-pub use router::app;
-pub use state::{AppState, MAX_N, ServerConfig};
+pub use openai::DrainCut;
+pub use router::{HttpOptions, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES, app, app_with};
+pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
 
 use crate::cli::{EngineArgs, ServeArgs};
 use crate::engine::{build_engine, engine_config};
@@ -54,6 +58,10 @@ use crate::text::Tokenizer;
 
 /// KV cache size on a device without memory of its own (the CPU), without `--kv-blocks`.
 const CPU_KV_BYTES: usize = 1 << 30;
+
+/// After the drain timeout cut the remaining responses, how long they get to send their
+/// final error and close.
+const CUT_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs `met serve` until SIGINT or SIGTERM.
 ///
@@ -94,20 +102,26 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     if args.max_concurrent_requests == 0 || args.max_body_bytes == 0 {
         bail!("--max-concurrent-requests and --max-body-bytes must be positive");
     }
+    if args.max_sequences_per_request == Some(0) || args.max_tokens_default == 0 {
+        bail!("--max-sequences-per-request and --max-tokens-default must be positive");
+    }
+    if args.http_read_timeout_secs == 0 || args.max_connections == 0 {
+        bail!("--http-read-timeout-secs and --max-connections must be positive");
+    }
+    if args.api_key.as_deref().is_some_and(str::is_empty) {
+        // An empty key would otherwise mean "no auth" without anyone having asked for that.
+        bail!("--api-key (or MET_API_KEY) is empty: give a key, or unset it to serve without one");
+    }
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
-    // Stream chunks are small and latency-bound: no Nagle delay.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let slot = Arc::new(OnceLock::<Router>::new());
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    let server = axum::serve(listener, gate(Arc::clone(&slot))).with_graceful_shutdown(async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    });
-    let mut server = tokio::spawn(server.into_future());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (cut_tx, cut) = DrainCut::new();
+    let read_timeout = Duration::from_secs(args.http_read_timeout_secs);
+    let limits = listen::ConnectionLimits { max_connections: args.max_connections, read_timeout };
+    let mut server = tokio::spawn(listen::serve(listener, gate(Arc::clone(&slot)), limits, stop_rx, cut));
     timer.done(format_args!("met {}, listening on http://{addr} (503 until ready)", env!("CARGO_PKG_VERSION")));
 
     let metrics = Arc::new(Metrics::new());
@@ -130,21 +144,34 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let config = ServerConfig {
         model_name: model_name(args.served_model_name, spec.as_deref(), &loaded.source),
         eos_token_ids: loaded.eos_token_ids,
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        api_key: args.api_key,
         max_concurrent_requests: args.max_concurrent_requests,
         max_body_bytes: args.max_body_bytes,
+        max_sequences_per_request: args.max_sequences_per_request.unwrap_or(args.engine.max_num_seqs),
+        max_tokens_default: args.max_tokens_default,
+        no_special_tokens_in_user_content: args.no_special_tokens_in_user_content,
     };
-    let auth = if config.api_key.is_some() { "API key required on /v1" } else { "no API key" };
+    let auth = match (&config.api_key, args.metrics_without_auth) {
+        (None, _) => "no API key",
+        (Some(_), false) => "API key required but on /health",
+        (Some(_), true) => "API key required but on /health and /metrics",
+    };
+    let options = HttpOptions {
+        metrics_without_auth: args.metrics_without_auth,
+        allowed_origins: args.allowed_origins,
+        body_read_timeout: read_timeout,
+    };
     let detail =
         format!("model `{}`, {auth}, {} concurrent requests", config.model_name, config.max_concurrent_requests);
     let state = AppState::new(handle, loaded.tokenizer, metrics, config)?;
-    let _ = slot.set(app(state.clone()));
+    let _ = slot.set(app_with(state.clone(), options));
     timer.done(detail);
 
     let timer = PhaseTimer::start(Phase::Ready);
     state.set_ready(true);
     timer.done(format_args!("http://{addr}/v1"));
-    drain(&mut server, &stop_tx, &state, Duration::from_secs(args.drain_timeout_secs), addr).await
+    let stop = Stop { accepting: stop_tx, cut: cut_tx };
+    drain(&mut server, &stop, &state, Duration::from_secs(args.drain_timeout_secs), addr).await
 }
 
 /// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
@@ -216,11 +243,19 @@ fn gate(slot: Arc<OnceLock<Router>>) -> Router {
     }))
 }
 
+/// The two switches of a drain: stop accepting (and close idle connections), then cut the
+/// responses still running.
+struct Stop {
+    accepting: watch::Sender<bool>,
+    cut: watch::Sender<bool>,
+}
+
 /// Serves until a signal, then drains: stop accepting, let in-flight requests finish for at
-/// most `timeout` (a second signal cuts it short), cancel the rest.
+/// most `timeout` (a second signal cuts it short), then end the rest with an error and give
+/// them [`CUT_GRACE`] to send it.
 async fn drain(
     server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
-    stop: &watch::Sender<bool>,
+    stop: &Stop,
     state: &AppState,
     timeout: Duration,
     addr: SocketAddr,
@@ -234,20 +269,23 @@ async fn drain(
     };
     tracing::info!("{signal}: no longer accepting connections; draining in-flight requests (at most {timeout:?})");
     state.set_ready(false);
-    let _ = stop.send(true);
+    let _ = stop.accepting.send(true);
     tokio::select! {
         result = &mut *server => {
             result.context("the server task failed")??;
             tracing::info!("drained; exiting");
+            return Ok(());
         }
         () = tokio::time::sleep(timeout) => {
             tracing::warn!("drain timed out after {timeout:?}; cancelling the remaining requests");
-            server.abort();
         }
         signal = shutdown_signal() => {
             tracing::warn!("{}: cancelling the remaining requests", signal?);
-            server.abort();
         }
+    }
+    let _ = stop.cut.send(true);
+    if tokio::time::timeout(CUT_GRACE, &mut *server).await.is_err() {
+        server.abort();
     }
     Ok(())
 }

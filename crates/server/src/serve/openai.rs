@@ -8,17 +8,21 @@
 //! stream started is one error event, then `[DONE]`. The concurrency permit and the engine
 //! streams live inside the response body: when the client disconnects, hyper drops the body,
 //! which cancels the engine requests and frees the slot.
+//!
+//! A [`DrainCut`] (a request extension `met serve` adds) ends every response still running
+//! when the drain timeout passes: a stream with a final error event and `[DONE]`, a JSON
+//! answer with a 503, so no client is left with a silently truncated answer.
 
 use std::convert::Infallible;
 
-use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use futures_util::StreamExt;
 use futures_util::stream;
 use serde::Serialize;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::error::ApiError;
 use super::state::{AppState, unix_now};
@@ -30,14 +34,48 @@ use super::wire::{
 };
 use crate::engine::random_seed;
 
+/// The drain timeout's signal to the responses still running. `met serve` adds one to every
+/// request as an extension; a request without one is never cut.
+#[derive(Debug, Clone, Default)]
+pub struct DrainCut(Option<watch::Receiver<bool>>);
+
+impl DrainCut {
+    /// A cut and the switch that fires it (`send(true)`).
+    pub fn new() -> (watch::Sender<bool>, Self) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Self(Some(rx)))
+    }
+
+    /// Resolves once the cut fired; never, without a switch or once it is dropped unfired.
+    async fn fired(&mut self) {
+        let fired = match &mut self.0 {
+            Some(rx) => rx.wait_for(|cut| *cut).await.is_ok(),
+            None => false,
+        };
+        if !fired {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<GenerationRequest>) -> Response {
-    respond(state, req, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    cut: Option<Extension<DrainCut>>,
+    ApiJson(req): ApiJson<GenerationRequest>,
+) -> Response {
+    let cut = cut.map(|Extension(cut)| cut).unwrap_or_default();
+    respond(state, req, Endpoint::Chat, cut).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<GenerationRequest>) -> Response {
-    respond(state, req, Endpoint::Completions).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn completions(
+    State(state): State<AppState>,
+    cut: Option<Extension<DrainCut>>,
+    ApiJson(req): ApiJson<GenerationRequest>,
+) -> Response {
+    let cut = cut.map(|Extension(cut)| cut).unwrap_or_default();
+    respond(state, req, Endpoint::Completions, cut).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// What every chunk of a response repeats.
@@ -48,7 +86,12 @@ struct Meta {
     text: TextOptions,
 }
 
-async fn respond(state: AppState, req: GenerationRequest, endpoint: Endpoint) -> Result<Response, ApiError> {
+async fn respond(
+    state: AppState,
+    req: GenerationRequest,
+    endpoint: Endpoint,
+    mut cut: DrainCut,
+) -> Result<Response, ApiError> {
     let permit = state.admit()?;
     state.check_model(req.model.as_deref())?;
     let parsed = validate::parse(req, endpoint, &state)?;
@@ -73,10 +116,14 @@ async fn respond(state: AppState, req: GenerationRequest, endpoint: Endpoint) ->
         text: valid.text,
     };
     if meta.text.stream {
-        Ok(event_stream(generation, meta, permit))
+        Ok(event_stream(generation, meta, permit, cut))
     } else {
         // The permit is held until the whole answer is built.
-        collect(generation, &meta).await
+        tokio::select! {
+            biased;
+            () = cut.fired() => Err(ApiError::drain_cut()),
+            response = collect(generation, &meta) => response,
+        }
     }
 }
 
@@ -134,11 +181,12 @@ struct EventStream {
     generation: Generation,
     meta: Meta,
     stage: Stage,
+    cut: DrainCut,
     _permit: OwnedSemaphorePermit,
 }
 
-fn event_stream(generation: Generation, meta: Meta, permit: OwnedSemaphorePermit) -> Response {
-    let state = EventStream { generation, meta, stage: Stage::Start, _permit: permit };
+fn event_stream(generation: Generation, meta: Meta, permit: OwnedSemaphorePermit, cut: DrainCut) -> Response {
+    let state = EventStream { generation, meta, stage: Stage::Start, cut, _permit: permit };
     let batches = stream::unfold(state, |mut s| async move {
         let batch = s.next_events().await?;
         Some((batch, s))
@@ -156,7 +204,7 @@ impl EventStream {
                 self.stage = Stage::Running;
                 Some(self.role_chunks())
             }
-            Stage::Running => Some(match self.generation.next().await {
+            Stage::Running => Some(match self.next_delta().await {
                 Some(Ok(delta)) => self.delta_chunks(delta),
                 Some(Err(e)) => {
                     tracing::warn!("{}: {e}", self.meta.id);
@@ -169,6 +217,15 @@ impl EventStream {
                     usage.into_iter().chain([Event::default().data("[DONE]")]).collect()
                 }
             }),
+        }
+    }
+
+    /// The generation's next delta, or the drain cut's error.
+    async fn next_delta(&mut self) -> Option<Result<ChoiceDelta, ApiError>> {
+        tokio::select! {
+            biased;
+            () = self.cut.fired() => Some(Err(ApiError::drain_cut())),
+            delta = self.generation.next() => delta,
         }
     }
 

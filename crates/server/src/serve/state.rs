@@ -4,6 +4,8 @@
 //! **Invariant:** nothing here is locked across an `.await`: the engine is reached through
 //! its channel-backed handle, the tokenizer and template are immutable, the ready flag is an
 //! atomic and the concurrency limit a semaphore whose permits are taken without waiting.
+//! Health is the ready flag and the engine's own fault record: an engine that faulted
+//! (a panic inside a step, a device error) makes `/health` answer 503 for good.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +21,11 @@ use crate::text::{ChatTemplate, TextError, Tokenizer};
 /// Largest `n` a request may ask for.
 pub const MAX_N: usize = 128;
 
-/// The server's settings that are not the engine's.
+/// `max_tokens` of a request that gives none, unless `--max-tokens-default` says otherwise.
+pub const DEFAULT_MAX_TOKENS: usize = 4096;
+
+/// The server's settings that are not the engine's. The default is `met serve`'s defaults
+/// for a model named `met` with no end-of-sequence tokens.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The model id clients send and `/v1/models` lists.
@@ -32,6 +38,28 @@ pub struct ServerConfig {
     pub max_concurrent_requests: usize,
     /// Largest request body, in bytes; larger ones are answered 413.
     pub max_body_bytes: usize,
+    /// Most sequences (prompts × `n`) one request may run; more is a 400.
+    pub max_sequences_per_request: usize,
+    /// `max_tokens` of a request that gives none (never more than the context leaves).
+    pub max_tokens_default: usize,
+    /// Special-token text in user messages stays text instead of becoming control tokens
+    /// (`--no-special-tokens-in-user-content`).
+    pub no_special_tokens_in_user_content: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "met".into(),
+            eos_token_ids: Vec::new(),
+            api_key: None,
+            max_concurrent_requests: 256,
+            max_body_bytes: 4 << 20,
+            max_sequences_per_request: 256,
+            max_tokens_default: DEFAULT_MAX_TOKENS,
+            no_special_tokens_in_user_content: false,
+        }
+    }
 }
 
 /// The handlers' shared state.
@@ -89,9 +117,9 @@ impl AppState {
         self.inner.ready.store(ready, Ordering::Release);
     }
 
-    /// Whether `/health` answers 200.
+    /// Whether `/health` answers 200: the server is ready and its engine has not faulted.
     pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::Acquire)
+        self.inner.ready.load(Ordering::Acquire) && self.inner.engine.fault().is_none()
     }
 
     /// The engine.

@@ -6,10 +6,13 @@
 //!    model's EOS ids, stop strings, and the text options the response needs.
 //! 2. [`tokenize`], on a blocking worker (chat rendering and tokenization are CPU work):
 //!    the prompt becomes token ids, is checked against the context (prompt + `max_tokens`
-//!    must fit; the default `max_tokens` is what is left), and each prompt becomes one
-//!    [`EngineRequest`].
+//!    must fit; the default `max_tokens` is `--max-tokens-default`, or what the context
+//!    leaves when that is less), and each prompt becomes one [`EngineRequest`].
 //!
-//! Every failure is a 400 naming the field; nothing reaches the engine unchecked.
+//! Limits count work, not HTTP requests: a request runs prompts × `n` sequences, at most
+//! `--max-sequences-per-request`. Every failure is a 400 naming the field; nothing reaches
+//! the engine unchecked. What can never sample (a ban set covering the vocabulary) is the
+//! engine's rule, checked when the request is submitted, and a 400 too.
 
 use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
 use met_scheduler::{EngineRequest, StopCriteria};
@@ -18,7 +21,7 @@ use super::error::ApiError;
 use super::state::{AppState, MAX_N};
 use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
 use crate::engine::random_seed;
-use crate::text::{ChatMessage, MessageContent, RenderOptions};
+use crate::text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;
@@ -158,7 +161,27 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         }
         Endpoint::Completions => prompts(req.prompt)?,
     };
+    check_sequences(&prompt, n, endpoint, state.config().max_sequences_per_request)?;
     Ok(Parsed { prompt, sampling, stop, max_tokens, text })
+}
+
+/// Prompts × `n` within `limit`; the field named is `n` unless the prompts alone exceed it.
+fn check_sequences(prompt: &PromptInput, n: usize, endpoint: Endpoint, limit: usize) -> Result<(), ApiError> {
+    let prompts = match prompt {
+        PromptInput::Texts(t) => t.len(),
+        PromptInput::Ids(i) => i.len(),
+        PromptInput::Chat { .. } => 1,
+    };
+    let sequences = prompts.saturating_mul(n);
+    if sequences <= limit {
+        return Ok(());
+    }
+    let param = if prompts > limit && n <= limit { endpoint.prompt_param() } else { "n" };
+    let msg = format!(
+        "{prompts} prompt(s) × n = {n} is {sequences} sequences; this server runs at most {limit} per request \
+         (--max-sequences-per-request)"
+    );
+    Err(ApiError::invalid(param, msg))
 }
 
 /// Renders and tokenizes the prompt, checks it against the context, and builds the engine
@@ -173,9 +196,9 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
     let prompts = match &parsed.prompt {
         PromptInput::Chat { messages, options } => {
             let template = state.template().ok_or_else(|| ApiError::invalid("messages", "no chat template"))?;
-            let rendered = template.render(messages, options).map_err(ApiError::from_text)?;
             // The template writes its own special tokens.
-            vec![encode(&rendered, false)?]
+            let plain = state.config().no_special_tokens_in_user_content;
+            vec![encode_chat(tokenizer, template, messages, options, plain).map_err(ApiError::from_text)?]
         }
         PromptInput::Texts(texts) => texts.iter().map(|t| encode(t, true)).collect::<Result<_, _>>()?,
         PromptInput::Ids(ids) => ids.clone(),
@@ -209,10 +232,15 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
                 return Err(ApiError::context_length(max_param, msg));
             }
             Some((max, _)) => max,
-            None => context - len,
+            None => (context - len).min(state.config().max_tokens_default),
         };
         if parsed.stop.min_new_tokens > max_new_tokens {
-            let msg = format!("{} exceeds the {max_new_tokens} tokens left in the context", parsed.stop.min_new_tokens);
+            let min = parsed.stop.min_new_tokens;
+            let msg = if max_new_tokens < context - len {
+                format!("{min} exceeds the default max_tokens of {max_new_tokens}; give max_tokens")
+            } else {
+                format!("{min} exceeds the {max_new_tokens} tokens left in the context")
+            };
             return Err(ApiError::invalid("min_tokens", msg));
         }
         let mut sampling = parsed.sampling.clone();

@@ -25,7 +25,8 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        // The router's `DefaultBodyLimit` makes reading past the limit fail with 413.
+        // The router's body layer has already read the body (checking its type, size and
+        // read timeout); `DefaultBodyLimit` still guards a router used without it.
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::payload_too_large(state.max_body_bytes())
@@ -44,7 +45,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         return Err(ApiError::malformed("the body must be a JSON object"));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|err| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         if inner.is_data() && path != "." {
@@ -52,7 +53,11 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         } else {
             ApiError::malformed(format!("the body is not valid JSON for this endpoint: {inner}"))
         }
-    })
+    })?;
+    // One body, one reading: bytes after the object (`{...} xyz`, a second object) would let
+    // a proxy and this server disagree about what was sent.
+    de.end().map_err(|e| ApiError::malformed(format!("the body has bytes after the JSON object: {e}")))?;
+    Ok(value)
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions`: every field either takes.

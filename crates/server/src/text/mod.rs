@@ -9,6 +9,8 @@
 //! - [`ChatTemplate`] (`chat.rs`, `pyfmt.rs`): Jinja chat templates rendered byte for byte as
 //!   `apply_chat_template` renders them.
 //! - [`Detokenizer`] (`detokenizer.rs`): streaming decode that never splits a character.
+//! - [`encode_chat`] (`user_text.rs`): a rendered chat prompt's ids, optionally with
+//!   special-token text in user messages kept as text.
 //!
 //! Rendering and encoding are CPU work that can take milliseconds for long prompts; the
 //! server runs them on a blocking worker, never on the async reactor (DESIGN §4 step 2).
@@ -24,6 +26,7 @@ mod error;
 mod gguf_tokenizer;
 mod pyfmt;
 mod tokenizer;
+mod user_text;
 
 #[cfg(test)]
 mod tests;
@@ -32,3 +35,4 @@ pub use chat::{ChatMessage, ChatTemplate, Clock, MessageContent, RenderOptions};
 pub use detokenizer::Detokenizer;
 pub use error::TextError;
 pub use tokenizer::{SpecialToken, SpecialTokens, Tokenizer};
+pub use user_text::encode_chat;

@@ -15,7 +15,7 @@
 //! no modern LLM tokenizer is anything else, so decoding never cleans up spaces.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use tokenizers::AddedToken;
@@ -89,6 +89,8 @@ struct Inner {
     byte_fallback: bool,
     eos_ids: Vec<u32>,
     chat_template: Option<String>,
+    /// The backend with special-token text left as text, built on first use.
+    plain: OnceLock<tokenizers::Tokenizer>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -135,6 +137,7 @@ impl Tokenizer {
             byte_fallback,
             eos_ids,
             chat_template,
+            plain: OnceLock::new(),
         };
         match framing {
             Framing::Flags { add_bos, add_eos } => {
@@ -207,6 +210,28 @@ impl Tokenizer {
         let bos = inner.specials.bos.as_ref().filter(|_| inner.add_bos).map(|t| t.id);
         let eos = inner.specials.eos.as_ref().filter(|_| inner.add_eos).map(|t| t.id);
         Ok(bos.into_iter().chain(encoding.get_ids().iter().copied()).chain(eos).collect())
+    }
+
+    /// Token ids of `text` with special-token text in it kept as text: `<|im_start|>` becomes
+    /// the ids of its characters, not the control token. No bos/eos is added.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::encode`].
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        let plain = self.inner.plain.get_or_init(|| {
+            let mut backend = self.inner.backend.clone();
+            backend.set_encode_special_tokens(true);
+            backend
+        });
+        Ok(plain.encode_fast(text, false).map_err(tokenizer_error)?.get_ids().to_vec())
+    }
+
+    /// The text of every special token (`<|im_start|>`): what [`Tokenizer::encode`] turns into
+    /// a control token wherever it appears.
+    #[must_use]
+    pub fn special_texts(&self) -> Vec<String> {
+        let added = self.inner.backend.get_added_tokens_decoder();
+        added.values().filter(|t| t.special && !t.content.is_empty()).map(|t| t.content.clone()).collect()
     }
 
     /// The text of `ids`; unknown ids are left out, and special tokens too when

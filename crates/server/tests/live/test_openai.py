@@ -698,9 +698,12 @@ class TestErrors(LiveTest):
         with self.assertRaises(openai.AuthenticationError):
             bad.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1)
         bad.close()
-        # Health and metrics stay open for probes.
+        # Only health stays open for probes; /metrics needs --metrics-without-auth.
         self.assertEqual(raw("GET", "/health", auth=False).status, 200)
-        self.assertEqual(raw("GET", "/metrics", auth=False).status, 200)
+        self.assert_error(raw("GET", "/metrics", auth=False), 401)
+        for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
+            with self.subTest(path=path):
+                self.assert_error(raw("POST", path, body, auth=False), 401)
         self.assert_serving()
 
     def test_errors_do_not_disturb_a_running_stream(self):
@@ -718,6 +721,105 @@ class TestErrors(LiveTest):
             self.assertEqual(raw("POST", self.CHAT, body).status, 400)
         t.join(TIMEOUT)
         self.assertEqual(result, {"texts": {0: ANSWER}, "finish": {0: "stop"}})
+
+
+# --- the HTTP layer under hostile clients (issue 17) ----------------------------------
+
+# `--http-read-timeout-secs` of the server under test (met's default).
+READ_TIMEOUT = float(os.environ.get("MET_HTTP_READ_TIMEOUT", "30"))
+
+
+def raw_head(lines):
+    """A request head as bytes, with the key."""
+    lines = lines + [f"Host: {BASE_URL.split('//')[1]}"] + [f"{k}: {v}" for k, v in auth_headers().items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def read_all(sock, timeout):
+    """Everything the server sends until it closes the connection (or `timeout`)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+class TestHardening(LiveTest):
+    CHAT = "/v1/chat/completions"
+
+    def test_bytes_after_the_json_body(self):
+        body = json.dumps({"model": MODEL, "messages": QUESTION, "max_tokens": 1})
+        for tail in (" xyz", " {}", "\n[1]"):
+            with self.subTest(tail=tail):
+                self.assert_error(raw("POST", self.CHAT, body + tail), 400, "after the JSON")
+        self.assert_serving()
+
+    def test_declared_length_over_the_limit_is_413_without_100_continue(self):
+        """The head alone gets the 413: no `100 Continue`, no waiting for the body, and the
+        server closes the connection cleanly after it."""
+        sock = socket.create_connection(_host_port(), timeout=30)
+        try:
+            sock.sendall(raw_head([
+                f"POST {self.CHAT} HTTP/1.1",
+                "Content-Type: application/json",
+                f"Content-Length: {OVERSIZED_BODY}",
+                "Expect: 100-continue",
+            ]))
+            data = read_all(sock, 30)
+        finally:
+            sock.close()
+        self.assertTrue(data.startswith(b"HTTP/1.1 413"), data[:200])
+        self.assertNotIn(b"100 Continue", data)
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertIn(b"connection: close", head.lower())
+        self.assertEqual(json.loads(body)["error"]["code"], "payload_too_large")
+        self.assert_serving()
+
+    def test_heads_over_the_limits_get_json_414_and_431(self):
+        self.assert_error(raw("GET", "/v1/models?q=" + "a" * 10000), 414)
+        many = {f"X-Filler-{i}": "v" for i in range(150)}
+        self.assert_error(raw("GET", "/v1/models", headers=many), 431)
+        self.assert_serving()
+
+    def test_browsers_are_kept_out_by_default(self):
+        """No `--allowed-origins`: a cross-origin preflight and request are 403, and a
+        `text/plain` body (which browsers send without a preflight) is 415."""
+        preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+        resp = raw("OPTIONS", self.CHAT, headers=preflight, auth=False)
+        self.assert_error(resp, 403, "evil.example")
+        self.assertNotIn("access-control-allow-origin", resp.headers)
+        body = {"model": MODEL, "messages": QUESTION, "max_tokens": 1}
+        self.assert_error(raw("POST", self.CHAT, body, headers={"Origin": "http://evil.example"}), 403)
+        self.assert_error(raw("POST", self.CHAT, json.dumps(body), headers={"Content-Type": "text/plain"}), 415)
+        self.assert_serving()
+
+    def test_stalled_clients_do_not_hold_the_server(self):
+        """Slowloris: connections that send half a head (or half a body) and stall neither
+        delay a normal request nor stay open past the read timeout."""
+        stalled = []
+        try:
+            for i in range(40):
+                sock = socket.create_connection(_host_port(), timeout=10)
+                if i % 2:
+                    sock.sendall(f"POST {self.CHAT} HTTP/1.1\r\nHost: x\r\nX-Slow: ".encode())
+                else:
+                    sock.sendall(raw_head([f"POST {self.CHAT} HTTP/1.1", "Content-Type: application/json",
+                                           "Content-Length: 1000"]) + b'{"model": ')
+                stalled.append(sock)
+            started = time.monotonic()
+            self.assert_serving()
+            self.assertLess(time.monotonic() - started, 20.0)
+            # Every stalled connection is closed (a 408 at most) within the read timeout.
+            deadline = time.monotonic() + READ_TIMEOUT + 10
+            for sock in stalled:
+                data = read_all(sock, max(1.0, deadline - time.monotonic()))
+                self.assertTrue(data == b"" or data.startswith(b"HTTP/1.1 408"), data[:200])
+        finally:
+            for sock in stalled:
+                sock.close()
+        self.assert_serving()
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ use futures_util::StreamExt;
 use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::CpuBackend;
-use met_scheduler::mock::MockModel;
+use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{Engine, Fcfs};
-use met_server::serve::{AppState, ServerConfig, app};
+use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
 use met_server::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use met_telemetry::Metrics;
 use serde_json::{Value, json};
@@ -45,6 +45,12 @@ pub struct Options {
     pub max_body_bytes: usize,
     pub stream_capacity: usize,
     pub kv_blocks: usize,
+    pub max_sequences_per_request: usize,
+    pub max_tokens_default: usize,
+    /// Failures the engine's mock model injects.
+    pub faults: Faults,
+    pub http: HttpOptions,
+    pub no_special_tokens_in_user_content: bool,
 }
 
 impl Default for Options {
@@ -55,6 +61,11 @@ impl Default for Options {
             max_body_bytes: 1 << 20,
             stream_capacity: 256,
             kv_blocks: 512,
+            max_sequences_per_request: ServerConfig::default().max_sequences_per_request,
+            max_tokens_default: ServerConfig::default().max_tokens_default,
+            faults: Faults::default(),
+            http: HttpOptions::default(),
+            no_special_tokens_in_user_content: false,
         }
     }
 }
@@ -93,7 +104,7 @@ impl TestServer {
         let config =
             EngineConfig { block_size: 4, stream_capacity: options.stream_capacity, ..EngineConfig::default() };
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, options.kv_blocks, true).unwrap();
-        let model = Box::new(MockModel::new(vocab, MAX_CONTEXT));
+        let model = Box::new(MockModel::new(vocab, MAX_CONTEXT).with_faults(options.faults));
         let engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
         let (handle, _thread) = met_scheduler::spawn(engine);
         let server_config = ServerConfig {
@@ -102,9 +113,19 @@ impl TestServer {
             api_key: options.api_key,
             max_concurrent_requests: options.max_concurrent_requests,
             max_body_bytes: options.max_body_bytes,
+            max_sequences_per_request: options.max_sequences_per_request,
+            max_tokens_default: options.max_tokens_default,
+            no_special_tokens_in_user_content: options.no_special_tokens_in_user_content,
         };
         let state = AppState::new(handle, tokenizer.clone(), Arc::clone(&metrics), server_config).unwrap();
-        Self { app: app(state.clone()), state, metrics, tokenizer, mock: MockModel::new(vocab, MAX_CONTEXT), _dir: dir }
+        Self {
+            app: app_with(state.clone(), options.http),
+            state,
+            metrics,
+            tokenizer,
+            mock: MockModel::new(vocab, MAX_CONTEXT),
+            _dir: dir,
+        }
     }
 
     /// Sends `req` to the app.

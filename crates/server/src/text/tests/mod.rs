@@ -11,6 +11,7 @@ mod hf_dir;
 mod smollm2_reference;
 mod support;
 mod template_fixtures;
+mod user_text;
 
 /// The server shares these across request tasks and blocking workers.
 #[test]
