@@ -282,6 +282,29 @@ pub fn paged_attention_window_at_32k(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
+/// Writes random K/V rows (as `b` stores them) at `slots` of the pools `[blocks, block_size,
+/// h_kv, d]` and records them in the expected pool contents `want`.
+fn write_random_rows(
+    b: &dyn GpuBackend,
+    rng: &mut Rng,
+    (kc, vc): (&Tensor, &Tensor),
+    slots: &[u32],
+    want: (&mut [f64], &mut [f64]),
+) -> Result<()> {
+    let (h_kv, d) = (kc.dims()[2], kc.dims()[3]);
+    let row = h_kv * d;
+    let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
+    let dims = [slots.len(), h_kv, d];
+    b.write_kv(&upload_f32(b, &k, &dims)?, &upload_f32(b, &v, &dims)?, kc, vc, &upload_u32(b, slots, &[slots.len()])?)?;
+    for (want, rows) in [(want.0, &k), (want.1, &v)] {
+        for (i, &s) in slots.iter().enumerate() {
+            let s = s as usize * row;
+            want[s..s + row].iter_mut().zip(&rows[i * row..(i + 1) * row]).for_each(|(w, &x)| *w = f64::from(x));
+        }
+    }
+    Ok(())
+}
+
 /// `write_kv` into a pool of 16,384 slots: rows land at scattered slots up to the very last
 /// one, and nothing else changes.
 pub fn write_kv_at_long_contexts(b: &dyn GpuBackend) -> Result<()> {
@@ -297,21 +320,8 @@ pub fn write_kv_at_long_contexts(b: &dyn GpuBackend) -> Result<()> {
     slots.sort_unstable();
     slots.dedup();
     rng.shuffle(&mut slots);
-    let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
-    let dims = [slots.len(), h_kv, d];
-    b.write_kv(
-        &upload_f32(b, &k, &dims)?,
-        &upload_f32(b, &v, &dims)?,
-        &kc,
-        &vc,
-        &upload_u32(b, &slots, &[slots.len()])?,
-    )?;
     let (mut want_k, mut want_v) = (vec![0f64; blocks * bs * row], vec![0f64; blocks * bs * row]);
-    for (i, &s) in slots.iter().enumerate() {
-        let (s, src) = (s as usize * row, i * row..(i + 1) * row);
-        want_k[s..s + row].iter_mut().zip(&k[src.clone()]).for_each(|(w, &x)| *w = f64::from(x));
-        want_v[s..s + row].iter_mut().zip(&v[src]).for_each(|(w, &x)| *w = f64::from(x));
-    }
+    write_random_rows(b, &mut rng, (&kc, &vc), &slots, (&mut want_k, &mut want_v))?;
     assert_close(b, &kc, &pool, &want_k, "write_kv k pool of 16k slots")?;
     assert_close(b, &vc, &pool, &want_v, "write_kv v pool of 16k slots")
 }
@@ -327,20 +337,7 @@ pub fn write_kv_places_rows_at_slots(b: &dyn GpuBackend) -> Result<()> {
     let mut want_k = vec![0f64; blocks * bs * row];
     let mut want_v = want_k.clone();
     for slots in [&[23u32, 0, 9, 4, 17][..], &[9, 10]] {
-        let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
-        let dims = [slots.len(), h_kv, d];
-        b.write_kv(
-            &upload_f32(b, &k, &dims)?,
-            &upload_f32(b, &v, &dims)?,
-            &kc,
-            &vc,
-            &upload_u32(b, slots, &[slots.len()])?,
-        )?;
-        for (i, &s) in slots.iter().enumerate() {
-            let (s, src) = (s as usize * row, i * row..(i + 1) * row);
-            want_k[s..s + row].iter_mut().zip(&k[src.clone()]).for_each(|(w, &x)| *w = f64::from(x));
-            want_v[s..s + row].iter_mut().zip(&v[src]).for_each(|(w, &x)| *w = f64::from(x));
-        }
+        write_random_rows(b, &mut rng, (&kc, &vc), slots, (&mut want_k, &mut want_v))?;
     }
     assert_close(b, &kc, &pool, &want_k, "write_kv k pool")?;
     assert_close(b, &vc, &pool, &want_v, "write_kv v pool")

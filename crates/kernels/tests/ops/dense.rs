@@ -170,20 +170,25 @@ fn rotary_reference(x: &[f32], d: usize, positions: &[u32], freq: &[f32]) -> Vec
 /// Rotary with unordered, large positions at head dims 16 and 64 (theta 10000), and a
 /// partial rotary where only the first 8 of 16 dims rotate and the rest pass through.
 pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
-    let positions = [0, 5, 1000, 31];
+    check_rotary(b, &[0, 5, 1000, 31], 4, &[(3, 16, 16, 10_000.0), (2, 64, 64, 10_000.0), (3, 16, 8, 10_000.0)])
+}
+
+/// Rotary of random `x [t, h, d]` at `positions` for each `(h, d, rot_dim, theta)`, against
+/// the f64 reference.
+fn check_rotary(b: &dyn GpuBackend, positions: &[u32], seed: u64, cases: &[(usize, usize, usize, f64)]) -> Result<()> {
     let t = positions.len();
-    let mut rng = Rng::new(4);
-    for (h, d, rot_dim) in [(3, 16, 16), (2, 64, 64), (3, 16, 8)] {
+    let mut rng = Rng::new(seed);
+    for &(h, d, rot_dim, theta) in cases {
         let x = stored(b, rng.vec(t * h * d));
-        let freq = inv_freq(10_000.0, rot_dim);
+        let freq = inv_freq(theta, rot_dim);
         let out = b.rotary(
             &upload_f32(b, &x, &[t, h, d])?,
-            &upload_u32(b, &positions, &[t])?,
+            &upload_u32(b, positions, &[t])?,
             // Frequencies stay f32 on every backend, as the model uploads them.
             &b.upload(&HostTensor::from_f32(&freq, &[freq.len()]), DType::F32)?,
         )?;
-        let want = rotary_reference(&x, d, &positions, &freq);
-        assert_close(b, &out, &[t, h, d], &want, &format!("rotary h={h} d={d} rot={rot_dim}"))?;
+        let want = rotary_reference(&x, d, positions, &freq);
+        assert_close(b, &out, &[t, h, d], &want, &format!("rotary h={h} d={d} rot={rot_dim} theta={theta}"))?;
     }
     Ok(())
 }
@@ -195,20 +200,7 @@ pub fn rotary_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 /// wrapped at 16 bits) fails here.
 pub fn rotary_at_long_positions(b: &dyn GpuBackend) -> Result<()> {
     let positions = [32_767, 0, 16_384, 4_095, 31_999, 8_191, 24_577, 65_535, 1, 20_000];
-    let t = positions.len();
-    let mut rng = Rng::new(40);
-    for (h, d, theta) in [(2, 128, 500_000.0), (3, 64, 1_000_000.0), (2, 128, 10_000.0)] {
-        let x = stored(b, rng.vec(t * h * d));
-        let freq = inv_freq(theta, d);
-        let out = b.rotary(
-            &upload_f32(b, &x, &[t, h, d])?,
-            &upload_u32(b, &positions, &[t])?,
-            &b.upload(&HostTensor::from_f32(&freq, &[freq.len()]), DType::F32)?,
-        )?;
-        let want = rotary_reference(&x, d, &positions, &freq);
-        assert_close(b, &out, &[t, h, d], &want, &format!("rotary at 32k h={h} d={d} theta={theta}"))?;
-    }
-    Ok(())
+    check_rotary(b, &positions, 40, &[(2, 128, 128, 500_000.0), (3, 64, 64, 1_000_000.0), (2, 128, 128, 10_000.0)])
 }
 
 /// `random_uniform` makes exactly the host's weight stream, rounded once to the float
