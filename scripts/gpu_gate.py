@@ -113,20 +113,17 @@ def sharpen(model, hidden, seed):
     """Redraws every parameter as the module docstring says."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     qk_std = math.sqrt(SCORE_STD / hidden)
+    qk_norm = any("q_norm" in n for n, _ in model.named_parameters())
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 gain = QK_NORM_GAIN if ("q_norm" in name or "k_norm" in name) else 1.0
                 new = gain * (1.0 + 0.1 * (2 * torch.rand(p.shape, generator=g) - 1))
-            elif ("q_proj" in name or "k_proj" in name) and name.endswith("weight") and not has_qk_norm(model):
+            elif ("q_proj" in name or "k_proj" in name) and name.endswith("weight") and not qk_norm:
                 new = torch.randn(p.shape, generator=g) * qk_std
             else:
                 new = torch.randn(p.shape, generator=g) * 0.03
             p.copy_(new.to(p.dtype))
-
-
-def has_qk_norm(model):
-    return any("q_norm" in n for n, _ in model.named_parameters())
 
 
 def build(name, raw, work, seed):

@@ -141,12 +141,14 @@ struct LatencyResult {
     num_warmup: usize,
     /// Time until every request of the batch had its first token, per iteration (ms).
     prefill_ms: Summary,
-    /// Every decode step of every iteration (ms).
-    decode_step_ms: Summary,
+    /// Pure decode steps timed, over every measured iteration.
+    decode_steps: usize,
+    /// Every decode step of every iteration (ms); `None` with `--output-len 1`.
+    decode_step_ms: Option<Summary>,
     /// The whole batch, per iteration (ms).
     batch_ms: Summary,
     /// Output tokens per second of the batch during decode, from the median step.
-    decode_tokens_per_s: f64,
+    decode_tokens_per_s: Option<f64>,
 }
 
 /// Runs `met bench throughput`.
@@ -230,11 +232,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         whole.push(run.steps.iter().map(|s| s.seconds).sum::<f64>());
     }
     let summary = |xs: &[f64], what: &str| Summary::of_seconds(xs).with_context(|| format!("no {what} was timed"));
-    let decode_step_ms = if args.output_len > 1 {
-        summary(&steps, "decode step")?
-    } else {
-        Summary::of_seconds(&[0.0]).expect("one value")
-    };
+    let decode_step_ms = Summary::of_seconds(&steps);
     let result = LatencyResult {
         header,
         batch_size: args.batch_size,
@@ -243,26 +241,24 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         num_iters: args.num_iters,
         num_warmup: args.num_warmup,
         prefill_ms: summary(&prefill, "prefill")?,
+        decode_steps: steps.len(),
         decode_step_ms,
         batch_ms: summary(&whole, "batch")?,
-        decode_tokens_per_s: if decode_step_ms.p50 > 0.0 {
-            args.batch_size as f64 * 1e3 / decode_step_ms.p50
-        } else {
-            0.0
-        },
+        decode_tokens_per_s: decode_step_ms.map(|d| args.batch_size as f64 * 1e3 / d.p50),
+    };
+    let decode = match (result.decode_step_ms, result.decode_tokens_per_s) {
+        (Some(d), Some(t)) => {
+            format!("decode step p50 {:.3} ms, p90 {:.3}, p99 {:.3} ({t:.1} tok/s)", d.p50, d.p90, d.p99)
+        }
+        _ => "no decode steps".into(),
     };
     println!(
-        "latency: batch {} x ({} in + {} out), {} iterations: prefill p50 {:.2} ms; decode step p50 {:.3} ms, p90 \
-         {:.3}, p99 {:.3} ({:.1} tok/s); batch p50 {:.1} ms",
+        "latency: batch {} x ({} in + {} out), {} iterations: prefill p50 {:.2} ms; {decode}; batch p50 {:.1} ms",
         result.batch_size,
         result.input_len,
         result.output_len,
         result.num_iters,
         result.prefill_ms.p50,
-        result.decode_step_ms.p50,
-        result.decode_step_ms.p90,
-        result.decode_step_ms.p99,
-        result.decode_tokens_per_s,
         result.batch_ms.p50
     );
     write(args.output.as_ref(), &result)
@@ -374,7 +370,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<Run> {
 fn header(bench: &'static str, device: String, model: &ModelArgs, load_s: f64) -> Header {
     Header {
         bench,
-        command_line: std::env::args().collect(),
+        command_line: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
         met_version: env!("CARGO_PKG_VERSION"),
         git_commit: git_commit(),
         date: jiff::Timestamp::now().to_string(),
