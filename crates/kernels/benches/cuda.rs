@@ -1,5 +1,9 @@
 //! CUDA backend benchmarks at Llama-3.1-8B's shapes (feature `cuda`, on a GPU machine).
 //!
+//! - `gemv`: the decode-batch products (1 to 16 rows) of every Llama-3.1-8B projection and
+//!   the fused gate/up + SiLU·mul, as weight bytes read per second, beside `copy`, a 1 GiB
+//!   device-to-device copy (bytes read + written): the bandwidth a weight stream can reach.
+//!   Four copies of each matrix take turns, so no run reads a matrix the L2 still holds.
 //! - `matmul`: `CudaBackend::matmul` (cuBLAS, bf16 in and out, f32 accumulation) on
 //!   `x [m, 4096] · W[14336, 4096]ᵀ`, the MLP gate/up projection, for a decode batch of 64
 //!   rows and a 2,048-token prefill chunk.
@@ -25,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
 use met_config::SamplingParams;
-use met_kernels::{AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, SampleRow, Tensor};
+use met_kernels::{
+    AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, SampleRow, Tensor, UniformRun,
+};
 
 /// Llama-3.1-8B's hidden size, MLP intermediate size, attention and vocabulary.
 const HIDDEN: usize = 4096;
@@ -94,6 +100,55 @@ fn bench_synced<T>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, b: &Cud
             start.elapsed()
         });
     });
+}
+
+/// Random bf16 weights made on the device.
+fn random(b: &CudaBackend, dims: &[usize], key: u64) -> Tensor {
+    let len = dims.iter().product();
+    b.random_uniform(dims, &[UniformRun { len, key, bound: 0.02 }]).expect("random_uniform")
+}
+
+/// Copies of each weight that take turns (more bytes than the 50 MB L2 per matrix set).
+const WEIGHT_COPIES: usize = 4;
+
+/// Every projection of a Llama-3.1-8B layer and the head, at decode batches.
+fn gemv(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let mut group = c.benchmark_group("cuda_gemv");
+    group.measurement_time(Duration::from_millis(1500));
+    let gib = 1usize << 30;
+    let (src, dst) = (random(b, &[gib / 2], 1), random(b, &[gib / 2], 2));
+    group.throughput(Throughput::Bytes((2 * gib) as u64));
+    bench_synced(&mut group, "copy_1GiB", b, || b.copy_into(&src, &dst).expect("copy"));
+    drop((src, dst));
+    let shapes = [
+        ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+        ("o", HIDDEN, HEADS * HEAD_DIM),
+        ("gate_up", 2 * INTERMEDIATE, HIDDEN),
+        ("down", HIDDEN, INTERMEDIATE),
+        ("lm_head", VOCAB, HIDDEN),
+    ];
+    for (name, n, k) in shapes {
+        let weights: Vec<Tensor> = (0..WEIGHT_COPIES).map(|i| random(b, &[n, k], 10 + i as u64)).collect();
+        group.throughput(Throughput::Bytes((n * k * 2) as u64));
+        for m in [1, 4, 8, 16] {
+            let x = random(b, &[m, k], 3);
+            let turn = std::cell::Cell::new(0);
+            let next = || {
+                turn.set((turn.get() + 1) % WEIGHT_COPIES);
+                &weights[turn.get()]
+            };
+            bench_synced(&mut group, &format!("{name}/m{m}_n{n}_k{k}"), b, || {
+                b.matmul(&x, next(), None).expect("matmul")
+            });
+            if name == "gate_up" {
+                bench_synced(&mut group, &format!("gate_up_silu/m{m}_n{n}_k{k}"), b, || {
+                    b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
+                });
+            }
+        }
+    }
+    group.finish();
 }
 
 /// The MLP projection for a decode batch and a prefill chunk.
@@ -196,6 +251,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = matmul, rms_norm, paged_attention, sample
+    targets = gemv, matmul, rms_norm, paged_attention, sample
 }
 criterion_main!(benches);

@@ -27,6 +27,77 @@ extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_
     }
 }
 
+// The attention prologue of one layer, fused: qkv [t, (h + 2 h_kv) d] is split into heads;
+// q and k heads get the per-head RMSNorm (when `q_norm` is set) and rotary, as
+// `rms_norm_bf16` then `rotary_bf16` compute them (the normalised head is rounded to bf16
+// before it rotates); q goes to `q_out [t, h, d]`, k and v into the pools at slots[t]
+// (a slot past the pool, as padding rows of a graph carry, writes nothing).
+// grid (t, ceil((h + 2 h_kv) / QKV_WARPS)), block QKV_WARPS * 32: one warp per head.
+#define QKV_WARPS 4
+
+struct QkvArgs {
+    u32 h, h_kv, d, half;
+    float eps;
+    u64 capacity;
+};
+
+extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
+qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_norm, const u32* positions,
+                      const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots, QkvArgs a) {
+    __shared__ float head[QKV_WARPS][ATTN_MAX_DIM];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 tok = blockIdx.x, hh = blockIdx.y * QKV_WARPS + warp;
+    const u32 heads = a.h + 2 * a.h_kv;
+    if (hh >= heads) return;
+    const bf16_t* src = qkv + ((u64)tok * heads + hh) * a.d;
+    const u64 slot = slots[tok];
+    const u64 kv_row = (u64)a.h_kv * a.d;
+    if (hh >= a.h + a.h_kv) {  // a v head: straight into the cache
+        if (slot >= a.capacity) return;
+        bf16_t* dst = vc + slot * kv_row + (u64)(hh - a.h - a.h_kv) * a.d;
+        for (u32 e = lane; e < a.d; e += 32) dst[e] = src[e];
+        return;
+    }
+    const bool is_q = hh < a.h;
+    const bf16_t* norm = is_q ? q_norm : k_norm;
+    float* sh = head[warp];
+    if (norm) {
+        float ss = 0.0f;
+        for (u32 e = lane; e < a.d; e += 32) {
+            const float v = bf2f(src[e]);
+            ss += v * v;
+        }
+        const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)a.d + a.eps);
+        for (u32 e = lane; e < a.d; e += 32) sh[e] = round_bf(bf2f(norm[e]) * round_bf(bf2f(src[e]) * inv));
+    } else {
+        for (u32 e = lane; e < a.d; e += 32) sh[e] = bf2f(src[e]);
+    }
+    __syncwarp();
+    bf16_t* dst;
+    if (is_q) {
+        dst = q_out + ((u64)tok * a.h + hh) * a.d;
+    } else {
+        if (slot >= a.capacity) return;
+        dst = kc + slot * kv_row + (u64)(hh - a.h) * a.d;
+    }
+    const float p = (float)positions[tok];
+    for (u32 e = lane; e < a.d; e += 32) {
+        float r;
+        if (e < 2 * a.half) {
+            const u32 i = e < a.half ? e : e - a.half;
+            float s, c;
+            sincosf(p * inv_freq[i], &s, &c);
+            c = round_bf(c);
+            s = round_bf(s);
+            const float x0 = sh[i], x1 = sh[i + a.half];
+            r = e < a.half ? round_bf(x0 * c) - round_bf(x1 * s) : round_bf(x1 * c) + round_bf(x0 * s);
+        } else {
+            r = sh[e];
+        }
+        dst[e] = f2bf(r);
+    }
+}
+
 struct AttnArgs {
     u32 num_seqs, max_blocks, block_size, h, h_kv, d, window;
     float scale, softcap;
@@ -124,4 +195,178 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
         for (int w = 0; w < ATTN_WARPS; ++w) o += sm_acc[w][e] * factor[w];
         orow[e] = f2bf(o * inv);
     }
+}
+
+// ---- decode attention ----------------------------------------------------------------------
+//
+// Batches whose every sequence has one query row (decode steps) take this split-KV path:
+// a block per (sequence, KV head, split) attends for all G = h / h_kv query heads of the
+// group at once, so each key and value is read once per group rather than once per query
+// head. A sequence's visible keys are cut into at most DEC_SPLITS splits of a size that
+// depends only on how many keys it sees (DEC_MIN_SPLIT keys or more, a multiple of it), so
+// a row's result does not depend on the batch it runs in. Each split writes its softmax
+// numerator (unnormalised), running max and sum in f32; `decode_attention_combine_bf16`
+// merges the splits of each (row, head). Lanes work in groups of d / 8, each lane on 8
+// contiguous dims (16-byte loads); a warp covers 32 / (d / 8) keys per step.
+
+#define DEC_WARPS 4
+#define DEC_SPLITS 16
+#define DEC_MIN_SPLIT 16
+#define DEC_MAX_GROUP 8
+
+// Keys per split for a sequence that sees `visible` keys.
+__device__ __forceinline__ u32 dec_split_len(u32 visible) {
+    const u32 per = (visible + DEC_SPLITS - 1) / DEC_SPLITS;
+    return max(DEC_MIN_SPLIT, (per + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT * DEC_MIN_SPLIT);
+}
+
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
+// part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
+// G <= DEC_MAX_GROUP (checked on the host).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
+                      const u32* seq_lens, const u32* tables, AttnArgs a) {
+    const u32 s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 group = a.h / a.h_kv;
+    const u32 L = a.d / 8;             // lanes per key
+    const u32 per_step = 32 / L;       // keys per warp step
+    const u32 sub = lane / L, lig = lane % L;
+    const u32 pos = seq_lens[s] - 1;
+    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+#ifdef MET_FAULT_DROP_LAST_KV_BLOCK
+    const u32 last_block_start = (seq_lens[s] - 1) / a.block_size * a.block_size;
+    const u32 last_key = last_block_start > first ? min(pos, last_block_start - 1) : pos;
+#else
+    const u32 last_key = pos;
+#endif
+    const u32 visible = last_key + 1 - first;
+    const u32 len = dec_split_len(pos + 1 - first);
+    const u32 begin = first + split * len;
+    const u32 splits_used = (pos + 1 - first + len - 1) / len;
+    if (split >= splits_used) return;
+    const u32 end = min(first + visible, begin + len);  // exclusive
+    const u32* table = tables + (u64)s * a.max_blocks;
+
+    float qf[DEC_MAX_GROUP][8], acc[DEC_MAX_GROUP][8], m[DEC_MAX_GROUP], l[DEC_MAX_GROUP];
+#pragma unroll
+    for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+        m[g] = -MET_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+        if (g < (int)group) {
+            const uint4 v = *reinterpret_cast<const uint4*>(q + ((u64)s * a.h + kvh * group + g) * a.d + lig * 8);
+            unpack8(v, qf[g]);
+        }
+    }
+    for (u32 j0 = begin + warp * per_step; j0 < end; j0 += DEC_WARPS * per_step) {
+        const u32 j = j0 + sub;
+        const bool live = j < end;
+        const u32 jj = live ? j : begin;
+        const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
+        const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
+        float kf[8], vf[8];
+        unpack8(*reinterpret_cast<const uint4*>(kc + at), kf);
+        unpack8(*reinterpret_cast<const uint4*>(vc + at), vf);
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+            if (g >= (int)group) break;
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
+            for (u32 o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            if (!live) continue;
+            float score = dot * a.scale;
+            if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+            const float m_new = fmaxf(m[g], score);
+            const float corr = m[g] == -MET_INF ? 0.0f : expf(m[g] - m_new);
+            const float p = expf(score - m_new);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
+            m[g] = m_new;
+        }
+    }
+    // Merge the lane groups of the warp (same dims, other keys), then the warps.
+    for (u32 o = L; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+            if (g >= (int)group) break;
+            const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+            const float big = fmaxf(m[g], m2);
+            const float f1 = m[g] == -MET_INF ? 0.0f : expf(m[g] - big), f2 = m2 == -MET_INF ? 0.0f : expf(m2 - big);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                acc[g][e] = acc[g][e] * f1 + a2 * f2;
+            }
+            l[g] = l[g] * f1 + l2 * f2;
+            m[g] = big;
+        }
+    }
+    __shared__ float sm_acc[DEC_WARPS][DEC_MAX_GROUP][ATTN_MAX_DIM];
+    __shared__ float sm_ml[DEC_WARPS][DEC_MAX_GROUP][2];
+    if (sub == 0) {
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+            if (g >= (int)group) break;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sm_acc[warp][g][lig * 8 + e] = acc[g][e];
+            if (lig == 0) {
+                sm_ml[warp][g][0] = m[g];
+                sm_ml[warp][g][1] = l[g];
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 idx = threadIdx.x; idx < group * a.d; idx += blockDim.x) {
+        const u32 g = idx / a.d, e = idx % a.d;
+        float big = -MET_INF;
+        for (int w = 0; w < DEC_WARPS; ++w) big = fmaxf(big, sm_ml[w][g][0]);
+        float num = 0.0f, den = 0.0f;
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float mw = sm_ml[w][g][0];
+            const float f = mw == -MET_INF ? 0.0f : expf(mw - big);
+            num += sm_acc[w][g][e] * f;
+            den += sm_ml[w][g][1] * f;
+        }
+        const u64 head = (u64)s * a.h + kvh * group + g;
+        part_acc[(head * DEC_SPLITS + split) * a.d + e] = num;
+        if (e == 0) {
+            part_ml[(head * DEC_SPLITS + split) * 2] = big;
+            part_ml[(head * DEC_SPLITS + split) * 2 + 1] = den;
+        }
+    }
+}
+
+// grid (seqs, h), block >= d threads: out [seqs, h, d] from the splits of each (row, head).
+extern "C" __global__ void decode_attention_combine_bf16(bf16_t* out, const float* part_acc, const float* part_ml,
+                                                         const u32* seq_lens, AttnArgs a) {
+    const u32 s = blockIdx.x, hq = blockIdx.y, e = threadIdx.x;
+    if (e >= a.d) return;
+    const u32 pos = seq_lens[s] - 1;
+    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+    const u32 len = dec_split_len(pos + 1 - first);
+    const u32 splits = (pos + 1 - first + len - 1) / len;
+    const u64 head = (u64)s * a.h + hq;
+    float big = -MET_INF;
+    for (u32 i = 0; i < splits; ++i) big = fmaxf(big, part_ml[(head * DEC_SPLITS + i) * 2]);
+    float num = 0.0f, den = 0.0f;
+    for (u32 i = 0; i < splits; ++i) {
+        const float mi = part_ml[(head * DEC_SPLITS + i) * 2];
+        const float f = mi == -MET_INF ? 0.0f : expf(mi - big);
+        num += part_acc[(head * DEC_SPLITS + i) * a.d + e] * f;
+        den += part_ml[(head * DEC_SPLITS + i) * 2 + 1] * f;
+    }
+    out[head * a.d + e] = f2bf(num / den);
 }

@@ -32,6 +32,11 @@ extern "C" __global__ void add_bf16(const bf16_t* a, const bf16_t* b, bf16_t* ou
 
 // One block per row of `n`: out = w * round(x / sqrt(mean(x^2) + eps)), as transformers'
 // `LlamaRMSNorm` (f32 statistics, normalised value cast to bf16, then times the weight).
+// Each thread keeps its elements (i = tid, tid + blockDim, ...) in registers, so the row
+// is read once and the weight is in flight during the reduction. Rows longer than
+// NORM_PER_THREAD * blockDim elements take the loop that reads them again.
+#define NORM_PER_THREAD 8
+
 __device__ void rms_norm_row(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
     __shared__ float scratch[32];
     float ss = 0.0f;
@@ -45,18 +50,64 @@ __device__ void rms_norm_row(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 
         out[i] = f2bf(bf2f(w[i]) * round_bf(bf2f(x[i]) * inv));
 }
 
+// `v` holds this thread's elements of a row already (rounded to bf16); writes the norm.
+__device__ __forceinline__ void rms_norm_regs(const float (&v)[NORM_PER_THREAD], const bf16_t* w, bf16_t* out,
+                                              u32 n, float eps) {
+    __shared__ float scratch[32];
+    float wr[NORM_PER_THREAD];
+    float ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NORM_PER_THREAD; ++r) {
+        const u32 i = threadIdx.x + r * blockDim.x;
+        wr[r] = i < n ? bf2f(w[i]) : 0.0f;
+        ss += v[r] * v[r];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int r = 0; r < NORM_PER_THREAD; ++r) {
+        const u32 i = threadIdx.x + r * blockDim.x;
+        if (i < n) out[i] = f2bf(wr[r] * round_bf(v[r] * inv));
+    }
+}
+
 extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
     const u64 row = blockIdx.x;
-    rms_norm_row(x + row * n, w, out + row * n, n, eps);
+    if (n > NORM_PER_THREAD * blockDim.x) {
+        rms_norm_row(x + row * n, w, out + row * n, n, eps);
+        return;
+    }
+    float v[NORM_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < NORM_PER_THREAD; ++r) {
+        const u32 i = threadIdx.x + r * blockDim.x;
+        v[r] = i < n ? bf2f(x[row * n + i]) : 0.0f;
+    }
+    rms_norm_regs(v, w, out + row * n, n, eps);
 }
 
 // `sum = round(x + residual)` (written out), then RMSNorm of the rounded sum.
 extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w,
                                              bf16_t* normed, bf16_t* sum, u32 n, float eps) {
     const u64 off = (u64)blockIdx.x * n;
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) sum[off + i] = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
-    // Each thread reads back only the elements it wrote, so no barrier is needed here.
-    rms_norm_row(sum + off, w, normed + off, n, eps);
+    if (n > NORM_PER_THREAD * blockDim.x) {
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) sum[off + i] = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
+        // Each thread reads back only the elements it wrote, so no barrier is needed here.
+        rms_norm_row(sum + off, w, normed + off, n, eps);
+        return;
+    }
+    float v[NORM_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < NORM_PER_THREAD; ++r) {
+        const u32 i = threadIdx.x + r * blockDim.x;
+        v[r] = 0.0f;
+        if (i < n) {
+            const bf16_t s = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
+            sum[off + i] = s;
+            v[r] = bf2f(s);
+        }
+    }
+    rms_norm_regs(v, w, normed + off, n, eps);
 }
 
 // Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *

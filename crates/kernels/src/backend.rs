@@ -123,6 +123,38 @@ impl UniformRun {
     }
 }
 
+/// What [`GpuBackend::qkv_rotary_write`] needs besides the fused projection.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvPrologue<'a> {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Per-head RMSNorm weights of queries and keys `[d]` (Qwen3), applied before rotary.
+    pub qk_norm: Option<(&'a Tensor, &'a Tensor)>,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// `u32 [t]`: position of each row.
+    pub positions: &'a Tensor,
+    /// `f32 [half]`: rotary inverse frequencies.
+    pub inv_freq: &'a Tensor,
+}
+
+/// A recorded sequence of ops, replayed by [`Graph::replay`] on the backend that captured it.
+///
+/// A replay runs the captured ops on the tensors they were recorded with: inputs change by
+/// writing new contents into those tensors ([`GpuBackend::write_u32`]) before the replay,
+/// results are read from the tensors the recording wrote ([`GpuBackend::copy_into`]).
+pub trait Graph: Send + Sync {
+    /// Queues one run of the graph, in order with the backend's other work.
+    ///
+    /// # Errors
+    /// When the device rejects the launch.
+    fn replay(&self) -> Result<()>;
+}
+
 /// A compute device for transformer inference.
 ///
 /// Implementations hold their own memory pool and stream; calls on one backend are
@@ -205,6 +237,57 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// When an earlier asynchronous op failed.
     fn synchronize(&self) -> Result<()>;
 
+    // --- graphs -------------------------------------------------------------------------
+
+    /// Whether [`Self::capture`] records graphs on this backend.
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+
+    /// Runs `record` with the backend recording its ops into a [`Graph`] instead of running
+    /// them. Inside, ops must not wait for the device (no download, no synchronise) and must
+    /// not upload from the host; memory they allocate and free is the graph's own.
+    ///
+    /// # Errors
+    /// [`crate::Error::Device`] on a backend without graphs, when `record` fails (the
+    /// recording is discarded) or when the device rejects the graph.
+    fn capture(&self, record: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn Graph>> {
+        let _ = record;
+        Err(crate::Error::Device(format!("the {} backend does not record graphs", self.name())))
+    }
+
+    /// Overwrites the first `data.len()` elements of the `U32` tensor `dst`, in order with
+    /// the backend's other work (graph inputs).
+    ///
+    /// # Errors
+    /// For a non-`U32` tensor or one shorter than `data`; on a backend without graphs.
+    fn write_u32(&self, dst: &Tensor, data: &[u32]) -> Result<()> {
+        let _ = (dst, data);
+        Err(crate::Error::Device(format!("the {} backend does not write into tensors", self.name())))
+    }
+
+    /// Copies `src` into `dst`, of the same dtype and element count (graph outputs).
+    ///
+    /// # Errors
+    /// On mismatched tensors; on a backend without graphs.
+    fn copy_into(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        let _ = (src, dst);
+        Err(crate::Error::Device(format!("the {} backend does not copy into tensors", self.name())))
+    }
+
+    /// A copy of the first `rows` rows of `x [m, n]`: `[rows, n]`.
+    ///
+    /// # Errors
+    /// When `rows > m` or `x` is not 2-D.
+    fn copy_rows(&self, x: &Tensor, rows: usize) -> Result<Tensor> {
+        let m = x.dims().first().copied().unwrap_or(0);
+        if x.dims().len() != 2 || rows > m {
+            return Err(crate::Error::Shape { op: "copy_rows", msg: format!("{rows} rows of {:?}", x.dims()) });
+        }
+        let ids: Vec<u32> = (0..rows as u32).collect();
+        self.gather_rows(x, &self.upload(&HostTensor::from_u32(&ids, &[rows]), DType::U32)?)
+    }
+
     // --- dense ops ----------------------------------------------------------------------
 
     /// `x [m, k] · wᵀ` with `w [n, k]`, plus `bias [n]` when given: `[m, n]`.
@@ -239,6 +322,48 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// # Errors
     /// When the last dimension is odd.
     fn silu_mul(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// `silu_mul(matmul(x, w))` for a fused gate/up weight `w [2i, k]` (gate rows first):
+    /// `[m, i]`. A backend may fuse the activation into the product.
+    ///
+    /// # Errors
+    /// As [`Self::matmul`] and [`Self::silu_mul`].
+    fn matmul_silu_mul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        self.silu_mul(&self.matmul(x, w, None)?)
+    }
+
+    /// The attention prologue of a layer: splits `qkv [t, (h + 2·h_kv)·d]` into query, key
+    /// and value heads, applies the per-head RMSNorm (when `p.qk_norm` is set) and rotary to
+    /// queries and keys, writes keys and values into the pools at `slots` (as
+    /// [`Self::write_kv`]) and returns the queries `[t, h, d]`. A backend may fuse it into
+    /// one kernel; the result is that of the separate ops.
+    ///
+    /// # Errors
+    /// As the separate ops.
+    fn qkv_rotary_write(
+        &self,
+        qkv: &Tensor,
+        p: &QkvPrologue<'_>,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+    ) -> Result<Tensor> {
+        let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+        let t = qkv.dims().first().copied().unwrap_or(0);
+        let [q, k, v]: [Tensor; 3] = self
+            .split_columns(qkv, &[h * d, hkv * d, hkv * d])?
+            .try_into()
+            .expect("split_columns returns one tensor per width");
+        let (mut q, mut k, v) = (q.reshape(&[t, h, d])?, k.reshape(&[t, hkv, d])?, v.reshape(&[t, hkv, d])?);
+        if let Some((qn, kn)) = p.qk_norm {
+            q = self.rms_norm(&q, qn, p.eps)?;
+            k = self.rms_norm(&k, kn, p.eps)?;
+        }
+        let q = self.rotary(&q, p.positions, p.inv_freq)?;
+        let k = self.rotary(&k, p.positions, p.inv_freq)?;
+        self.write_kv(&k, &v, k_cache, v_cache, slots)?;
+        Ok(q)
+    }
 
     /// Rows of `table [v, h]` selected by `ids u32 [t]`: `[t, h]`.
     ///

@@ -28,7 +28,9 @@ mod tensor;
 
 use std::sync::Arc;
 
-pub use backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled, UniformRun};
+pub use backend::{
+    AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled, UniformRun,
+};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaStorage};

@@ -40,6 +40,8 @@ macro_rules! backend_tests {
                 dense::rotary_at_long_positions,
                 dense::random_uniform_is_the_weight_stream,
                 dense::silu_mul_matches_reference,
+                dense::matmul_decode_batches_match_reference,
+                dense::matmul_silu_mul_matches_unfused,
                 dense::embedding_matches_reference,
                 dense::gather_rows_matches_reference,
                 dense::add_matches_reference,
@@ -58,7 +60,9 @@ macro_rules! backend_tests {
                 attention::paged_attention_smollm_shape,
                 attention::paged_attention_long_contexts,
                 attention::paged_attention_window_at_32k,
+                attention::paged_attention_decode_steps,
                 attention::write_kv_at_long_contexts,
+                attention::qkv_rotary_write_matches_separate_ops,
                 attention::attention_rejects_bad_operands,
                 quant::quantized_weights_compute_with_their_decoded_values,
                 props::matmul_property,
@@ -92,3 +96,13 @@ macro_rules! backend_tests {
 backend_tests!(cpu, met_kernels::CpuBackend::new());
 #[cfg(feature = "cuda")]
 backend_tests!(cuda, met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU"));
+
+/// Checks of promises only the CUDA backend makes.
+#[cfg(feature = "cuda")]
+mod cuda_only {
+    #[test]
+    fn matmul_rows_do_not_depend_on_the_batch() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::dense::matmul_rows_do_not_depend_on_the_batch(&backend)
+    }
+}

@@ -9,7 +9,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::{CudaBackend, expect_dtype, launch, ptr};
-use crate::backend::{AttentionMeta, AttentionParams};
+use crate::backend::{AttentionMeta, AttentionParams, QkvPrologue};
 use crate::cpu::attention::{MetaView, check_meta};
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
@@ -65,6 +65,97 @@ pub(super) fn write_kv(
     launch!(b, "write_kv_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, row as u32, capacity as u64])
 }
 
+/// `QkvArgs` of `attention.cu`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct QkvArgs {
+    h: u32,
+    h_kv: u32,
+    d: u32,
+    half: u32,
+    eps: f32,
+    capacity: u64,
+}
+
+// SAFETY: `repr(C)` plain data laid out as the CUDA struct of the same name (four u32, an f32,
+// four bytes of padding, a u64: both sides pad the same way).
+unsafe impl DeviceRepr for QkvArgs {}
+
+/// `QKV_WARPS` of `attention.cu`.
+const QKV_WARPS: usize = 4;
+
+/// The fused prologue: the same checks as the separate ops, then one kernel.
+pub(super) fn qkv_rotary_write(
+    b: &CudaBackend,
+    qkv: &Tensor,
+    p: &QkvPrologue<'_>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slots: &Tensor,
+) -> Result<Tensor> {
+    let op = "qkv_rotary_write";
+    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    let heads = h + 2 * hkv;
+    let qd = qkv.dims();
+    if qd.len() != 2 || qd[1] != heads * d || h == 0 || hkv == 0 || h % hkv != 0 {
+        return Err(Error::Shape { op, msg: format!("qkv {qd:?} is not [t, ({h} + 2·{hkv})·{d}]") });
+    }
+    if d > MAX_HEAD_DIM {
+        return Err(Error::InvalidArgument(format!("{op}: head dim {d} exceeds {MAX_HEAD_DIM}")));
+    }
+    let t = qd[0];
+    // Shapes as the separate ops see them, checked by their own rules.
+    let (_, _, _, half) = crate::check::rotary(&qkv.reshape(&[t, heads, d])?, p.positions, p.inv_freq)?;
+    let expected_row = hkv * d;
+    let cd = k_cache.dims();
+    if cd.len() != 4 || cd[2] * cd[3] != expected_row || v_cache.dims() != cd || slots.dims() != [t] {
+        return Err(Error::Shape {
+            op,
+            msg: format!("pools {cd:?} / {:?} and slots {:?} for {t} rows of {hkv}x{d}", v_cache.dims(), slots.dims()),
+        });
+    }
+    for x in [qkv, k_cache, v_cache] {
+        expect_dtype(op, x, &[DType::BF16])?;
+    }
+    expect_dtype(op, p.positions, &[DType::U32])?;
+    expect_dtype(op, p.inv_freq, &[DType::F32])?;
+    if let Some((qn, kn)) = p.qk_norm {
+        for w in [qn, kn] {
+            expect_dtype(op, w, &[DType::BF16])?;
+            if w.dims() != [d] {
+                return Err(Error::Shape { op, msg: format!("q/k norm weight {:?} for head dim {d}", w.dims()) });
+            }
+        }
+    }
+    let capacity = cd[0] * cd[1];
+    crate::check::slots_in_pool(&b.host_u32(op, slots)?, capacity)?;
+    let out = b.alloc(&[t, h, d], DType::BF16)?;
+    if t == 0 || d == 0 {
+        return Ok(out);
+    }
+    let args = QkvArgs {
+        h: h as u32,
+        h_kv: hkv as u32,
+        d: d as u32,
+        half: half as u32,
+        eps: p.eps,
+        capacity: capacity as u64,
+    };
+    let (qn, kn) = match p.qk_norm {
+        Some((qn, kn)) => (ptr(op, qn)?, ptr(op, kn)?),
+        None => (0, 0),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (t as u32, heads.div_ceil(QKV_WARPS) as u32, 1),
+        block_dim: ((QKV_WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let src = (ptr(op, qkv)?, ptr(op, p.positions)?, ptr(op, p.inv_freq)?);
+    let dst = (ptr(op, &out)?, ptr(op, k_cache)?, ptr(op, v_cache)?, ptr(op, slots)?);
+    launch!(b, "qkv_rotary_write_bf16", cfg, [src.0, qn, kn, src.1, src.2, dst.0, dst.1, dst.2, dst.3, args])?;
+    Ok(out)
+}
+
 pub(super) fn paged_attention(
     b: &CudaBackend,
     q: &Tensor,
@@ -101,6 +192,10 @@ pub(super) fn paged_attention(
         scale: p.scale,
         softcap: p.softcap.unwrap_or(0.0),
     };
+    if decode_applies(&cu, h, hkv, d) {
+        decode(b, &out, (q, k_cache, v_cache), meta, args)?;
+        return Ok(out);
+    }
     let cfg = LaunchConfig { grid_dim: (t as u32, h as u32, 1), block_dim: (ATTN_THREADS, 1, 1), shared_mem_bytes: 0 };
     let ptrs = (ptr(op, &out)?, ptr(op, q)?, ptr(op, k_cache)?, ptr(op, v_cache)?);
     let meta_ptrs = (ptr(op, &meta.cu_seqlens_q)?, ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
@@ -111,4 +206,50 @@ pub(super) fn paged_attention(
         [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, args]
     )?;
     Ok(out)
+}
+
+/// `DEC_SPLITS` and `DEC_MAX_GROUP` of `attention.cu`.
+const DEC_SPLITS: usize = 16;
+const DEC_MAX_GROUP: usize = 8;
+/// Threads per block of the decode kernel (`DEC_WARPS` warps).
+const DEC_THREADS: u32 = 128;
+
+/// Whether the split-KV decode kernel takes the batch: one query row per sequence, head
+/// dims of a power-of-two number of 8-element vectors, groups of at most 8 query heads.
+fn decode_applies(cu: &[u32], h: usize, hkv: usize, d: usize) -> bool {
+    let vectors = d / 8;
+    cu.iter().enumerate().all(|(i, &c)| c as usize == i)
+        && d % 8 == 0
+        && vectors.is_power_of_two()
+        && d <= MAX_HEAD_DIM
+        && h / hkv <= DEC_MAX_GROUP
+}
+
+/// The decode path: partial softmax sums per split, then their merge.
+fn decode(
+    b: &CudaBackend,
+    out: &Tensor,
+    (q, kc, vc): (&Tensor, &Tensor, &Tensor),
+    meta: &AttentionMeta,
+    args: AttnArgs,
+) -> Result<()> {
+    let op = "paged_attention";
+    let (seqs, h, hkv, d) = (args.num_seqs as usize, args.h as usize, args.h_kv as usize, args.d as usize);
+    let part_acc = b.alloc(&[seqs, h, DEC_SPLITS, d], DType::F32)?;
+    let part_ml = b.alloc(&[seqs, h, DEC_SPLITS, 2], DType::F32)?;
+    let (acc, ml) = (ptr(op, &part_acc)?, ptr(op, &part_ml)?);
+    let (lens, tables) = (ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
+    let cfg = LaunchConfig {
+        grid_dim: (seqs as u32, hkv as u32, DEC_SPLITS as u32),
+        block_dim: (DEC_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ptrs = (ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
+    launch!(b, "decode_attention_bf16", cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args])?;
+    let cfg = LaunchConfig {
+        grid_dim: (seqs as u32, h as u32, 1),
+        block_dim: ((d.div_ceil(32) * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(b, "decode_attention_combine_bf16", cfg, [ptr(op, out)?, acc, ml, lens, args])
 }

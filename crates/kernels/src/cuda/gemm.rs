@@ -6,7 +6,8 @@
 //! with `w'` = `w` read transposed (`[k, n]` column-major, `lda = k`) and `x'` = `x` as is
 //! (`[k, m]`, `ldb = k`). A bias is added by pre-filling the output with it and using
 //! `beta = 1`. The handle sits behind a mutex: cuBLAS handles are not safe to use from
-//! two threads at once.
+//! two threads at once. It gets a workspace of its own at creation, so that products
+//! captured into a CUDA graph never allocate (cuBLAS's advice for graph capture).
 
 use std::sync::Arc;
 
@@ -14,13 +15,18 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::cublas::{CudaBlas, result as blas};
 use parking_lot::Mutex;
 
-use super::device::Device;
+use super::device::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
 
 /// A cuBLAS handle bound to the compute stream.
 pub(crate) struct Blas {
     handle: Mutex<CudaBlas>,
+    /// cuBLAS's workspace, alive as long as the handle.
+    _workspace: DeviceBuffer,
 }
+
+/// Workspace bytes: what cuBLAS recommends on Hopper.
+const WORKSPACE: usize = 32 << 20;
 
 /// Operand addresses and sizes of one `x · wᵀ` product.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +49,13 @@ impl Blas {
     pub(crate) fn new(device: &Arc<Device>) -> Result<Self> {
         device.bind()?;
         let handle = CudaBlas::new(Arc::clone(device.stream())).map_err(|e| Error::Device(format!("cuBLAS: {e:?}")))?;
-        Ok(Self { handle: Mutex::new(handle) })
+        let workspace = device.alloc(WORKSPACE)?;
+        // SAFETY: the workspace is a live allocation of `WORKSPACE` bytes on the handle's
+        // device, kept alive beside the handle.
+        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*handle.handle(), workspace.ptr() as *mut _, WORKSPACE) }
+            .result()
+            .map_err(|e| Error::Device(format!("cuBLAS workspace: {e:?}")))?;
+        Ok(Self { handle: Mutex::new(handle), _workspace: workspace })
     }
 
     /// Runs one product. Sizes must be non-zero and fit cuBLAS's `int`.

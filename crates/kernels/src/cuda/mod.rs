@@ -15,6 +15,8 @@ mod attention;
 mod compile;
 mod device;
 mod gemm;
+mod gemv;
+mod graph;
 mod moe;
 mod ops;
 mod sample;
@@ -25,12 +27,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use half::bf16;
+use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use self::compile::Origin;
 use self::device::{Device, DeviceBuffer};
 use self::gemm::Blas;
-use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, MemoryInfo, Routing, SampleRow, Sampled};
+use crate::backend::{
+    AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
+};
 use crate::error::{Error, Result};
 use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
@@ -54,7 +59,10 @@ const KERNELS: &[&str] = &[
     "copy_cols_bf16",
     "fill_rows_bf16",
     "write_kv_bf16",
+    "qkv_rotary_write_bf16",
     "paged_attention_bf16",
+    "decode_attention_bf16",
+    "decode_attention_combine_bf16",
     "topk_routing_bf16",
     "topk_routing_f32",
     "moe_combine_f32",
@@ -65,8 +73,9 @@ const KERNELS: &[&str] = &[
 /// Device memory of one CUDA tensor.
 pub struct CudaStorage {
     buf: DeviceBuffer,
-    /// For `U32` tensors uploaded from the host: the same values, for validation.
-    host_u32: Option<Arc<[u32]>>,
+    /// For `U32` tensors uploaded from the host: the same values, for validation (dropped
+    /// when the device copy is overwritten).
+    host_u32: Mutex<Option<Arc<[u32]>>>,
 }
 
 /// The CUDA backend on one GPU.
@@ -135,6 +144,7 @@ impl CudaBackend {
         let module = dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(image)).map_err(drv)?;
         let kernels = KERNELS
             .iter()
+            .chain(&gemv::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         let blas = Blas::new(&dev)?;
@@ -149,22 +159,23 @@ impl CudaBackend {
     fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32: None }), dtype, shape))
+        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32: Mutex::new(None) }), dtype, shape))
     }
 
     /// A `U32` tensor holding `data`, with its host copy.
     fn upload_u32(&self, data: &[u32], dims: &[usize]) -> Result<Tensor> {
         let buf = self.dev.alloc(size_of_val(data))?;
         self.dev.upload(&buf, data)?;
-        let host_u32 = (data.len() <= HOST_COPY_MAX).then(|| Arc::from(data));
+        let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
         Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32 }), DType::U32, Shape::new(dims)))
     }
 
     /// Elements of a `U32` tensor on the host: its host copy, or a download.
     fn host_u32(&self, op: &'static str, t: &Tensor) -> Result<Arc<[u32]>> {
         expect_dtype(op, t, &[DType::U32])?;
-        match &storage(op, t)?.host_u32 {
-            Some(h) => Ok(Arc::clone(h)),
+        let copy = storage(op, t)?.host_u32.lock().clone();
+        match copy {
+            Some(h) => Ok(h),
             None => self.download_u32(t).map(Arc::from),
         }
     }
@@ -203,7 +214,7 @@ fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
 /// Launches kernel `$name` with `$cfg` and the arguments in order. Each argument is bound
 /// to a local first, so the launch builder borrows values that outlive it.
 macro_rules! launch {
-    ($be:expr, $name:literal, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+    ($be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
         let be = &$be;
         be.dev.bind()?;
         let func = be.kernel($name)?;
@@ -324,6 +335,45 @@ impl GpuBackend for CudaBackend {
         self.dev.synchronize()
     }
 
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn capture(&self, record: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn Graph>> {
+        graph::capture(self, record)
+    }
+
+    fn write_u32(&self, dst: &Tensor, data: &[u32]) -> Result<()> {
+        expect_dtype("write_u32", dst, &[DType::U32])?;
+        if data.len() > dst.elem_count() {
+            return Err(Error::Shape { op: "write_u32", msg: format!("{} values into {:?}", data.len(), dst.dims()) });
+        }
+        let s = storage("write_u32", dst)?;
+        *s.host_u32.lock() = None;
+        self.dev.upload(&s.buf, data)
+    }
+
+    fn copy_into(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        if src.dtype() != dst.dtype() || src.elem_count() != dst.elem_count() {
+            return Err(Error::Shape { op: "copy_into", msg: format!("{src:?} into {dst:?}") });
+        }
+        let bytes = src.elem_count() * src.dtype().size_in_bytes();
+        let d = storage("copy_into", dst)?;
+        *d.host_u32.lock() = None;
+        self.dev.copy(&storage("copy_into", src)?.buf, &d.buf, bytes)
+    }
+
+    fn copy_rows(&self, x: &Tensor, rows: usize) -> Result<Tensor> {
+        let d = x.dims();
+        if d.len() != 2 || rows > d[0] {
+            return Err(Error::Shape { op: "copy_rows", msg: format!("{rows} rows of {d:?}") });
+        }
+        let out = self.alloc(&[rows, d[1]], x.dtype())?;
+        let bytes = rows * d[1] * x.dtype().size_in_bytes();
+        self.dev.copy(&storage("copy_rows", x)?.buf, &storage("copy_rows", &out)?.buf, bytes)?;
+        Ok(out)
+    }
+
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         ops::matmul(self, x, w, bias)
     }
@@ -342,6 +392,21 @@ impl GpuBackend for CudaBackend {
 
     fn silu_mul(&self, x: &Tensor) -> Result<Tensor> {
         ops::silu_mul(self, x)
+    }
+
+    fn matmul_silu_mul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        ops::matmul_silu_mul(self, x, w)
+    }
+
+    fn qkv_rotary_write(
+        &self,
+        qkv: &Tensor,
+        p: &QkvPrologue<'_>,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+    ) -> Result<Tensor> {
+        attention::qkv_rotary_write(self, qkv, p, k_cache, v_cache, slots)
     }
 
     fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {

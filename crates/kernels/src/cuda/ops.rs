@@ -3,6 +3,7 @@
 //! backend's float dtype); rotary frequencies are f32.
 
 use super::gemm::Gemm;
+use super::gemv::{self, Gemv};
 use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor};
@@ -43,6 +44,12 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         return Ok(out);
     }
     let out_ptr = ptr("matmul", &out)?;
+    if gemv::applies(m, n, k) {
+        let bias = bias.map(|t| ptr("matmul", t)).transpose()?.unwrap_or(0);
+        let g = Gemv { x: ptr("matmul", x)?, w: ptr("matmul", w)?, bias, out: out_ptr, m, n, k };
+        gemv::gemv(b, &g)?;
+        return Ok(out);
+    }
     match bias {
         Some(bias) => {
             let total = (m * n) as u64;
@@ -119,6 +126,21 @@ pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: 
         let cfg = per_row(t, h * d, 256);
         launch!(b, "rotary_bf16", cfg, [args.0, args.1, args.2, args.3, h as u32, d as u32, half as u32])?;
     }
+    Ok(out)
+}
+
+/// Decode batches fuse the activation into the product; larger ones run the two ops.
+pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k, n) = crate::check::matmul(x, w, None)?;
+    expect_dtype("matmul_silu_mul", x, BF16)?;
+    expect_dtype("matmul_silu_mul", w, BF16)?;
+    ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
+    if !gemv::applies(m, n, k) {
+        return silu_mul(b, &matmul(b, x, w, None)?);
+    }
+    let out = b.alloc(&[m, n / 2], DType::BF16)?;
+    let op = "matmul_silu_mul";
+    gemv::gemv_silu(b, ptr(op, x)?, ptr(op, w)?, ptr(op, &out)?, m, n / 2, k)?;
     Ok(out)
 }
 

@@ -371,3 +371,95 @@ pub fn attention_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     expect_err(attend(&q(1, 3)?, &one(6, 1), &[vec![2, 0]], &uneven), "3 heads over 2 kv heads");
     Ok(())
 }
+
+/// The fused attention prologue equals the separate ops (split, per-head RMSNorm, rotary,
+/// KV write) it stands for: with and without q/k norm, grouped and plain heads, partial
+/// rotary, scattered slots at long positions; a slot past the pool is refused. Queries and
+/// both pools are compared.
+pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
+    use met_kernels::{DType, QkvPrologue};
+    let mut rng = Rng::new(57);
+    for &(h, hkv, d, half, norm) in &[(8, 2, 64, 32, false), (4, 4, 128, 64, true), (6, 2, 96, 16, true)] {
+        let (t, blocks, bs) = (9, 12, 4);
+        let pool = [blocks, bs, hkv, d];
+        let qkv_data = stored(b, rng.vec(t * (h + 2 * hkv) * d).into_iter().map(|x| 3.0 * x).collect());
+        let qkv = upload_f32(b, &qkv_data, &[t, (h + 2 * hkv) * d])?;
+        let positions: Vec<u32> = (0..t as u32).map(|i| 5 + i * 3_001).collect();
+        let positions = upload_u32(b, &positions, &[t])?;
+        let freq: Vec<f32> = (0..half).map(|i| 10_000f32.powf(-((2 * i) as f32) / (2 * half) as f32)).collect();
+        let inv_freq = b.upload(&met_kernels::HostTensor::from_f32(&freq, &[half]), DType::F32)?;
+        let norms = (
+            upload_f32(b, &stored(b, rng.vec(d).into_iter().map(|x| 1.0 + 0.5 * x).collect()), &[d])?,
+            upload_f32(b, &stored(b, rng.vec(d).into_iter().map(|x| 1.0 + 0.5 * x).collect()), &[d])?,
+        );
+        let mut slots: Vec<u32> = (0..(blocks * bs) as u32).collect();
+        rng.shuffle(&mut slots);
+        slots.truncate(t);
+        let mut padded = slots.clone();
+        padded[t - 1] = u32::MAX;
+        let p = QkvPrologue {
+            num_heads: h,
+            num_kv_heads: hkv,
+            head_dim: d,
+            qk_norm: norm.then_some((&norms.0, &norms.1)),
+            eps: 1e-6,
+            positions: &positions,
+            inv_freq: &inv_freq,
+        };
+        let case = format!("h={h} h_kv={hkv} d={d} half={half} norm={norm}");
+        // The composition of the separate ops, as the trait's default computes it.
+        let (kc0, vc0) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
+        let slots_t = upload_u32(b, &slots, &[t])?;
+        let [q, k, v]: [Tensor; 3] = b.split_columns(&qkv, &[h * d, hkv * d, hkv * d])?.try_into().unwrap();
+        let (mut q, mut k) = (q.reshape(&[t, h, d])?, k.reshape(&[t, hkv, d])?);
+        if norm {
+            q = b.rms_norm(&q, &norms.0, 1e-6)?;
+            k = b.rms_norm(&k, &norms.1, 1e-6)?;
+        }
+        let q = b.rotary(&q, &positions, &inv_freq)?;
+        let k = b.rotary(&k, &positions, &inv_freq)?;
+        b.write_kv(&k, &v.reshape(&[t, hkv, d])?, &kc0, &vc0, &slots_t)?;
+        let (kc1, vc1) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
+        let fused_q = b.qkv_rotary_write(&qkv, &p, &kc1, &vc1, &slots_t)?;
+        let widen = |t: &Tensor| -> Result<Vec<f64>> { Ok(b.download_f32(t)?.into_iter().map(f64::from).collect()) };
+        // The norm's sum of squares may be reduced in another order: one bf16 step apart at most.
+        let tol = crate::harness::tolerance(b.float_dtype());
+        crate::harness::assert_close_within(b, &fused_q, &[t, h, d], &widen(&q)?, tol, &format!("{case}: q"))?;
+        crate::harness::assert_close_within(b, &kc1, &pool, &widen(&kc0)?, tol, &format!("{case}: k pool"))?;
+        assert!(b.download_f32(&vc1)? == b.download_f32(&vc0)?, "{case}: v pool differs");
+        // A slot past the pool is refused up front, as `write_kv` refuses it (the padding rows
+        // of a graph carry one, written after the checks ran, and the kernel skips them).
+        let (kc2, vc2) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
+        expect_err(
+            b.qkv_rotary_write(&qkv, &p, &kc2, &vc2, &upload_u32(b, &padded, &[t])?),
+            &format!("{case}: slot past the pool"),
+        );
+    }
+    Ok(())
+}
+
+/// Decode steps (one query row per sequence, the batches a split-KV kernel may take):
+/// Llama-3.1-8B's grouping (32 query heads on 8 KV heads, d = 128), Qwen3-0.6B's (16 on 8),
+/// MHA at d = 64 and a head dim of 96; contexts of 1, 63 to 65 keys (split boundaries),
+/// 300, 1,500 and 5,000 (several splits, of more than the minimum length), peaked scores;
+/// then a window of 200 and a soft-cap on the same rows, each shown to matter.
+pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
+    let contexts = [1, 63, 64, 65, 300, 1_500, 5_000];
+    let seqs: Vec<Seq> = contexts.iter().map(|&context| Seq { context, q_len: 1 }).collect();
+    for (seed, &(h, hkv, d)) in [(32, 8, 128), (16, 8, 128), (4, 4, 64), (6, 2, 96)].iter().enumerate() {
+        let layout = Layout::new(h, hkv, d, 16);
+        let what = format!("decode h={h} h_kv={hkv} d={d}");
+        check_case(b, &layout, &seqs, 6.0, 60 + seed as u64, &what)?;
+    }
+    let plain = Layout::new(8, 2, 128, 16);
+    let without = check_case(b, &plain, &seqs, 6.0, 70, "decode, no window")?;
+    let mut windowed = plain;
+    windowed.params.sliding_window = Some(200);
+    let with = check_case(b, &windowed, &seqs, 6.0, 70, "decode, window 200")?;
+    assert_option_matters(&with, &without, "the decode window");
+    let mut capped = plain;
+    capped.params.softcap = Some(2.0);
+    let with = check_case(b, &capped, &seqs, 6.0, 70, "decode, soft-cap 2")?;
+    assert_option_matters(&with, &without, "the decode soft-cap");
+    Ok(())
+}

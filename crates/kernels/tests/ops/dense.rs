@@ -316,3 +316,67 @@ pub fn dense_ops_reject_bad_shapes(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.gather_rows(&f(&[3, 4])?, &u(&[0, 3])?), "gather_rows row 3 of 3");
     Ok(())
 }
+
+/// Decode-batch products (1 to 16 rows, the shapes a backend may give its own small-batch
+/// kernel): every batch size's bucket and its padding rows, inner dims whose 8-element
+/// vectors do not fill the last unrolled step (1,032 = 129 vectors), matrices with few rows
+/// and with enough for two rows per warp, with and without bias.
+pub fn matmul_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut seed = 100;
+    for &(k, n) in &[(8, 5), (512, 300), (1_032, 2_300), (2_048, 96)] {
+        for m in [1, 2, 3, 5, 8, 11, 16] {
+            for with_bias in [false, true] {
+                seed += 1;
+                let (got, want) = matmul_outputs(b, (m, k, n), with_bias, seed)?;
+                assert_values(b, &got, &want, &format!("matmul m={m} k={k} n={n} bias={with_bias}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A row's product does not depend on the batch it is computed in (up to 16 rows): the
+/// property that lets a graph replayed at a padded batch size equal the eager step. Checked
+/// bit for bit on the CUDA backend only; the CPU's GEMM makes no such promise.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn matmul_rows_do_not_depend_on_the_batch(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(77);
+    let (k, n) = (4_096, 1_000);
+    let w = upload_f32(b, &stored(b, rng.vec(n * k)), &[n, k])?;
+    let x: Vec<f32> = stored(b, rng.vec(16 * k));
+    let alone: Vec<Vec<f32>> = (0..16)
+        .map(|i| b.download_f32(&b.matmul(&upload_f32(b, &x[i * k..(i + 1) * k], &[1, k])?, &w, None)?))
+        .collect::<Result<_>>()?;
+    for m in [2, 3, 4, 7, 8, 9, 16] {
+        let out = b.download_f32(&b.matmul(&upload_f32(b, &x[..m * k], &[m, k])?, &w, None)?)?;
+        for (i, row) in out.chunks(n).enumerate() {
+            assert!(row == &alone[i][..], "row {i} of a batch of {m} differs from the row alone");
+        }
+    }
+    Ok(())
+}
+
+/// The fused gate/up product with SiLU·mul equals the two ops it replaces exactly (it rounds
+/// where they do), at decode batches and past them, and follows the f64 reference.
+pub fn matmul_silu_mul_matches_unfused(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(91);
+    for &(m, k, i) in &[(1, 256, 300), (3, 1_032, 1_100), (16, 64, 40), (40, 96, 24)] {
+        let (x, w) = (stored(b, rng.vec(m * k)), stored(b, rng.vec(2 * i * k)));
+        let (xt, wt) = (upload_f32(b, &x, &[m, k])?, upload_f32(b, &w, &[2 * i, k])?);
+        let fused = b.matmul_silu_mul(&xt, &wt)?;
+        assert_eq!(fused.dims(), [m, i], "matmul_silu_mul shape");
+        let unfused = b.silu_mul(&b.matmul(&xt, &wt, None)?)?;
+        let (fused, unfused) = (b.download_f32(&fused)?, b.download_f32(&unfused)?);
+        assert!(fused == unfused, "matmul_silu_mul m={m} k={k} i={i} differs from silu_mul(matmul)");
+        let gate_up = stored(b, matmul_reference(&x, &w, None, m, k).into_iter().map(|v| v as f32).collect());
+        let want: Vec<f64> = (0..m * i)
+            .map(|j| {
+                let (r, c) = (j / i, j % i);
+                let (g, u) = (f64::from(gate_up[r * 2 * i + c]), f64::from(gate_up[r * 2 * i + i + c]));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        assert_values(b, &fused, &want, &format!("matmul_silu_mul m={m} k={k} i={i}"));
+    }
+    Ok(())
+}

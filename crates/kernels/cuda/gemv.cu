@@ -1,0 +1,144 @@
+// gemv.cu: `out [m, n] = x [m, k] · wᵀ (+ bias)` for decode batches (m <= 16).
+//
+// At these batch sizes a projection is a stream over its weight matrix: every weight is read
+// once from memory and used m times. Each warp owns R consecutive rows of W and walks them
+// with 16-byte loads (8 bf16), U loads of each row in flight per lane, so the SMs keep
+// enough bytes moving to reach the memory bandwidth; the x rows (a few KiB) come through the
+// L1 cache and are reused across the warp's R rows. Weights are loaded with the
+// streaming hint, since nothing reads them again this step.
+//
+// Accumulation is f32. A dot product's order depends only on k (lane partials over fixed
+// slices, then a fixed shuffle tree), never on m, n or R, so a row's result does not change
+// with the batch it is computed in, and a graph replay at a padded batch size gives the
+// eager result bit for bit. Needs k % 8 == 0 and 16-byte aligned rows (checked on the host).
+//
+// The `silu` variant computes the SwiGLU activation straight from a fused gate/up weight
+// `[2i, k]`: the warp's two rows are gate row j and up row i + j, and it writes
+// `silu(round(g)) · round(u)` rounded as `silu_mul_bf16` does, into `out [m, i]`.
+
+#define GEMV_WARPS 4
+#define GEMV_UNROLL 4
+
+// 8 bf16 of `w` dotted with 8 bf16 of `x`, added to `acc` pairwise in a fixed order.
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+    const u32 ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), acc);
+        acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+// The warp's partial dots of W rows `rows[0..R)` with x rows `0..min(m, M)`, summed over
+// the warp: every lane returns the full sums in `acc`.
+template <int M, int R>
+__device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                          const u32 (&rows)[R], u32 m, u32 k, float (&acc)[R][M]) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 vecs = k / 8;
+    const uint4* wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wv[r] = reinterpret_cast<const uint4*>(w + (u64)rows[r] * k);
+#pragma unroll
+        for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+    }
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (u32 base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
+        uint4 wr[GEMV_UNROLL][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 v = base + 32 * u;
+#pragma unroll
+            for (int r = 0; r < R; ++r) wr[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 v = base + 32 * u;
+            if (v >= vecs) break;
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+                if (i >= m) break;
+                const uint4 xi = __ldg(xv + (u64)i * vecs + v);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][i] = dot8(wr[u][r], xi, acc[r][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) acc[r][i] = warp_sum(acc[r][i]);
+}
+
+// grid (ceil(n / (GEMV_WARPS * R))), block GEMV_WARPS * 32. `bias` may be null.
+template <int M, int R>
+__device__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                     bf16_t* __restrict__ out, u32 m, u32 n, u32 k) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 first = (blockIdx.x * GEMV_WARPS + warp) * R;
+    if (first >= n) return;
+    u32 rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = min(first + r, n - 1);
+    float acc[R][M];
+    gemv_dots<M, R>(x, w, rows, m, k, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            // Spread the stores over the lanes; every lane holds every sum.
+            if (first + r < n && i < m && lane == (u32)(r * M + i) % 32) {
+                const float b = bias ? bf2f(bias[first + r]) : 0.0f;
+                out[(u64)i * n + first + r] = f2bf(acc[r][i] + b);
+            }
+        }
+}
+
+// grid (ceil(i / GEMV_WARPS)), block GEMV_WARPS * 32; w is [2i, k] (gate rows, then up).
+template <int M>
+__device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out,
+                          u32 m, u32 half, u32 k) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 j = blockIdx.x * GEMV_WARPS + warp;
+    if (j >= half) return;
+    const u32 rows[2] = {j, half + j};
+    float acc[2][M];
+    gemv_dots<M, 2>(x, w, rows, m, k, acc);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        if (i < m && lane == (u32)i) {
+            const float g = round_bf(acc[0][i]), u = round_bf(acc[1][i]);
+            out[(u64)i * half + j] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
+        }
+    }
+}
+
+#define MET_GEMV(M, R)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
+        gemv_bf16_m##M##_r##R(const bf16_t* x, const bf16_t* w, const bf16_t* bias, bf16_t* out, u32 m, u32 n, \
+                              u32 k) {                                                                        \
+        gemv<M, R>(x, w, bias, out, m, n, k);                                                                 \
+    }
+#define MET_GEMV_SILU(M)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
+        gemv_silu_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 m, u32 half, u32 k) {           \
+        gemv_silu<M>(x, w, out, m, half, k);                                                                   \
+    }
+
+MET_GEMV(1, 1)
+MET_GEMV(1, 2)
+MET_GEMV(2, 1)
+MET_GEMV(2, 2)
+MET_GEMV(4, 1)
+MET_GEMV(4, 2)
+MET_GEMV(8, 1)
+MET_GEMV(8, 2)
+MET_GEMV(16, 1)
+MET_GEMV(16, 2)
+MET_GEMV_SILU(1)
+MET_GEMV_SILU(2)
+MET_GEMV_SILU(4)
+MET_GEMV_SILU(8)
+MET_GEMV_SILU(16)
