@@ -1,10 +1,10 @@
 //! The attention-backend seam.
 //!
-//! One call per layer: write this step's K/V into their cache slots, then attend for the
-//! whole varlen batch through the block tables. The metadata of a step is prepared once
-//! and shared by every layer. [`PagedAttention`] implements the seam with the device's
-//! own `write_kv` and `paged_attention` ops; faster kernels plug in as other backends,
-//! chosen at startup by name.
+//! One call per layer: attend for the whole varlen batch through the block tables, after
+//! the layer's prologue (`GpuBackend::qkv_rotary_write`) has written this step's K/V into
+//! their cache slots. The metadata of a step is prepared once and shared by every layer.
+//! [`PagedAttention`] implements the seam with the device's own `paged_attention` op;
+//! faster kernels plug in as other backends, chosen at startup by name.
 
 use std::sync::Arc;
 
@@ -32,14 +32,14 @@ pub trait AttentionBackend: Send + Sync {
     /// When the upload fails.
     fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata>;
 
-    /// Writes `k, v [t, h_kv, d]` into the layer's pools at the step's slots, then returns
-    /// attention of `q [t, h, d]` over the cache: `[t, h, d]`.
+    /// Attention of `q [t, h, d]` over the layer's pools, which already hold this step's
+    /// keys and values: `[t, h, d]`.
     ///
     /// # Errors
     /// On mismatched shapes or device failure.
-    fn forward(
+    fn attend(
         &self,
-        qkv: (&Tensor, &Tensor, &Tensor),
+        q: &Tensor,
         cache: (&Tensor, &Tensor),
         step: &StepMetadata,
         params: &AttentionParams,
@@ -102,14 +102,13 @@ impl AttentionBackend for PagedAttention {
         Ok(StepMetadata { attention, slots })
     }
 
-    fn forward(
+    fn attend(
         &self,
-        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        q: &Tensor,
         (k_cache, v_cache): (&Tensor, &Tensor),
         step: &StepMetadata,
         params: &AttentionParams,
     ) -> Result<Tensor> {
-        self.backend.write_kv(k, v, k_cache, v_cache, &step.slots)?;
         Ok(self.backend.paged_attention(q, k_cache, v_cache, &step.attention, params)?)
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod attention;
 mod batch;
+pub mod graphs;
 pub mod layers;
 pub mod models;
 pub mod runner;
@@ -19,6 +20,7 @@ use met_cache::{KvCache, KvLayout};
 use met_kernels::Tensor;
 
 pub use batch::{BatchSequence, ForwardBatch, LogitRows};
+pub use graphs::{GraphCapture, GraphSettings};
 pub use models::{LoadOptions, load_model, tensor_specs};
 
 /// What can fail while building or running a model.
@@ -65,4 +67,20 @@ pub trait Model: Send + Sync {
 
     /// The longest context (prompt + generated) the model supports.
     fn max_context(&self) -> usize;
+
+    /// Records decode steps of the sizes in `settings` as graphs over `kv` (the cache every
+    /// later step uses), so that [`Self::forward`] replays them; startup phase 7. Models or
+    /// backends without graphs say why they skip.
+    ///
+    /// # Errors
+    /// When recording fails on the device.
+    fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
+        let _ = (kv, settings);
+        Ok(GraphCapture::Skipped("this model runs eagerly".into()))
+    }
+
+    /// How many forward passes so far ran from a captured graph.
+    fn graph_replays(&self) -> u64 {
+        0
+    }
 }

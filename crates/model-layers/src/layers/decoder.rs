@@ -6,7 +6,7 @@
 //! The residual add is fused into the following RMSNorm (`add_rms_norm`), in the same
 //! order of operations as transformers' `LlamaDecoderLayer`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use met_cache::{KvCache, KvLayout};
 use met_config::ModelConfig;
@@ -17,7 +17,8 @@ use super::mlp::Mlp;
 use super::rotary::inv_freq;
 use super::self_attention::{SelfAttention, StepInputs};
 use super::spec;
-use crate::attention::AttentionBackend;
+use crate::attention::{AttentionBackend, StepMetadata};
+use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
 use crate::{ForwardBatch, Model, ModelError, Result};
 
 /// Checkpoint name of the token embedding.
@@ -83,6 +84,22 @@ pub struct DecoderModel {
     vocab_size: usize,
     kv_layout: KvLayout,
     max_context: usize,
+    /// Whether a layer routes experts (whose host-side grouping rules out graphs).
+    has_moe: bool,
+    /// Decode steps recorded as graphs, once captured.
+    graphs: OnceLock<DecodeGraphs>,
+}
+
+/// One step's inputs on the device.
+pub(crate) struct DeviceStep {
+    /// `u32 [t]` token ids.
+    pub ids: Tensor,
+    /// `u32 [t]` positions.
+    pub positions: Tensor,
+    /// Attention metadata and cache slots.
+    pub meta: StepMetadata,
+    /// `u32 [r]`: rows whose logits are returned; `None` for every row in order.
+    pub logit_rows: Option<Tensor>,
 }
 
 impl DecoderModel {
@@ -99,6 +116,7 @@ impl DecoderModel {
         attention: Arc<dyn AttentionBackend>,
     ) -> Result<Self> {
         let b = &*backend;
+        let has_moe = cfg.moe.is_some() && (0..cfg.num_layers).any(|i| kind(i).moe);
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let (prefix, kind) = (layer_prefix(i), kind(i));
@@ -134,9 +152,66 @@ impl DecoderModel {
                 dtype: backend.float_dtype(),
             },
             max_context: cfg.max_position_embeddings,
+            has_moe,
+            graphs: OnceLock::new(),
             backend,
             attention,
         })
+    }
+
+    /// The batch's inputs on the device (the eager path).
+    fn upload_step(&self, batch: &ForwardBatch) -> Result<DeviceStep> {
+        let b = &*self.backend;
+        let t = batch.num_tokens();
+        let every_row =
+            batch.logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i) && batch.logit_rows.len() == t;
+        let logit_rows = if every_row {
+            None
+        } else {
+            let rows = &batch.logit_rows;
+            Some(b.upload(&HostTensor::from_u32(rows, &[rows.len()]), DType::U32)?)
+        };
+        Ok(DeviceStep {
+            ids: b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]), DType::U32)?,
+            positions: b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?,
+            meta: self.attention.prepare(batch)?,
+            logit_rows,
+        })
+    }
+
+    /// The forward pass over inputs already on the device: only device work, no upload and
+    /// no wait, so a graph can record it.
+    pub(crate) fn run(&self, step: &DeviceStep, kv: &dyn KvCache) -> Result<Tensor> {
+        let b = &*self.backend;
+        let inputs = StepInputs { positions: &step.positions, inv_freq: &self.inv_freq, meta: &step.meta };
+        // [t, hidden] throughout; `residual` carries the stream between fused norms.
+        let mut hidden = b.embedding(&step.ids, &self.embed)?;
+        let mut residual: Option<Tensor> = None;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (normed, res) = match &residual {
+                None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
+                Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
+            };
+            let attn = layer.attention.forward(b, &*self.attention, &normed, &inputs, kv.layer(i))?;
+            let (normed, res) = b.add_rms_norm(&attn, &res, &layer.post_norm, self.eps)?;
+            hidden = layer.mlp.forward(b, &normed)?;
+            residual = Some(res);
+        }
+        let normed = match &residual {
+            None => b.rms_norm(&hidden, &self.norm, self.eps)?,
+            Some(r) => b.add_rms_norm(&hidden, r, &self.norm, self.eps)?.0,
+        };
+        let last = match &step.logit_rows {
+            Some(rows) => b.gather_rows(&normed, rows)?,
+            None => normed,
+        };
+        // Logits in the device's float type, then f32 for sampling (as transformers
+        // computes `lm_head` in the model's dtype and upcasts).
+        Ok(b.cast(&b.matmul(&last, &self.lm_head, None)?, DType::F32)?)
+    }
+
+    pub(crate) fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
     }
 
     fn check(&self, batch: &ForwardBatch, kv: &dyn KvCache) -> Result<()> {
@@ -166,35 +241,31 @@ impl DecoderModel {
 impl Model for DecoderModel {
     fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor> {
         self.check(batch, kv)?;
-        let b = &*self.backend;
-        let t = batch.num_tokens();
-        let ids = b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]), DType::U32)?;
-        let positions = b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?;
-        let meta = self.attention.prepare(batch)?;
-        let step = StepInputs { positions: &positions, inv_freq: &self.inv_freq, meta: &meta };
-
-        // [t, hidden] throughout; `residual` carries the stream between fused norms.
-        let mut hidden = b.embedding(&ids, &self.embed)?;
-        let mut residual: Option<Tensor> = None;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let (normed, res) = match &residual {
-                None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
-                Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
-            };
-            let attn = layer.attention.forward(b, &*self.attention, &normed, &step, kv.layer(i))?;
-            let (normed, res) = b.add_rms_norm(&attn, &res, &layer.post_norm, self.eps)?;
-            hidden = layer.mlp.forward(b, &normed)?;
-            residual = Some(res);
+        if let Some(graphs) = self.graphs.get()
+            && let Some(logits) = graphs.replay(self, batch, &*kv)?
+        {
+            return Ok(logits);
         }
-        let normed = match &residual {
-            None => b.rms_norm(&hidden, &self.norm, self.eps)?,
-            Some(r) => b.add_rms_norm(&hidden, r, &self.norm, self.eps)?.0,
-        };
-        let rows = b.upload(&HostTensor::from_u32(&batch.logit_rows, &[batch.logit_rows.len()]), DType::U32)?;
-        let last = b.gather_rows(&normed, &rows)?;
-        // Logits in the device's float type, then f32 for sampling (as transformers
-        // computes `lm_head` in the model's dtype and upcasts).
-        Ok(b.cast(&b.matmul(&last, &self.lm_head, None)?, DType::F32)?)
+        self.run(&self.upload_step(batch)?, &*kv)
+    }
+
+    fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
+        if !self.backend.supports_graphs() {
+            return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
+        }
+        if self.has_moe {
+            return Ok(GraphCapture::Skipped("expert routing is grouped on the host; MoE models run eagerly".into()));
+        }
+        if kv.layout() != self.kv_layout {
+            return Err(ModelError::Batch("graphs need the model's own KV cache layout".into()));
+        }
+        let (graphs, capture) = DecodeGraphs::capture(self, kv, settings)?;
+        self.graphs.set(graphs).map_err(|_| ModelError::Unsupported("decode graphs were already captured".into()))?;
+        Ok(capture)
+    }
+
+    fn graph_replays(&self) -> u64 {
+        self.graphs.get().map_or(0, DecodeGraphs::replays)
     }
 
     fn vocab_size(&self) -> usize {

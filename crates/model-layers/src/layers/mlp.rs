@@ -126,7 +126,10 @@ impl Mlp {
     pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Dense { gate_up, down } => {
-                let act = backend.silu_mul(&gate_up.forward(backend, x)?)?;
+                let act = match &gate_up.bias {
+                    None => backend.matmul_silu_mul(x, &gate_up.weight)?,
+                    Some(_) => backend.silu_mul(&gate_up.forward(backend, x)?)?,
+                };
                 down.forward(backend, &act)
             }
             Self::Moe { router, gate_up, down, top_k, renormalize } => {

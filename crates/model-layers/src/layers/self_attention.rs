@@ -1,11 +1,12 @@
-//! Self-attention: fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3),
-//! rotary, the attention backend over the paged cache, and the output projection.
+//! Self-attention: fused q/k/v projection, the prologue (split into heads, optional per-head
+//! q/k RMSNorm (Qwen3), rotary, K/V into the cache) as one backend op, the attention backend
+//! over the paged cache, and the output projection.
 //!
 //! Follows `LlamaAttention` / `Qwen3Attention` in transformers: queries and keys are
 //! normalised per head *before* rotary, scores are scaled by `head_dim^-0.5`.
 
 use met_config::ModelConfig;
-use met_kernels::{AttentionParams, GpuBackend, Tensor};
+use met_kernels::{AttentionParams, GpuBackend, QkvPrologue, Tensor};
 use met_model_weights::{TensorSpec, WeightStore, load};
 
 use super::linear::Linear;
@@ -111,19 +112,18 @@ impl SelfAttention {
         let AttentionParams { num_heads: h, num_kv_heads: hkv, head_dim: d, .. } = self.params;
         let t = x.dims()[0];
         let qkv = self.qkv.forward(backend, x)?;
-        let [q, k, v]: [Tensor; 3] = backend
-            .split_columns(&qkv, &[h * d, hkv * d, hkv * d])?
-            .try_into()
-            .expect("split_columns returns one tensor per width");
-        // [t, heads * d] -> [t, heads, d]
-        let (mut q, mut k, v) = (q.reshape(&[t, h, d])?, k.reshape(&[t, hkv, d])?, v.reshape(&[t, hkv, d])?);
-        if let Some((qn, kn)) = &self.qk_norm {
-            q = backend.rms_norm(&q, qn, self.eps)?;
-            k = backend.rms_norm(&k, kn, self.eps)?;
-        }
-        let q = backend.rotary(&q, step.positions, step.inv_freq)?;
-        let k = backend.rotary(&k, step.positions, step.inv_freq)?;
-        let out = attention.forward((&q, &k, &v), cache, step.meta, &self.params)?;
+        let prologue = QkvPrologue {
+            num_heads: h,
+            num_kv_heads: hkv,
+            head_dim: d,
+            qk_norm: self.qk_norm.as_ref().map(|(q, k)| (q, k)),
+            eps: self.eps,
+            positions: step.positions,
+            inv_freq: step.inv_freq,
+        };
+        // Split into heads, q/k norm, rotary, and k/v into the cache: q [t, h, d].
+        let q = backend.qkv_rotary_write(&qkv, &prologue, cache.0, cache.1, &step.meta.slots)?;
+        let out = attention.attend(&q, cache, step.meta, &self.params)?;
         // [t, h, d] -> [t, h * d]
         self.o.forward(backend, &out.reshape(&[t, h * d])?)
     }

@@ -1,0 +1,112 @@
+//! Decode steps replayed from CUDA graphs give the eager steps' results, bit for bit.
+//!
+//! Compiled with the `cuda` feature and run on the GPU machine (`cargo xtask gpu-bundle`).
+//! Each case loads a Hugging Face fixture twice on the GPU, captures decode graphs on one
+//! copy only, and runs the same greedy continuations through both with the same cache
+//! settings: the tokens and every reported logprob must be equal, not close. They can be:
+//! a replay issues the eager step's kernels on the same rows, padding rows never touch the
+//! real ones, and the decode-batch products reduce in an order that does not depend on the
+//! batch (batches up to 16 rows, which these are). The cases cover a graph of exactly the
+//! batch's size and padded ones (3 rows in the 4-row graph, 5 in the 8-row one), contexts
+//! crossing many KV blocks (blocks of 4 tokens, prompts up to 90 tokens), and contexts past
+//! the graphs' block tables, which must fall back to eager steps mid-generation.
+
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use met_cache::PagedKvCache;
+use met_config::ModelConfig;
+use met_kernels::{CudaBackend, GpuBackend};
+use met_model_layers::runner::{GreedyOptions, generate_greedy};
+use met_model_layers::{GraphCapture, GraphSettings, LoadOptions, Model, load_model};
+use met_model_weights::SafetensorsStore;
+
+const BLOCK_SIZE: usize = 4;
+const BLOCKS: usize = 512;
+const NEW_TOKENS: usize = 24;
+
+fn fixtures_dir() -> PathBuf {
+    std::env::var_os("MET_HF_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf"))
+}
+
+fn load(name: &str, backend: &Arc<dyn GpuBackend>) -> (Box<dyn Model>, ModelConfig) {
+    let dir = fixtures_dir().join(name);
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let store = SafetensorsStore::open(&dir).unwrap();
+    (load_model(&cfg, &store, Arc::clone(backend), &LoadOptions::default()).unwrap(), cfg)
+}
+
+/// Prompts of the given lengths, token ids spread over the vocabulary.
+fn prompts(lengths: &[usize], vocab: usize) -> Vec<Vec<u32>> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(p, &n)| (0..n).map(|i| ((i * 7919 + p * 104_729 + 13) % vocab) as u32).collect())
+        .collect()
+}
+
+fn cache(model: &dyn Model, backend: &dyn GpuBackend) -> PagedKvCache {
+    PagedKvCache::new(backend, model.kv_layout(), BLOCK_SIZE, BLOCKS, false).unwrap()
+}
+
+/// Greedy continuations of `lengths`-token prompts, eager and graphed, must be identical.
+fn check(name: &str, lengths: &[usize], sizes: &[usize], max_context: usize) -> u64 {
+    let backend: Arc<dyn GpuBackend> = Arc::new(CudaBackend::new().expect("these tests need a CUDA GPU"));
+    let (eager, cfg) = load(name, &backend);
+    let (graphed, _) = load(name, &backend);
+    let mut eager_kv = cache(&*eager, &*backend);
+    let mut graphed_kv = cache(&*graphed, &*backend);
+    let settings = GraphSettings { batch_sizes: sizes.to_vec(), max_context };
+    let capture = graphed.capture_graphs(&graphed_kv, &settings).unwrap();
+    assert!(matches!(capture, GraphCapture::Captured { .. }), "{name}: {capture}");
+    eprintln!("{name}: {capture}");
+
+    let prompts = prompts(lengths, cfg.vocab_size);
+    let options =
+        GreedyOptions { max_new_tokens: NEW_TOKENS, prefill_chunk: Some(32), top_logprobs: 5, ..Default::default() };
+    let want = generate_greedy(&*eager, &*backend, &mut eager_kv, &prompts, &options).unwrap();
+    let before = graphed.graph_replays();
+    let got = generate_greedy(&*graphed, &*backend, &mut graphed_kv, &prompts, &options).unwrap();
+    let replays = graphed.graph_replays() - before;
+    assert!(replays > 0, "{name}: no decode step replayed a graph");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "{name}: prompt {i} ({} tokens): graphed tokens differ", lengths[i]);
+        assert_eq!(g.top_logprobs, w.top_logprobs, "{name}: prompt {i}: graphed logprobs differ");
+    }
+    eprintln!("GPU-GRAPHS {name} lengths {lengths:?}: {replays} of {NEW_TOKENS} steps replayed; equal to eager");
+    replays
+}
+
+#[test]
+fn graph_of_the_batch_size_equals_eager() {
+    assert_eq!(check("llama", &[10, 37, 90, 5], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+    // A one-token prompt's prefill is a decode-shaped step too: it replays as well.
+    assert_eq!(check("qwen3", &[1], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64);
+}
+
+#[test]
+fn padded_graphs_equal_eager() {
+    assert_eq!(check("qwen2", &[12, 61, 3], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+    assert_eq!(check("mistral", &[20, 33, 48, 70, 9], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+}
+
+/// Block tables of 48 tokens: the steps replay until the 30-token prompt's context passes
+/// 48 tokens, and run eagerly after.
+#[test]
+fn contexts_past_the_graphs_run_eagerly() {
+    let replays = check("llama_tied", &[20, 30], &[2], 48);
+    assert!(replays < NEW_TOKENS as u64 - 1, "every step replayed, though contexts passed the tables");
+}
+
+#[test]
+fn moe_models_skip_graphs() {
+    let backend: Arc<dyn GpuBackend> = Arc::new(CudaBackend::new().expect("these tests need a CUDA GPU"));
+    let (model, _) = load("qwen3_moe", &backend);
+    let kv = cache(&*model, &*backend);
+    let capture = model.capture_graphs(&kv, &GraphSettings::up_to(8)).unwrap();
+    assert!(matches!(capture, GraphCapture::Skipped(_)), "{capture}");
+}
