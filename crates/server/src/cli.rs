@@ -220,10 +220,9 @@ pub struct ServeArgs {
     /// More is answered 400, so one request cannot hold the whole engine.
     #[arg(long, value_name = "N")]
     pub max_sequences_per_request: Option<usize>,
-    /// `max_tokens` of a request that gives none (nor `max_completion_tokens`): at most this
-    /// many tokens per choice, and never past the model's context. A request that asks for
-    /// more explicitly still gets it, up to the context; `min_tokens` above this default
-    /// without `max_tokens` is answered 400.
+    /// `max_tokens` of a request that gives none (nor `max_completion_tokens`), and the most
+    /// one may ask for: at most this many tokens per choice, and never past the model's
+    /// context. A request whose `max_tokens` or `min_tokens` is above it is answered 400.
     #[arg(long, value_name = "TOKENS", default_value_t = crate::serve::DEFAULT_MAX_TOKENS)]
     pub max_tokens_default: usize,
     /// Let `/metrics` answer without the API key (for a scraper on a trusted network).
@@ -385,6 +384,13 @@ pub struct EngineArgs {
     /// Scheduling policy: fcfs or priority.
     #[arg(long, default_value = "fcfs")]
     pub policy: String,
+    /// Run every step eagerly: no CUDA graphs of decode steps.
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Longest context a decode step replayed from a CUDA graph may hold (it sizes the
+    /// graphs' block tables); steps with longer contexts run eagerly.
+    #[arg(long, default_value_t = met_model_layers::graphs::DEFAULT_MAX_CONTEXT)]
+    pub max_seq_len_to_capture: usize,
 }
 
 /// `met generate`.

@@ -1,16 +1,23 @@
 //! One bad request never hurts another (issue 17 items 1 and 5), through the HTTP API in
 //! process: a request that could never sample is a 400 naming the field; a sequence the
 //! model or sampler fails on (the mock's injected faults) fails its own request alone, the
-//! others answer exactly as they would have; an engine-level fault fails what runs, turns
-//! `/health` to 503 and refuses new work; and limits count sequences, not HTTP requests.
+//! others answer exactly as they would have, and the failure is logged; an engine-level
+//! fault fails what runs, turns `/health` to 503, refuses new work and ends the server with
+//! an error once it has drained (on a real socket); and limits count sequences and tokens,
+//! not HTTP requests.
 
 mod serve_support;
+
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use futures_util::future::join_all;
 use met_scheduler::mock::Faults;
 use serde_json::{Value, json};
-use serve_support::{Options, TestServer, completion, error_param};
+use serve_support::logs::Logs;
+use serve_support::socket::{read_to_end, send_post, send_post_part};
+use serve_support::{Events, Options, TestServer, completion, error_param};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The first prompt token the mock fails on; no good prompt starts with it.
 const BAD: u32 = 50;
@@ -102,6 +109,71 @@ async fn an_engine_fault_turns_health_503_and_refuses_new_requests() {
 }
 
 #[tokio::test]
+async fn an_engine_fault_drains_the_server_and_ends_it_with_an_error() {
+    // A small stream buffer: the stream below is still running (paused) when the fault comes.
+    let server = TestServer::with(Options {
+        stream_capacity: 2,
+        faults: Faults { device_error: Some(BAD), ..Faults::default() },
+        ..Options::default()
+    });
+    // Far longer than the test waits: the drain must end because the requests did.
+    let serving = server.serve_on_socket(Duration::from_secs(600)).await;
+    let addr = serving.addr;
+    let answer = read_to_end(send_post(addr, COMPLETIONS, &good_body(&[5, 6, 7])).await).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // In flight when the fault comes: a generation (in process), a request still sending its
+    // body, and an idle connection (both accepted before the request that faults, which is
+    // answered).
+    let long = completion(json!([5, 6, 7]), json!({"max_tokens": 200, "ignore_eos": true, "stream": true}));
+    let mut stream = Events::new(server.send(serve_support::post(COMPLETIONS, long.to_string())).await);
+    assert!(stream.next().await.is_some());
+    let late = good_body(&[8, 9]).to_string().into_bytes();
+    let mut uploading = send_post_part(addr, COMPLETIONS, &late, 10).await;
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+
+    let fault = completion(json!([BAD, 6]), json!({"max_tokens": 4}));
+    let answer = read_to_end(send_post(addr, COMPLETIONS, &fault).await).await;
+    assert!(answer.starts_with("HTTP/1.1 5") && answer.contains("device error"), "{answer}");
+    serving.wait_until_closed().await;
+    let rest = stream.all().await;
+    assert!(rest.iter().any(|e| e.contains(r#"{"error":"#)) && rest.last().unwrap() == "[DONE]", "{rest:?}");
+    // The request that was still uploading is answered, with an error: the engine is gone.
+    uploading.write_all(&late[10..]).await.unwrap();
+    let answer = read_to_end(uploading).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert_eq!(idle.read(&mut [0; 16]).await.unwrap(), 0, "the idle connection is closed");
+
+    let error = serving.ended_within(Duration::from_secs(10)).await.expect_err("an engine fault is an error");
+    assert!(format!("{error:#}").contains("device error"), "{error:#}");
+    assert!(!server.state.is_ready());
+}
+
+#[tokio::test]
+async fn failed_generations_are_logged_with_their_response_id() {
+    let server = TestServer::with(Options {
+        faults: Faults { fail_batch: Some(BAD), ..Faults::default() },
+        ..Options::default()
+    });
+    let logs = Logs::capture();
+    let (status, answer) = server.post(COMPLETIONS, completion(json!([BAD, 6, 7]), json!({"max_tokens": 4}))).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+    let stream = completion(json!([BAD, 6, 7]), json!({"max_tokens": 4, "stream": true}));
+    let response = server.send(serve_support::post(COMPLETIONS, stream.to_string())).await;
+    let events = Events::new(response).all().await;
+    assert!(events[0].contains("generation failed"), "{events:?}");
+    let (status, answer) = server.post(COMPLETIONS, good_body(&[5, 6, 7])).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    let lines = logs.lines();
+    let failures: Vec<&String> = lines.iter().filter(|l| l.contains("generation failed")).collect();
+    assert_eq!(failures.len(), 2, "one warning per failed request, JSON or stream: {lines:#?}");
+    for line in failures {
+        let id = line.split_whitespace().nth(1).unwrap_or_default();
+        assert!(line.starts_with("WARN") && id.starts_with("cmpl-") && id.ends_with(':'), "{line}");
+    }
+}
+
+#[tokio::test]
 async fn limits_count_sequences_not_requests() {
     let server = TestServer::with(Options { max_sequences_per_request: 8, ..Options::default() });
     let three = json!(["a", "b", "c"]);
@@ -126,7 +198,7 @@ async fn limits_count_sequences_not_requests() {
 }
 
 #[tokio::test]
-async fn max_tokens_default_caps_only_requests_that_give_none() {
+async fn max_tokens_default_is_the_default_and_the_cap() {
     let server = TestServer::with(Options { max_tokens_default: 5, ..Options::default() });
     let prompt = json!([5, 6, 7]);
     let (status, answer) = server.post(COMPLETIONS, completion(prompt.clone(), json!({"ignore_eos": true}))).await;
@@ -135,10 +207,30 @@ async fn max_tokens_default_caps_only_requests_that_give_none() {
         (answer["usage"]["completion_tokens"].as_u64(), &answer["choices"][0]["finish_reason"]),
         (Some(5), &json!("length"))
     );
-    let explicit = json!({"ignore_eos": true, "max_tokens": 20});
-    let (status, answer) = server.post(COMPLETIONS, completion(prompt.clone(), explicit)).await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
-    assert_eq!(answer["usage"]["completion_tokens"], 20, "{answer}");
+    for max_tokens in [3, 5] {
+        let explicit = json!({"ignore_eos": true, "max_tokens": max_tokens});
+        let (status, answer) = server.post(COMPLETIONS, completion(prompt.clone(), explicit)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["usage"]["completion_tokens"], max_tokens, "{answer}");
+    }
+    // Above the cap, streamed or not, by either name: a 400 naming the field and the cap.
+    let over = [
+        (COMPLETIONS, completion(prompt.clone(), json!({"max_tokens": 6})), "max_tokens"),
+        (COMPLETIONS, completion(prompt.clone(), json!({"max_tokens": 20, "stream": true})), "max_tokens"),
+        ("/v1/chat/completions", serve_support::chat("hi", json!({"max_tokens": 6})), "max_tokens"),
+        (
+            "/v1/chat/completions",
+            serve_support::chat("hi", json!({"max_completion_tokens": 6})),
+            "max_completion_tokens",
+        ),
+        (COMPLETIONS, completion(prompt.clone(), json!({"max_tokens": u64::MAX})), "max_tokens"),
+    ];
+    for (path, body, param) in over {
+        let (status, answer) = server.post(path, body).await;
+        assert_eq!((status, error_param(&answer).as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("at most 5") && message.contains("--max-tokens-default"), "{message}");
+    }
     let body = completion(prompt, json!({"min_tokens": 6}));
     expect_error(&server, COMPLETIONS, body, StatusCode::BAD_REQUEST, "min_tokens").await;
 }

@@ -1,14 +1,19 @@
 //! Request lifecycle (issue 5 item 7): a client that goes away mid-stream cancels its
 //! sequence and its KV blocks return to the pool; the concurrency limit answers 429 instead
-//! of queueing; the API key guards every route but `/health`.
+//! of queueing; the API key guards every route but `/health`; a signal drains the server
+//! (on a real socket) and ends it cleanly.
 
 mod serve_support;
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use met_telemetry::FinishLabel;
 use serde_json::json;
+use serve_support::socket::{read_to_end, send_post, send_post_part};
 use serve_support::{Events, Options, TestServer, chat, completion, error_param, post};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn cancelled(server: &TestServer) -> u64 {
     server.metrics.requests_finished.get_or_create(&FinishLabel::Cancelled).get()
@@ -81,4 +86,28 @@ async fn the_api_key_guards_v1() {
     // serve_http.rs).
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
     assert_eq!(server.get("/metrics").await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_signal_lets_in_flight_requests_finish_and_ends_the_server_cleanly() {
+    let server = TestServer::new();
+    let serving = server.serve_on_socket(Duration::from_secs(600)).await;
+    // In flight when the signal comes: a request still sending its body, and an idle
+    // connection. A request answered after them shows that both were accepted.
+    let body = completion(json!([5, 6, 7]), json!({"max_tokens": 6, "ignore_eos": true})).to_string().into_bytes();
+    let mut uploading = send_post_part(serving.addr, "/v1/completions", &body, 10).await;
+    let mut idle = tokio::net::TcpStream::connect(serving.addr).await.unwrap();
+    let one = completion(json!([5]), json!({"max_tokens": 1}));
+    let answer = read_to_end(send_post(serving.addr, "/v1/completions", &one).await).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    serving.signals.send("SIGTERM").await.unwrap();
+    serving.wait_until_closed().await;
+    assert!(!server.state.is_ready());
+    assert_eq!(idle.read(&mut [0; 16]).await.unwrap(), 0, "the idle connection is closed");
+    uploading.write_all(&body[10..]).await.unwrap();
+    let answer = read_to_end(uploading).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let text = server.text(&server.greedy(&[5, 6, 7], 6, true));
+    assert!(answer.contains(&serde_json::to_string(&text).unwrap()), "{answer}");
+    serving.ended_within(Duration::from_secs(10)).await.expect("a signal is an orderly stop");
 }

@@ -7,9 +7,12 @@
 //! worker, never on the reactor. On SIGINT or SIGTERM the server stops accepting, `/health`
 //! turns 503, idle connections close, in-flight requests get `--drain-timeout-secs` to
 //! finish (a second signal or the timeout ends them with an error, a final SSE event for a
-//! stream, which frees their KV blocks), and the process exits 0.
+//! stream, which frees their KV blocks), and the process exits 0. An engine fault (a panic
+//! inside a step, a device error) drains the same way, then exits non-zero, so that a
+//! supervisor restarts the server.
 //!
-//! Modules: `listen` (accepting and serving connections: cap, read timeouts, drain),
+//! Modules: `server` (from the bound socket to the exit: signals, engine faults, the drain),
+//! `listen` (accepting and serving connections: cap, read timeouts, drain),
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
 //! `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens → text, stop
 //! strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
@@ -21,13 +24,13 @@ mod listen;
 mod openai;
 mod progress;
 mod router;
+mod server;
 mod state;
 mod stream;
 mod validate;
 mod wire;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -40,13 +43,14 @@ use met_kernels::GpuBackend;
 use met_model_layers::Model;
 use met_scheduler::{Engine, policy_by_name};
 use met_telemetry::{Metrics, Phase, PhaseTimer};
-use tokio::sync::watch;
 use tower::ServiceExt;
 
 pub use config_file::{merge as merge_config_file, merge_text as merge_config_text};
 pub use error::ApiError;
+pub use listen::ConnectionLimits;
 pub use openai::DrainCut;
 pub use router::{HttpOptions, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES, app, app_with};
+pub use server::Server;
 pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
 
 use crate::cli::{EngineArgs, ServeArgs};
@@ -55,18 +59,16 @@ use crate::kv_budget::kv_blocks_after_warmup;
 use crate::load::{LoadedModel, load_with_progress};
 use crate::resolve::ModelSource;
 use crate::text::Tokenizer;
+use server::os_signals;
 
 /// KV cache size on a device without memory of its own (the CPU), without `--kv-blocks`.
 const CPU_KV_BYTES: usize = 1 << 30;
 
-/// After the drain timeout cut the remaining responses, how long they get to send their
-/// final error and close.
-const CUT_GRACE: Duration = Duration::from_secs(2);
-
-/// Runs `met serve` until SIGINT or SIGTERM.
+/// Runs `met serve` until SIGINT or SIGTERM, or an engine fault.
 ///
 /// # Errors
-/// Invalid settings, a port that cannot be bound, a model that cannot be loaded.
+/// Invalid settings, a port that cannot be bound, a model that cannot be loaded, an engine
+/// fault while serving.
 pub fn run(args: ServeArgs) -> Result<()> {
     let args = match &args.config {
         Some(path) => config_file::merge(path, std::env::args_os().collect())?,
@@ -115,13 +117,11 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
-    let addr = listener.local_addr()?;
     let slot = Arc::new(OnceLock::<Router>::new());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (cut_tx, cut) = DrainCut::new();
     let read_timeout = Duration::from_secs(args.http_read_timeout_secs);
-    let limits = listen::ConnectionLimits { max_connections: args.max_connections, read_timeout };
-    let mut server = tokio::spawn(listen::serve(listener, gate(Arc::clone(&slot)), limits, stop_rx, cut));
+    let limits = ConnectionLimits { max_connections: args.max_connections, read_timeout };
+    let server = Server::start(listener, gate(Arc::clone(&slot)), limits)?;
+    let addr = server.local_addr();
     timer.done(format_args!("met {}, listening on http://{addr} (503 until ready)", env!("CARGO_PKG_VERSION")));
 
     let metrics = Arc::new(Metrics::new());
@@ -170,8 +170,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let timer = PhaseTimer::start(Phase::Ready);
     state.set_ready(true);
     timer.done(format_args!("http://{addr}/v1"));
-    let stop = Stop { accepting: stop_tx, cut: cut_tx };
-    drain(&mut server, &stop, &state, Duration::from_secs(args.drain_timeout_secs), addr).await
+    server.run(&state, Duration::from_secs(args.drain_timeout_secs), os_signals()?).await
 }
 
 /// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
@@ -190,9 +189,6 @@ fn load(model_args: &crate::cli::ModelArgs, engine_args: &EngineArgs, metrics: A
             engine.limits().max_context
         );
     }
-    // The KV budget's warm-up step (phase 6) already ran the largest batch once; CUDA graph
-    // capture is planned.
-    PhaseTimer::start(Phase::Warmup).done(format_args!("no graph capture on {}", backend.name()));
     Ok(Loaded { engine, tokenizer, eos_token_ids, source })
 }
 
@@ -241,68 +237,4 @@ fn gate(slot: Arc<OnceLock<Router>>) -> Router {
             })
         }
     }))
-}
-
-/// The two switches of a drain: stop accepting (and close idle connections), then cut the
-/// responses still running.
-struct Stop {
-    accepting: watch::Sender<bool>,
-    cut: watch::Sender<bool>,
-}
-
-/// Serves until a signal, then drains: stop accepting, let in-flight requests finish for at
-/// most `timeout` (a second signal cuts it short), then end the rest with an error and give
-/// them [`CUT_GRACE`] to send it.
-async fn drain(
-    server: &mut tokio::task::JoinHandle<std::io::Result<()>>,
-    stop: &Stop,
-    state: &AppState,
-    timeout: Duration,
-    addr: SocketAddr,
-) -> Result<()> {
-    let signal = tokio::select! {
-        signal = shutdown_signal() => signal?,
-        result = &mut *server => {
-            result.context("the server task failed")??;
-            bail!("the server on {addr} stopped by itself");
-        }
-    };
-    tracing::info!("{signal}: no longer accepting connections; draining in-flight requests (at most {timeout:?})");
-    state.set_ready(false);
-    let _ = stop.accepting.send(true);
-    tokio::select! {
-        result = &mut *server => {
-            result.context("the server task failed")??;
-            tracing::info!("drained; exiting");
-            return Ok(());
-        }
-        () = tokio::time::sleep(timeout) => {
-            tracing::warn!("drain timed out after {timeout:?}; cancelling the remaining requests");
-        }
-        signal = shutdown_signal() => {
-            tracing::warn!("{}: cancelling the remaining requests", signal?);
-        }
-    }
-    let _ = stop.cut.send(true);
-    if tokio::time::timeout(CUT_GRACE, &mut *server).await.is_err() {
-        server.abort();
-    }
-    Ok(())
-}
-
-/// Waits for SIGINT (Ctrl-C) or SIGTERM; says which.
-async fn shutdown_signal() -> Result<&'static str> {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => result.map(|()| "SIGINT").map_err(Into::into),
-            _ = term.recv() => Ok("SIGTERM"),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c().await?;
-        Ok("Ctrl-C")
-    }
 }

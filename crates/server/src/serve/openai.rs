@@ -9,6 +9,10 @@
 //! streams live inside the response body: when the client disconnects, hyper drops the body,
 //! which cancels the engine requests and frees the slot.
 //!
+//! A generation that fails after it was submitted (the engine failed it, or the drain cut
+//! it) is logged as a warning under its response id, streamed or not: the client's error
+//! names no request, the log does.
+//!
 //! A [`DrainCut`] (a request extension `met serve` adds) ends every response still running
 //! when the drain timeout passes: a stream with a final error event and `[DONE]`, a JSON
 //! answer with a 503, so no client is left with a silently truncated answer.
@@ -119,12 +123,19 @@ async fn respond(
         Ok(event_stream(generation, meta, permit, cut))
     } else {
         // The permit is held until the whole answer is built.
-        tokio::select! {
+        let response = tokio::select! {
             biased;
             () = cut.fired() => Err(ApiError::drain_cut()),
             response = collect(generation, &meta) => response,
-        }
+        };
+        response.inspect_err(|e| log_failure(&meta, e))
     }
+}
+
+/// A generation that failed after it was submitted, in the server log under its response id;
+/// the same for a JSON answer and a stream.
+fn log_failure(meta: &Meta, e: &ApiError) {
+    tracing::warn!("{}: {e}", meta.id);
 }
 
 /// Runs the generation to its end and answers with one JSON object.
@@ -207,7 +218,7 @@ impl EventStream {
             Stage::Running => Some(match self.next_delta().await {
                 Some(Ok(delta)) => self.delta_chunks(delta),
                 Some(Err(e)) => {
-                    tracing::warn!("{}: {e}", self.meta.id);
+                    log_failure(&self.meta, &e);
                     self.stage = Stage::Done;
                     vec![e.sse_event(), Event::default().data("[DONE]")]
                 }

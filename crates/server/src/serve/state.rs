@@ -21,7 +21,8 @@ use crate::text::{ChatTemplate, TextError, Tokenizer};
 /// Largest `n` a request may ask for.
 pub const MAX_N: usize = 128;
 
-/// `max_tokens` of a request that gives none, unless `--max-tokens-default` says otherwise.
+/// `max_tokens` of a request that gives none, and the most one may ask for, unless
+/// `--max-tokens-default` says otherwise.
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 
 /// The server's settings that are not the engine's. The default is `met serve`'s defaults
@@ -40,7 +41,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Most sequences (prompts × `n`) one request may run; more is a 400.
     pub max_sequences_per_request: usize,
-    /// `max_tokens` of a request that gives none (never more than the context leaves).
+    /// `max_tokens` of a request that gives none (never more than the context leaves), and
+    /// the most one may ask for; more is a 400.
     pub max_tokens_default: usize,
     /// Special-token text in user messages stays text instead of becoming control tokens
     /// (`--no-special-tokens-in-user-content`).

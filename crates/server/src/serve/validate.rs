@@ -10,7 +10,8 @@
 //!    leaves when that is less), and each prompt becomes one [`EngineRequest`].
 //!
 //! Limits count work, not HTTP requests: a request runs prompts × `n` sequences, at most
-//! `--max-sequences-per-request`. Every failure is a 400 naming the field; nothing reaches
+//! `--max-sequences-per-request`, each of at most `--max-tokens-default` tokens (the default
+//! `max_tokens` is also its cap). Every failure is a 400 naming the field; nothing reaches
 //! the engine unchecked. What can never sample (a ban set covering the vocabulary) is the
 //! engine's rule, checked when the request is submitted, and a 400 too.
 
@@ -111,7 +112,8 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         Ok(n @ 1..=MAX_N) => n,
         _ => return Err(ApiError::invalid("n", format!("must be between 1 and {MAX_N}; got {}", req.n.unwrap_or(0)))),
     };
-    let max_tokens = max_tokens(&req, endpoint)?;
+    let cap = state.config().max_tokens_default;
+    let max_tokens = max_tokens(&req, endpoint, cap)?;
     let (logprobs, shape) = logprobs(&req, endpoint)?;
     let sampling = SamplingParams {
         temperature: req.temperature.unwrap_or(1.0),
@@ -127,8 +129,9 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
     };
     sampling.validate(state.engine().limits().vocab_size).map_err(|e| ApiError::invalid(e.field, e.msg))?;
     let min_tokens = usize::try_from(req.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
-    if let Some((max, param)) = max_tokens.filter(|&(max, _)| min_tokens > max) {
-        return Err(ApiError::invalid("min_tokens", format!("{min_tokens} exceeds {param} ({max})")));
+    let (max, bound) = max_tokens.unwrap_or((cap, "the default max_tokens"));
+    if min_tokens > max {
+        return Err(ApiError::invalid("min_tokens", format!("{min_tokens} exceeds {bound} ({max})")));
     }
     let stop = StopCriteria {
         max_new_tokens: 0,
@@ -234,13 +237,9 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
             Some((max, _)) => max,
             None => (context - len).min(state.config().max_tokens_default),
         };
+        // `parse` checked it against `max_tokens` and the cap: only the context is left.
         if parsed.stop.min_new_tokens > max_new_tokens {
-            let min = parsed.stop.min_new_tokens;
-            let msg = if max_new_tokens < context - len {
-                format!("{min} exceeds the default max_tokens of {max_new_tokens}; give max_tokens")
-            } else {
-                format!("{min} exceeds the {max_new_tokens} tokens left in the context")
-            };
+            let msg = format!("{} exceeds the {max_new_tokens} tokens left in the context", parsed.stop.min_new_tokens);
             return Err(ApiError::invalid("min_tokens", msg));
         }
         let mut sampling = parsed.sampling.clone();
@@ -251,16 +250,26 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
     Ok(Validated { requests, text: parsed.text })
 }
 
-/// `max_completion_tokens` (chat) or `max_tokens`, with the name it was given by.
-fn max_tokens(req: &GenerationRequest, endpoint: Endpoint) -> Result<Option<(usize, &'static str)>, ApiError> {
+/// `max_completion_tokens` (chat) or `max_tokens`, with the name it was given by; at most
+/// `cap` (`--max-tokens-default`).
+fn max_tokens(
+    req: &GenerationRequest,
+    endpoint: Endpoint,
+    cap: usize,
+) -> Result<Option<(usize, &'static str)>, ApiError> {
     let given = match (endpoint, req.max_completion_tokens) {
         (Endpoint::Chat, Some(m)) => Some((m, "max_completion_tokens")),
         _ => req.max_tokens.map(|m| (m, "max_tokens")),
     };
-    match given {
-        Some((0, param)) => Err(ApiError::invalid(param, "must be at least 1")),
-        Some((m, param)) => Ok(Some((usize::try_from(m).unwrap_or(usize::MAX), param))),
-        None => Ok(None),
+    let Some((given, param)) = given else { return Ok(None) };
+    match usize::try_from(given) {
+        Ok(0) => Err(ApiError::invalid(param, "must be at least 1")),
+        Ok(max) if max <= cap => Ok(Some((max, param))),
+        _ => {
+            let msg =
+                format!("must be at most {cap}, this server's limit per choice (--max-tokens-default); got {given}");
+            Err(ApiError::invalid(param, msg))
+        }
     }
 }
 

@@ -4,9 +4,13 @@
 //! template), and helpers to send requests in-process and read server-sent events.
 //!
 //! The mock's vocabulary is the tokenizer's, so every generated id decodes to text, and
-//! `MockModel::reference_greedy` predicts every greedy response.
+//! `MockModel::reference_greedy` predicts every greedy response. `socket` serves the same
+//! app on a real port through `met serve`'s `Server`; `logs` captures what it logs.
 
 #![allow(dead_code)]
+
+pub mod logs;
+pub mod socket;
 
 use std::sync::Arc;
 
