@@ -1,5 +1,5 @@
-//! Building the serving engine from the engine flags (startup phase 6 and the engine
-//! itself), shared by `met generate` and `met serve` so both schedule the same way.
+//! Building the serving engine from the engine flags (startup phases 6 and 7 and the
+//! engine itself), shared by `met generate` and `met serve` so both schedule the same way.
 
 use std::sync::Arc;
 
@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::GpuBackend;
-use met_model_layers::Model;
+use met_model_layers::{GraphSettings, Model};
 use met_scheduler::{Engine, policy_by_name};
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 
@@ -49,6 +49,15 @@ pub fn build_engine(
     let kv = PagedKvCache::new(&*backend, layout, config.block_size, blocks, config.prefix_caching)?;
     let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
     timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB)", config.block_size));
+    let timer = PhaseTimer::start(Phase::Warmup);
+    if e.enforce_eager {
+        timer.done("no graphs (--enforce-eager)");
+    } else {
+        let settings =
+            GraphSettings { max_context: e.max_seq_len_to_capture, ..GraphSettings::up_to(config.max_num_seqs) };
+        let capture = model.capture_graphs(&kv, &settings).context("capturing CUDA graphs of decode steps")?;
+        timer.done(capture);
+    }
     let policy = policy_by_name(&e.policy)
         .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", e.policy))?;
     Ok(Engine::new(model, backend, Box::new(kv), config, policy, metrics)?)
