@@ -32,10 +32,11 @@ use crate::{cargo, root, run};
 const MAX_BYTES: u64 = 48 << 20;
 
 /// Test binaries to bundle: (cargo arguments selecting them, name in the bundle).
-const TESTS: [(&[&str], &str); 3] = [
+const TESTS: [(&[&str], &str); 4] = [
     (&["-p", "met-kernels", "--test", "ops"], "kernels-ops"),
     (&["-p", "met-kernels", "--lib"], "kernels-lib"),
     (&["-p", "met-scheduler", "--test", "gpu_hf_fixtures"], "scheduler-gpu-hf-fixtures"),
+    (&["-p", "met-model-layers", "--test", "gpu_graphs"], "model-layers-gpu-graphs"),
 ];
 
 /// Builds and fills `gpu-bundle/`.
@@ -55,11 +56,13 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
         let exe = build_test(select)?;
         strip_into(&exe, &out.join("tests").join(name))?;
     }
+    let bench = build_artifact(&["bench", "-p", "met-kernels", "--bench", "cuda"], "bench")?;
+    strip_into(&bench, &out.join("tests").join("kernels-bench"))?;
     copy_dir(&root().join("crates/model-layers/tests/fixtures/hf"), &out.join("fixtures/hf"))?;
     for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
-    for script in ["gpu_compare.py", "gpu_gate.py"] {
+    for script in ["gpu_compare.py", "gpu_gate.py", "ncu_summary.py"] {
         std::fs::copy(root().join("scripts").join(script), out.join(script))?;
     }
     write_executable(&out.join("run.sh"), RUNNER)?;
@@ -75,8 +78,16 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
 /// Builds one GPU test binary in release mode and returns its path, read from cargo's
 /// JSON messages.
 fn build_test(select: &[&str]) -> Result<PathBuf> {
+    let mut args = vec!["test", "--release"];
+    args.extend(select);
+    build_artifact(&args, "test")
+}
+
+/// Runs `cargo ARGS --features cuda --no-run` and returns the executable of the last
+/// artifact whose target is of `kind` (`test`: a test harness, `bench`: a bench target).
+fn build_artifact(args: &[&str], kind: &str) -> Result<PathBuf> {
     let mut cmd = cargo();
-    cmd.args(["test", "--release", "--features", "cuda", "--no-run", "--message-format=json"]).args(select);
+    cmd.args(args).args(["--features", "cuda", "--no-run", "--message-format=json"]);
     eprintln!("xtask: {cmd:?}");
     let output = cmd.current_dir(root()).stderr(Stdio::inherit()).output().context("running cargo test --no-run")?;
     if !output.status.success() {
@@ -85,15 +96,18 @@ fn build_test(select: &[&str]) -> Result<PathBuf> {
     let mut found = None;
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        let is_kind = match kind {
+            "bench" => msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|v| v == "bench")),
+            _ => msg["profile"]["test"].as_bool() == Some(true),
+        };
         if msg["reason"] == "compiler-artifact"
-            && is_test
+            && is_kind
             && let Some(exe) = msg["executable"].as_str()
         {
             found = Some(PathBuf::from(exe));
         }
     }
-    found.with_context(|| format!("cargo built no test executable for {select:?}"))
+    found.with_context(|| format!("cargo built no {kind} executable for {args:?}"))
 }
 
 /// Copies `from` to `to` without debug info and symbols (`strip`, or a plain copy where
@@ -145,12 +159,13 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, generate, gate, compare, bench. Made by `cargo xtask gpu-bundle`.
+# ops, fixtures, graphs, generate, gate, compare, bench, kbench, profile. Made by
+# `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures generate gate compare bench}"
+STEPS="${*:-lib ops fixtures graphs generate gate compare bench kbench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -182,7 +197,7 @@ step lib "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --te
 ops_each() {
   local bin="$HERE/tests/kernels-ops" pass=0 fail=0 t
   "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
-  for t in $("$bin" --list 2>/dev/null | grep '^cuda::' | sed 's/: test$//'); do
+  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only)?::' | sed 's/: test$//'); do
     if "$bin" --exact "$t" --test-threads=1 --nocapture >"$LOGS/op.tmp" 2>&1; then
       pass=$((pass + 1)); echo "ok: $t"
     else
@@ -197,6 +212,7 @@ export -f ops_each
 export HERE LOGS
 step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
 step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 90 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=3
+step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gpu-graphs" --nocapture --test-threads=1
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
 step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
@@ -205,19 +221,36 @@ step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gp
   --work /tmp/met-gpu-gate --out "$LOGS/gpu_gate.json" --broken drop-last-kv-block
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
-# The offline benches on dummy weights of the real configs: batch-1 latency and 256
-# requests at once, 128 prompt tokens and 256 generated, JSON results in the log dir.
+# The offline benches on dummy weights of the real configs: decode latency at batch 1, 8
+# and 32 and 256 requests at once, 128 prompt tokens and 256 generated, JSON results in the
+# log dir.
 bench_offline() {
-  local model
+  local model batch
   for model in Llama-3.1-8B-Instruct Qwen3-0.6B; do
-    "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
-      --input-len 128 --output-len 256 --num-iters 3 --output "$LOGS/bench-latency-$model.json" || return 1
+    for batch in 1 8 32; do
+      "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size $batch \
+        --input-len 128 --output-len 256 --num-iters 3 --output "$LOGS/bench-latency-$model-b$batch.json" || return 1
+    done
     "$HERE/met" bench throughput --model "$HERE/configs/$model" --load-format dummy --num-prompts 256 \
       --input-len 128 --output-len 256 --output "$LOGS/bench-throughput-$model.json" || return 1
   done
 }
 export -f bench_offline
 step bench "offline benches (dummy weights)" bench.log 300 bash -c bench_offline
+# Kernel benches (criterion): decode-batch GEMV bandwidth per shape beside a device copy.
+step kbench "kernel benches" kernel-bench.log 240 "$HERE/tests/kernels-bench" --bench
+# Where a decode step's time goes: ncu times every kernel of a few eager decode steps of
+# Llama-3.1-8B at batch 1 (after loading and prefill), summarised per kernel.
+profile_decode() {
+  local model="${1:-Llama-3.1-8B-Instruct}" skip="${2:-2600}" count="${3:-786}"
+  ncu --clock-control none --launch-skip "$skip" --launch-count "$count" --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
+    --input-len 128 --output-len 32 --num-iters 1 --num-warmup 0 --enforce-eager >"$LOGS/ncu-$model.csv" || return 1
+  python3 "$HERE/ncu_summary.py" "$LOGS/ncu-$model.csv" "${4:-2}"
+}
+export -f profile_decode
+step profile "ncu decode profile" profile.log 400 bash -c profile_decode
 
 echo
 echo "======== met GPU summary ========"
@@ -229,6 +262,9 @@ echo
 sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate.log" 2>/dev/null || true
 echo
 sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
-grep -h -E "^(latency|throughput):|\[ 5\] weights" "$LOGS/bench.log" 2>/dev/null || true
+grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/dev/null || true
+grep -h "GPU-GRAPHS" "$LOGS/gpu-graphs.log" 2>/dev/null || true
+awk '/^cuda_gemv\//{name=$1} /thrpt:/{if (name != "") {$1=$1; print name, $0; name=""}}' "$LOGS/kernel-bench.log" 2>/dev/null || true
+cat "$LOGS/profile.log" 2>/dev/null | head -30 || true
 exit $FAILED
 "#;

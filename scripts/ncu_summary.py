@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Summarises an `ncu --csv --page raw` kernel log: time and DRAM traffic per kernel name.
+
+Usage: ncu_summary.py LOG [STEPS]. LOG holds ncu's CSV rows (one per kernel launch, with the
+gpu__time_duration.sum and dram__bytes_read.sum / dram__bytes_write.sum metrics). Totals are
+divided into per-step figures by the number of sampling launches (one per decode step), or by
+STEPS when the log has none. Prints one line per kernel name, largest
+total time first: launches, total and mean microseconds, share of the time, and the
+achieved DRAM bandwidth (bytes read + written over the kernel's time).
+"""
+
+import csv
+import sys
+from collections import defaultdict
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    reader = csv.reader(lines)
+    header = next(reader)
+    for row in reader:
+        if len(row) != len(header) or not row[0] or not row[0][0].isdigit():
+            continue  # the units row, or noise
+        yield dict(zip(header, row))
+
+
+def number(text):
+    return float(text.replace(",", "")) if text not in ("", "n/a") else 0.0
+
+
+def main():
+    path = sys.argv[1]
+    steps = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    total = defaultdict(lambda: [0, 0.0, 0.0])
+    for r in rows(path):
+        name = r.get("Kernel Name", "?").split("(")[0][:60]
+        t = total[name]
+        t[0] += 1
+        t[1] += number(r.get("gpu__time_duration.sum", "0")) / 1e3  # ns -> us
+        t[2] += number(r.get("dram__bytes_read.sum", "0")) + number(r.get("dram__bytes_write.sum", "0"))
+    sampled = sum(t[0] for name, t in total.items() if name.startswith("sample_rows"))
+    steps = float(sampled) if sampled else steps
+    grand = sum(t[1] for t in total.values()) or 1.0
+    print(f"per step (÷{steps:g}): {grand / steps:.1f} us of kernel time in {sum(t[0] for t in total.values()) / steps:.0f} launches")
+    print(f"{'kernel':60} {'launches':>8} {'us/step':>9} {'mean us':>8} {'share':>6} {'GB/s':>7}")
+    for name, (n, us, dram) in sorted(total.items(), key=lambda kv: -kv[1][1]):
+        gbs = dram / (us * 1e-6) / 1e9 if us > 0 else 0.0
+        print(f"{name:60} {n / steps:8.1f} {us / steps:9.1f} {us / n:8.2f} {100 * us / grand:5.1f}% {gbs:7.0f}")
+
+
+if __name__ == "__main__":
+    main()
