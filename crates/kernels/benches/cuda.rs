@@ -1,7 +1,8 @@
 //! CUDA backend benchmarks at Llama-3.1-8B's shapes (feature `cuda`, on a GPU machine).
 //!
-//! - `gemv`: the decode-batch products (1 to 16 rows) of every Llama-3.1-8B projection and
-//!   the fused gate/up + SiLU·mul, as weight bytes read per second, beside `copy`, a 1 GiB
+//! - `gemv`: the decode-batch products (1 to 16 rows: met's own kernels up to 4, cuBLAS
+//!   beyond) of every Llama-3.1-8B projection and the fused gate/up + SiLU·mul, as weight
+//!   bytes read per second, beside `copy`, a 1 GiB
 //!   device-to-device copy (bytes read + written): the bandwidth a weight stream can reach.
 //!   Four copies of each matrix take turns, so no run reads a matrix the L2 still holds.
 //! - `matmul`: `CudaBackend::matmul` (cuBLAS, bf16 in and out, f32 accumulation) on

@@ -101,6 +101,7 @@ qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_n
 struct AttnArgs {
     u32 num_seqs, max_blocks, block_size, h, h_kv, d, window;
     float scale, softcap;
+    u32 split_min;  // decode kernel only
 };
 
 // The sequence owning query row i: the last s with cu[s] <= i.
@@ -202,22 +203,24 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
 // Batches whose every sequence has one query row (decode steps) take this split-KV path:
 // a block per (sequence, KV head, split) attends for all G = h / h_kv query heads of the
 // group at once, so each key and value is read once per group rather than once per query
-// head. A sequence's visible keys are cut into at most DEC_SPLITS splits of a size that
-// depends only on how many keys it sees (DEC_MIN_SPLIT keys or more, a multiple of it), so
-// a row's result does not depend on the batch it runs in. Each split writes its softmax
-// numerator (unnormalised), running max and sum in f32; `decode_attention_combine_bf16`
-// merges the splits of each (row, head). Lanes work in groups of d / 8, each lane on 8
+// head. A sequence's visible keys are cut into at most DEC_SPLITS splits of at least
+// `a.split_min` keys (a multiple of it): short splits keep a few sequences from leaving the
+// GPU idle, long ones keep a large batch from spending its time merging. The host picks
+// `split_min` from the batch size class (see `attention.rs`), so a row's result depends on
+// its own context and that class only. Each split writes its softmax
+// numerator (unnormalised), running max and sum in f32; the last split block of a (sequence,
+// KV head) to finish (a ticket counter per pair, reset by that block) merges the splits into
+// `out`, so a step is one launch. Lanes work in groups of d / 8, each lane on 8
 // contiguous dims (16-byte loads); a warp covers 32 / (d / 8) keys per step.
 
 #define DEC_WARPS 4
 #define DEC_SPLITS 16
-#define DEC_MIN_SPLIT 16
 #define DEC_MAX_GROUP 8
 
 // Keys per split for a sequence that sees `visible` keys.
-__device__ __forceinline__ u32 dec_split_len(u32 visible) {
+__device__ __forceinline__ u32 dec_split_len(u32 visible, u32 split_min) {
     const u32 per = (visible + DEC_SPLITS - 1) / DEC_SPLITS;
-    return max(DEC_MIN_SPLIT, (per + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT * DEC_MIN_SPLIT);
+    return max(split_min, (per + split_min - 1) / split_min * split_min);
 }
 
 __device__ __forceinline__ void unpack8(uint4 v, float* f) {
@@ -232,9 +235,28 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
 // grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
 // part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
 // G <= DEC_MAX_GROUP (checked on the host).
+// Merges the `splits` partials of (row `s`, query head `hq`) into out[s, hq, :], dims `e`
+// strided by `step` from `e0`. Reads bypass L1: other blocks wrote the partials.
+__device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_ml, u32 s, u32 hq, u32 splits,
+                          u32 e0, u32 step, const AttnArgs& a) {
+    const u64 head = (u64)s * a.h + hq;
+    float big = -MET_INF;
+    for (u32 i = 0; i < splits; ++i) big = fmaxf(big, __ldcg(part_ml + (head * DEC_SPLITS + i) * 2));
+    for (u32 e = e0; e < a.d; e += step) {
+        float num = 0.0f, den = 0.0f;
+        for (u32 i = 0; i < splits; ++i) {
+            const float mi = __ldcg(part_ml + (head * DEC_SPLITS + i) * 2);
+            const float f = mi == -MET_INF ? 0.0f : expf(mi - big);
+            num += __ldcg(part_acc + (head * DEC_SPLITS + i) * a.d + e) * f;
+            den += __ldcg(part_ml + (head * DEC_SPLITS + i) * 2 + 1) * f;
+        }
+        out[head * a.d + e] = f2bf(num / den);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
 decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
-                      const u32* seq_lens, const u32* tables, AttnArgs a) {
+                      const u32* seq_lens, const u32* tables, AttnArgs a, bf16_t* out, u32* counters) {
     const u32 s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 group = a.h / a.h_kv;
@@ -250,7 +272,7 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
     const u32 last_key = pos;
 #endif
     const u32 visible = last_key + 1 - first;
-    const u32 len = dec_split_len(pos + 1 - first);
+    const u32 len = dec_split_len(pos + 1 - first, a.split_min);
     const u32 begin = first + split * len;
     const u32 splits_used = (pos + 1 - first + len - 1) / len;
     if (split >= splits_used) return;
@@ -347,26 +369,17 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
             part_ml[(head * DEC_SPLITS + split) * 2 + 1] = den;
         }
     }
-}
-
-// grid (seqs, h), block >= d threads: out [seqs, h, d] from the splits of each (row, head).
-extern "C" __global__ void decode_attention_combine_bf16(bf16_t* out, const float* part_acc, const float* part_ml,
-                                                         const u32* seq_lens, AttnArgs a) {
-    const u32 s = blockIdx.x, hq = blockIdx.y, e = threadIdx.x;
-    if (e >= a.d) return;
-    const u32 pos = seq_lens[s] - 1;
-    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
-    const u32 len = dec_split_len(pos + 1 - first);
-    const u32 splits = (pos + 1 - first + len - 1) / len;
-    const u64 head = (u64)s * a.h + hq;
-    float big = -MET_INF;
-    for (u32 i = 0; i < splits; ++i) big = fmaxf(big, part_ml[(head * DEC_SPLITS + i) * 2]);
-    float num = 0.0f, den = 0.0f;
-    for (u32 i = 0; i < splits; ++i) {
-        const float mi = part_ml[(head * DEC_SPLITS + i) * 2];
-        const float f = mi == -MET_INF ? 0.0f : expf(mi - big);
-        num += part_acc[(head * DEC_SPLITS + i) * a.d + e] * f;
-        den += part_ml[(head * DEC_SPLITS + i) * 2 + 1] * f;
-    }
-    out[head * a.d + e] = f2bf(num / den);
+    // The last split to finish merges: its partials and everyone else's are visible to it
+    // once each block has fenced its writes before taking a ticket.
+    __shared__ u32 ticket;
+    __threadfence();
+    __syncthreads();
+    u32* counter = counters + (u64)s * a.h_kv + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != splits_used - 1) return;
+    __threadfence();
+    for (u32 g = 0; g < group; ++g)
+        dec_merge(out, part_acc, part_ml, s, kvh * group + g, splits_used, threadIdx.x, blockDim.x, a);
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }

@@ -1,4 +1,4 @@
-// gemv.cu: `out [m, n] = x [m, k] · wᵀ (+ bias)` for decode batches (m <= 16).
+// gemv.cu: `out [m, n] = x [m, k] · wᵀ (+ bias)` for the smallest decode batches (m <= 4).
 //
 // At these batch sizes a projection is a stream over its weight matrix: every weight is read
 // once from memory and used m times. Each warp owns R consecutive rows of W and walks them
@@ -45,14 +45,25 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf
         for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
     }
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (u32 base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
-        uint4 wr[GEMV_UNROLL][R];
+    // Double-buffered: the next step's weights are requested before this step's arithmetic,
+    // so each lane keeps GEMV_UNROLL * R loads in flight while it computes.
+    uint4 next[GEMV_UNROLL][R];
+    auto fetch = [&](u32 base, uint4 (&buf)[GEMV_UNROLL][R]) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const u32 v = base + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; ++r) wr[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) buf[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
         }
+    };
+    fetch(lane, next);
+    for (u32 base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
+        uint4 wr[GEMV_UNROLL][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) wr[u][r] = next[u][r];
+        if (base + 32 * GEMV_UNROLL < vecs) fetch(base + 32 * GEMV_UNROLL, next);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const u32 v = base + 32 * u;
@@ -133,12 +144,6 @@ MET_GEMV(2, 1)
 MET_GEMV(2, 2)
 MET_GEMV(4, 1)
 MET_GEMV(4, 2)
-MET_GEMV(8, 1)
-MET_GEMV(8, 2)
-MET_GEMV(16, 1)
-MET_GEMV(16, 2)
 MET_GEMV_SILU(1)
 MET_GEMV_SILU(2)
 MET_GEMV_SILU(4)
-MET_GEMV_SILU(8)
-MET_GEMV_SILU(16)

@@ -301,3 +301,74 @@ sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, co
         top_vals[(u64)blockIdx.x * MAX_TOP + j] = sanitize(raw[id]) - lse;
     }
 }
+
+// ---- greedy rows without penalties or logprobs ----------------------------------------------
+//
+// The argmax alone, spread over ARGMAX_PARTS blocks per row (one block per row reads a
+// 128k-entry row at a fraction of the bandwidth): each part finds its first largest
+// sanitized value, `argmax_merge` picks the first largest over the parts. The result is
+// `argmax_row(raw, vocab, true, ..)`'s: ties go to the lower id, NO_TOKEN when all are -inf.
+
+#define ARGMAX_PARTS 32
+#define ARGMAX_THREADS 256
+
+// grid (rows, ARGMAX_PARTS), block ARGMAX_THREADS. `rows[r]` is the logits row of row r.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_parts(const float* logits, u32 vocab, const u32* rows, float* part_v, u32* part_i) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ u32 si[ARGMAX_THREADS / 32];
+    const u32 r = blockIdx.x, p = blockIdx.y;
+    const float* x = logits + (u64)rows[r] * vocab;
+    const u32 per = (vocab + ARGMAX_PARTS - 1) / ARGMAX_PARTS;
+    const u32 lo = p * per, hi = min(vocab, lo + per);
+    float best = -MET_INF;
+    u32 best_i = NO_TOKEN;
+    for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = sanitize(x[i]);
+        if (v > best) {
+            best = v;
+            best_i = i;
+        }
+    }
+    // (value, id) pairs: the larger value wins, then the lower id.
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (v > best || (v == best && i < best_i)) {
+            best = v;
+            best_i = i;
+        }
+    }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = best_i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (u32 w = 1; w < blockDim.x / 32; ++w) {
+            if (sv[w] > best || (sv[w] == best && si[w] < best_i)) {
+                best = sv[w];
+                best_i = si[w];
+            }
+        }
+        part_v[r * ARGMAX_PARTS + p] = best;
+        part_i[r * ARGMAX_PARTS + p] = best == -MET_INF ? NO_TOKEN : best_i;
+    }
+}
+
+// grid (rows), block 32 (one lane per part).
+extern "C" __global__ void argmax_merge(const float* part_v, const u32* part_i, u32* tokens) {
+    const u32 r = blockIdx.x, lane = threadIdx.x;
+    float best = part_v[r * ARGMAX_PARTS + lane];
+    u32 best_i = part_i[r * ARGMAX_PARTS + lane];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (v > best || (v == best && i < best_i)) {
+            best = v;
+            best_i = i;
+        }
+    }
+    if (lane == 0) tokens[r] = best == -MET_INF ? NO_TOKEN : best_i;
+}

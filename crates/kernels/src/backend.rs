@@ -237,6 +237,13 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// When an earlier asynchronous op failed.
     fn synchronize(&self) -> Result<()>;
 
+    /// How long the host has waited for this device so far (in downloads and
+    /// synchronisations), for devices that run asynchronously: what a step spent beyond
+    /// it is host time the device may have sat idle through.
+    fn device_wait(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     // --- graphs -------------------------------------------------------------------------
 
     /// Whether [`Self::capture`] records graphs on this backend.

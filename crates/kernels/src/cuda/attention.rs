@@ -32,10 +32,11 @@ struct AttnArgs {
     window: u32,
     scale: f32,
     softcap: f32,
+    split_min: u32,
 }
 
 // SAFETY: `AttnArgs` is `repr(C)` plain data with the field order and types of the CUDA
-// struct of the same name (seven u32 then two f32, no padding).
+// struct of the same name (seven u32, two f32, a u32: no padding).
 unsafe impl DeviceRepr for AttnArgs {}
 
 pub(super) fn write_kv(
@@ -191,6 +192,7 @@ pub(super) fn paged_attention(
         window: p.sliding_window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
         scale: p.scale,
         softcap: p.softcap.unwrap_or(0.0),
+        split_min: decode_split_min(lens.len()),
     };
     if decode_applies(&cu, h, hkv, d) {
         decode(b, &out, (q, k_cache, v_cache), meta, args)?;
@@ -211,21 +213,39 @@ pub(super) fn paged_attention(
 /// `DEC_SPLITS` and `DEC_MAX_GROUP` of `attention.cu`.
 const DEC_SPLITS: usize = 16;
 const DEC_MAX_GROUP: usize = 8;
+/// Ticket counters of the decode kernel's merge, one per (sequence, KV head) of a step:
+/// zero between launches (the merging block resets its own).
+pub(super) const DECODE_COUNTERS: usize = 1 << 16;
 /// Threads per block of the decode kernel (`DEC_WARPS` warps).
 const DEC_THREADS: u32 = 128;
 
+/// The decode kernel's shortest split for a batch of `seqs` sequences: 16 keys up to 8
+/// sequences, 64 up to 32, 256 beyond. The class boundaries are CUDA-graph batch sizes
+/// (`model-layers` captures 8 and 32), so a step replayed from a graph padded to the next
+/// size splits exactly as the eager step does.
+fn decode_split_min(seqs: usize) -> u32 {
+    match seqs {
+        0..=8 => 16,
+        9..=32 => 64,
+        _ => 256,
+    }
+}
+
 /// Whether the split-KV decode kernel takes the batch: one query row per sequence, head
-/// dims of a power-of-two number of 8-element vectors, groups of at most 8 query heads.
+/// dims of a power-of-two number of 8-element vectors, groups of at most 8 query heads, a
+/// merge ticket for every (sequence, KV head).
 fn decode_applies(cu: &[u32], h: usize, hkv: usize, d: usize) -> bool {
     let vectors = d / 8;
-    cu.iter().enumerate().all(|(i, &c)| c as usize == i)
+    (cu.len() - 1) * hkv <= DECODE_COUNTERS
+        && cu.iter().enumerate().all(|(i, &c)| c as usize == i)
         && d % 8 == 0
         && vectors.is_power_of_two()
         && d <= MAX_HEAD_DIM
         && h / hkv <= DEC_MAX_GROUP
 }
 
-/// The decode path: partial softmax sums per split, then their merge.
+/// The decode path: partial softmax sums per split, merged by the last split of each
+/// (sequence, KV head).
 fn decode(
     b: &CudaBackend,
     out: &Tensor,
@@ -245,11 +265,6 @@ fn decode(
         shared_mem_bytes: 0,
     };
     let ptrs = (ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
-    launch!(b, "decode_attention_bf16", cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args])?;
-    let cfg = LaunchConfig {
-        grid_dim: (seqs as u32, h as u32, 1),
-        block_dim: ((d.div_ceil(32) * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(b, "decode_attention_combine_bf16", cfg, [ptr(op, out)?, acc, ml, lens, args])
+    let (out_ptr, counters) = (ptr(op, out)?, b.decode_counters.ptr());
+    launch!(b, "decode_attention_bf16", cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
 }

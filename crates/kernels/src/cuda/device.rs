@@ -13,6 +13,8 @@
 //! used from any thread (loading on one, the engine on another).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
@@ -34,6 +36,9 @@ pub(crate) struct Device {
     pub(crate) multiprocessors: i32,
     /// The CUDA device ordinal.
     pub(crate) ordinal: usize,
+    /// Nanoseconds the host has spent waiting for the device: in [`Self::synchronize`] and
+    /// in downloads.
+    waited_ns: AtomicU64,
 }
 
 // SAFETY: the pool handle is a driver object usable from any thread; the other fields are
@@ -73,7 +78,16 @@ impl Device {
             pool
         };
         let name = ctx.name().map_err(drv)?;
-        Ok(Arc::new(Self { ctx, stream, pool, name, capability, multiprocessors, ordinal }))
+        Ok(Arc::new(Self {
+            ctx,
+            stream,
+            pool,
+            name,
+            capability,
+            multiprocessors,
+            ordinal,
+            waited_ns: AtomicU64::new(0),
+        }))
     }
 
     /// Makes the context current on this thread.
@@ -140,10 +154,15 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
+        // A copy into pageable memory returns only once it is done, so the wait for the
+        // device happens inside it: the whole download counts as waiting.
+        let start = Instant::now();
         // SAFETY: `src` is a live allocation of at least `bytes`; `dst` is exclusively
         // borrowed until the stream is synchronised below.
-        unsafe { result::memcpy_dtoh_async(dst, src.ptr, self.cu_stream()) }.map_err(drv)?;
-        self.synchronize()
+        let copied = unsafe { result::memcpy_dtoh_async(dst, src.ptr, self.cu_stream()) }.map_err(drv);
+        let done = copied.and_then(|()| self.stream.synchronize().map_err(drv));
+        self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        done
     }
 
     /// Sets the first `bytes` bytes of `dst` to zero.
@@ -171,7 +190,15 @@ impl Device {
     /// Waits for everything issued on the stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        self.stream.synchronize().map_err(drv)
+        let start = Instant::now();
+        let done = self.stream.synchronize().map_err(drv);
+        self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        done
+    }
+
+    /// Total time the host has waited for the device.
+    pub(crate) fn waited(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
     }
 
     /// Free and total device memory. Memory cached by the pool counts as in use: it is

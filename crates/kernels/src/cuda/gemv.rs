@@ -1,8 +1,10 @@
-//! The decode-batch products of `cuda/gemv.cu`: `x [m, k] · wᵀ` for `m <= 16`, reading
+//! The decode-batch products of `cuda/gemv.cu`: `x [m, k] · wᵀ` for `m <= 4`, reading
 //! the weights once at memory bandwidth, where cuBLAS's small-batch kernels fall short.
+//! From 5 rows on, each weight feeds enough arithmetic that these CUDA-core kernels lose to
+//! cuBLAS (measured: `cuda_gemv` in `benches/cuda.rs`), so larger batches go there.
 //!
-//! The kernels are instantiated for batch buckets 1, 2, 4, 8 and 16 (a batch runs in the
-//! smallest bucket that holds it) and for one or two weight rows per warp: two when the
+//! The kernels are instantiated for batch buckets 1, 2 and 4 (a batch runs in the smallest
+//! bucket that holds it) and for one or two weight rows per warp: two when the
 //! matrix has rows enough to keep every SM busy with several blocks, one otherwise.
 
 use cudarc::driver::LaunchConfig;
@@ -11,7 +13,7 @@ use super::{CudaBackend, launch};
 use crate::error::Result;
 
 /// The largest batch the kernels take; larger ones go to cuBLAS.
-pub(super) const MAX_M: usize = 16;
+pub(super) const MAX_M: usize = 4;
 /// `GEMV_WARPS` of `gemv.cu`.
 const WARPS: usize = 4;
 
@@ -47,12 +49,8 @@ pub(super) fn gemv(b: &CudaBackend, g: &Gemv) -> Result<()> {
         (1, _) => "gemv_bf16_m1_r2",
         (2, 1) => "gemv_bf16_m2_r1",
         (2, _) => "gemv_bf16_m2_r2",
-        (4, 1) => "gemv_bf16_m4_r1",
-        (4, _) => "gemv_bf16_m4_r2",
-        (8, 1) => "gemv_bf16_m8_r1",
-        (8, _) => "gemv_bf16_m8_r2",
-        (_, 1) => "gemv_bf16_m16_r1",
-        (_, _) => "gemv_bf16_m16_r2",
+        (_, 1) => "gemv_bf16_m4_r1",
+        (_, _) => "gemv_bf16_m4_r2",
     };
     let cfg = config(g.n.div_ceil(WARPS * rows_per_warp));
     launch!(b, name, cfg, [g.x, g.w, g.bias, g.out, g.m as u32, g.n as u32, g.k as u32])
@@ -63,9 +61,7 @@ pub(super) fn gemv_silu(b: &CudaBackend, x: u64, w: u64, out: u64, m: usize, hal
     let name = match bucket(m) {
         1 => "gemv_silu_bf16_m1",
         2 => "gemv_silu_bf16_m2",
-        4 => "gemv_silu_bf16_m4",
-        8 => "gemv_silu_bf16_m8",
-        _ => "gemv_silu_bf16_m16",
+        _ => "gemv_silu_bf16_m4",
     };
     launch!(b, name, config(half.div_ceil(WARPS)), [x, w, out, m as u32, half as u32, k as u32])
 }
@@ -75,20 +71,14 @@ fn config(blocks: usize) -> LaunchConfig {
 }
 
 /// Every kernel name above, for loading at startup.
-pub(super) const KERNELS: [&str; 15] = [
+pub(super) const KERNELS: [&str; 9] = [
     "gemv_bf16_m1_r1",
     "gemv_bf16_m1_r2",
     "gemv_bf16_m2_r1",
     "gemv_bf16_m2_r2",
     "gemv_bf16_m4_r1",
     "gemv_bf16_m4_r2",
-    "gemv_bf16_m8_r1",
-    "gemv_bf16_m8_r2",
-    "gemv_bf16_m16_r1",
-    "gemv_bf16_m16_r2",
     "gemv_silu_bf16_m1",
     "gemv_silu_bf16_m2",
     "gemv_silu_bf16_m4",
-    "gemv_silu_bf16_m8",
-    "gemv_silu_bf16_m16",
 ];

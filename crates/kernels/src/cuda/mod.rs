@@ -62,12 +62,13 @@ const KERNELS: &[&str] = &[
     "qkv_rotary_write_bf16",
     "paged_attention_bf16",
     "decode_attention_bf16",
-    "decode_attention_combine_bf16",
     "topk_routing_bf16",
     "topk_routing_f32",
     "moe_combine_f32",
     "moe_combine_bf16",
     "sample_rows",
+    "argmax_parts",
+    "argmax_merge",
 ];
 
 /// Device memory of one CUDA tensor.
@@ -87,6 +88,8 @@ pub struct CudaBackend {
     arch: String,
     /// The deliberately wrong variant compiled in (`MET_TEST_FAULT`), if any.
     fault: Option<&'static str>,
+    /// `u32 [attention::DECODE_COUNTERS]`, zeroed: the decode attention's merge tickets.
+    decode_counters: DeviceBuffer,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -148,7 +151,9 @@ impl CudaBackend {
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         let blas = Blas::new(&dev)?;
-        Ok(Self { dev, blas, kernels, origin, arch, fault })
+        let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
+        dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;
+        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters })
     }
 
     fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -333,6 +338,10 @@ impl GpuBackend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.dev.synchronize()
+    }
+
+    fn device_wait(&self) -> Option<std::time::Duration> {
+        Some(self.dev.waited())
     }
 
     fn supports_graphs(&self) -> bool {

@@ -136,13 +136,28 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
     if vocab >= MAX_VOCAB {
         return Err(Error::InvalidArgument(format!("{OP}: a vocabulary of {vocab} exceeds {MAX_VOCAB}")));
     }
-    let mut plan = Plan::default();
     for row in rows {
         check_row(row, n, vocab)?;
-        plan.push(row, vocab);
     }
     if rows.is_empty() {
         return Ok(Vec::new());
+    }
+    if rows.iter().all(plain_greedy) {
+        let tokens = argmax(b, logits, vocab, rows)?;
+        return rows
+            .iter()
+            .zip(tokens)
+            .map(|(row, token)| {
+                if token == NO_TOKEN {
+                    return Err(all_masked(row));
+                }
+                Ok(Sampled { token, logprob: None, top_logprobs: vec![] })
+            })
+            .collect();
+    }
+    let mut plan = Plan::default();
+    for row in rows {
+        plan.push(row, vocab);
     }
     let (tokens, logprobs, top_ids, top_vals) = run(b, logits, vocab, &plan, rows.len())?;
     rows.iter()
@@ -150,10 +165,7 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
         .map(|(r, row)| {
             let token = tokens[r];
             if token == NO_TOKEN {
-                return Err(Error::InvalidArgument(format!(
-                    "{OP}: every token of logits row {} is banned or masked",
-                    row.logits_row
-                )));
+                return Err(all_masked(row));
             }
             let Some(k) = row.params.logprobs else {
                 return Ok(Sampled { token, logprob: None, top_logprobs: vec![] });
@@ -163,6 +175,41 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
             Ok(Sampled { token, logprob: Some(logprobs[r]), top_logprobs: top })
         })
         .collect()
+}
+
+fn all_masked(row: &SampleRow<'_>) -> Error {
+    Error::InvalidArgument(format!("{OP}: every token of logits row {} is banned or masked", row.logits_row))
+}
+
+/// A row that only needs the argmax of its raw logits: greedy, nothing biased, penalised or
+/// banned, no logprobs.
+fn plain_greedy(row: &SampleRow<'_>) -> bool {
+    row.params.is_greedy() && row.params.logprobs.is_none() && touches(row).is_empty()
+}
+
+/// `ARGMAX_PARTS` of `sample.cu`.
+const ARGMAX_PARTS: usize = 32;
+/// `ARGMAX_THREADS` of `sample.cu`.
+const ARGMAX_THREADS: u32 = 256;
+
+/// The argmax of each row's logits, over `ARGMAX_PARTS` blocks per row, then merged.
+fn argmax(b: &CudaBackend, logits: &Tensor, vocab: usize, rows: &[SampleRow<'_>]) -> Result<Vec<u32>> {
+    let n = rows.len();
+    let ids: Vec<u32> = rows.iter().map(|r| r.logits_row as u32).collect();
+    let rows_t = b.upload_u32(&ids, &[n])?;
+    let part_v = b.alloc(&[n, ARGMAX_PARTS], DType::F32)?;
+    let part_i = b.alloc(&[n, ARGMAX_PARTS], DType::U32)?;
+    let tokens = b.alloc(&[n], DType::U32)?;
+    let parts = (ptr(OP, &part_v)?, ptr(OP, &part_i)?);
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, ARGMAX_PARTS as u32, 1),
+        block_dim: (ARGMAX_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(b, "argmax_parts", cfg, [ptr(OP, logits)?, vocab as u32, ptr(OP, &rows_t)?, parts.0, parts.1])?;
+    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    launch!(b, "argmax_merge", cfg, [parts.0, parts.1, ptr(OP, &tokens)?])?;
+    crate::GpuBackend::download_u32(b, &tokens)
 }
 
 type Outputs = (Vec<u32>, Vec<f32>, Vec<u32>, Vec<f32>);

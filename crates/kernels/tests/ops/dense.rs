@@ -318,7 +318,8 @@ pub fn dense_ops_reject_bad_shapes(b: &dyn GpuBackend) -> Result<()> {
 }
 
 /// Decode-batch products (1 to 16 rows, the shapes a backend may give its own small-batch
-/// kernel): every batch size's bucket and its padding rows, inner dims whose 8-element
+/// kernel, or hand over to a library past some size): every batch size's bucket and its
+/// padding rows, inner dims whose 8-element
 /// vectors do not fill the last unrolled step (1,032 = 129 vectors), matrices with few rows
 /// and with enough for two rows per warp, with and without bias.
 pub fn matmul_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
@@ -335,19 +336,20 @@ pub fn matmul_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
-/// A row's product does not depend on the batch it is computed in (up to 16 rows): the
-/// property that lets a graph replayed at a padded batch size equal the eager step. Checked
-/// bit for bit on the CUDA backend only; the CPU's GEMM makes no such promise.
+/// A row's product does not depend on the batch it is computed in, up to the 4 rows the
+/// CUDA backend's own decode kernels take: the property that lets a graph replayed at a
+/// padded batch size equal the eager step. Checked bit for bit on the CUDA backend only;
+/// the CPU's GEMM and cuBLAS make no such promise.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn matmul_rows_do_not_depend_on_the_batch(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(77);
     let (k, n) = (4_096, 1_000);
     let w = upload_f32(b, &stored(b, rng.vec(n * k)), &[n, k])?;
-    let x: Vec<f32> = stored(b, rng.vec(16 * k));
-    let alone: Vec<Vec<f32>> = (0..16)
+    let x: Vec<f32> = stored(b, rng.vec(4 * k));
+    let alone: Vec<Vec<f32>> = (0..4)
         .map(|i| b.download_f32(&b.matmul(&upload_f32(b, &x[i * k..(i + 1) * k], &[1, k])?, &w, None)?))
         .collect::<Result<_>>()?;
-    for m in [2, 3, 4, 7, 8, 9, 16] {
+    for m in [2, 3, 4] {
         let out = b.download_f32(&b.matmul(&upload_f32(b, &x[..m * k], &[m, k])?, &w, None)?)?;
         for (i, row) in out.chunks(n).enumerate() {
             assert!(row == &alone[i][..], "row {i} of a batch of {m} differs from the row alone");
