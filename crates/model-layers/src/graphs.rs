@@ -11,10 +11,11 @@
 //!
 //! Each graph owns its inputs (token ids, positions, slots, context lengths, block tables
 //! of a fixed width), written from the host before each replay, and its logits, copied out
-//! after. The step's rows are computed independently of each other and of the batch size
-//! (the decode-batch products reduce in a fixed order), so a replay at `n` = the graph's size
-//! gives the eager step's logits bit for bit, and padded sizes agree as closely as the
-//! kernels chosen for the two sizes do.
+//! after. The step's rows are computed independently of each other, so a replay at `n` =
+//! the graph's size gives the eager step's logits bit for bit; padded replays do too where
+//! the kernels do not depend on the batch size (the CUDA backend's decode products up to 4
+//! rows, its decode attention within a size class bounded by graph sizes) and agree as
+//! closely as cuBLAS's choices for the two sizes do elsewhere.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,11 +5,13 @@
 //! copy only, and runs the same greedy continuations through both with the same cache
 //! settings: the tokens and every reported logprob must be equal, not close. They can be:
 //! a replay issues the eager step's kernels on the same rows, padding rows never touch the
-//! real ones, and the decode-batch products reduce in an order that does not depend on the
-//! batch (batches up to 16 rows, which these are). The cases cover a graph of exactly the
-//! batch's size and padded ones (3 rows in the 4-row graph, 5 in the 8-row one), contexts
-//! crossing many KV blocks (blocks of 4 tokens, prompts up to 90 tokens), and contexts past
-//! the graphs' block tables, which must fall back to eager steps mid-generation.
+//! real ones, and the kernels a padded step runs reduce in the order the eager step's do
+//! (the decode products up to 4 rows do not depend on the batch; the decode attention's
+//! splits change only at graph sizes). The cases cover graphs of exactly the batch's size
+//! (4 rows, and 8 rows, which cuBLAS computes) and padded ones (3 rows in the 4-row graph,
+//! 1 in the 2-row one), contexts crossing many KV blocks (blocks of 4 tokens, prompts up to
+//! 90 tokens), and contexts past the graphs' block tables, which must fall back to eager
+//! steps mid-generation.
 
 #![cfg(feature = "cuda")]
 
@@ -91,7 +93,8 @@ fn graph_of_the_batch_size_equals_eager() {
 #[test]
 fn padded_graphs_equal_eager() {
     assert_eq!(check("qwen2", &[12, 61, 3], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
-    assert_eq!(check("mistral", &[20, 33, 48, 70, 9], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+    assert_eq!(check("mistral", &[20, 33, 48, 70, 9, 11, 25, 40], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+    assert_eq!(check("qwen3", &[17], &[2, 4], 4096), NEW_TOKENS as u64 - 1);
 }
 
 /// Block tables of 48 tokens: the steps replay until the 30-token prompt's context passes
