@@ -20,11 +20,13 @@
 //! commit, date, machine) plus the device and the model.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use met_config::SamplingParams;
+use met_kernels::GpuBackend;
 use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
 use serde::Serialize;
 
@@ -127,6 +129,9 @@ struct ThroughputResult {
     /// Output tokens per second over the steps after every request had its first token.
     decode_tokens_per_s: Option<f64>,
     decode_steps: usize,
+    /// Share of the decode phase the host spent outside waits for the device (`None` on a
+    /// device that runs synchronously).
+    decode_host_share: Option<f64>,
 }
 
 /// The result of `met bench latency`.
@@ -145,6 +150,9 @@ struct LatencyResult {
     decode_steps: usize,
     /// Every decode step of every iteration (ms); `None` with `--output-len 1`.
     decode_step_ms: Option<Summary>,
+    /// Host time of each decode step (ms): the step's time less the time it waited for the
+    /// device. `None` on a device that runs synchronously (the CPU).
+    decode_host_ms: Option<Summary>,
     /// The whole batch, per iteration (ms).
     batch_ms: Summary,
     /// Output tokens per second of the batch during decode, from the median step.
@@ -163,16 +171,18 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
     let device = backend.describe();
+    let waits = Arc::clone(&backend);
     let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
     let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
 
-    let run = rayon::scope(|_| drive(&mut engine, requests))?;
+    let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
     let output_tokens = run.tokens;
     let prompt_tokens = args.num_prompts * args.input_len;
     let elapsed = run.steps.iter().map(|s| s.seconds).sum::<f64>();
     let decode: Vec<&Step> = run.steps.iter().filter(|s| s.all_started_before).collect();
     let decode_s = decode.iter().map(|s| s.seconds).sum::<f64>();
     let decode_tokens = decode.iter().map(|s| s.tokens).sum::<usize>();
+    let decode_host = decode.iter().map(|s| s.host_seconds).sum::<Option<f64>>();
     let result = ThroughputResult {
         header,
         num_prompts: args.num_prompts,
@@ -187,9 +197,11 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
         total_tokens_per_s: (prompt_tokens + output_tokens) as f64 / elapsed,
         decode_tokens_per_s: (decode_s > 0.0).then(|| decode_tokens as f64 / decode_s),
         decode_steps: decode.len(),
+        decode_host_share: decode_host.filter(|_| decode_s > 0.0).map(|h| h / decode_s),
     };
+    let host = result.decode_host_share.map(|h| format!(", host {:.1}% of it", 100.0 * h)).unwrap_or_default();
     println!(
-        "throughput: {} requests x ({} in + {} out) in {:.2} s: {:.2} req/s, {:.1} output tok/s, {:.1} total tok/s{}",
+        "throughput: {} requests x ({} in + {} out) in {:.2} s: {:.2} req/s, {:.1} output tok/s, {:.1} total tok/s{}{host}",
         result.num_prompts,
         result.input_len,
         result.output_len,
@@ -218,17 +230,19 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
     let batch =
         |i: usize| random_requests(args.batch_size, args.input_len, args.output_len, vocab, args.seed + i as u64);
     let device = backend.describe();
+    let waits = Arc::clone(&backend);
     let mut engine = sized_engine(&args.engine, model, backend, &batch(0))?;
     let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
 
-    let (mut prefill, mut steps, mut whole) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.num_warmup + args.num_iters {
-        let run = rayon::scope(|_| drive(&mut engine, batch(i)))?;
+        let run = rayon::scope(|_| drive(&mut engine, batch(i), &*waits))?;
         if i < args.num_warmup {
             continue;
         }
         prefill.push(run.steps.iter().filter(|s| !s.all_started_before).map(|s| s.seconds).sum::<f64>());
         steps.extend(run.steps.iter().filter(|s| s.all_started_before).map(|s| s.seconds));
+        host.extend(run.steps.iter().filter(|s| s.all_started_before).filter_map(|s| s.host_seconds));
         whole.push(run.steps.iter().map(|s| s.seconds).sum::<f64>());
     }
     let summary = |xs: &[f64], what: &str| Summary::of_seconds(xs).with_context(|| format!("no {what} was timed"));
@@ -243,12 +257,17 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         prefill_ms: summary(&prefill, "prefill")?,
         decode_steps: steps.len(),
         decode_step_ms,
+        decode_host_ms: Summary::of_seconds(&host),
         batch_ms: summary(&whole, "batch")?,
         decode_tokens_per_s: decode_step_ms.map(|d| args.batch_size as f64 * 1e3 / d.p50),
     };
     let decode = match (result.decode_step_ms, result.decode_tokens_per_s) {
         (Some(d), Some(t)) => {
-            format!("decode step p50 {:.3} ms, p90 {:.3}, p99 {:.3} ({t:.1} tok/s)", d.p50, d.p90, d.p99)
+            let host = result
+                .decode_host_ms
+                .map(|h| format!(", host p50 {:.3} ms ({:.1}% of the step)", h.p50, 100.0 * h.p50 / d.p50))
+                .unwrap_or_default();
+            format!("decode step p50 {:.3} ms, p90 {:.3}, p99 {:.3} ({t:.1} tok/s){host}", d.p50, d.p90, d.p99)
         }
         _ => "no decode steps".into(),
     };
@@ -319,6 +338,8 @@ struct Step {
     /// Whether every request already had its first token when the step began (a pure
     /// decode step).
     all_started_before: bool,
+    /// The step's time less the time it waited for the device, where the device says.
+    host_seconds: Option<f64>,
 }
 
 /// Every step of one run.
@@ -328,7 +349,7 @@ struct Run {
 }
 
 /// Submits `requests`, steps the engine until they are all done, and times each step.
-fn drive(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<Run> {
+fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBackend) -> Result<Run> {
     let total = requests.len();
     let expected: usize = requests.iter().map(|r| r.stop.max_new_tokens).sum();
     let mut streams: Vec<RequestStream> = requests
@@ -340,9 +361,10 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<Run> {
     let (mut steps, mut tokens, mut started_count) = (Vec::new(), 0, 0);
     while engine.has_work() {
         let all_started_before = started_count == total;
-        let clock = Instant::now();
+        let (clock, waited) = (Instant::now(), device.device_wait());
         engine.step();
         let seconds = clock.elapsed().as_secs_f64();
+        let host_seconds = waited.zip(device.device_wait()).map(|(a, b)| seconds - (b - a).as_secs_f64());
         let mut made = 0;
         for (s, stream) in streams.iter_mut().enumerate() {
             while let Some(event) = stream.try_next() {
@@ -359,7 +381,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<Run> {
             }
         }
         tokens += made;
-        steps.push(Step { seconds, tokens: made, all_started_before });
+        steps.push(Step { seconds, tokens: made, all_started_before, host_seconds });
     }
     if tokens != expected {
         bail!("the engine produced {tokens} tokens, {expected} expected (was the KV cache too small?)");
