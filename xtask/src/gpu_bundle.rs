@@ -240,14 +240,17 @@ step bench "offline benches (dummy weights)" bench.log 300 bash -c bench_offline
 # Kernel benches (criterion): decode-batch GEMV bandwidth per shape beside a device copy.
 step kbench "kernel benches" kernel-bench.log 240 "$HERE/tests/kernels-bench" --bench
 # Where a decode step's time goes: ncu times every kernel of a few eager decode steps of
-# Llama-3.1-8B at batch 1 (after loading and prefill), summarised per kernel.
+# each model at batch 1 (after loading and prefill), summarised per kernel.
 profile_decode() {
-  local model="${1:-Llama-3.1-8B-Instruct}" skip="${2:-2600}" count="${3:-786}"
-  ncu --clock-control none --launch-skip "$skip" --launch-count "$count" --csv --page raw \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-    "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
-    --input-len 128 --output-len 32 --num-iters 1 --num-warmup 0 --enforce-eager >"$LOGS/ncu-$model.csv" || return 1
-  python3 "$HERE/ncu_summary.py" "$LOGS/ncu-$model.csv" "${4:-2}"
+  local model skip=2600 count=786
+  for model in Llama-3.1-8B-Instruct Qwen3-0.6B; do
+    ncu --clock-control none --launch-skip "$skip" --launch-count "$count" --csv --page raw \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
+      --input-len 128 --output-len 32 --num-iters 1 --num-warmup 0 --enforce-eager >"$LOGS/ncu-$model.csv" || return 1
+    echo "== $model"
+    python3 "$HERE/ncu_summary.py" "$LOGS/ncu-$model.csv" 3
+  done
 }
 export -f profile_decode
 step profile "ncu decode profile" profile.log 400 bash -c profile_decode
@@ -265,6 +268,6 @@ sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
 grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/dev/null || true
 grep -h "GPU-GRAPHS" "$LOGS/gpu-graphs.log" 2>/dev/null || true
 awk '/^cuda_gemv\//{name=$1} /thrpt:/{if (name != "") {$1=$1; print name, $0; name=""}}' "$LOGS/kernel-bench.log" 2>/dev/null || true
-cat "$LOGS/profile.log" 2>/dev/null | head -30 || true
+cat "$LOGS/profile.log" 2>/dev/null | head -40 || true
 exit $FAILED
 "#;
