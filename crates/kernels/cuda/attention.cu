@@ -291,15 +291,25 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
             unpack8(v, qf[g]);
         }
     }
-    for (u32 j0 = begin + warp * per_step; j0 < end; j0 += DEC_WARPS * per_step) {
+    // Keys and values of the next step are requested before this step's arithmetic, so a
+    // lane keeps a load in flight behind the dependent table lookup.
+    const u32 stride = DEC_WARPS * per_step;
+    auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
         const u32 j = j0 + sub;
-        const bool live = j < end;
-        const u32 jj = live ? j : begin;
+        const u32 jj = j < end ? j : begin;
         const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
         const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
+        kv = *reinterpret_cast<const uint4*>(kc + at);
+        vv = *reinterpret_cast<const uint4*>(vc + at);
+    };
+    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = k_next;
+    if (begin + warp * per_step < end) fetch(begin + warp * per_step, k_next, v_next);
+    for (u32 j0 = begin + warp * per_step; j0 < end; j0 += stride) {
+        const bool live = j0 + sub < end;
         float kf[8], vf[8];
-        unpack8(*reinterpret_cast<const uint4*>(kc + at), kf);
-        unpack8(*reinterpret_cast<const uint4*>(vc + at), vf);
+        unpack8(k_next, kf);
+        unpack8(v_next, vf);
+        if (j0 + stride < end) fetch(j0 + stride, k_next, v_next);
 #pragma unroll
         for (int g = 0; g < DEC_MAX_GROUP; ++g) {
             if (g >= (int)group) break;
