@@ -238,7 +238,7 @@ fn decode_applies(cu: &[u32], h: usize, hkv: usize, d: usize) -> bool {
     let vectors = d / 8;
     (cu.len() - 1) * hkv <= DECODE_COUNTERS
         && cu.iter().enumerate().all(|(i, &c)| c as usize == i)
-        && d % 8 == 0
+        && d.is_multiple_of(8)
         && vectors.is_power_of_two()
         && d <= MAX_HEAD_DIM
         && h / hkv <= DEC_MAX_GROUP

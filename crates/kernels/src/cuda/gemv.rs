@@ -20,7 +20,7 @@ const WARPS: usize = 4;
 /// Whether a product of this shape runs here: a decode batch, and rows of whole 16-byte
 /// vectors (pool allocations are 256-byte aligned, so row starts are then aligned too).
 pub(super) fn applies(m: usize, n: usize, k: usize) -> bool {
-    (1..=MAX_M).contains(&m) && n > 0 && k > 0 && k % 8 == 0 && u32::try_from(n.max(k)).is_ok()
+    (1..=MAX_M).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(8) && u32::try_from(n.max(k)).is_ok()
 }
 
 fn bucket(m: usize) -> usize {
