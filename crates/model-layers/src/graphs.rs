@@ -240,3 +240,27 @@ fn into_kernels(e: crate::ModelError) -> met_kernels::Error {
         other => met_kernels::Error::InvalidArgument(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_sizes_stop_at_max_num_seqs_and_include_it() {
+        assert_eq!(GraphSettings::up_to(256).batch_sizes, DEFAULT_BATCH_SIZES);
+        assert_eq!(GraphSettings::up_to(20).batch_sizes, [1, 2, 4, 8, 16, 20]);
+        assert_eq!(GraphSettings::up_to(1).batch_sizes, [1]);
+        assert_eq!(GraphSettings::up_to(1000).batch_sizes, DEFAULT_BATCH_SIZES);
+        assert_eq!(GraphSettings::up_to(8).max_context, DEFAULT_MAX_CONTEXT);
+    }
+
+    /// The CUDA decode attention changes its split length at 8 and 32 sequences
+    /// (`decode_split_min` in met-kernels): a padded replay splits as its eager step only
+    /// while those are capture sizes.
+    #[test]
+    fn the_decode_attention_classes_end_at_capture_sizes() {
+        for class_end in [8, 32] {
+            assert!(DEFAULT_BATCH_SIZES.contains(&class_end), "{class_end}");
+        }
+    }
+}

@@ -176,3 +176,13 @@ macro_rules! fixture_tests {
 }
 
 fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe);
+
+/// The CPU backend records no graphs: capture says so and every step stays eager.
+#[test]
+fn cpu_models_skip_graph_capture() {
+    let f = load("llama");
+    let kv = cache(&f);
+    let capture = f.model.capture_graphs(&kv, &met_model_layers::GraphSettings::up_to(8)).unwrap();
+    assert!(matches!(capture, met_model_layers::GraphCapture::Skipped(_)), "{capture}");
+    assert_eq!(f.model.graph_replays(), 0);
+}
