@@ -16,10 +16,12 @@
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
 //! `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens → text, stop
 //! strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
-//! FILE.toml`) and `progress` (the weight-loading bar).
+//! FILE.toml`), `progress` (the weight-loading bar) and `fault` (a fault hook for tests,
+//! off unless `MET_TEST_ENGINE_FAULT` is set).
 
 mod config_file;
 mod error;
+mod fault;
 mod listen;
 mod openai;
 mod progress;
@@ -175,12 +177,14 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
 
 /// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
 fn load(model_args: &crate::cli::ModelArgs, engine_args: &EngineArgs, metrics: Arc<Metrics>) -> Result<Loaded> {
+    let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
     let LoadedModel { tokenizer, backend, model, eos_token_ids, source } = load_with_progress(model_args, &progress)?;
     let tokenizer = tokenizer.with_context(|| {
         format!("{} has no tokenizer (tokenizer.json); met serve needs one", source.path().display())
     })?;
     let blocks = kv_blocks(engine_args, &*model, &*backend)?;
+    let model = fault::inject(fault, model);
     let engine = build_engine(engine_args, model, Arc::clone(&backend), blocks, metrics)?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
