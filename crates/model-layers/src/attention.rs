@@ -84,12 +84,8 @@ impl AttentionBackend for PagedAttention {
     fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
         let seqs = &batch.sequences;
         let max_blocks = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1);
-        let mut tables = vec![0u32; seqs.len() * max_blocks];
-        for (i, row) in tables.chunks_mut(max_blocks).enumerate() {
-            let table = batch.block_table(i);
-            row[..table.len()].copy_from_slice(table);
-        }
-        let seq_lens: Vec<u32> = seqs.iter().map(|s| s.context_len as u32).collect();
+        let tables = batch.padded_block_tables(max_blocks);
+        let seq_lens = batch.context_lens();
         let b = &self.backend;
         let attention = AttentionMeta {
             cu_seqlens_q: b.upload(&HostTensor::from_u32(&batch.cu_seqlens_q(), &[seqs.len() + 1]), DType::U32)?,

@@ -99,6 +99,25 @@ impl ForwardBatch {
         self.token_ids.is_empty()
     }
 
+    /// Every sequence's block table as a row of `width` entries, padded with block 0:
+    /// `[sequences, width]` row-major.
+    ///
+    /// # Panics
+    /// If a sequence holds more than `width` blocks.
+    pub fn padded_block_tables(&self, width: usize) -> Vec<u32> {
+        let mut tables = vec![0u32; self.sequences.len() * width];
+        for (i, row) in tables.chunks_mut(width.max(1)).enumerate() {
+            let table = self.block_table(i);
+            row[..table.len()].copy_from_slice(table);
+        }
+        tables
+    }
+
+    /// Context length of each sequence after this step.
+    pub fn context_lens(&self) -> Vec<u32> {
+        self.sequences.iter().map(|s| s.context_len as u32).collect()
+    }
+
     /// Prefix sums of query lengths (`[0, q0, q0+q1, ...]`).
     pub fn cu_seqlens_q(&self) -> Vec<u32> {
         let mut acc = 0;

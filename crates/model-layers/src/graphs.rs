@@ -28,8 +28,8 @@ use crate::attention::StepMetadata;
 use crate::layers::decoder::{DecoderModel, DeviceStep};
 use crate::{ForwardBatch, Model, Result};
 
-/// The batch sizes vLLM-style engines capture by default: every size up to 256 is within
-/// a third of one of them.
+/// The batch sizes captured by default: padding a step up to the next one wastes at most
+/// half of it (a third from 16 rows on).
 pub const DEFAULT_BATCH_SIZES: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
 /// The longest context a replayed step may hold by default; longer ones run eagerly.
@@ -176,12 +176,7 @@ impl DecodeGraphs {
             v.resize(g.size, fill);
             v
         };
-        let seq_lens: Vec<u32> = batch.sequences.iter().map(|s| s.context_len as u32).collect();
-        let mut tables = vec![0u32; n * self.max_blocks];
-        for (i, row) in tables.chunks_mut(self.max_blocks).enumerate() {
-            let table = batch.block_table(i);
-            row[..table.len()].copy_from_slice(table);
-        }
+        let (seq_lens, tables) = (batch.context_lens(), batch.padded_block_tables(self.max_blocks));
         let (step, meta) = (&g.step, &g.step.meta.attention);
         b.write_u32(&step.ids, &pad(&batch.token_ids, 0))?;
         b.write_u32(&step.positions, &pad(&batch.positions, 0))?;
