@@ -18,6 +18,7 @@
 // k, v [t, h_kv * d] -> the pools at slots[t]. One block per token.
 extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_t* kc, bf16_t* vc, const u32* slots,
                                          u32 row, u64 capacity) {
+    pdl_enter();
     const u64 slot = slots[blockIdx.x];
     if (slot >= capacity) return;
     const u64 src = (u64)blockIdx.x * row, dst = slot * row;
@@ -44,6 +45,7 @@ struct QkvArgs {
 extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
 qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_norm, const u32* positions,
                       const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots, QkvArgs a) {
+    pdl_enter();
     __shared__ float head[QKV_WARPS][ATTN_MAX_DIM];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 tok = blockIdx.x, hh = blockIdx.y * QKV_WARPS + warp;
@@ -118,6 +120,7 @@ __device__ u32 seq_of_row(const u32* cu, u32 num_seqs, u32 i) {
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
                      const u32* seq_lens, const u32* tables, AttnArgs a) {
+    pdl_enter();
     const u32 i = blockIdx.x, hq = blockIdx.y;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 s = seq_of_row(cu_q, a.num_seqs, i);
@@ -232,31 +235,59 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
     }
 }
 
-// grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
-// part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
-// G <= DEC_MAX_GROUP (checked on the host).
-// Merges the `splits` partials of (row `s`, query head `hq`) into out[s, hq, :], dims `e`
-// strided by `step` from `e0`. Reads bypass L1: other blocks wrote the partials.
-__device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_ml, u32 s, u32 hq, u32 splits,
-                          u32 e0, u32 step, const AttnArgs& a) {
-    const u64 head = (u64)s * a.h + hq;
-    float big = -MET_INF;
-    for (u32 i = 0; i < splits; ++i) big = fmaxf(big, __ldcg(part_ml + (head * DEC_SPLITS + i) * 2));
-    for (u32 e = e0; e < a.d; e += step) {
-        float num = 0.0f, den = 0.0f;
+// Merges the `splits` partials of row `s`'s query heads `hq0 .. hq0 + group` into
+// out[s, hq0 .., :], run by the whole block (DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS
+// threads). The maxima and sums come through shared memory and each thread issues all its
+// numerator loads before it sums them, so the merge costs a few round trips to L2, not one
+// per split. The sums run over the splits in order, so the result does not depend on which
+// block merges. Reads bypass L1: other blocks wrote the partials.
+__device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_ml, u32 s, u32 hq0, u32 group,
+                          u32 splits, const AttnArgs& a) {
+    __shared__ float sm_m[DEC_MAX_GROUP][DEC_SPLITS], sm_l[DEC_MAX_GROUP][DEC_SPLITS];
+    __shared__ float sm_f[DEC_MAX_GROUP][DEC_SPLITS], sm_den[DEC_MAX_GROUP];
+    const u32 t = threadIdx.x;
+    const u64 head0 = (u64)s * a.h + hq0;
+    if (t < group * DEC_SPLITS && t % DEC_SPLITS < splits) {
+        const u32 g = t / DEC_SPLITS, i = t % DEC_SPLITS;
+        const float* ml = part_ml + ((head0 + g) * DEC_SPLITS + i) * 2;
+        sm_m[g][i] = __ldcg(ml);
+        sm_l[g][i] = __ldcg(ml + 1);
+    }
+    __syncthreads();
+    if (t < group) {
+        float big = -MET_INF;
+        for (u32 i = 0; i < splits; ++i) big = fmaxf(big, sm_m[t][i]);
+        float den = 0.0f;
         for (u32 i = 0; i < splits; ++i) {
-            const float mi = __ldcg(part_ml + (head * DEC_SPLITS + i) * 2);
-            const float f = mi == -MET_INF ? 0.0f : expf(mi - big);
-            num += __ldcg(part_acc + (head * DEC_SPLITS + i) * a.d + e) * f;
-            den += __ldcg(part_ml + (head * DEC_SPLITS + i) * 2 + 1) * f;
+            const float f = sm_m[t][i] == -MET_INF ? 0.0f : expf(sm_m[t][i] - big);
+            sm_f[t][i] = f;
+            den += sm_l[t][i] * f;
         }
-        out[head * a.d + e] = f2bf(num / den);
+        sm_den[t] = den;
+    }
+    __syncthreads();
+    for (u32 idx = t; idx < group * a.d; idx += blockDim.x) {
+        const u32 g = idx / a.d, e = idx % a.d;
+        const float* acc = part_acc + (head0 + g) * DEC_SPLITS * a.d + e;
+        float v[DEC_SPLITS];
+#pragma unroll
+        for (u32 i = 0; i < DEC_SPLITS; ++i) v[i] = i < splits ? __ldcg(acc + i * a.d) : 0.0f;
+        float num = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < DEC_SPLITS; ++i)
+            if (i < splits) num += v[i] * sm_f[g][i];
+        out[(head0 + g) * a.d + e] = f2bf(num / sm_den[g]);
     }
 }
 
+// grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
+// part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
+// G <= DEC_MAX_GROUP (checked on the host).
+static_assert(DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS, "dec_merge needs a thread per (head, split)");
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
 decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
                       const u32* seq_lens, const u32* tables, AttnArgs a, bf16_t* out, u32* counters) {
+    pdl_enter();
     const u32 s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 group = a.h / a.h_kv;
@@ -389,7 +420,6 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
     __syncthreads();
     if (ticket != splits_used - 1) return;
     __threadfence();
-    for (u32 g = 0; g < group; ++g)
-        dec_merge(out, part_acc, part_ml, s, kvh * group + g, splits_used, threadIdx.x, blockDim.x, a);
+    dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits_used, a);
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }

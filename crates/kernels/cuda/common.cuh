@@ -102,3 +102,30 @@ __device__ float block_max(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : -MET_INF;
     return warp_max(v);
 }
+
+// Programmatic dependent launch (sm_90 on; no-ops before). The host launches every kernel
+// allowed to start before the kernel ahead of it in the stream has finished (`launch_raw`
+// in `src/cuda/mod.rs`), so each kernel must obey two rules:
+//  - before `pdl_wait_prev()` returns it touches no memory that an earlier kernel of the
+//    stream writes or reads: only data constant for the whole step, such as weights;
+//  - every thread calls `pdl_wait_prev()`, before any early return, so the grid does not
+//    finish before its predecessors and the ordering stays transitive down the stream.
+// `pdl_allow_next()` lets the next kernel launch (and begin its own pre-wait work) once
+// every block of this grid has called it; the next kernel still waits for this one's end.
+// `pdl_enter()` is both, for kernels with nothing to do before their inputs are ready.
+__device__ __forceinline__ void pdl_allow_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait_prev() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_enter() {
+    pdl_allow_next();
+    pdl_wait_prev();
+}

@@ -7,17 +7,20 @@
 // Elementwise kernels use grid-stride loops; row kernels take one block per row.
 
 extern "C" __global__ void cast_bf16_f32(const bf16_t* x, float* out, u64 n) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         out[i] = bf2f(x[i]);
 }
 
 extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* out, u64 n) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         out[i] = f2bf(x[i]);
 }
 
 // out[i] = bound * rng::weight_uniform(key, i) for i < n, rounded to bf16 (dummy weights).
 extern "C" __global__ void random_uniform_bf16(bf16_t* out, u64 n, u64 key, float bound) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 bits = mix64(key + (i + 1ull) * 0x9E3779B97F4A7C15ull);
         const float u = (float)(bits >> 40) * (1.0f / 16777216.0f);
@@ -26,6 +29,7 @@ extern "C" __global__ void random_uniform_bf16(bf16_t* out, u64 n, u64 key, floa
 }
 
 extern "C" __global__ void add_bf16(const bf16_t* a, const bf16_t* b, bf16_t* out, u64 n) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
 }
@@ -72,6 +76,7 @@ __device__ __forceinline__ void rms_norm_regs(const float (&v)[NORM_PER_THREAD],
 }
 
 extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
+    pdl_enter();
     const u64 row = blockIdx.x;
     if (n > NORM_PER_THREAD * blockDim.x) {
         rms_norm_row(x + row * n, w, out + row * n, n, eps);
@@ -89,6 +94,7 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_
 // `sum = round(x + residual)` (written out), then RMSNorm of the rounded sum.
 extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w,
                                              bf16_t* normed, bf16_t* sum, u32 n, float eps) {
+    pdl_enter();
     const u64 off = (u64)blockIdx.x * n;
     if (n > NORM_PER_THREAD * blockDim.x) {
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) sum[off + i] = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
@@ -116,6 +122,7 @@ extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res,
 // `2 * half` pass through.
 extern "C" __global__ void rotary_bf16(const bf16_t* x, const u32* positions, const float* inv_freq, bf16_t* out,
                                        u32 h, u32 d, u32 half) {
+    pdl_enter();
     const u64 base = (u64)blockIdx.x * h * d;
     const float p = (float)positions[blockIdx.x];
     for (u32 idx = threadIdx.x; idx < h * d; idx += blockDim.x) {
@@ -140,6 +147,7 @@ extern "C" __global__ void rotary_bf16(const bf16_t* x, const u32* positions, co
 // silu(x[:, :n]) * x[:, n:] with silu rounded to bf16 first, as transformers' `act_fn(gate)
 // * up` in bf16.
 extern "C" __global__ void silu_mul_bf16(const bf16_t* x, bf16_t* out, u32 n, u64 total) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u64 row = i / n, col = i % n;
         const float g = bf2f(x[row * 2 * n + col]), u = bf2f(x[row * 2 * n + n + col]);
@@ -159,15 +167,18 @@ __device__ void gather_rows(const T* table, const u32* ids, T* out, u32 v, u32 h
 }
 
 extern "C" __global__ void gather_rows_bf16(const bf16_t* t, const u32* ids, bf16_t* out, u32 v, u32 h, u64 total) {
+    pdl_enter();
     gather_rows(t, ids, out, v, h, total);
 }
 
 extern "C" __global__ void gather_rows_f32(const float* t, const u32* ids, float* out, u32 v, u32 h, u64 total) {
+    pdl_enter();
     gather_rows(t, ids, out, v, h, total);
 }
 
 // out [m, w] = x[:, start .. start + w] for x [m, n].
 extern "C" __global__ void copy_cols_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 start, u32 w, u64 total) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / w, c = i % w;
         out[i] = x[r * n + start + c];
@@ -176,6 +187,7 @@ extern "C" __global__ void copy_cols_bf16(const bf16_t* x, bf16_t* out, u32 n, u
 
 // Every row of out [m, n] = bias [n]: the C operand of a GEMM that adds the bias (beta = 1).
 extern "C" __global__ void fill_rows_bf16(const bf16_t* bias, bf16_t* out, u32 n, u64 total) {
+    pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
         out[i] = bias[i % n];
 }

@@ -56,7 +56,10 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf
             for (int r = 0; r < R; ++r) buf[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
         }
     };
+    // The weights are constant for the step, so they are requested before waiting for the
+    // kernel that writes x: the first loads overlap that kernel's tail.
     fetch(lane, next);
+    pdl_wait_prev();
     for (u32 base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
         uint4 wr[GEMV_UNROLL][R];
 #pragma unroll
@@ -89,7 +92,10 @@ __device__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                      bf16_t* __restrict__ out, u32 m, u32 n, u32 k) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 first = (blockIdx.x * GEMV_WARPS + warp) * R;
-    if (first >= n) return;
+    if (first >= n) {
+        pdl_wait_prev();
+        return;
+    }
     u32 rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = min(first + r, n - 1);
@@ -113,7 +119,10 @@ __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict
                           u32 m, u32 half, u32 k) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.x * GEMV_WARPS + warp;
-    if (j >= half) return;
+    if (j >= half) {
+        pdl_wait_prev();
+        return;
+    }
     const u32 rows[2] = {j, half + j};
     float acc[2][M];
     gemv_dots<M, 2>(x, w, rows, m, k, acc);
@@ -130,11 +139,13 @@ __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
         gemv_bf16_m##M##_r##R(const bf16_t* x, const bf16_t* w, const bf16_t* bias, bf16_t* out, u32 m, u32 n, \
                               u32 k) {                                                                        \
+        pdl_allow_next();                                                                                     \
         gemv<M, R>(x, w, bias, out, m, n, k);                                                                 \
     }
 #define MET_GEMV_SILU(M)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
         gemv_silu_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 m, u32 half, u32 k) {           \
+        pdl_allow_next();                                                                                      \
         gemv_silu<M>(x, w, out, m, half, k);                                                                   \
     }
 

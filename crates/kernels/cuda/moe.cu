@@ -37,10 +37,12 @@ __device__ void topk_routing(const T* logits, float* weights, u32* experts, u32 
 }
 
 extern "C" __global__ void topk_routing_bf16(const bf16_t* l, float* w, u32* x, u32 e, u32 k, u32 renorm) {
+    pdl_enter();
     topk_routing(l, w, x, e, k, renorm);
 }
 
 extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u32 e, u32 k, u32 renorm) {
+    pdl_enter();
     topk_routing(l, w, x, e, k, renorm);
 }
 
@@ -56,10 +58,12 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
 }
 
 extern "C" __global__ void moe_combine_f32(const bf16_t* y, const u32* rows, const float* w, bf16_t* out, u32 k, u32 h) {
+    pdl_enter();
     moe_combine(y, rows, w, out, k, h);
 }
 
 extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, const bf16_t* w, bf16_t* out, u32 k,
                                             u32 h) {
+    pdl_enter();
     moe_combine(y, rows, w, out, k, h);
 }

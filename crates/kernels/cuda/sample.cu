@@ -278,6 +278,7 @@ __device__ void top_keys(const float* raw, u32 vocab, u32 k, SelectShared* sh) {
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, const float* biases, float* scratch,
             u32* tokens, float* logprobs, u32* top_ids, float* top_vals) {
+    pdl_enter();
     __shared__ SelectShared sh;
     const RowParams p = read_row(rows + (u64)blockIdx.x * ROW_WORDS);
     const float* raw = logits + (u64)p.logits_row * vocab;
@@ -315,6 +316,7 @@ sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, co
 // grid (rows, ARGMAX_PARTS), block ARGMAX_THREADS. `rows[r]` is the logits row of row r.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_parts(const float* logits, u32 vocab, const u32* rows, float* part_v, u32* part_i) {
+    pdl_enter();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ u32 si[ARGMAX_THREADS / 32];
     const u32 r = blockIdx.x, p = blockIdx.y;
@@ -359,6 +361,7 @@ argmax_parts(const float* logits, u32 vocab, const u32* rows, float* part_v, u32
 
 // grid (rows), block 32 (one lane per part).
 extern "C" __global__ void argmax_merge(const float* part_v, const u32* part_i, u32* tokens) {
+    pdl_enter();
     const u32 r = blockIdx.x, lane = threadIdx.x;
     float best = part_v[r * ARGMAX_PARTS + lane];
     u32 best_i = part_i[r * ARGMAX_PARTS + lane];

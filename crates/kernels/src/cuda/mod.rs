@@ -90,6 +90,8 @@ pub struct CudaBackend {
     fault: Option<&'static str>,
     /// `u32 [attention::DECODE_COUNTERS]`, zeroed: the decode attention's merge tickets.
     decode_counters: DeviceBuffer,
+    /// Whether launches allow programmatic dependent launch ([`Self::launch_raw`]).
+    pdl: bool,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -153,7 +155,10 @@ impl CudaBackend {
         let blas = Blas::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
         dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;
-        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters })
+        // `MET_CUDA_PDL=0` launches every kernel fully serialised, to measure what the
+        // overlap is worth or to rule it out when chasing a race.
+        let pdl = dev.capability.0 >= 9 && std::env::var_os("MET_CUDA_PDL").is_none_or(|v| v != "0");
+        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters, pdl })
     }
 
     fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -183,6 +188,64 @@ impl CudaBackend {
             Some(h) => Ok(h),
             None => self.download_u32(t).map(Arc::from),
         }
+    }
+}
+
+/// The parameter list of one kernel launch: pointers to the argument values, in order.
+#[derive(Default)]
+pub(crate) struct Params {
+    ptrs: [*mut std::ffi::c_void; Self::MAX],
+    len: usize,
+}
+
+impl Params {
+    /// More than any met kernel takes.
+    const MAX: usize = 16;
+
+    /// Appends `value`, which must stay alive (and unmoved) until the launch.
+    pub(crate) fn push<T: cudarc::driver::DeviceRepr>(&mut self, value: &T) {
+        assert!(self.len < Self::MAX, "a kernel launch with more than {} arguments", Self::MAX);
+        self.ptrs[self.len] = std::ptr::from_ref(value).cast_mut().cast();
+        self.len += 1;
+    }
+}
+
+impl CudaBackend {
+    /// Launches `func` on the compute stream. Where the GPU supports it (Hopper on), the
+    /// launch allows programmatic dependent launch: the kernel may start while the kernel
+    /// before it finishes, and every met kernel waits for its predecessor's results with
+    /// `pdl_wait_prev` (see `common.cuh`) before it reads or writes anything they share, so
+    /// a kernel's launch and its first weight loads overlap the previous kernel's tail.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameters in number, order and type, and every
+    /// pointer among them must be a live allocation that holds what the kernel indexes.
+    unsafe fn launch_raw(&self, func: &CudaFunction, cfg: LaunchConfig, params: &mut Params) -> Result<()> {
+        use cudarc::driver::sys;
+        self.dev.bind()?;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.dev.stream().cu_stream(),
+            attrs: &raw mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
+        // SAFETY: `config` and `attr` outlive the call; the caller vouches for `params`.
+        unsafe {
+            sys::cuLaunchKernelEx(&raw const config, func.cu_function(), params.ptrs.as_mut_ptr(), std::ptr::null_mut())
+        }
+        .result()
+        .map_err(drv)
     }
 }
 
@@ -217,24 +280,23 @@ fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
 }
 
 /// Launches kernel `$name` with `$cfg` and the arguments in order. Each argument is bound
-/// to a local first, so the launch builder borrows values that outlive it.
+/// to a local first, so the parameter list points at values that outlive the launch call.
 macro_rules! launch {
     ($be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
         let be = &$be;
-        be.dev.bind()?;
         let func = be.kernel($name)?;
-        let mut builder = be.dev.stream().launch_builder(func);
-        launch!(@push builder; $($arg),*);
+        let mut params = $crate::cuda::Params::default();
+        launch!(@push params; $($arg),*);
         // SAFETY: the arguments match the kernel's parameters in number, order and type
         // (see the `.cu` sources); every pointer is a live allocation of this device that
         // holds what the kernel indexes, as the caller's shape checks establish.
-        unsafe { builder.launch($cfg) }.map(drop).map_err($crate::cuda::drv)
+        unsafe { be.launch_raw(func, $cfg, &mut params) }
     }};
-    (@push $b:ident; ) => {};
-    (@push $b:ident; $head:expr $(, $tail:expr)*) => {
+    (@push $p:ident; ) => {};
+    (@push $p:ident; $head:expr $(, $tail:expr)*) => {
         let value = $head;
-        cudarc::driver::PushKernelArg::arg(&mut $b, &value);
-        launch!(@push $b; $($tail),*);
+        $p.push(&value);
+        launch!(@push $p; $($tail),*);
     };
 }
 pub(crate) use launch;
@@ -305,8 +367,9 @@ impl GpuBackend for CudaBackend {
             .fault
             .map(|f| format!("; DELIBERATELY WRONG KERNELS ({}={f}), for testing tests only", compile::FAULT_VAR))
             .unwrap_or_default();
+        let serial = if self.pdl { "" } else { "; launches serialised" };
         format!(
-            "cuda:{} {} ({}, {} SMs, {memory}); {}{fault}",
+            "cuda:{} {} ({}, {} SMs, {memory}); {}{serial}{fault}",
             self.dev.ordinal, self.dev.name, self.arch, self.dev.multiprocessors, self.origin
         )
     }

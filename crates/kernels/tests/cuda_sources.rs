@@ -1,0 +1,105 @@
+//! Rules every CUDA kernel source must keep, checked on the text, so they hold on machines
+//! without a GPU (CI) too.
+//!
+//! Programmatic dependent launch: the CUDA backend launches every kernel allowed to start
+//! before the kernel ahead of it has finished (`launch_raw` in `src/cuda/mod.rs`). That is
+//! correct only if each kernel waits for its predecessor (`pdl_wait_prev`, `common.cuh`)
+//! before it touches shared memory; one kernel without the wait would race with the one
+//! before it and break the ordering of every kernel after it.
+
+use std::path::Path;
+
+/// The brace-matched block of `src` that opens at byte `open`.
+fn block(src: &str, open: usize) -> &str {
+    let mut depth = 0usize;
+    for (i, c) in src[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &src[open..=open + i];
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("unbalanced braces after byte {open}")
+}
+
+/// Each `extern "C" __global__` function of `src`: its name and its body's text.
+fn kernels(src: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = src[from..].find("extern \"C\" __global__").map(|i| from + i) {
+        let open = at + src[at..].find('{').expect("a kernel has a body");
+        let mut head = src[at..open].to_string();
+        if let Some(lb) = head.find("__launch_bounds__(") {
+            let close = lb + head[lb..].find(')').expect("launch bounds close");
+            head.replace_range(lb..=close, "");
+        }
+        let name = head[..head.find('(').expect("a parameter list")].split_whitespace().last().expect("a name");
+        let body = block(src, open);
+        out.push((name.to_string(), body.to_string()));
+        from = open + body.len();
+    }
+    out
+}
+
+fn source(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The body of the device function `name`: its definition is the first ` name(`.
+fn function_body<'a>(src: &'a str, name: &str) -> &'a str {
+    let at = src.find(&format!(" {name}(")).unwrap_or_else(|| panic!("no function `{name}`"));
+    block(src, at + src[at..].find('{').expect("a body"))
+}
+
+#[test]
+fn every_kernel_waits_for_the_kernel_before_it() {
+    let mut seen = 0;
+    for file in ["dense.cu", "attention.cu", "moe.cu", "sample.cu"] {
+        for (name, body) in kernels(&source(file)) {
+            seen += 1;
+            let first = body[1..].trim_start();
+            assert!(
+                first.starts_with("pdl_enter();"),
+                "{file}: kernel `{name}` must begin with `pdl_enter();`, before any early return"
+            );
+        }
+    }
+    // The decode GEMVs request their first weights before waiting; the wait is in the
+    // shared dot loop, and the warps that return early wait first.
+    let gemv = source("gemv.cu");
+    let wrappers = kernels(&gemv);
+    assert_eq!(wrappers.len(), 2, "the two kernel macros of gemv.cu");
+    for (name, body) in &wrappers {
+        // Macro bodies: skip the line continuations too.
+        let first = body[1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        assert!(first.starts_with("pdl_allow_next();"), "gemv.cu: `{name}` must begin with `pdl_allow_next();`");
+    }
+    let dots = function_body(&gemv, "gemv_dots");
+    let fetch = dots.find("fetch(lane, next);").expect("the first fetch");
+    let wait = dots.find("pdl_wait_prev();").expect("gemv_dots must wait");
+    let x = dots.find("xv +").expect("the x loads");
+    assert!(fetch < wait && wait < x, "gemv_dots: weights, then the wait, then x");
+    for f in ["gemv", "gemv_silu"] {
+        let body = function_body(&gemv, f);
+        let ret = body.find("return;").expect("the early return");
+        assert!(body[..ret].contains("pdl_wait_prev();"), "gemv.cu `{f}`: wait before the early return");
+    }
+    assert!(seen >= 20, "found only {seen} kernels: is the parser still right?");
+}
+
+#[test]
+fn the_parser_finds_bodies_with_nested_braces() {
+    let src = "extern \"C\" __global__ void __launch_bounds__(128) k(int a) { if (a) { x(); } y(); }\n\
+               extern \"C\" __global__ void j() { pdl_enter(); }";
+    let found = kernels(src);
+    assert_eq!(found.len(), 2);
+    assert_eq!(found[0].0, "k");
+    assert_eq!(found[0].1, "{ if (a) { x(); } y(); }");
+    assert_eq!(found[1], ("j".to_string(), "{ pdl_enter(); }".to_string()));
+}
