@@ -9,16 +9,23 @@
 //! synchronisation memory needs. When an allocation fails, the pool's cached blocks are
 //! returned to the driver (after a synchronisation) and the allocation is tried once more.
 //!
+//! While a graph is recorded, the recording thread's allocations come from the graph arena
+//! instead ([`super::arena`]), so the recorded step holds no allocation or free nodes.
+//!
 //! Every entry point binds the context to the calling thread first, so the backend can be
 //! used from any thread (loading on one, the engine on another).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::{self, ThreadId};
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
+use super::arena::Offsets;
 use super::drv;
 use crate::backend::MemoryInfo;
 use crate::error::{Error, Result};
@@ -39,6 +46,30 @@ pub(crate) struct Device {
     /// Nanoseconds the host has spent waiting for the device: in [`Self::synchronize`] and
     /// in downloads.
     waited_ns: AtomicU64,
+    graph_memory: Mutex<GraphMemory>,
+}
+
+/// The graph arena: one plain allocation shared by every graph's recorded ops.
+#[derive(Default)]
+struct GraphMemory {
+    offsets: Offsets,
+    /// The arena (0 before the first recording sized it) and its bytes.
+    base: CUdeviceptr,
+    bytes: usize,
+    /// Whether a graph holds addresses inside the current arena.
+    used: bool,
+    /// Earlier, smaller arenas that graphs still point into; freed with the device.
+    retired: Vec<CUdeviceptr>,
+    /// The thread recording a graph, whose allocations come from here.
+    recording: Option<ThreadId>,
+}
+
+/// How a recording's memory fitted the arena.
+pub(crate) enum ArenaFit {
+    /// Every allocation came from the arena.
+    Fits,
+    /// Some came from the pool; an arena of this many bytes would have held them all.
+    Needs(usize),
 }
 
 // SAFETY: the pool handle is a driver object usable from any thread; the other fields are
@@ -87,6 +118,7 @@ impl Device {
             multiprocessors,
             ordinal,
             waited_ns: AtomicU64::new(0),
+            graph_memory: Mutex::new(GraphMemory::default()),
         }))
     }
 
@@ -109,12 +141,46 @@ impl Device {
         self.stream.cu_stream()
     }
 
-    /// `bytes` of uninitialised device memory, ordered on the stream.
+    /// `bytes` of uninitialised device memory, ordered on the stream (from the graph arena
+    /// while this thread records a graph).
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         if bytes == 0 {
-            return Ok(DeviceBuffer { ptr: 0, bytes, device: Arc::clone(self) });
+            return Ok(DeviceBuffer { ptr: 0, bytes, device: Arc::clone(self), range: None, pooled: false });
         }
         self.bind()?;
+        let mut range = None;
+        {
+            let mut g = self.graph_memory.lock();
+            if g.recording == Some(thread::current().id()) {
+                let (start, len) = g.offsets.take(bytes);
+                if start + len <= g.bytes {
+                    let ptr = g.base + start as u64;
+                    return Ok(DeviceBuffer {
+                        ptr,
+                        bytes,
+                        device: Arc::clone(self),
+                        range: Some((start, len)),
+                        pooled: false,
+                    });
+                }
+                // Past the arena: pool memory (an allocation node of the graph), while the
+                // range still counts towards the size the arena should have.
+                range = Some((start, len));
+            }
+        }
+        let buffer = self.alloc_pooled(bytes);
+        if buffer.is_err()
+            && let Some((start, len)) = range
+        {
+            self.graph_memory.lock().offsets.give(start, len);
+        }
+        buffer.map(|mut b| {
+            b.range = range;
+            b
+        })
+    }
+
+    fn alloc_pooled(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         // SAFETY: the stream is live; the memory is only used through the returned buffer.
         let first = unsafe { result::malloc_async(self.cu_stream(), bytes) };
         let ptr = match first {
@@ -130,7 +196,61 @@ impl Device {
             }
             Err(e) => return Err(drv(e)),
         };
-        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self) })
+        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self), range: None, pooled: true })
+    }
+
+    /// Starts taking this thread's allocations from the graph arena, for a recording.
+    pub(crate) fn begin_graph_memory(&self) -> Result<()> {
+        let mut g = self.graph_memory.lock();
+        if g.recording.is_some() || g.offsets.live() != 0 {
+            return Err(Error::Device("a graph recording began while another one's memory was in use".into()));
+        }
+        g.offsets.reset_peak();
+        g.recording = Some(thread::current().id());
+        Ok(())
+    }
+
+    /// Ends the recording's arena use. Fails if one of its allocations is still alive:
+    /// graphs share the arena, so a tensor made during a recording must not outlive it.
+    pub(crate) fn end_graph_memory(&self) -> Result<ArenaFit> {
+        let mut g = self.graph_memory.lock();
+        g.recording = None;
+        if g.offsets.live() != 0 {
+            return Err(Error::Device(format!(
+                "{} tensors made while recording a graph outlived the recording",
+                g.offsets.live()
+            )));
+        }
+        if g.offsets.peak() <= g.bytes {
+            g.used = true;
+            Ok(ArenaFit::Fits)
+        } else {
+            Ok(ArenaFit::Needs(g.offsets.peak()))
+        }
+    }
+
+    /// Replaces the arena by one of `bytes` (outside any recording). The old one is freed
+    /// unless a graph points into it.
+    pub(crate) fn grow_graph_memory(&self, bytes: usize) -> Result<()> {
+        self.bind()?;
+        self.synchronize()?;
+        // SAFETY: a plain allocation, owned by the arena until the device is dropped.
+        let base = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| Error::Device(format!("out of device memory for {bytes} bytes of graph memory ({e})")))?;
+        let mut g = self.graph_memory.lock();
+        let old = std::mem::replace(&mut g.base, base);
+        if old != 0 {
+            if g.used {
+                g.retired.push(old);
+            } else {
+                // SAFETY: no graph and no live buffer points into it (none is live outside a
+                // recording), and the device is idle.
+                unsafe { result::free_sync(old) }.map_err(drv)?;
+            }
+        }
+        g.bytes = bytes;
+        g.used = false;
+        Ok(())
     }
 
     /// Copies host data into `dst` (which holds at least its bytes), ordered on the stream.
@@ -210,11 +330,28 @@ impl Device {
     }
 }
 
-/// A device allocation, returned to the pool (stream-ordered) when dropped.
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        let g = self.graph_memory.get_mut();
+        for ptr in g.retired.drain(..).chain((g.base != 0).then_some(g.base)) {
+            // SAFETY: arena allocations are freed only here, once every buffer (each holds
+            // the device) and graph is gone.
+            self.ctx.record_err(unsafe { result::free_sync(ptr) });
+        }
+    }
+}
+
+/// A device allocation, returned to the pool (stream-ordered) or the graph arena when
+/// dropped.
 pub(crate) struct DeviceBuffer {
     ptr: CUdeviceptr,
     bytes: usize,
     device: Arc<Device>,
+    /// The graph arena range it holds, if it was made during a recording.
+    range: Option<(usize, usize)>,
+    /// Whether it is pool memory, to free.
+    pooled: bool,
 }
 
 impl DeviceBuffer {
@@ -226,7 +363,10 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if let Some((start, len)) = self.range {
+            self.device.graph_memory.lock().offsets.give(start, len);
+        }
+        if !self.pooled {
             return;
         }
         // A failure here leaves the memory to the context's teardown; it is recorded by

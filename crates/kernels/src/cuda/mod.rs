@@ -11,6 +11,7 @@
 //! validate ids, slots and attention metadata without reading the device; an index tensor
 //! the device produced is downloaded when it must be checked.
 
+mod arena;
 mod attention;
 mod compile;
 mod device;
