@@ -1,23 +1,28 @@
 // gemv.cu: `out [m, n] = x [m, k] · wᵀ (+ bias)` for the smallest decode batches (m <= 4).
 //
 // At these batch sizes a projection is a stream over its weight matrix: every weight is read
-// once from memory and used m times. Each warp owns R consecutive rows of W and walks them
-// with 16-byte loads (8 bf16), U loads of each row in flight per lane, so the SMs keep
-// enough bytes moving to reach the memory bandwidth; the x rows (a few KiB) come through the
-// L1 cache and are reused across the warp's R rows. Weights are loaded with the
+// once from memory and used m times. A block owns R consecutive rows of W, and its threads
+// split each row's k between them (thread t takes the 16-byte vectors t, t + 128, ...), so a
+// block has all of its rows' loads in flight at once and finishes after a round trip or
+// two. Many short blocks (16 KiB of weights, tens per SM) keep every SM streaming until
+// the end; few long ones leave the last wave to a handful of SMs. The x rows (a few KiB)
+// come through the L1 cache, shared by the blocks of an SM. Weights are loaded with the
 // streaming hint, since nothing reads them again this step.
 //
-// Accumulation is f32. A dot product's order depends only on k (lane partials over fixed
-// slices, then a fixed shuffle tree), never on m, n or R, so a row's result does not change
-// with the batch it is computed in, and a graph replay at a padded batch size gives the
-// eager result bit for bit. Needs k % 8 == 0 and 16-byte aligned rows (checked on the host).
+// Accumulation is f32. A dot product's order depends only on k (thread partials over fixed
+// slices, a fixed shuffle tree per warp, then the warps in order), never on m, n or R, so
+// a row's result does not change with the batch it is computed in, and a graph replay at a
+// padded batch size gives the eager result bit for bit. Needs k % 8 == 0 and 16-byte
+// aligned rows (checked on the host).
 //
 // The `silu` variant computes the SwiGLU activation straight from a fused gate/up weight
-// `[2i, k]`: the warp's two rows are gate row j and up row i + j, and it writes
+// `[2i, k]`: the block's two rows are gate row j and up row i + j, and it writes
 // `silu(round(g)) · round(u)` rounded as `silu_mul_bf16` does, into `out [m, i]`.
 
-#define GEMV_WARPS 4
-#define GEMV_UNROLL 4
+#define GEMV_THREADS 128
+#define GEMV_WARPS (GEMV_THREADS / 32)
+// 16-byte weight loads a thread issues per stage, over the block's rows.
+#define GEMV_STAGE 4
 
 // 8 bf16 of `w` dotted with 8 bf16 of `x`, added to `acc` pairwise in a fixed order.
 __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
@@ -30,12 +35,13 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     return acc;
 }
 
-// The warp's partial dots of W rows `rows[0..R)` with x rows `0..min(m, M)`, summed over
-// the warp: every lane returns the full sums in `acc`.
+// The block's dots of W rows `rows[0..R)` with x rows `0..min(m, M)`: every thread
+// returns the full sums in `acc`. Called by every thread of the block.
 template <int M, int R>
 __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                           const u32 (&rows)[R], u32 m, u32 k, float (&acc)[R][M]) {
-    const u32 lane = threadIdx.x & 31;
+    constexpr int U = GEMV_STAGE / R;  // vectors per row per stage
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const u32 vecs = k / 8;
     const uint4* wv[R];
 #pragma unroll
@@ -45,31 +51,32 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf
         for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
     }
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    // Double-buffered: the next step's weights are requested before this step's arithmetic,
-    // so each lane keeps GEMV_UNROLL * R loads in flight while it computes.
-    uint4 next[GEMV_UNROLL][R];
-    auto fetch = [&](u32 base, uint4 (&buf)[GEMV_UNROLL][R]) {
+    // Double-buffered: the next stage's weights are requested before this stage's
+    // arithmetic, so each thread keeps up to 2 * GEMV_STAGE loads in flight.
+    constexpr u32 step = GEMV_THREADS * U;
+    uint4 next[U][R];
+    auto fetch = [&](u32 base, uint4 (&buf)[U][R]) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const u32 v = base + 32 * u;
+        for (int u = 0; u < U; ++u) {
+            const u32 v = base + GEMV_THREADS * u;
 #pragma unroll
             for (int r = 0; r < R; ++r) buf[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
         }
     };
     // The weights are constant for the step, so they are requested before waiting for the
     // kernel that writes x: the first loads overlap that kernel's tail.
-    fetch(lane, next);
+    fetch(t, next);
     pdl_wait_prev();
-    for (u32 base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
-        uint4 wr[GEMV_UNROLL][R];
+    for (u32 base = t; base < vecs; base += step) {
+        uint4 wr[U][R];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r) wr[u][r] = next[u][r];
-        if (base + 32 * GEMV_UNROLL < vecs) fetch(base + 32 * GEMV_UNROLL, next);
+        if (base + step < vecs) fetch(base + step, next);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const u32 v = base + 32 * u;
+        for (int u = 0; u < U; ++u) {
+            const u32 v = base + GEMV_THREADS * u;
             if (v >= vecs) break;
 #pragma unroll
             for (int i = 0; i < M; ++i) {
@@ -80,55 +87,59 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf
             }
         }
     }
+    __shared__ float part[GEMV_WARPS][R][M];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int i = 0; i < M; ++i) acc[r][i] = warp_sum(acc[r][i]);
+        for (int i = 0; i < M; ++i) {
+            const float s = warp_sum(acc[r][i]);
+            if (lane == 0) part[warp][r][i] = s;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            float s = part[0][r][i];
+#pragma unroll
+            for (int q = 1; q < GEMV_WARPS; ++q) s += part[q][r][i];
+            acc[r][i] = s;
+        }
 }
 
-// grid (ceil(n / (GEMV_WARPS * R))), block GEMV_WARPS * 32. `bias` may be null.
+// grid (ceil(n / R)), block GEMV_THREADS. `bias` may be null.
 template <int M, int R>
 __device__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                      bf16_t* __restrict__ out, u32 m, u32 n, u32 k) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 first = (blockIdx.x * GEMV_WARPS + warp) * R;
-    if (first >= n) {
-        pdl_wait_prev();
-        return;
-    }
+    const u32 first = blockIdx.x * R;
     u32 rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = min(first + r, n - 1);
     float acc[R][M];
     gemv_dots<M, R>(x, w, rows, m, k, acc);
+    // Thread r * M + i stores row r of x row i.
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < M; ++i) {
-            // Spread the stores over the lanes; every lane holds every sum.
-            if (first + r < n && i < m && lane == (u32)(r * M + i) % 32) {
+            if (first + r < n && i < m && threadIdx.x == (u32)(r * M + i)) {
                 const float b = bias ? bf2f(bias[first + r]) : 0.0f;
                 out[(u64)i * n + first + r] = f2bf(acc[r][i] + b);
             }
         }
 }
 
-// grid (ceil(i / GEMV_WARPS)), block GEMV_WARPS * 32; w is [2i, k] (gate rows, then up).
+// grid (i), block GEMV_THREADS; w is [2i, k] (gate rows, then up).
 template <int M>
 __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out,
                           u32 m, u32 half, u32 k) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 j = blockIdx.x * GEMV_WARPS + warp;
-    if (j >= half) {
-        pdl_wait_prev();
-        return;
-    }
+    const u32 j = blockIdx.x;
     const u32 rows[2] = {j, half + j};
     float acc[2][M];
     gemv_dots<M, 2>(x, w, rows, m, k, acc);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-        if (i < m && lane == (u32)i) {
+        if (i < m && threadIdx.x == (u32)i) {
             const float g = round_bf(acc[0][i]), u = round_bf(acc[1][i]);
             out[(u64)i * half + j] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
         }
@@ -136,14 +147,14 @@ __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict
 }
 
 #define MET_GEMV(M, R)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8)                                             \
         gemv_bf16_m##M##_r##R(const bf16_t* x, const bf16_t* w, const bf16_t* bias, bf16_t* out, u32 m, u32 n, \
                               u32 k) {                                                                        \
         pdl_allow_next();                                                                                     \
         gemv<M, R>(x, w, bias, out, m, n, k);                                                                 \
     }
 #define MET_GEMV_SILU(M)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8)                                              \
         gemv_silu_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 m, u32 half, u32 k) {           \
         pdl_allow_next();                                                                                      \
         gemv_silu<M>(x, w, out, m, half, k);                                                                   \
