@@ -213,12 +213,15 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
 // its own context and that class only. Each split writes its softmax
 // numerator (unnormalised), running max and sum in f32; the last split block of a (sequence,
 // KV head) to finish (a ticket counter per pair, reset by that block) merges the splits into
-// `out`, so a step is one launch. Lanes work in groups of d / 8, each lane on 8
-// contiguous dims (16-byte loads); a warp covers 32 / (d / 8) keys per step.
+// `out`, so a step is one launch (a sequence with a single split writes `out` itself).
+// Lanes work in groups of d / 8, each lane on 8 contiguous dims (16-byte loads); a warp
+// covers 32 / (d / 8) keys per step. One kernel per group size bucket (1, 2, 4, 8 query
+// heads per KV head), so registers are sized by the model's group, not the largest.
 
 #define DEC_WARPS 4
 #define DEC_SPLITS 16
 #define DEC_MAX_GROUP 8
+#define DEC_DEPTH 4
 
 // Keys per split for a sequence that sees `visible` keys.
 __device__ __forceinline__ u32 dec_split_len(u32 visible, u32 split_min) {
@@ -283,11 +286,12 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
 // grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
 // part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
 // G <= DEC_MAX_GROUP (checked on the host).
+// GM is the group size rounded up to a power of two (registers are sized by it).
 static_assert(DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS, "dec_merge needs a thread per (head, split)");
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
-                      const u32* seq_lens, const u32* tables, AttnArgs a, bf16_t* out, u32* counters) {
-    pdl_enter();
+template <int GM>
+__device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,
+                                 const bf16_t* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
+                                 bf16_t* out, u32* counters) {
     const u32 s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 group = a.h / a.h_kv;
@@ -310,9 +314,9 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
     const u32 end = min(first + visible, begin + len);  // exclusive
     const u32* table = tables + (u64)s * a.max_blocks;
 
-    float qf[DEC_MAX_GROUP][8], acc[DEC_MAX_GROUP][8], m[DEC_MAX_GROUP], l[DEC_MAX_GROUP];
+    float qf[GM][8], acc[GM][8], m[GM], l[GM];
 #pragma unroll
-    for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+    for (int g = 0; g < GM; ++g) {
         m[g] = -MET_INF;
         l[g] = 0.0f;
 #pragma unroll
@@ -322,8 +326,9 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
             unpack8(v, qf[g]);
         }
     }
-    // Keys and values of the next step are requested before this step's arithmetic, so a
-    // lane keeps a load in flight behind the dependent table lookup.
+    // The keys and values of DEC_DEPTH steps are in flight at once (a ring of registers:
+    // a slot is refilled with the step DEC_DEPTH ahead as soon as it is read), so a split
+    // of up to DEC_DEPTH steps per warp costs one round trip to memory, not one per step.
     const u32 stride = DEC_WARPS * per_step;
     auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
         const u32 j = j0 + sub;
@@ -333,37 +338,45 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
         kv = *reinterpret_cast<const uint4*>(kc + at);
         vv = *reinterpret_cast<const uint4*>(vc + at);
     };
-    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = k_next;
-    if (begin + warp * per_step < end) fetch(begin + warp * per_step, k_next, v_next);
-    for (u32 j0 = begin + warp * per_step; j0 < end; j0 += stride) {
-        const bool live = j0 + sub < end;
-        float kf[8], vf[8];
-        unpack8(k_next, kf);
-        unpack8(v_next, vf);
-        if (j0 + stride < end) fetch(j0 + stride, k_next, v_next);
+    const u32 j_first = begin + warp * per_step;
+    uint4 k_ring[DEC_DEPTH], v_ring[DEC_DEPTH];
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
-            if (g >= (int)group) break;
-            float dot = 0.0f;
+    for (int r = 0; r < DEC_DEPTH; ++r)
+        if (j_first + r * stride < end) fetch(j_first + r * stride, k_ring[r], v_ring[r]);
+    for (u32 jb = j_first; jb < end; jb += DEC_DEPTH * stride) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
-            for (u32 o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            if (!live) continue;
-            float score = dot * a.scale;
-            if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
-            const float m_new = fmaxf(m[g], score);
-            const float corr = m[g] == -MET_INF ? 0.0f : expf(m[g] - m_new);
-            const float p = expf(score - m_new);
-            l[g] = l[g] * corr + p;
+        for (int r = 0; r < DEC_DEPTH; ++r) {
+            const u32 j0 = jb + r * stride;
+            if (j0 >= end) break;
+            const bool live = j0 + sub < end;
+            float kf[8], vf[8];
+            unpack8(k_ring[r], kf);
+            unpack8(v_ring[r], vf);
+            if (j0 + DEC_DEPTH * stride < end) fetch(j0 + DEC_DEPTH * stride, k_ring[r], v_ring[r]);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
-            m[g] = m_new;
+            for (int g = 0; g < GM; ++g) {
+                if (g >= (int)group) break;
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
+                for (u32 o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (!live) continue;
+                float score = dot * a.scale;
+                if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+                const float m_new = fmaxf(m[g], score);
+                const float corr = m[g] == -MET_INF ? 0.0f : expf(m[g] - m_new);
+                const float p = expf(score - m_new);
+                l[g] = l[g] * corr + p;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
+                m[g] = m_new;
+            }
         }
     }
     // Merge the lane groups of the warp (same dims, other keys), then the warps.
     for (u32 o = L; o < 32; o <<= 1) {
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+        for (int g = 0; g < GM; ++g) {
             if (g >= (int)group) break;
             const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
             const float big = fmaxf(m[g], m2);
@@ -377,11 +390,11 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
             m[g] = big;
         }
     }
-    __shared__ float sm_acc[DEC_WARPS][DEC_MAX_GROUP][ATTN_MAX_DIM];
-    __shared__ float sm_ml[DEC_WARPS][DEC_MAX_GROUP][2];
+    __shared__ float sm_acc[DEC_WARPS][GM][ATTN_MAX_DIM];
+    __shared__ float sm_ml[DEC_WARPS][GM][2];
     if (sub == 0) {
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_GROUP; ++g) {
+        for (int g = 0; g < GM; ++g) {
             if (g >= (int)group) break;
 #pragma unroll
             for (int e = 0; e < 8; ++e) sm_acc[warp][g][lig * 8 + e] = acc[g][e];
@@ -404,12 +417,17 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
             den += sm_ml[w][g][1] * f;
         }
         const u64 head = (u64)s * a.h + kvh * group + g;
+        if (splits_used == 1) {  // nothing to merge: the merge would compute exactly this
+            out[head * a.d + e] = f2bf(num / den);
+            continue;
+        }
         part_acc[(head * DEC_SPLITS + split) * a.d + e] = num;
         if (e == 0) {
             part_ml[(head * DEC_SPLITS + split) * 2] = big;
             part_ml[(head * DEC_SPLITS + split) * 2 + 1] = den;
         }
     }
+    if (splits_used == 1) return;
     // The last split to finish merges: its partials and everyone else's are visible to it
     // once each block has fenced its writes before taking a ticket.
     __shared__ u32 ticket;
@@ -423,3 +441,16 @@ decode_attention_bf16(float* part_acc, float* part_ml, const bf16_t* q, const bf
     dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits_used, a);
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
+
+#define MET_DECODE_ATTENTION(GM)                                                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+        decode_attention_bf16_g##GM(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,       \
+                                    const bf16_t* vc, const u32* seq_lens, const u32* tables, AttnArgs a,     \
+                                    bf16_t* out, u32* counters) {                                             \
+        pdl_enter();                                                                                          \
+        decode_attention<GM>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);               \
+    }
+MET_DECODE_ATTENTION(1)
+MET_DECODE_ATTENTION(2)
+MET_DECODE_ATTENTION(4)
+MET_DECODE_ATTENTION(8)

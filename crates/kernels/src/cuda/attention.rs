@@ -266,5 +266,11 @@ fn decode(
     };
     let ptrs = (ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
     let (out_ptr, counters) = (ptr(op, out)?, b.decode_counters.ptr());
-    launch!(b, "decode_attention_bf16", cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
+    let name = match (h / hkv).next_power_of_two() {
+        1 => "decode_attention_bf16_g1",
+        2 => "decode_attention_bf16_g2",
+        4 => "decode_attention_bf16_g4",
+        _ => "decode_attention_bf16_g8",
+    };
+    launch!(b, name, cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
 }
