@@ -244,7 +244,7 @@ step kbench "kernel benches" kernel-bench.log 240 "$HERE/tests/kernels-bench" --
 profile_decode() {
   local model skip=2600 count=786
   for model in Llama-3.1-8B-Instruct Qwen3-0.6B; do
-    ncu --clock-control none --launch-skip "$skip" --launch-count "$count" --csv --page raw \
+    ncu --clock-control none --cache-control none --launch-skip "$skip" --launch-count "$count" --csv --page raw \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size 1 \
       --input-len 128 --output-len 32 --num-iters 1 --num-warmup 0 --enforce-eager >"$LOGS/ncu-$model.csv" || return 1
