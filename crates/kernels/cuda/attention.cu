@@ -218,7 +218,7 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
 // covers 32 / (d / 8) keys per step. One kernel per group size bucket (1, 2, 4, 8 query
 // heads per KV head), so registers are sized by the model's group, not the largest.
 
-#define DEC_WARPS 4
+#define DEC_WARPS 4  // per block, from 3 sequences on (see `decode_attention`)
 #define DEC_SPLITS 16
 #define DEC_MAX_GROUP 8
 #define DEC_DEPTH 4
@@ -286,9 +286,13 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
 // grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
 // part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
 // G <= DEC_MAX_GROUP (checked on the host).
-// GM is the group size rounded up to a power of two (registers are sized by it).
+// GM is the group size rounded up to a power of two (registers are sized by it); W warps
+// per block. One or two sequences leave most of the GPU idle, so each split is spread
+// over 8 warps, which halves the serial work of each; larger batches fill the SMs better
+// with 4-warp blocks. W only changes which warp sums which keys, and the host picks it by the
+// same batch class as `split_min`, so a padded graph replay still equals the eager step.
 static_assert(DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS, "dec_merge needs a thread per (head, split)");
-template <int GM>
+template <int GM, int W>
 __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,
                                  const bf16_t* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
                                  bf16_t* out, u32* counters) {
@@ -326,10 +330,14 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
             unpack8(v, qf[g]);
         }
     }
+    // The online softmax of the hot loop uses the hardware exponential (`__expf`: 2 ulp
+    // near 0, more for large negative arguments, whose terms are negligible anyway): at
+    // small batches a warp's serial instruction stream is what the kernel waits for, and
+    // the accurate `expf` is a large part of it.
     // The keys and values of DEC_DEPTH steps are in flight at once (a ring of registers:
     // a slot is refilled with the step DEC_DEPTH ahead as soon as it is read), so a split
     // of up to DEC_DEPTH steps per warp costs one round trip to memory, not one per step.
-    const u32 stride = DEC_WARPS * per_step;
+    const u32 stride = W * per_step;
     auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
         const u32 j = j0 + sub;
         const u32 jj = j < end ? j : begin;
@@ -364,8 +372,8 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
                 float score = dot * a.scale;
                 if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
                 const float m_new = fmaxf(m[g], score);
-                const float corr = m[g] == -MET_INF ? 0.0f : expf(m[g] - m_new);
-                const float p = expf(score - m_new);
+                const float corr = m[g] == -MET_INF ? 0.0f : __expf(m[g] - m_new);
+                const float p = __expf(score - m_new);
                 l[g] = l[g] * corr + p;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
@@ -390,8 +398,8 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
             m[g] = big;
         }
     }
-    __shared__ float sm_acc[DEC_WARPS][GM][ATTN_MAX_DIM];
-    __shared__ float sm_ml[DEC_WARPS][GM][2];
+    __shared__ float sm_acc[W][GM][ATTN_MAX_DIM];
+    __shared__ float sm_ml[W][GM][2];
     if (sub == 0) {
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
@@ -408,9 +416,9 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
     for (u32 idx = threadIdx.x; idx < group * a.d; idx += blockDim.x) {
         const u32 g = idx / a.d, e = idx % a.d;
         float big = -MET_INF;
-        for (int w = 0; w < DEC_WARPS; ++w) big = fmaxf(big, sm_ml[w][g][0]);
+        for (int w = 0; w < W; ++w) big = fmaxf(big, sm_ml[w][g][0]);
         float num = 0.0f, den = 0.0f;
-        for (int w = 0; w < DEC_WARPS; ++w) {
+        for (int w = 0; w < W; ++w) {
             const float mw = sm_ml[w][g][0];
             const float f = mw == -MET_INF ? 0.0f : expf(mw - big);
             num += sm_acc[w][g][e] * f;
@@ -442,15 +450,18 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
-#define MET_DECODE_ATTENTION(GM)                                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
-        decode_attention_bf16_g##GM(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,       \
-                                    const bf16_t* vc, const u32* seq_lens, const u32* tables, AttnArgs a,     \
-                                    bf16_t* out, u32* counters) {                                             \
-        pdl_enter();                                                                                          \
-        decode_attention<GM>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);               \
+#define MET_DECODE_ATTENTION(GM, W)                                                                           \
+    extern "C" __global__ void __launch_bounds__(W * 32)                                                       \
+        decode_attention_bf16_g##GM##_w##W(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, \
+                                           const bf16_t* vc, const u32* seq_lens, const u32* tables,           \
+                                           AttnArgs a, bf16_t* out, u32* counters) {                           \
+        pdl_enter();                                                                                           \
+        decode_attention<GM, W>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);             \
     }
-MET_DECODE_ATTENTION(1)
-MET_DECODE_ATTENTION(2)
-MET_DECODE_ATTENTION(4)
-MET_DECODE_ATTENTION(8)
+MET_DECODE_ATTENTION(1, 4)
+MET_DECODE_ATTENTION(2, 4)
+MET_DECODE_ATTENTION(4, 4)
+MET_DECODE_ATTENTION(8, 4)
+MET_DECODE_ATTENTION(1, 8)
+MET_DECODE_ATTENTION(2, 8)
+MET_DECODE_ATTENTION(4, 8)
