@@ -29,9 +29,8 @@ fn engine_in_decode() -> (Engine, Vec<RequestStream>) {
         .map(|i| {
             let prompt = (0..8).map(|j| (i + j) % 32).collect();
             let stop = StopCriteria { max_new_tokens: 10_000, ..StopCriteria::default() };
-            engine
-                .submit(EngineRequest { prompt, sampling: SamplingParams::greedy(), stop, n: 1, priority: 0 })
-                .unwrap()
+            let req = EngineRequest::new(prompt, SamplingParams::greedy(), stop, 1, &engine.limits()).unwrap();
+            engine.submit(req).unwrap()
         })
         .collect();
     engine.step(); // prefill every prompt

@@ -21,7 +21,7 @@ use met_model_layers::Model;
 use met_telemetry::{Metrics, StepStats};
 
 use crate::policy::SchedulingPolicy;
-use crate::request::{EngineRequest, FinishReason, RequestShared, RequestStream, TokenEvent};
+use crate::request::{EngineLimits, EngineRequest, FinishReason, RequestShared, RequestStream, TokenEvent};
 use crate::scheduler::{EntryResult, Plan, Scheduled, Scheduler};
 use crate::sequence::Sequence;
 use crate::{EngineError, RequestId, SubmitError};
@@ -70,19 +70,6 @@ impl Health {
     }
 }
 
-/// Facts a request is validated against before it reaches the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineLimits {
-    /// Tokens the model knows.
-    pub vocab_size: usize,
-    /// Longest context the model supports.
-    pub max_context: usize,
-    /// Tokens the whole KV cache holds.
-    pub kv_capacity: usize,
-    /// Events buffered per request stream.
-    pub stream_capacity: usize,
-}
-
 impl Engine {
     /// An engine over `model` with the cache `kv`, scheduling with `policy`.
     ///
@@ -111,7 +98,7 @@ impl Engine {
         Ok(Self { model, backend, kv, scheduler, metrics, health, arrivals: 0, next_id: 0 })
     }
 
-    /// The limits requests are validated against.
+    /// The limits requests are checked against ([`EngineRequest::new`]).
     pub fn limits(&self) -> EngineLimits {
         EngineLimits {
             vocab_size: self.model.vocab_size(),
@@ -121,18 +108,19 @@ impl Engine {
         }
     }
 
-    /// Validates `req` and queues it, for callers that step the engine themselves
-    /// (tests, benchmarks, batch jobs); servers use [`crate::spawn`] and a handle.
+    /// Queues `req`, for callers that step the engine themselves (tests, benchmarks, batch
+    /// jobs); servers use [`crate::spawn`] and a handle.
     ///
     /// # Errors
-    /// [`SubmitError::Invalid`] naming the field that cannot work;
+    /// [`SubmitError::Invalid`] for a request made against another engine's limits that
+    /// does not fit this one's;
     /// [`SubmitError::EngineStopped`] after an engine-level fault.
     pub fn submit(&mut self, req: EngineRequest) -> Result<RequestStream, SubmitError> {
         if self.fault().is_some() {
             return Err(SubmitError::EngineStopped);
         }
         let limits = self.limits();
-        validate(&req, &limits)?;
+        req.fits(&limits)?;
         self.next_id += 1;
         let id = RequestId(self.next_id);
         let (tx, rx) = tokio::sync::mpsc::channel(limits.stream_capacity);
@@ -140,7 +128,7 @@ impl Engine {
         Ok(RequestStream::new(id, rx))
     }
 
-    /// Queues a validated request whose events go to `events`.
+    /// Queues a request checked against this engine's limits, whose events go to `events`.
     pub(crate) fn add(&mut self, id: RequestId, req: EngineRequest, events: tokio::sync::mpsc::Sender<TokenEvent>) {
         self.arrivals += 1;
         let shared = RequestShared::new(id, &req, self.arrivals, events);
@@ -285,53 +273,4 @@ fn blame(e: EngineError) -> Result<String, EngineError> {
         EngineError::Kernels(k) | EngineError::Model(met_model_layers::ModelError::Kernels(k)) if device(k) => Err(e),
         _ => Ok(e.to_string()),
     }
-}
-
-pub(crate) fn validate(req: &EngineRequest, limits: &EngineLimits) -> Result<(), SubmitError> {
-    let invalid = |field: &'static str, msg: String| Err(SubmitError::Invalid { field, msg });
-    let len = req.prompt.len();
-    if len == 0 {
-        return invalid("prompt", "the prompt is empty".into());
-    }
-    if let Some(id) = req.prompt.iter().find(|&&id| id as usize >= limits.vocab_size) {
-        return invalid("prompt", format!("token id {id} is outside the vocabulary of {}", limits.vocab_size));
-    }
-    if len >= limits.max_context {
-        return invalid(
-            "prompt",
-            format!(
-                "the prompt has {len} tokens; the model's context of {} leaves no room to generate",
-                limits.max_context
-            ),
-        );
-    }
-    if len + 1 > limits.kv_capacity {
-        return invalid(
-            "prompt",
-            format!("the prompt has {len} tokens and can never fit the KV cache of {} tokens", limits.kv_capacity),
-        );
-    }
-    if req.n == 0 {
-        return invalid("n", "must be at least 1".into());
-    }
-    let stop = &req.stop;
-    if stop.max_new_tokens == 0 {
-        return invalid("max_tokens", "must be at least 1".into());
-    }
-    if stop.min_new_tokens > stop.max_new_tokens {
-        let (min, max) = (stop.min_new_tokens, stop.max_new_tokens);
-        return invalid("min_tokens", format!("{min} exceeds max_tokens ({max})"));
-    }
-    if let Some(id) = stop.stop_token_ids.iter().find(|&&id| id as usize >= limits.vocab_size) {
-        return invalid("stop_token_ids", format!("token id {id} is outside the vocabulary of {}", limits.vocab_size));
-    }
-    if stop.bans_everything(limits.vocab_size) {
-        let msg = format!(
-            "with min_tokens {}, the stop tokens and the end-of-sequence tokens ban all {} tokens of the \
-             vocabulary: nothing could be sampled",
-            stop.min_new_tokens, limits.vocab_size
-        );
-        return invalid("stop_token_ids", msg);
-    }
-    req.sampling.validate(limits.vocab_size).map_err(|e| SubmitError::Invalid { field: e.field, msg: e.msg })
 }

@@ -1,7 +1,8 @@
 //! The engine thread and the cloneable handle that reaches it.
 //!
-//! The handle validates each request against the engine's limits (parse, don't
-//! validate: the engine accepts nothing else) and sends it over a channel; the engine
+//! A request is checked against the engine's limits when it is made
+//! ([`crate::EngineRequest::new`]); the handle re-checks one made against other limits, and
+//! sends it over a channel; the engine
 //! thread blocks on that channel while idle and drains it between steps while busy.
 //!
 //! A panic inside a step is caught here: it is an engine-level fault like a device error.
@@ -17,7 +18,8 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc as events;
 
-use crate::engine::{Engine, EngineLimits, Health, validate};
+use crate::EngineLimits;
+use crate::engine::{Engine, Health};
 use crate::request::{EngineRequest, RequestStream, TokenEvent};
 use crate::{RequestId, SubmitError};
 
@@ -110,16 +112,17 @@ impl EngineHandle {
         self.health.wait().await
     }
 
-    /// Validates `req` and queues it; its events arrive on the returned stream.
+    /// Queues `req`; its events arrive on the returned stream.
     ///
     /// # Errors
-    /// [`SubmitError::Invalid`] naming the field that cannot work;
+    /// [`SubmitError::Invalid`] for a request made against another engine's limits that
+    /// does not fit this one's;
     /// [`SubmitError::EngineStopped`] when the engine thread is gone.
     pub fn submit(&self, req: EngineRequest) -> Result<RequestStream, SubmitError> {
         if self.health.fault().is_some() {
             return Err(SubmitError::EngineStopped);
         }
-        validate(&req, &self.limits)?;
+        req.fits(&self.limits)?;
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = events::channel(self.limits.stream_capacity);
         self.commands.send(Command::Submit(id, req, tx)).map_err(|_| SubmitError::EngineStopped)?;

@@ -23,22 +23,21 @@ mod request;
 mod scheduler;
 mod sequence;
 
-pub use engine::{Engine, EngineLimits};
+pub use engine::Engine;
 pub use handle::{EngineHandle, spawn};
 pub use policy::{Fcfs, Priority, SchedulingPolicy, SeqInfo, policy_by_name};
-pub use request::{EngineRequest, FinishReason, GeneratedToken, RequestId, RequestStream, StopCriteria, TokenEvent};
+pub use request::{
+    EngineLimits, EngineRequest, FinishReason, GeneratedToken, RequestError, RequestErrorKind, RequestId,
+    RequestStream, StopCriteria, TokenEvent,
+};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
-    /// A field that can never work with this model and cache.
-    #[error("`{field}`: {msg}")]
-    Invalid {
-        /// The field, as the OpenAI API names it.
-        field: &'static str,
-        /// What is wrong.
-        msg: String,
-    },
+    /// The request was made against another engine's limits ([`EngineRequest::new`]) and
+    /// does not fit this one's.
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
     /// The engine thread has stopped, or an engine-level fault stopped the engine.
     #[error("the engine has stopped")]
     EngineStopped,

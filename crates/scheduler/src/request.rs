@@ -60,22 +60,184 @@ impl StopCriteria {
     }
 }
 
-/// A request for the engine. [`crate::EngineHandle::submit`] validates it against the
-/// model and cache before the engine sees it, and refuses one that could never sample
-/// (`min_tokens` above `max_tokens`, or end tokens banned by `min_tokens` that cover the
-/// whole vocabulary).
+/// Facts a request is checked against when it is made ([`EngineRequest::new`]): an
+/// engine's, from [`crate::Engine::limits`] or [`crate::EngineHandle::limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Tokens the model knows.
+    pub vocab_size: usize,
+    /// Longest context the model supports.
+    pub max_context: usize,
+    /// Tokens the whole KV cache holds.
+    pub kv_capacity: usize,
+    /// Events buffered per request stream.
+    pub stream_capacity: usize,
+}
+
+/// What kind of field a [`RequestError`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestErrorKind {
+    /// A value that can never work with this model and cache.
+    Invalid,
+    /// The prompt, or the prompt with `max_tokens`, is longer than the model's context
+    /// (OpenAI's `context_length_exceeded`).
+    ContextLength,
+}
+
+/// Why a request cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {msg}")]
+pub struct RequestError {
+    /// What kind of problem it is.
+    pub kind: RequestErrorKind,
+    /// The field, as the OpenAI API names it (`prompt`, `max_tokens`, `temperature`, ...).
+    pub field: &'static str,
+    /// What is wrong.
+    pub msg: String,
+}
+
+/// A request for the engine, checked against an engine's limits when it is made: it can
+/// only be built by [`EngineRequest::new`], so a request an engine holds can always be
+/// served, and no front end repeats the checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineRequest {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) sampling: SamplingParams,
+    pub(crate) stop: StopCriteria,
+    pub(crate) n: usize,
+    pub(crate) priority: i32,
+    /// The limits it was checked against; only an engine with the same ones takes it.
+    pub(crate) limits: EngineLimits,
+}
+
+impl EngineRequest {
+    /// `n` continuations of `prompt`, drawn with `sampling` (its seed pinned) until `stop`.
+    ///
+    /// # Errors
+    /// A [`RequestError`] naming the first field that cannot work with `limits`:
+    /// - `prompt`: empty, an id outside the vocabulary, or longer than the KV cache;
+    ///   as [`RequestErrorKind::ContextLength`], no shorter than the context;
+    /// - `max_tokens`: zero, or (`ContextLength`) more than the context leaves after the
+    ///   prompt;
+    /// - `n`: zero; `min_tokens`: above `max_tokens`;
+    /// - `stop_token_ids`: an id outside the vocabulary, or end tokens that, banned until
+    ///   `min_tokens`, cover the whole vocabulary (nothing could be sampled);
+    /// - a sampling field that [`SamplingParams::validate`] refuses.
+    pub fn new(
+        prompt: Vec<u32>,
+        sampling: SamplingParams,
+        stop: StopCriteria,
+        n: usize,
+        limits: &EngineLimits,
+    ) -> Result<Self, RequestError> {
+        check(&prompt, &sampling, &stop, n, limits)?;
+        Ok(Self { prompt, sampling, stop, n, priority: 0, limits: *limits })
+    }
+
+    /// The same request with scheduling priority `priority` (lower runs first, under the
+    /// `priority` policy).
+    #[must_use]
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// How tokens are drawn (with its seed pinned).
-    pub sampling: SamplingParams,
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// How tokens are drawn.
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.sampling
+    }
+
     /// When each sequence stops.
-    pub stop: StopCriteria,
+    pub fn stop(&self) -> &StopCriteria {
+        &self.stop
+    }
+
     /// Independent continuations of the prompt; they share the prompt's KV blocks.
-    pub n: usize,
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
     /// Scheduling priority for the priority policy: lower runs first.
-    pub priority: i32,
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// The limits it was checked against.
+    pub fn limits(&self) -> &EngineLimits {
+        &self.limits
+    }
+
+    /// Checks it against `limits` if it was made against others (another engine's), so
+    /// an engine only ever holds requests that fit it.
+    pub(crate) fn fits(&self, limits: &EngineLimits) -> Result<(), RequestError> {
+        if &self.limits == limits {
+            return Ok(());
+        }
+        check(&self.prompt, &self.sampling, &self.stop, self.n, limits)
+    }
+}
+
+/// Every check of [`EngineRequest::new`], in the order it reports them.
+fn check(
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    stop: &StopCriteria,
+    n: usize,
+    limits: &EngineLimits,
+) -> Result<(), RequestError> {
+    let error = |kind, field: &'static str, msg: String| Err(RequestError { kind, field, msg });
+    let invalid = |field, msg| error(RequestErrorKind::Invalid, field, msg);
+    let (len, context, vocab) = (prompt.len(), limits.max_context, limits.vocab_size);
+    if len == 0 {
+        return invalid("prompt", "the prompt is empty".into());
+    }
+    if let Some(id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        return invalid("prompt", format!("token id {id} is outside the vocabulary of {vocab}"));
+    }
+    if len >= context {
+        let msg = format!("the prompt has {len} tokens; the model's maximum context length is {context} tokens");
+        return error(RequestErrorKind::ContextLength, "prompt", msg);
+    }
+    if len + 1 > limits.kv_capacity {
+        let msg =
+            format!("the prompt has {len} tokens and can never fit the KV cache of {} tokens", limits.kv_capacity);
+        return invalid("prompt", msg);
+    }
+    if n == 0 {
+        return invalid("n", "must be at least 1".into());
+    }
+    let max = stop.max_new_tokens;
+    if max == 0 {
+        return invalid("max_tokens", "must be at least 1".into());
+    }
+    if max > context - len {
+        let msg = format!(
+            "the prompt has {len} tokens and max_tokens is {max}: {} in all, more than the model's maximum context \
+             length of {context} tokens",
+            len.saturating_add(max)
+        );
+        return error(RequestErrorKind::ContextLength, "max_tokens", msg);
+    }
+    if stop.min_new_tokens > max {
+        return invalid("min_tokens", format!("{} exceeds max_tokens ({max})", stop.min_new_tokens));
+    }
+    if let Some(id) = stop.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        return invalid("stop_token_ids", format!("token id {id} is outside the vocabulary of {vocab}"));
+    }
+    if stop.bans_everything(vocab) {
+        let msg = format!(
+            "with min_tokens {}, the stop tokens and the end-of-sequence tokens ban all {vocab} tokens of the \
+             vocabulary: nothing could be sampled",
+            stop.min_new_tokens
+        );
+        return invalid("stop_token_ids", msg);
+    }
+    sampling.validate(vocab).map_err(|e| RequestError { kind: RequestErrorKind::Invalid, field: e.field, msg: e.msg })
 }
 
 /// Why a sequence ended.

@@ -9,22 +9,20 @@ mod common;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use common::{Outcome, Setup, VOCAB, collect, greedy, run_all};
+use common::{Outcome, Parts, Setup, VOCAB, collect, greedy, run_all};
 use met_config::SamplingParams;
 use met_scheduler::mock::Faults;
-use met_scheduler::{EngineRequest, FinishReason, RequestStream, StopCriteria, SubmitError, spawn};
+use met_scheduler::{EngineRequest, FinishReason, RequestStream, SubmitError, spawn};
 
 /// The first token that triggers a fault; no good prompt starts with it.
 const BAD: u32 = VOCAB as u32 - 1;
 
-fn sampled(prompt: Vec<u32>, max_new_tokens: usize, seed: u64) -> EngineRequest {
-    EngineRequest {
+fn sampled(prompt: Vec<u32>, max_new_tokens: usize, seed: u64) -> Parts {
+    Parts::with(
         prompt,
-        sampling: SamplingParams { temperature: 0.8, top_p: 0.9, seed, ..SamplingParams::default() },
-        stop: StopCriteria { max_new_tokens, ..StopCriteria::default() },
-        n: 1,
-        priority: 0,
-    }
+        max_new_tokens,
+        SamplingParams { temperature: 0.8, top_p: 0.9, seed, ..SamplingParams::default() },
+    )
 }
 
 /// Eight good requests: greedy and seeded, of different lengths, one with `n = 2`.
@@ -33,9 +31,9 @@ fn crowd() -> Vec<EngineRequest> {
         .map(|i| {
             let prompt: Vec<u32> = (0..3 + i).map(|j| (i * 7 + j) % 60).collect();
             let max = 6 + i as usize;
-            let mut req = if i % 2 == 0 { greedy(prompt, max) } else { sampled(prompt, max, u64::from(i)) };
+            let mut req = if i % 2 == 0 { Parts::greedy(prompt, max) } else { sampled(prompt, max, u64::from(i)) };
             req.n = if i == 5 { 2 } else { 1 };
-            req
+            req.make()
         })
         .collect()
 }
@@ -57,9 +55,9 @@ fn check_isolated(faults: Faults, bad: EngineRequest, says: &str) {
         let (mut engine, metrics) = setup.engine();
         let mut out = run_all(&mut engine, requests);
         let failed = out.remove(3);
-        assert_eq!(failed.finish.len(), bad.n);
+        assert_eq!(failed.finish.len(), bad.n());
         assert!(failed.finish.iter().all(|f| is_error(f, says)), "chunk {chunk:?}: {:?}", failed.finish);
-        let errors = format!(r#"met_requests_finished_total{{reason="error"}} {}"#, bad.n);
+        let errors = format!(r#"met_requests_finished_total{{reason="error"}} {}"#, bad.n());
         assert!(metrics.render().contains(&errors), "{}", metrics.render());
         for (i, (got, want)) in out.iter().zip(&alone).enumerate() {
             assert_eq!((&got.tokens, &got.finish), (&want.tokens, &want.finish), "request {i}, chunk {chunk:?}");
@@ -72,7 +70,7 @@ fn check_isolated(faults: Faults, bad: EngineRequest, says: &str) {
 fn a_row_the_sampler_refuses_ends_its_request_alone() {
     let faults = Faults { nan_logits: Some(BAD), ..Faults::default() };
     check_isolated(faults, greedy(vec![BAD, 1, 2, 3, 4], 8), "banned or masked");
-    check_isolated(faults, sampled(vec![BAD, 5], 8, 9), "banned or masked");
+    check_isolated(faults, sampled(vec![BAD, 5], 8, 9).make(), "banned or masked");
 }
 
 #[test]
@@ -82,7 +80,7 @@ fn a_batch_the_model_fails_on_ends_only_the_sequence_that_fails_alone() {
     // Every continuation of the request ends, also those waiting for its prompt.
     let mut two = sampled(vec![BAD, 7, 7], 8, 3);
     two.n = 2;
-    check_isolated(faults, two, "cannot run");
+    check_isolated(faults, two.make(), "cannot run");
 }
 
 /// Every event left on `stream`.
@@ -163,12 +161,13 @@ fn a_panic_in_a_step_ends_every_request_and_the_engine_thread() {
 #[test]
 fn requests_that_can_never_sample_are_refused_naming_the_field() {
     let (mut engine, _) = Setup::new(64).engine();
-    let mut field = |r: EngineRequest| match engine.submit(r) {
-        Err(SubmitError::Invalid { field, .. }) => field,
-        other => panic!("expected an invalid request, got {other:?}"),
+    let limits = engine.limits();
+    let field = |r: Parts| match r.try_make(&limits) {
+        Err(e) => e.field,
+        Ok(r) => panic!("expected an invalid request, got {r:?}"),
     };
     // The issue's request: every token a stop token while min_tokens bans them.
-    let mut all = greedy(vec![1, 2], 5);
+    let mut all = Parts::greedy(vec![1, 2], 5);
     all.stop.min_new_tokens = 2;
     all.stop.stop_token_ids = (0..VOCAB as u32).collect();
     assert_eq!(field(all.clone()), "stop_token_ids");
@@ -177,9 +176,18 @@ fn requests_that_can_never_sample_are_refused_naming_the_field() {
     split.stop.stop_token_ids = (0..40).chain(0..40).collect();
     split.stop.eos_token_ids = (40..VOCAB as u32).collect();
     assert_eq!(field(split.clone()), "stop_token_ids");
-    let mut long = greedy(vec![1], 3);
+    let mut long = Parts::greedy(vec![1], 3);
     long.stop.min_new_tokens = 4;
-    assert_eq!(field(long), "min_tokens");
+    assert_eq!(field(long.clone()), "min_tokens");
+    // A request made against other limits is checked again against the engine's.
+    let other = met_scheduler::EngineLimits { vocab_size: 2 * VOCAB, ..limits };
+    let mut wide = Parts::greedy(vec![VOCAB as u32 + 1], 3).try_make(&other).unwrap();
+    match engine.submit(wide.clone()) {
+        Err(SubmitError::Invalid(e)) => assert_eq!(e.field, "prompt"),
+        other => panic!("expected the engine to refuse {wide:?}, got {other:?}"),
+    }
+    wide = Parts::greedy(vec![1], 3).try_make(&other).unwrap();
+    assert!(engine.submit(wide).is_ok(), "a request that fits the engine is taken whatever it was made against");
 
     // What can sample is still accepted: `ignore_eos` lifts the end-of-sequence bans, and
     // without min_tokens a stop on every token ends after one.
@@ -187,7 +195,7 @@ fn requests_that_can_never_sample_are_refused_naming_the_field() {
     split.stop.ignore_eos = true;
     let mut stop_all = all;
     stop_all.stop.min_new_tokens = 0;
-    let out = run_all(&mut engine, vec![split, stop_all]);
+    let out = run_all(&mut engine, vec![split.make(), stop_all.make()]);
     assert!(out[0].tokens[0].len() >= 2 && out[0].tokens[0][..2].iter().all(|&t| t >= 40), "{:?}", out[0].tokens);
     assert_eq!((out[1].tokens[0].len(), &out[1].finish[0]), (1, &Some(FinishReason::Stop)));
 }

@@ -124,7 +124,7 @@ proptest! {
         let requests = prompts
             .iter()
             .zip(&news)
-            .map(|(p, &n)| met_scheduler::EngineRequest { n: 1 + p.len() % 3, ..greedy(p.clone(), n) })
+            .map(|(p, &n)| common::Parts { n: 1 + p.len() % 3, ..common::Parts::greedy(p.clone(), n) }.make())
             .collect();
         let outcomes = run_all(&mut engine, requests);
         for ((o, p), &n) in outcomes.iter().zip(&prompts).zip(&news) {

@@ -6,20 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Outcome, Setup, VOCAB, collect, greedy, run_all};
-use met_config::SamplingParams;
+use common::{Outcome, Parts, Setup, VOCAB, collect, greedy, run_all, sampled};
 use met_scheduler::mock::MockModel;
-use met_scheduler::{EngineRequest, FinishReason, StopCriteria, SubmitError, spawn};
-
-fn sampled(prompt: Vec<u32>, max_new_tokens: usize, seed: u64) -> EngineRequest {
-    EngineRequest {
-        prompt,
-        sampling: SamplingParams { temperature: 0.9, top_p: 0.95, seed, ..SamplingParams::default() },
-        stop: StopCriteria { max_new_tokens, ..StopCriteria::default() },
-        n: 1,
-        priority: 0,
-    }
-}
+use met_scheduler::{EngineRequest, FinishReason, RequestErrorKind, spawn};
 
 fn mock() -> MockModel {
     MockModel::new(VOCAB, common::MAX_CONTEXT)
@@ -44,10 +33,10 @@ fn a_seeded_request_gives_the_same_tokens_alone_and_in_a_crowd() {
 fn n_continuations_share_the_prompt_blocks() {
     for prefix in [true, false] {
         let prompt: Vec<u32> = (0..10).collect();
-        let mut req = sampled(prompt.clone(), 8, 5);
+        let mut req = Parts::sampled(prompt.clone(), 8, 5);
         req.n = 3;
         let (mut engine, _) = Setup::new(64).prefix_caching(prefix).engine();
-        let out = run_all(&mut engine, vec![req]);
+        let out = run_all(&mut engine, vec![req.make()]);
         let o = &out[0];
         assert_eq!(o.tokens.len(), 3);
         assert!(o.tokens.iter().all(|t| t.len() == 8));
@@ -56,9 +45,9 @@ fn n_continuations_share_the_prompt_blocks() {
         assert_eq!(o.cached, [0, 8, 8], "prefix caching {prefix}");
     }
     // Greedy continuations are all the reference.
-    let mut req = greedy((0..10).collect(), 6);
+    let mut req = Parts::greedy((0..10).collect(), 6);
     req.n = 2;
-    let out = run_all(&mut Setup::new(64).engine().0, vec![req]);
+    let out = run_all(&mut Setup::new(64).engine().0, vec![req.make()]);
     let want = mock().reference_greedy(&(0..10).collect::<Vec<_>>(), 6);
     assert_eq!(out[0].tokens, [want.clone(), want]);
 }
@@ -68,26 +57,26 @@ fn stop_tokens_min_tokens_and_eos() {
     let prompt = vec![9, 8, 7];
     let want = mock().reference_greedy(&prompt, 10);
     // A stop token ends the sequence and is its last token.
-    let mut req = greedy(prompt.clone(), 10);
+    let mut req = Parts::greedy(prompt.clone(), 10);
     req.stop.stop_token_ids = vec![want[3]];
     let first = want.iter().position(|&t| t == want[3]).unwrap();
-    let o = &run_all(&mut Setup::new(64).engine().0, vec![req])[0];
+    let o = &run_all(&mut Setup::new(64).engine().0, vec![req.make()])[0];
     assert_eq!(o.tokens[0], want[..=first]);
     assert_eq!(o.finish[0], Some(FinishReason::Stop));
 
     // min_tokens bans end tokens until it is reached.
-    let mut req = greedy(prompt.clone(), 10);
+    let mut req = Parts::greedy(prompt.clone(), 10);
     req.stop.eos_token_ids = vec![want[0]];
     req.stop.min_new_tokens = 4;
-    let o = &run_all(&mut Setup::new(64).engine().0, vec![req])[0];
+    let o = &run_all(&mut Setup::new(64).engine().0, vec![req.make()])[0];
     assert!(o.tokens[0].len() >= 4);
     assert!(!o.tokens[0][..3].contains(&want[0]), "an end token came before min_tokens: {:?}", o.tokens[0]);
 
     // ignore_eos generates through end tokens.
-    let mut req = greedy(prompt.clone(), 10);
+    let mut req = Parts::greedy(prompt.clone(), 10);
     req.stop.eos_token_ids = vec![want[0]];
     req.stop.ignore_eos = true;
-    let o = &run_all(&mut Setup::new(64).engine().0, vec![req])[0];
+    let o = &run_all(&mut Setup::new(64).engine().0, vec![req.make()])[0];
     assert_eq!(o.tokens[0], want);
     assert_eq!(o.finish[0], Some(FinishReason::Length));
 }
@@ -98,10 +87,8 @@ fn the_priority_policy_admits_urgent_requests_first() {
     setup.priority = true;
     setup.config.max_num_seqs = 1;
     let (mut engine, _) = setup.engine();
-    let mut low = greedy(vec![1, 2], 3);
-    low.priority = 5;
-    let mut high = greedy(vec![3, 4], 3);
-    high.priority = -1;
+    let low = greedy(vec![1, 2], 3).with_priority(5);
+    let high = greedy(vec![3, 4], 3).with_priority(-1);
     let mut s_low = engine.submit(low).unwrap();
     let mut s_high = engine.submit(high).unwrap();
     engine.step();
@@ -163,21 +150,33 @@ fn a_slow_reader_pauses_its_request_without_losing_tokens() {
 
 #[test]
 fn invalid_requests_are_refused_naming_the_field() {
-    let (mut engine, _) = Setup::new(8).engine();
-    let mut field = |r: EngineRequest| match engine.submit(r) {
-        Err(SubmitError::Invalid { field, .. }) => field,
-        other => panic!("expected an invalid request, got {other:?}"),
+    let (engine, _) = Setup::new(8).engine();
+    let limits = engine.limits();
+    let refused = |r: Parts| match r.try_make(&limits) {
+        Err(e) => (e.field, e.kind),
+        Ok(r) => panic!("expected an invalid request, got {r:?}"),
     };
-    assert_eq!(field(greedy(vec![], 4)), "prompt");
-    assert_eq!(field(greedy(vec![VOCAB as u32], 4)), "prompt");
-    assert_eq!(field(greedy(vec![1; 40], 4)), "prompt"); // 8 blocks of 4 hold 32 tokens
-    assert_eq!(field(greedy(vec![1], 0)), "max_tokens");
-    let mut n0 = greedy(vec![1], 4);
+    let field = |r: Parts| refused(r).0;
+    assert_eq!(field(Parts::greedy(vec![], 4)), "prompt");
+    assert_eq!(field(Parts::greedy(vec![VOCAB as u32], 4)), "prompt");
+    assert_eq!(field(Parts::greedy(vec![1; 40], 4)), "prompt"); // 8 blocks of 4 hold 32 tokens
+    assert_eq!(field(Parts::greedy(vec![1], 0)), "max_tokens");
+    let mut n0 = Parts::greedy(vec![1], 4);
     n0.n = 0;
     assert_eq!(field(n0), "n");
-    let mut hot = greedy(vec![1], 4);
+    let mut hot = Parts::greedy(vec![1], 4);
     hot.sampling.temperature = -1.0;
     assert_eq!(field(hot), "temperature");
+    // Past the model's context: OpenAI's `context_length_exceeded`, on the prompt or on
+    // max_tokens. Those the mock's cache could hold are still refused by the context.
+    let (mut big, _) = Setup::new(1024).engine();
+    let limits = big.limits();
+    let context = limits.max_context;
+    let refused = |r: Parts| r.try_make(&limits).map(drop).map_err(|e| (e.field, e.kind));
+    assert_eq!(refused(Parts::greedy(vec![1; context], 1)), Err(("prompt", RequestErrorKind::ContextLength)));
+    assert_eq!(refused(Parts::greedy(vec![1; 10], context - 9)), Err(("max_tokens", RequestErrorKind::ContextLength)));
+    let fits = Parts::greedy(vec![1; 10], context - 10).try_make(&limits).unwrap();
+    assert!(big.submit(fits).is_ok(), "a prompt and max_tokens that fill the context exactly");
 }
 
 #[test]

@@ -229,13 +229,8 @@ fn through_engine(f: &Fixture, backend: &Arc<dyn GpuBackend>, config: EngineConf
         .iter()
         .map(|p| {
             let stop = StopCriteria { max_new_tokens: NEW_TOKENS, ..StopCriteria::default() };
-            engine.submit(EngineRequest {
-                prompt: p.clone(),
-                sampling: SamplingParams::greedy(),
-                stop,
-                n: 1,
-                priority: 0,
-            })
+            let req = EngineRequest::new(p.clone(), SamplingParams::greedy(), stop, 1, &engine.limits()).unwrap();
+            engine.submit(req)
         })
         .collect::<Result<_, _>>()
         .unwrap();

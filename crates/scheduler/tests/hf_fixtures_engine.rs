@@ -46,13 +46,8 @@ fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u
         .iter()
         .map(|p: &Vec<u32>| {
             let stop = StopCriteria { max_new_tokens: 16, ..StopCriteria::default() };
-            engine.submit(EngineRequest {
-                prompt: p.clone(),
-                sampling: SamplingParams::greedy(),
-                stop,
-                n: 1,
-                priority: 0,
-            })
+            let req = EngineRequest::new(p.clone(), SamplingParams::greedy(), stop, 1, &engine.limits()).unwrap();
+            engine.submit(req)
         })
         .collect::<Result<_, _>>()
         .unwrap();

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use met_config::SamplingParams;
 use met_kernels::GpuBackend;
 use met_model_layers::Model;
-use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
+use met_scheduler::{Engine, EngineLimits, EngineRequest, FinishReason, RequestStream, StopCriteria};
 use met_telemetry::Metrics;
 use serde::{Deserialize, Serialize};
 
@@ -66,22 +66,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         bail!("no prompts: give --prompt, --chat, --prompt-ids or --prompts-file");
     }
     let LoadedModel { model, backend, tokenizer, eos_token_ids, .. } = load(&args.model)?;
-    let mut requests = text_prompts(args, tokenizer.as_ref())?;
-    requests.extend(id_prompts(args)?);
-    pin_seeds(&mut requests, args.sampling.seed);
-    let max_context = model.max_context();
-    for (i, r) in requests.iter_mut().enumerate() {
-        if r.prompt.len() + r.stop.max_new_tokens > max_context {
-            bail!(
-                "prompt {i}: {} tokens plus max_tokens {} exceed the model's context of {max_context}",
-                r.prompt.len(),
-                r.stop.max_new_tokens
-            );
-        }
-        r.stop.eos_token_ids.clone_from(&eos_token_ids);
+    let mut drafts = text_prompts(args, tokenizer.as_ref())?;
+    drafts.extend(id_prompts(args)?);
+    pin_seeds(&mut drafts, args.sampling.seed);
+    for d in &mut drafts {
+        d.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
-    let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
-    let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+    let mut engine = sized_engine(&args.engine, model, backend, &drafts)?;
+    let prompts: Vec<Vec<u32>> = drafts.iter().map(|d| d.prompt.clone()).collect();
+    let requests = Draft::make_all(drafts, &engine.limits(), "prompt")?;
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
     let (outputs, timing) = rayon::scope(|_| run_to_completion(&mut engine, requests))?;
     print(&prompts, &outputs, args, tokenizer.as_ref())?;
@@ -99,7 +92,7 @@ pub(crate) fn sized_engine(
     e: &EngineArgs,
     model: Box<dyn Model>,
     backend: Arc<dyn GpuBackend>,
-    requests: &[EngineRequest],
+    requests: &[Draft],
 ) -> Result<Engine> {
     let config = engine_config(e)?;
     let needed: usize =
@@ -116,7 +109,7 @@ pub(crate) fn sized_engine(
 
 /// Submits every request and steps the engine until all are done.
 fn run_to_completion(engine: &mut Engine, requests: Vec<EngineRequest>) -> Result<(Vec<Vec<Continuation>>, Timing)> {
-    let mut outputs: Vec<Vec<Continuation>> = requests.iter().map(|r| vec![Continuation::default(); r.n]).collect();
+    let mut outputs: Vec<Vec<Continuation>> = requests.iter().map(|r| vec![Continuation::default(); r.n()]).collect();
     let mut streams = requests
         .into_iter()
         .enumerate()
@@ -227,7 +220,7 @@ fn print(
 }
 
 /// The `--prompt` and `--chat` prompts, in that order, tokenized.
-fn text_prompts(args: &GenerateArgs, tokenizer: Option<&Tokenizer>) -> Result<Vec<EngineRequest>> {
+fn text_prompts(args: &GenerateArgs, tokenizer: Option<&Tokenizer>) -> Result<Vec<Draft>> {
     if args.prompt.is_empty() && args.chat.is_empty() {
         return Ok(Vec::new());
     }
@@ -251,9 +244,9 @@ fn text_prompts(args: &GenerateArgs, tokenizer: Option<&Tokenizer>) -> Result<Ve
 }
 
 /// The `--prompt-ids` and `--prompts-file` prompts, in that order.
-fn id_prompts(args: &GenerateArgs) -> Result<Vec<EngineRequest>> {
+fn id_prompts(args: &GenerateArgs) -> Result<Vec<Draft>> {
     let s = &args.sampling;
-    let mut requests: Vec<EngineRequest> = args.prompt_ids.iter().map(|p| request(s, p.clone())).collect();
+    let mut requests: Vec<Draft> = args.prompt_ids.iter().map(|p| request(s, p.clone())).collect();
     if let Some(path) = &args.prompts_file {
         requests.extend(read_file(s, path)?);
     }
@@ -261,7 +254,7 @@ fn id_prompts(args: &GenerateArgs) -> Result<Vec<EngineRequest>> {
 }
 
 /// Gives every request without a seed of its own `seed + i` (a random base without one).
-fn pin_seeds(requests: &mut [EngineRequest], seed: Option<u64>) {
+fn pin_seeds(requests: &mut [Draft], seed: Option<u64>) {
     let base_seed = seed.unwrap_or_else(random_seed);
     for (i, r) in requests.iter_mut().enumerate() {
         if r.sampling.seed == u64::MAX {
@@ -270,7 +263,7 @@ fn pin_seeds(requests: &mut [EngineRequest], seed: Option<u64>) {
     }
 }
 
-fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<EngineRequest>> {
+fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<Draft>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -289,9 +282,33 @@ fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<EngineRequest>> {
     Ok(out)
 }
 
+/// The parts of an engine request, gathered before there is an engine to check them
+/// against (the KV cache is sized from them): [`Draft::make_all`] makes the requests.
+#[derive(Debug, Clone)]
+pub(crate) struct Draft {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCriteria,
+    pub n: usize,
+}
+
+impl Draft {
+    /// The engine requests, checked against `limits`; an error names the `what` (prompt,
+    /// request) by its index and the field that cannot work.
+    pub(crate) fn make_all(drafts: Vec<Self>, limits: &EngineLimits, what: &str) -> Result<Vec<EngineRequest>> {
+        drafts
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                EngineRequest::new(d.prompt, d.sampling, d.stop, d.n, limits).with_context(|| format!("{what} {i}"))
+            })
+            .collect()
+    }
+}
+
 /// A request with the command line's settings; `u64::MAX` marks a seed still to pin.
-fn request(s: &SamplingArgs, prompt: Vec<u32>) -> EngineRequest {
-    EngineRequest {
+fn request(s: &SamplingArgs, prompt: Vec<u32>) -> Draft {
+    Draft {
         prompt,
         sampling: SamplingParams {
             temperature: s.temperature,
@@ -313,6 +330,5 @@ fn request(s: &SamplingArgs, prompt: Vec<u32>) -> EngineRequest {
             ignore_eos: s.ignore_eos,
         },
         n: s.n,
-        priority: 0,
     }
 }

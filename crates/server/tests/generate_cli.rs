@@ -85,7 +85,10 @@ fn bad_input_is_a_message_and_a_failure() {
         (&["--model", llama], "no prompts"),
         (&["--model", llama, "--prompt-ids", "1,x"], "`x` is not a token id"),
         (&["--model", llama, "--prompt-ids", "1,512"], "token id 512 is outside the vocabulary of 512"),
-        (&["--model", llama, "--prompt-ids", "1", "--max-tokens", "1000"], "exceed the model's context"),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--max-tokens", "1000"],
+            "more than the model's maximum context length",
+        ),
         (&["--model", llama, "--prompt-ids", "1", "--hf-overrides", "{"], "--hf-overrides"),
         (&["--model", llama, "--prompt-ids", "1", "--device", "tpu"], "unknown device"),
     ];

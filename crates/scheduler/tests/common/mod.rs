@@ -10,7 +10,8 @@ use met_config::{EngineConfig, SamplingParams};
 use met_kernels::CpuBackend;
 use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{
-    Engine, EngineRequest, FinishReason, Priority, RequestStream, SchedulingPolicy, StopCriteria, TokenEvent,
+    Engine, EngineLimits, EngineRequest, FinishReason, Priority, RequestError, RequestStream, SchedulingPolicy,
+    StopCriteria, TokenEvent,
 };
 use met_telemetry::Metrics;
 
@@ -73,14 +74,55 @@ impl Setup {
     }
 }
 
-pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> EngineRequest {
-    EngineRequest {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        stop: StopCriteria { max_new_tokens, ..StopCriteria::default() },
-        n: 1,
-        priority: 0,
+/// Limits test requests are made against: the mock's vocabulary and context, and a cache
+/// no test engine exceeds. An engine re-checks such a request against its own.
+pub const LIMITS: EngineLimits =
+    EngineLimits { vocab_size: VOCAB, max_context: MAX_CONTEXT, kv_capacity: usize::MAX / 2, stream_capacity: 64 };
+
+/// The parts of a test request, edited before it is made.
+#[derive(Debug, Clone)]
+pub struct Parts {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCriteria,
+    pub n: usize,
+    pub priority: i32,
+}
+
+impl Parts {
+    pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> Self {
+        Self::with(prompt, max_new_tokens, SamplingParams::greedy())
     }
+
+    pub fn sampled(prompt: Vec<u32>, max_new_tokens: usize, seed: u64) -> Self {
+        Self::with(
+            prompt,
+            max_new_tokens,
+            SamplingParams { temperature: 0.9, top_p: 0.95, seed, ..SamplingParams::default() },
+        )
+    }
+
+    pub fn with(prompt: Vec<u32>, max_new_tokens: usize, sampling: SamplingParams) -> Self {
+        Self { prompt, sampling, stop: StopCriteria { max_new_tokens, ..StopCriteria::default() }, n: 1, priority: 0 }
+    }
+
+    /// The request, made against `limits`.
+    pub fn try_make(self, limits: &EngineLimits) -> Result<EngineRequest, RequestError> {
+        Ok(EngineRequest::new(self.prompt, self.sampling, self.stop, self.n, limits)?.with_priority(self.priority))
+    }
+
+    /// The request, made against [`LIMITS`]; panics on parts that cannot work.
+    pub fn make(self) -> EngineRequest {
+        self.try_make(&LIMITS).unwrap()
+    }
+}
+
+pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> EngineRequest {
+    Parts::greedy(prompt, max_new_tokens).make()
+}
+
+pub fn sampled(prompt: Vec<u32>, max_new_tokens: usize, seed: u64) -> EngineRequest {
+    Parts::sampled(prompt, max_new_tokens, seed).make()
 }
 
 /// Everything one request's stream delivered, per continuation.
@@ -111,7 +153,7 @@ pub fn collect(stream: &mut RequestStream, out: &mut Outcome, n: usize) {
 /// Steps `engine` until every stream is done, asserting after every step that held +
 /// free blocks = total, and at the end that no block is held.
 pub fn run_all(engine: &mut Engine, requests: Vec<EngineRequest>) -> Vec<Outcome> {
-    let ns: Vec<usize> = requests.iter().map(|r| r.n).collect();
+    let ns: Vec<usize> = requests.iter().map(EngineRequest::n).collect();
     let mut streams: Vec<RequestStream> = requests.into_iter().map(|r| engine.submit(r).unwrap()).collect();
     let mut outcomes = vec![Outcome::default(); streams.len()];
     let mut steps = 0;

@@ -34,7 +34,7 @@ use super::metrics::Summary;
 use super::report::{Machine, git_commit};
 use super::rng::Rng;
 use crate::cli::{EngineArgs, ModelArgs};
-use crate::generate::sized_engine;
+use crate::generate::{Draft, sized_engine};
 use crate::load::{LoadedModel, load};
 
 /// `met bench throughput`.
@@ -175,6 +175,7 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
     let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
     let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
 
+    let requests = Draft::make_all(requests, &engine.limits(), "request")?;
     let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
     let output_tokens = run.tokens;
     let prompt_tokens = args.num_prompts * args.input_len;
@@ -236,7 +237,8 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
 
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.num_warmup + args.num_iters {
-        let run = rayon::scope(|_| drive(&mut engine, batch(i), &*waits))?;
+        let requests = Draft::make_all(batch(i), &engine.limits(), "request")?;
+        let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
         if i < args.num_warmup {
             continue;
         }
@@ -305,11 +307,11 @@ fn check_context(max_context: usize, input_len: usize, output_len: usize) -> Res
 
 /// `count` greedy requests of `input_len` random ids below `vocab` that generate exactly
 /// `output_len` tokens.
-fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usize, seed: u64) -> Vec<EngineRequest> {
+fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usize, seed: u64) -> Vec<Draft> {
     let mut rng = Rng::new(seed);
     let top = u32::try_from(vocab).unwrap_or(u32::MAX);
     (0..count)
-        .map(|i| EngineRequest {
+        .map(|i| Draft {
             prompt: (0..input_len).map(|_| rng.range(0, top)).collect(),
             sampling: SamplingParams {
                 temperature: 0.0,
@@ -324,7 +326,6 @@ fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usi
                 ignore_eos: true,
             },
             n: 1,
-            priority: 0,
         })
         .collect()
 }
@@ -351,7 +352,7 @@ struct Run {
 /// Submits `requests`, steps the engine until they are all done, and times each step.
 fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBackend) -> Result<Run> {
     let total = requests.len();
-    let expected: usize = requests.iter().map(|r| r.stop.max_new_tokens).sum();
+    let expected: usize = requests.iter().map(|r| r.stop().max_new_tokens).sum();
     let mut streams: Vec<RequestStream> = requests
         .into_iter()
         .enumerate()

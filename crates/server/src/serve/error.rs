@@ -15,7 +15,7 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use met_scheduler::SubmitError;
+use met_scheduler::{RequestError, RequestErrorKind, SubmitError};
 use serde::Serialize;
 
 use crate::text::TextError;
@@ -187,8 +187,19 @@ impl ApiError {
 impl From<SubmitError> for ApiError {
     fn from(err: SubmitError) -> Self {
         match err {
-            SubmitError::Invalid { field, msg } => Self::invalid(field, msg),
+            SubmitError::Invalid(e) => e.into(),
             SubmitError::EngineStopped => Self::unavailable("the engine has stopped"),
+        }
+    }
+}
+
+impl From<RequestError> for ApiError {
+    /// 400 naming the field; `context_length_exceeded` for a prompt (or prompt and
+    /// `max_tokens`) longer than the context.
+    fn from(e: RequestError) -> Self {
+        match e.kind {
+            RequestErrorKind::ContextLength => Self::context_length(e.field, e.msg),
+            RequestErrorKind::Invalid => Self::invalid(e.field, e.msg),
         }
     }
 }

@@ -161,8 +161,7 @@ mod tests {
         let engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::new(Metrics::new())).unwrap();
         let (handle, thread) = met_scheduler::spawn(engine);
         let stop = StopCriteria { max_new_tokens: 64, ignore_eos: true, ..StopCriteria::default() };
-        let request =
-            EngineRequest { prompt: vec![5, 6, 7], sampling: SamplingParams::greedy(), stop, n: 1, priority: 0 };
+        let request = EngineRequest::new(vec![5, 6, 7], SamplingParams::greedy(), stop, 1, &handle.limits()).unwrap();
         let mut events = handle.submit(request).unwrap();
         let (mut tokens, mut finish) = (0, None);
         while let Some(event) = events.blocking_next() {

@@ -103,7 +103,7 @@ async fn respond(
     let valid = tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
-    let prompt_tokens = valid.requests.iter().map(|r| r.prompt.len()).sum();
+    let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
         streams.push(state.engine().submit(request)?);

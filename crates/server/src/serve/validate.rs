@@ -16,7 +16,7 @@
 //! engine's rule, checked when the request is submitted, and a 400 too.
 
 use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
-use met_scheduler::{EngineRequest, StopCriteria};
+use met_scheduler::{EngineRequest, RequestError, StopCriteria};
 
 use super::error::ApiError;
 use super::state::{AppState, MAX_N};
@@ -187,8 +187,8 @@ fn check_sequences(prompt: &PromptInput, n: usize, endpoint: Endpoint, limit: us
     Err(ApiError::invalid(param, msg))
 }
 
-/// Renders and tokenizes the prompt, checks it against the context, and builds the engine
-/// requests (stage 2). Blocking: call it on a blocking worker.
+/// Renders and tokenizes the prompt and makes the engine requests, which checks them
+/// against the engine's limits (stage 2). Blocking: call it on a blocking worker.
 ///
 /// # Errors
 /// 400 for a template that rejects the conversation, an empty prompt, ids outside the
@@ -210,44 +210,37 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
     let param = parsed.text.endpoint.prompt_param();
     let mut requests = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
-        let len = prompt.len();
-        if len == 0 {
-            return Err(ApiError::invalid(param, "the prompt is empty"));
-        }
-        if let Some(id) = prompt.iter().find(|&&id| id as usize >= limits.vocab_size) {
-            return Err(ApiError::invalid(
-                param,
-                format!("token id {id} is outside the vocabulary of {}", limits.vocab_size),
-            ));
-        }
-        let context = limits.max_context;
-        if len >= context {
-            let msg = format!("the prompt has {len} tokens; the model's maximum context length is {context} tokens");
-            return Err(ApiError::context_length(param, msg));
-        }
+        // Without `max_tokens`, what the context leaves, up to `--max-tokens-default` (an
+        // over-long prompt is refused for itself below).
         let max_new_tokens = match parsed.max_tokens {
-            Some((max, max_param)) if max > context - len => {
-                let msg = format!(
-                    "the prompt has {len} tokens and {max_param} is {max}: {} in all, more than the model's maximum \
-                     context length of {context} tokens",
-                    len.saturating_add(max)
-                );
-                return Err(ApiError::context_length(max_param, msg));
-            }
             Some((max, _)) => max,
-            None => (context - len).min(state.config().max_tokens_default),
+            None => limits.max_context.saturating_sub(prompt.len()).min(state.config().max_tokens_default).max(1),
         };
-        // `parse` checked it against `max_tokens` and the cap: only the context is left.
-        if parsed.stop.min_new_tokens > max_new_tokens {
-            let msg = format!("{} exceeds the {max_new_tokens} tokens left in the context", parsed.stop.min_new_tokens);
-            return Err(ApiError::invalid("min_tokens", msg));
-        }
         let mut sampling = parsed.sampling.clone();
         sampling.seed = sampling.seed.wrapping_add(i as u64);
         let stop = StopCriteria { max_new_tokens, ..parsed.stop.clone() };
-        requests.push(EngineRequest { prompt, sampling, stop, n: parsed.text.n, priority: 0 });
+        let request = EngineRequest::new(prompt, sampling, stop, parsed.text.n, &limits)
+            .map_err(|e| api_error(e, param, parsed.max_tokens.map(|(_, name)| name)))?;
+        requests.push(request);
     }
     Ok(Validated { requests, text: parsed.text })
+}
+
+/// A request the engine's limits refuse, with its fields as this endpoint's API names them:
+/// the prompt is `param` (`prompt`, `messages`, `input`), `max_tokens` the name the client
+/// used (`max_completion_tokens` in chat).
+fn api_error(mut e: RequestError, param: &'static str, max_tokens: Option<&'static str>) -> ApiError {
+    match e.field {
+        "prompt" => e.field = param,
+        "max_tokens" => {
+            if let Some(name) = max_tokens.filter(|&n| n != "max_tokens") {
+                e.msg = e.msg.replace("max_tokens", name);
+                e.field = name;
+            }
+        }
+        _ => {}
+    }
+    e.into()
 }
 
 /// `max_completion_tokens` (chat) or `max_tokens`, with the name it was given by; at most
