@@ -78,7 +78,10 @@ fn latest<K: Ord>(candidates: &[SeqInfo], key: impl Fn(&SeqInfo) -> K) -> usize 
     best
 }
 
-/// The policy called `name` (`fcfs`, `priority`).
+/// The name of every policy [`policy_by_name`] knows, for front ends to offer.
+pub const POLICY_NAMES: [&str; 2] = ["fcfs", "priority"];
+
+/// The policy called `name`, one of [`POLICY_NAMES`].
 pub fn policy_by_name(name: &str) -> Option<Box<dyn SchedulingPolicy>> {
     match name {
         "fcfs" => Some(Box::new(Fcfs)),
@@ -90,6 +93,14 @@ pub fn policy_by_name(name: &str) -> Option<Box<dyn SchedulingPolicy>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_listed_name_is_a_policy_and_nothing_else_is() {
+        for name in POLICY_NAMES {
+            assert!(policy_by_name(name).is_some(), "{name}");
+        }
+        assert!(policy_by_name("lifo").is_none());
+    }
 
     fn info(priority: i32, arrival: u64, admitted: u64) -> SeqInfo {
         SeqInfo { request: RequestId(arrival), priority, arrival, admitted }

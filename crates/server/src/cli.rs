@@ -381,8 +381,8 @@ pub struct EngineArgs {
     /// Turn automatic prefix caching off.
     #[arg(long)]
     pub no_prefix_caching: bool,
-    /// Scheduling policy: fcfs or priority.
-    #[arg(long, default_value = "fcfs")]
+    /// Scheduling policy.
+    #[arg(long, default_value = "fcfs", value_parser = clap::builder::PossibleValuesParser::new(met_scheduler::POLICY_NAMES))]
     pub policy: String,
     /// Run every step eagerly: no CUDA graphs of decode steps.
     #[arg(long)]

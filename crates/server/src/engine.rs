@@ -31,19 +31,20 @@ pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
 }
 
 /// An engine over `model` with a KV cache of `blocks` blocks (startup phase 6), recording
-/// into `metrics`.
+/// into `metrics`. `config` is [`engine_config`] of `e`, checked once at startup.
 ///
 /// # Errors
-/// Invalid engine flags, an unknown `--policy`, or a cache the device cannot hold.
+/// An unknown `--policy` (clap has already refused it on the command line), a failed graph
+/// capture, or a cache the device cannot hold.
 pub fn build_engine(
     e: &EngineArgs,
+    config: EngineConfig,
     model: Box<dyn Model>,
     backend: Arc<dyn GpuBackend>,
     blocks: usize,
     metrics: Arc<Metrics>,
 ) -> Result<Engine> {
     let timer = PhaseTimer::start(Phase::KvCache);
-    let config = engine_config(e)?;
     let blocks = blocks.max(1);
     let layout = model.kv_layout();
     let kv = PagedKvCache::new(&*backend, layout, config.block_size, blocks, config.prefix_caching)?;
@@ -58,8 +59,9 @@ pub fn build_engine(
         let capture = model.capture_graphs(&kv, &settings).context("capturing CUDA graphs of decode steps")?;
         timer.done(capture);
     }
-    let policy = policy_by_name(&e.policy)
-        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", e.policy))?;
+    let policy = policy_by_name(&e.policy).with_context(|| {
+        format!("--policy: unknown policy `{}` (one of {})", e.policy, met_scheduler::POLICY_NAMES.join(", "))
+    })?;
     Ok(Engine::new(model, backend, Box::new(kv), config, policy, metrics)?)
 }
 

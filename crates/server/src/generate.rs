@@ -104,7 +104,7 @@ pub(crate) fn sized_engine(
             None => needed,
         },
     };
-    build_engine(e, model, backend, blocks, Arc::new(Metrics::new()))
+    build_engine(e, config, model, backend, blocks, Arc::new(Metrics::new()))
 }
 
 /// Submits every request and steps the engine until all are done.

@@ -41,9 +41,10 @@ use anyhow::{Context, Result, bail};
 use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
+use met_config::EngineConfig;
 use met_kernels::GpuBackend;
 use met_model_layers::Model;
-use met_scheduler::{Engine, policy_by_name};
+use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 use tower::ServiceExt;
 
@@ -100,9 +101,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     if let Some(model) = args.model_path.take() {
         args.model.model = Some(model);
     }
-    engine_config(&args.engine)?;
-    policy_by_name(&args.engine.policy)
-        .with_context(|| format!("--policy: unknown policy `{}` (fcfs, priority)", args.engine.policy))?;
+    // Checked before anything loads; `--policy` clap checked when it parsed the flags.
+    let engine_config = engine_config(&args.engine)?;
     if args.max_concurrent_requests == 0 || args.max_body_bytes == 0 {
         bail!("--max-concurrent-requests and --max-body-bytes must be positive");
     }
@@ -129,7 +129,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let spec = args.model.model.clone();
     let (model_args, engine_args, engine_metrics) = (args.model, args.engine.clone(), Arc::clone(&metrics));
-    let loaded = tokio::task::spawn_blocking(move || load(&model_args, &engine_args, engine_metrics))
+    let loaded = tokio::task::spawn_blocking(move || load(&model_args, &engine_args, engine_config, engine_metrics))
         .await
         .context("the loading worker failed")??;
 
@@ -176,16 +176,21 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
 }
 
 /// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
-fn load(model_args: &crate::cli::ModelArgs, engine_args: &EngineArgs, metrics: Arc<Metrics>) -> Result<Loaded> {
+fn load(
+    model_args: &crate::cli::ModelArgs,
+    engine_args: &EngineArgs,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+) -> Result<Loaded> {
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
     let LoadedModel { tokenizer, backend, model, eos_token_ids, source } = load_with_progress(model_args, &progress)?;
     let tokenizer = tokenizer.with_context(|| {
         format!("{} has no tokenizer (tokenizer.json); met serve needs one", source.path().display())
     })?;
-    let blocks = kv_blocks(engine_args, &*model, &*backend)?;
+    let blocks = kv_blocks(engine_args, &config, &*model, &*backend)?;
     let model = fault::inject(fault, model);
-    let engine = build_engine(engine_args, model, Arc::clone(&backend), blocks, metrics)?;
+    let engine = build_engine(engine_args, config, model, Arc::clone(&backend), blocks, metrics)?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
         tracing::warn!(
@@ -198,12 +203,11 @@ fn load(model_args: &crate::cli::ModelArgs, engine_args: &EngineArgs, metrics: A
 
 /// `--kv-blocks`, or what `--gpu-memory-utilization` of the device memory left after a
 /// warm-up step holds (1 GiB on the CPU), never more than every sequence at full context.
-fn kv_blocks(e: &EngineArgs, model: &dyn Model, backend: &dyn GpuBackend) -> Result<usize> {
+fn kv_blocks(e: &EngineArgs, config: &EngineConfig, model: &dyn Model, backend: &dyn GpuBackend) -> Result<usize> {
     if let Some(blocks) = e.kv_blocks {
         return Ok(blocks);
     }
-    let config = engine_config(e)?;
-    let budget = match kv_blocks_after_warmup(model, backend, &config, e.gpu_memory_utilization)? {
+    let budget = match kv_blocks_after_warmup(model, backend, config, e.gpu_memory_utilization)? {
         Some(blocks) => blocks,
         None => CPU_KV_BYTES / model.kv_layout().bytes_per_block(e.block_size).max(1),
     };
