@@ -74,6 +74,23 @@ pub struct EngineLimits {
     pub stream_capacity: usize,
 }
 
+impl EngineLimits {
+    /// Refuses an id of `ids` outside the vocabulary, naming `field`.
+    ///
+    /// # Errors
+    /// [`RequestErrorKind::Invalid`] naming `field` and the first such id.
+    pub fn check_token_ids(&self, field: &'static str, ids: &[u32]) -> Result<(), RequestError> {
+        match ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            None => Ok(()),
+            Some(id) => Err(RequestError {
+                kind: RequestErrorKind::Invalid,
+                field,
+                msg: format!("token id {id} is outside the vocabulary of {}", self.vocab_size),
+            }),
+        }
+    }
+}
+
 /// What kind of field a [`RequestError`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestErrorKind {
@@ -196,9 +213,7 @@ fn check(
     if len == 0 {
         return invalid("prompt", "the prompt is empty".into());
     }
-    if let Some(id) = prompt.iter().find(|&&id| id as usize >= vocab) {
-        return invalid("prompt", format!("token id {id} is outside the vocabulary of {vocab}"));
-    }
+    limits.check_token_ids("prompt", prompt)?;
     if len >= context {
         let msg = format!("the prompt has {len} tokens; the model's maximum context length is {context} tokens");
         return error(RequestErrorKind::ContextLength, "prompt", msg);
@@ -226,9 +241,7 @@ fn check(
     if stop.min_new_tokens > max {
         return invalid("min_tokens", format!("{} exceeds max_tokens ({max})", stop.min_new_tokens));
     }
-    if let Some(id) = stop.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
-        return invalid("stop_token_ids", format!("token id {id} is outside the vocabulary of {vocab}"));
-    }
+    limits.check_token_ids("stop_token_ids", &stop.stop_token_ids)?;
     if stop.bans_everything(vocab) {
         let msg = format!(
             "with min_tokens {}, the stop tokens and the end-of-sequence tokens ban all {vocab} tokens of the \

@@ -39,7 +39,7 @@ use super::state::AppState;
 use super::wire::{
     ApiJson, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
-use crate::text::{ChatMessage, RenderOptions, encode_chat};
+use crate::text::{ChatMessage, RenderOptions};
 
 /// Every route, as the `endpoint` label of the HTTP metric (a fixed set keeps the number of
 /// series bounded).
@@ -265,15 +265,12 @@ fn tokenize_blocking(state: &AppState, req: TokenizeRequest) -> Result<Vec<u32>,
     match (req.prompt, req.messages) {
         (Some(prompt), None) => encode(&prompt, req.add_special_tokens.unwrap_or(true)),
         (None, Some(messages)) => {
-            let template =
-                state.template().ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
             let messages: Vec<ChatMessage> = messages.into_iter().map(ChatMessage::flatten_text_parts).collect();
             let options = RenderOptions {
                 add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
                 ..Default::default()
             };
-            let plain = state.config().no_special_tokens_in_user_content;
-            encode_chat(tokenizer, template, &messages, &options, plain).map_err(ApiError::from_text)
+            super::validate::chat_ids(state, &messages, &options)
         }
         _ => Err(ApiError::invalid("prompt", "give exactly one of `prompt` and `messages`")),
     }
@@ -286,10 +283,7 @@ async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let _permit = state.admit()?;
     state.check_model(req.model.as_deref())?;
-    let vocab = state.engine().limits().vocab_size;
-    if let Some(id) = req.tokens.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::invalid("tokens", format!("token id {id} is outside the vocabulary of {vocab}")));
-    }
+    state.engine().limits().check_token_ids("tokens", &req.tokens)?;
     let worker = state.clone();
     let prompt =
         blocking(move || worker.tokenizer().decode(&req.tokens, false).map_err(|e| ApiError::internal(e.to_string())))

@@ -197,12 +197,7 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
     let tokenizer = state.tokenizer();
     let encode = |text: &str, special| tokenizer.encode(text, special).map_err(ApiError::from_text);
     let prompts = match &parsed.prompt {
-        PromptInput::Chat { messages, options } => {
-            let template = state.template().ok_or_else(|| ApiError::invalid("messages", "no chat template"))?;
-            // The template writes its own special tokens.
-            let plain = state.config().no_special_tokens_in_user_content;
-            vec![encode_chat(tokenizer, template, messages, options, plain).map_err(ApiError::from_text)?]
-        }
+        PromptInput::Chat { messages, options } => vec![chat_ids(state, messages, options)?],
         PromptInput::Texts(texts) => texts.iter().map(|t| encode(t, true)).collect::<Result<_, _>>()?,
         PromptInput::Ids(ids) => ids.clone(),
     };
@@ -224,6 +219,17 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
         requests.push(request);
     }
     Ok(Validated { requests, text: parsed.text })
+}
+
+/// The token ids of a conversation rendered by the model's chat template (which writes its
+/// own special tokens), for generation and for `/tokenize` alike.
+///
+/// # Errors
+/// 400 when the model has no chat template or the template rejects the conversation.
+pub fn chat_ids(state: &AppState, messages: &[ChatMessage], options: &RenderOptions) -> Result<Vec<u32>, ApiError> {
+    let template = state.template().ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    let plain = state.config().no_special_tokens_in_user_content;
+    encode_chat(state.tokenizer(), template, messages, options, plain).map_err(ApiError::from_text)
 }
 
 /// A request the engine's limits refuse, with its fields as this endpoint's API names them:
