@@ -1,19 +1,23 @@
 //! Wire request → validated engine requests (parse, don't validate). Two stages:
 //!
-//! 1. [`parse`], on the reactor: every field checked against its domain and turned into
-//!    typed settings: `SamplingParams` with a pinned seed (a random one when the request has
-//!    none, so its draws never depend on what shares the batch), `StopCriteria` with the
-//!    model's EOS ids, stop strings, and the text options the response needs.
+//! 1. [`parse`], on the reactor: every field checked against its wire domain and turned
+//!    into typed settings: `SamplingParams` with a pinned seed (a random one when the
+//!    request has none, so its draws never depend on what shares the batch),
+//!    `StopCriteria` with the model's EOS ids, stop strings, and the text options the
+//!    response needs.
 //! 2. [`tokenize`], on a blocking worker (chat rendering and tokenization are CPU work):
-//!    the prompt becomes token ids, is checked against the context (prompt + `max_tokens`
-//!    must fit; the default `max_tokens` is `--max-tokens-default`, or what the context
-//!    leaves when that is less), and each prompt becomes one [`EngineRequest`].
+//!    the prompt becomes token ids and each prompt one [`EngineRequest`], made by
+//!    `EngineRequest::new`, the one place a request is checked against the engine's
+//!    limits: the vocabulary, the context (prompt + `max_tokens` must fit: a
+//!    `context_length_exceeded` error otherwise), the sampling values, `min_tokens`, and
+//!    end tokens that would leave nothing to sample. The default `max_tokens` is
+//!    `--max-tokens-default`, or what the context leaves when that is less.
 //!
 //! Limits count work, not HTTP requests: a request runs prompts × `n` sequences, at most
 //! `--max-sequences-per-request`, each of at most `--max-tokens-default` tokens (the default
-//! `max_tokens` is also its cap). Every failure is a 400 naming the field; nothing reaches
-//! the engine unchecked. What can never sample (a ban set covering the vocabulary) is the
-//! engine's rule, checked when the request is submitted, and a 400 too.
+//! `max_tokens` is also its cap). Every failure is a 400 naming the field, with the field
+//! names of the endpoint (`messages`, `max_completion_tokens`); nothing reaches the engine
+//! unchecked.
 
 use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
 use met_scheduler::{EngineRequest, RequestError, StopCriteria};
@@ -127,12 +131,9 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         seed: seed(req.seed.as_ref())?.unwrap_or_else(random_seed),
         logprobs,
     };
-    sampling.validate(state.engine().limits().vocab_size).map_err(|e| ApiError::invalid(e.field, e.msg))?;
+    // Sampling values and min_tokens are checked with the rest when the engine request is
+    // made (`EngineRequest::new`, in `tokenize`).
     let min_tokens = usize::try_from(req.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
-    let (max, bound) = max_tokens.unwrap_or((cap, "the default max_tokens"));
-    if min_tokens > max {
-        return Err(ApiError::invalid("min_tokens", format!("{min_tokens} exceeds {bound} ({max})")));
-    }
     let stop = StopCriteria {
         max_new_tokens: 0,
         min_new_tokens: min_tokens,
