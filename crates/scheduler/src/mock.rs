@@ -47,6 +47,9 @@ pub struct Faults {
     pub device_error: Option<u32>,
     /// The forward pass panics.
     pub panic: Option<u32>,
+    /// Every forward pass takes at least this long: a slow model, for tests that must act
+    /// while a request runs (not a fault).
+    pub step_delay: Option<std::time::Duration>,
 }
 
 const UNWRITTEN: (u32, u32) = (u32::MAX, u32::MAX);
@@ -135,6 +138,9 @@ fn mix(mut z: u64) -> u64 {
 
 impl Model for MockModel {
     fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor, ModelError> {
+        if let Some(delay) = self.faults.step_delay {
+            std::thread::sleep(delay);
+        }
         let bs = kv.block_size();
         let mut slots = self.slots.lock();
         slots.resize(kv.num_blocks() * bs, UNWRITTEN);
