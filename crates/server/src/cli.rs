@@ -413,7 +413,8 @@ pub struct GenerateArgs {
     #[arg(long = "prompt-ids", value_name = "IDS", value_parser = parse_ids)]
     pub prompt_ids: Vec<Vec<u32>>,
     /// A JSONL file of prompts: one object per line with `prompt_ids` and, optionally,
-    /// per-prompt `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n`.
+    /// per-prompt `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n` and
+    /// `priority` (lower first, under `--policy priority`).
     #[arg(long, value_name = "FILE")]
     pub prompts_file: Option<PathBuf>,
     /// Sampling settings, the defaults of every prompt.

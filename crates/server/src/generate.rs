@@ -31,6 +31,8 @@ struct PromptLine {
     min_p: Option<f32>,
     seed: Option<u64>,
     n: Option<usize>,
+    /// Scheduling priority under `--policy priority` (lower first).
+    priority: Option<i32>,
 }
 
 /// One line of `--json` output: a continuation of a prompt.
@@ -277,6 +279,7 @@ fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<Draft>> {
         r.sampling.min_p = line.min_p.unwrap_or(r.sampling.min_p);
         r.sampling.seed = line.seed.unwrap_or(r.sampling.seed);
         r.n = line.n.unwrap_or(r.n);
+        r.priority = line.priority.unwrap_or(r.priority);
         out.push(r);
     }
     Ok(out)
@@ -290,6 +293,8 @@ pub(crate) struct Draft {
     pub sampling: SamplingParams,
     pub stop: StopCriteria,
     pub n: usize,
+    /// Scheduling priority (lower first, under `--policy priority`).
+    pub priority: i32,
 }
 
 impl Draft {
@@ -330,5 +335,6 @@ fn request(s: &SamplingArgs, prompt: Vec<u32>) -> Draft {
             ignore_eos: s.ignore_eos,
         },
         n: s.n,
+        priority: 0,
     }
 }

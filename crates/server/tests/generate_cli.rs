@@ -185,6 +185,12 @@ fn prompts_come_from_a_jsonl_file() {
         met(&["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap(), "--json"]);
     let lens: Vec<usize> = generated(&out).iter().map(Vec::len).collect();
     assert_eq!(lens, [2, 16, 16]);
+    // A per-prompt priority, for `--policy priority`, changes no output.
+    std::fs::write(&file, "{\"prompt_ids\": [1, 2, 3], \"max_tokens\": 2, \"priority\": 1}\n{\"prompt_ids\": [4], \"n\": 2, \"priority\": -3}\n")
+        .unwrap();
+    let args = ["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap(), "--json"];
+    let prioritised = met(&[&args[..], &["--policy", "priority", "--max-num-seqs", "1"]].concat());
+    assert_eq!(generated(&prioritised), generated(&out), "{}", String::from_utf8_lossy(&prioritised.stderr));
 
     std::fs::write(&file, "{\"prompt_ids\": [1]}\n{\"prompt_idz\": [1]}\n").unwrap();
     let out = met(&["generate", "--model", model.to_str().unwrap(), "--prompts-file", file.to_str().unwrap()]);

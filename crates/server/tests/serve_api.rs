@@ -332,3 +332,58 @@ fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
     logits.iter().map(|l| l - max - sum.ln()).collect()
 }
+
+/// `priority` through the API: with one sequence at a time and a request holding it, a
+/// later request with a lower priority value is served before an earlier one under
+/// `--policy priority`, while FCFS serves them in arrival order; a server without priority
+/// scheduling refuses a non-zero priority, as vLLM does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_priority_policy_serves_the_more_urgent_request_first() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    for priority_policy in [true, false] {
+        let faults = met_scheduler::mock::Faults { step_delay: Some(Duration::from_millis(3)), ..Default::default() };
+        let server = Arc::new(TestServer::with(Options {
+            priority_policy,
+            max_num_seqs: Some(1),
+            faults,
+            ..Options::default()
+        }));
+        let waiting =
+            |n: usize| move |s: &TestServer| s.metrics.render().contains(&format!("met_requests_waiting {n}\n"));
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let send = |name: &'static str, max_tokens: usize, priority: i64| {
+            let (server, done) = (Arc::clone(&server), Arc::clone(&done));
+            let mut extra = json!({"max_tokens": max_tokens, "ignore_eos": true});
+            if priority != 0 {
+                extra["priority"] = json!(priority);
+            }
+            tokio::spawn(async move {
+                let (status, body) = server.post("/v1/completions", completion(json!([1, 2, 3]), extra)).await;
+                assert_eq!(status, StatusCode::OK, "{name}: {body}");
+                done.lock().unwrap().push(name);
+            })
+        };
+        // The first request holds the only seat for 60 slow steps.
+        let first = send("first", 60, 0);
+        server.eventually("the first request runs", |s| s.metrics.render().contains("met_requests_running 1\n")).await;
+        let (early, urgent) = if priority_policy { (5, -1) } else { (0, 0) };
+        let early = send("early", 3, early);
+        server.eventually("the early request waits", waiting(1)).await;
+        let urgent = send("urgent", 3, urgent);
+        server.eventually("both wait", waiting(2)).await;
+        for task in [first, early, urgent] {
+            task.await.unwrap();
+        }
+        let order = done.lock().unwrap().clone();
+        let want = if priority_policy { ["first", "urgent", "early"] } else { ["first", "early", "urgent"] };
+        assert_eq!(order, want, "priority policy {priority_policy}");
+    }
+
+    let server = TestServer::new();
+    let (status, body) =
+        server.post("/v1/completions", completion(json!([1, 2, 3]), json!({"max_tokens": 2, "priority": 3}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["param"], "priority", "{body}");
+}

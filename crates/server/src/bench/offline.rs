@@ -326,6 +326,7 @@ fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usi
                 ignore_eos: true,
             },
             n: 1,
+            priority: 0,
         })
         .collect()
 }

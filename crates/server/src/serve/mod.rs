@@ -152,6 +152,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         max_sequences_per_request: args.max_sequences_per_request.unwrap_or(args.engine.max_num_seqs),
         max_tokens_default: args.max_tokens_default,
         no_special_tokens_in_user_content: args.no_special_tokens_in_user_content,
+        priority_scheduling: args.engine.policy == "priority",
     };
     let auth = match (&config.api_key, args.metrics_without_auth) {
         (None, _) => "no API key",

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     /// Special-token text in user messages stays text instead of becoming control tokens
     /// (`--no-special-tokens-in-user-content`).
     pub no_special_tokens_in_user_content: bool,
+    /// The engine schedules by request priority (`--policy priority`), so requests may set
+    /// `priority`.
+    pub priority_scheduling: bool,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             max_sequences_per_request: 256,
             max_tokens_default: DEFAULT_MAX_TOKENS,
             no_special_tokens_in_user_content: false,
+            priority_scheduling: false,
         }
     }
 }

@@ -95,6 +95,7 @@ pub struct Parsed {
     sampling: SamplingParams,
     stop: StopCriteria,
     max_tokens: Option<(usize, &'static str)>,
+    priority: i32,
     text: TextOptions,
 }
 
@@ -166,7 +167,21 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         Endpoint::Completions => prompts(req.prompt)?,
     };
     check_sequences(&prompt, n, endpoint, state.config().max_sequences_per_request)?;
-    Ok(Parsed { prompt, sampling, stop, max_tokens, text })
+    let priority = priority(req.priority, state.config().priority_scheduling)?;
+    Ok(Parsed { prompt, sampling, stop, max_tokens, priority, text })
+}
+
+/// `priority`: 0 unless given; another value only where the engine schedules by it (as
+/// vLLM answers such a request to a server without priority scheduling: an error).
+fn priority(given: Option<i64>, scheduling: bool) -> Result<i32, ApiError> {
+    match given {
+        None | Some(0) => Ok(0),
+        Some(p) if !scheduling => Err(ApiError::invalid(
+            "priority",
+            format!("{p}: this server does not schedule by priority (start it with --policy priority)"),
+        )),
+        Some(p) => i32::try_from(p).map_err(|_| ApiError::invalid("priority", format!("{p} is out of range"))),
+    }
 }
 
 /// Prompts × `n` within `limit`; the field named is `n` unless the prompts alone exceed it.
@@ -217,7 +232,7 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
         let stop = StopCriteria { max_new_tokens, ..parsed.stop.clone() };
         let request = EngineRequest::new(prompt, sampling, stop, parsed.text.n, &limits)
             .map_err(|e| api_error(e, param, parsed.max_tokens.map(|(_, name)| name)))?;
-        requests.push(request);
+        requests.push(request.with_priority(parsed.priority));
     }
     Ok(Validated { requests, text: parsed.text })
 }

@@ -112,6 +112,9 @@ pub struct GenerationRequest {
     pub min_tokens: Option<u64>,
     /// An end-user id; accepted and ignored.
     pub user: Option<String>,
+    /// Scheduling priority, as vLLM takes it: lower runs first; anything but 0 needs a
+    /// server started with `--policy priority`.
+    pub priority: Option<i64>,
     /// Leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
     /// Chat: append the assistant header (default true).

@@ -23,7 +23,7 @@ use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::CpuBackend;
 use met_scheduler::mock::{Faults, MockModel};
-use met_scheduler::{Engine, Fcfs};
+use met_scheduler::{Engine, Fcfs, Priority, SchedulingPolicy};
 use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
 use met_server::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use met_telemetry::Metrics;
@@ -55,6 +55,10 @@ pub struct Options {
     pub faults: Faults,
     pub http: HttpOptions,
     pub no_special_tokens_in_user_content: bool,
+    /// Schedule with the priority policy instead of FCFS.
+    pub priority_policy: bool,
+    /// The engine's `max_num_seqs` (its default when `None`).
+    pub max_num_seqs: Option<usize>,
 }
 
 impl Default for Options {
@@ -70,6 +74,8 @@ impl Default for Options {
             faults: Faults::default(),
             http: HttpOptions::default(),
             no_special_tokens_in_user_content: false,
+            priority_policy: false,
+            max_num_seqs: None,
         }
     }
 }
@@ -105,11 +111,18 @@ impl TestServer {
         let vocab = tokenizer.vocab_size();
         let metrics = Arc::new(Metrics::new());
         let backend = Arc::new(CpuBackend::new());
-        let config =
-            EngineConfig { block_size: 4, stream_capacity: options.stream_capacity, ..EngineConfig::default() };
+        let defaults = EngineConfig::default();
+        let config = EngineConfig {
+            block_size: 4,
+            stream_capacity: options.stream_capacity,
+            max_num_seqs: options.max_num_seqs.unwrap_or(defaults.max_num_seqs),
+            ..defaults
+        };
+        let policy: Box<dyn SchedulingPolicy> =
+            if options.priority_policy { Box::new(Priority) } else { Box::new(Fcfs) };
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, options.kv_blocks, true).unwrap();
         let model = Box::new(MockModel::new(vocab, MAX_CONTEXT).with_faults(options.faults));
-        let engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+        let engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::clone(&metrics)).unwrap();
         let (handle, _thread) = met_scheduler::spawn(engine);
         let server_config = ServerConfig {
             model_name: MODEL.into(),
@@ -120,6 +133,7 @@ impl TestServer {
             max_sequences_per_request: options.max_sequences_per_request,
             max_tokens_default: options.max_tokens_default,
             no_special_tokens_in_user_content: options.no_special_tokens_in_user_content,
+            priority_scheduling: options.priority_policy,
         };
         let state = AppState::new(handle, tokenizer.clone(), Arc::clone(&metrics), server_config).unwrap();
         Self {
