@@ -199,31 +199,8 @@ impl Engine {
     /// Samples the rows of `entries` from `logits` (one row per sampling entry, in order).
     /// When the batch fails, each row is sampled alone to find the ones that fail.
     fn sample(&self, logits: &met_kernels::Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
-        let running = &self.scheduler.running;
-        let vocab = self.model.vocab_size();
-        let sampling = || entries.iter().filter(|e| e.sample);
-        let banned: Vec<Vec<u32>> = sampling()
-            .map(|e| {
-                let s = &running[e.seq];
-                s.request.stop.banned(s.output().len(), vocab)
-            })
-            .collect();
-        let rows: Vec<SampleRow<'_>> = sampling()
-            .zip(&banned)
-            .enumerate()
-            .map(|(row, (e, banned))| {
-                let s = &running[e.seq];
-                SampleRow {
-                    logits_row: row,
-                    params: &s.request.sampling,
-                    prompt: s.prompt(),
-                    output: s.output(),
-                    seed: s.seed,
-                    step: s.output().len() as u64,
-                    banned,
-                }
-            })
-            .collect();
+        let banned = self.scheduler.banned(entries, self.model.vocab_size());
+        let rows = self.scheduler.sample_rows(entries, &banned);
         let mut sampled = match self.backend.sample(logits, &rows) {
             Ok(samples) => samples.into_iter().map(EntryResult::Sampled).collect(),
             Err(e) => {

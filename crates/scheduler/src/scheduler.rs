@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use met_cache::KvCache;
 use met_config::EngineConfig;
-use met_kernels::Sampled;
+use met_kernels::{SampleRow, Sampled};
 use met_model_layers::{ForwardBatch, LogitRows};
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
 
 use crate::policy::SchedulingPolicy;
 use crate::request::{FinishReason, GeneratedToken, RequestId, TokenEvent};
-use crate::sequence::Sequence;
+use crate::sequence::{Running, Sequence};
 
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +60,8 @@ pub(crate) struct Scheduler {
     config: EngineConfig,
     max_context: usize,
     policy: Box<dyn SchedulingPolicy>,
-    pub(crate) waiting: Vec<Sequence>,
-    pub(crate) running: Vec<Sequence>,
+    waiting: Vec<Sequence>,
+    running: Vec<Running>,
     /// Finished sequences whose last events are not delivered yet (no blocks held).
     draining: Vec<Sequence>,
     tick: u64,
@@ -102,11 +102,13 @@ impl Scheduler {
     /// Delivers queued events and drops the sequences of cancelled requests.
     pub(crate) fn reap(&mut self) {
         let metrics = &self.metrics;
-        for list in [&mut self.waiting, &mut self.running] {
-            list.iter_mut().for_each(Sequence::flush);
-            for seq in list.extract_if(.., |s| s.request.cancelled()) {
-                metrics.finished(FinishLabel::Cancelled, request_stats(&seq));
-            }
+        self.waiting.iter_mut().for_each(Sequence::flush);
+        self.running.iter_mut().for_each(|r| r.flush());
+        for seq in self.waiting.extract_if(.., |s| s.request.cancelled()) {
+            metrics.finished(FinishLabel::Cancelled, request_stats(&seq));
+        }
+        for run in self.running.extract_if(.., |r| r.request.cancelled()) {
+            metrics.finished(FinishLabel::Cancelled, request_stats(&run));
         }
         self.draining.iter_mut().for_each(Sequence::flush);
         self.draining.retain(|s| s.paused() && !s.request.cancelled());
@@ -156,18 +158,15 @@ impl Scheduler {
     /// `running[i..]` until it fits. Returns false when `running[i]` itself left.
     fn make_room(&mut self, kv: &dyn KvCache, i: usize, n: usize, counts: &mut StepStats) -> bool {
         loop {
-            let seq = &mut self.running[i];
-            let tokens = seq.computed + n;
-            if kv.reserve(seq.blocks.as_mut().expect("running sequences hold blocks"), tokens).is_ok() {
+            let Running { seq, blocks } = &mut self.running[i];
+            if kv.reserve(blocks, seq.computed + n).is_ok() {
                 return true;
             }
-            let infos: Vec<_> = self.running[i..].iter().map(Sequence::info).collect();
+            let infos: Vec<_> = self.running[i..].iter().map(|r| r.info()).collect();
             let victim = i + self.policy.victim(&infos);
-            if victim == i
-                && self.running[..i].iter().all(|s| s.blocks.as_ref().is_none_or(|b| b.block_ids().is_empty()))
-            {
+            if victim == i && self.running[..i].iter().all(|r| r.blocks.block_ids().is_empty()) {
                 // Nothing else holds blocks: the sequence cannot fit even alone.
-                let seq = self.running.remove(i);
+                let seq = self.running.remove(i).release();
                 self.retire(seq, None, FinishReason::Length);
                 return false;
             }
@@ -180,8 +179,7 @@ impl Scheduler {
     }
 
     fn preempt(&mut self, i: usize) {
-        let mut seq = self.running.remove(i);
-        seq.blocks = None;
+        let mut seq = self.running.remove(i).release();
         seq.computed = 0;
         self.waiting.push(seq);
     }
@@ -222,10 +220,9 @@ impl Scheduler {
                 seq.admitted_before = true;
             }
             counts.prefix_cache_hit_tokens += hit;
-            seq.blocks = Some(blocks);
             seq.computed = hit;
             seq.admitted = self.tick;
-            self.running.push(seq);
+            self.running.push(Running { seq, blocks });
             self.push(plan, self.running.len() - 1, n);
             *budget -= n;
         }
@@ -243,7 +240,7 @@ impl Scheduler {
         self.running
             .iter()
             .find(|s| s.request.id == seq.request.id && s.index == 0 && s.computed >= s.request.prompt_len)
-            .and_then(|s| s.blocks.as_ref())
+            .map(|s| &s.blocks)
     }
 
     fn push(&self, plan: &mut Plan, i: usize, n: usize) {
@@ -254,10 +251,38 @@ impl Scheduler {
 
     /// Appends entry `e`'s rows to `batch`.
     fn push_to(&self, batch: &mut ForwardBatch, e: Scheduled) {
-        let seq = &self.running[e.seq];
+        let Running { seq, blocks } = &self.running[e.seq];
         let rows = if e.sample { LogitRows::Last } else { LogitRows::None };
-        let blocks = seq.blocks.as_ref().expect("scheduled sequences hold blocks");
         batch.push(&seq.tokens[seq.computed..seq.computed + e.len], seq.computed, blocks, rows);
+    }
+
+    /// What each sampling entry of `entries` may not draw yet (its end tokens before
+    /// `min_tokens`), in order, among `vocab` tokens.
+    pub(crate) fn banned(&self, entries: &[Scheduled], vocab: usize) -> Vec<Vec<u32>> {
+        let sampling = entries.iter().filter(|e| e.sample);
+        sampling.map(|e| self.running[e.seq].request.stop.banned(self.running[e.seq].output().len(), vocab)).collect()
+    }
+
+    /// The sampler's row for each sampling entry of `entries`: the i-th reads logits row i
+    /// and may not draw `banned[i]` ([`Self::banned`]).
+    pub(crate) fn sample_rows<'a>(&'a self, entries: &[Scheduled], banned: &'a [Vec<u32>]) -> Vec<SampleRow<'a>> {
+        let sampling = entries.iter().filter(|e| e.sample);
+        sampling
+            .zip(banned)
+            .enumerate()
+            .map(|(row, (e, banned))| {
+                let s = &self.running[e.seq];
+                SampleRow {
+                    logits_row: row,
+                    params: &s.request.sampling,
+                    prompt: s.prompt(),
+                    output: s.output(),
+                    seed: s.seed,
+                    step: s.output().len() as u64,
+                    banned,
+                }
+            })
+            .collect()
     }
 
     /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
@@ -275,13 +300,13 @@ impl Scheduler {
         let now = Instant::now();
         let mut failed: Vec<(RequestId, String)> = Vec::new();
         for (e, result) in plan.entries.iter().zip(results) {
-            let seq = &mut self.running[e.seq];
+            let Running { seq, blocks } = &mut self.running[e.seq];
             if let EntryResult::Failed(msg) = result {
                 failed.push((seq.request.id, msg));
                 continue;
             }
             seq.computed += e.len;
-            kv.commit(seq.blocks.as_mut().expect("running"), &seq.tokens, seq.computed);
+            kv.commit(blocks, &seq.tokens, seq.computed);
             if seq.index == 0 && seq.computed >= seq.request.prompt_len {
                 seq.request.prompt_ready.store(true, Ordering::Relaxed);
             }
@@ -306,7 +331,7 @@ impl Scheduler {
             seq.finished = finish.is_some();
             seq.emit(event);
         }
-        let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).collect();
+        let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).map(Running::release).collect();
         for seq in done {
             self.drain(seq);
         }
@@ -318,8 +343,8 @@ impl Scheduler {
     /// Ends every unfinished continuation of request `id` with `Error(msg)`: a request whose
     /// sequence failed has failed (and its siblings may be waiting for that one's prompt).
     fn fail_request(&mut self, id: RequestId, msg: &str) {
-        let ours = |s: &mut Sequence| s.request.id == id;
-        let seqs: Vec<Sequence> = self.running.extract_if(.., ours).chain(self.waiting.extract_if(.., ours)).collect();
+        let running = self.running.extract_if(.., |r| r.request.id == id).map(Running::release);
+        let seqs: Vec<Sequence> = running.chain(self.waiting.extract_if(.., |s| s.request.id == id)).collect();
         for seq in seqs {
             self.retire(seq, None, FinishReason::Error(msg.to_owned()));
         }
@@ -330,7 +355,7 @@ impl Scheduler {
         self.spare = plan;
     }
 
-    /// Sends a sequence's last event and drops it (and its blocks).
+    /// Sends a sequence's last event and drops it.
     fn retire(&mut self, mut seq: Sequence, token: Option<GeneratedToken>, reason: FinishReason) {
         seq.finish_reason = Some(label(&reason));
         let event = event(&seq, token, Some(reason));
@@ -338,13 +363,13 @@ impl Scheduler {
         self.drain(seq);
     }
 
-    /// Frees a finished sequence's blocks, keeping it only until its events are delivered.
+    /// Keeps a finished sequence (its blocks already released) only until its events are
+    /// delivered.
     fn drain(&mut self, mut seq: Sequence) {
         if let Some(reason) = seq.finish_reason.take() {
             self.metrics.finished(reason, request_stats(&seq));
         }
         seq.finished = true;
-        seq.blocks = None;
         if seq.paused() {
             self.draining.push(seq);
         }
@@ -352,20 +377,15 @@ impl Scheduler {
 
     /// Ends every running and waiting sequence with `reason` (after an engine-level fault).
     pub(crate) fn fail_all(&mut self, reason: &FinishReason) {
-        let seqs: Vec<Sequence> =
-            std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)).collect();
+        let running = std::mem::take(&mut self.running).into_iter().map(Running::release);
+        let seqs: Vec<Sequence> = running.chain(std::mem::take(&mut self.waiting)).collect();
         for seq in seqs {
             self.retire(seq, None, reason.clone());
         }
     }
 
     pub(crate) fn held_blocks(&self) -> usize {
-        let mut ids: Vec<u32> = self
-            .running
-            .iter()
-            .filter_map(|s| s.blocks.as_ref())
-            .flat_map(|b| b.block_ids().iter().map(|b| b.0))
-            .collect();
+        let mut ids: Vec<u32> = self.running.iter().flat_map(|r| r.blocks.block_ids().iter().map(|b| b.0)).collect();
         ids.sort_unstable();
         ids.dedup();
         ids.len()

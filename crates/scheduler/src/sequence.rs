@@ -1,5 +1,7 @@
 //! One continuation of a request inside the engine: its tokens, how many of them are in
-//! the KV cache, its blocks, and the events it could not deliver yet.
+//! the KV cache and the events it could not deliver yet ([`Sequence`]), and the blocks it
+//! holds while it runs ([`Running`]). A waiting or finished sequence holds no blocks by
+//! type, not by convention.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,8 +24,6 @@ pub(crate) struct Sequence {
     pub(crate) tokens: Vec<u32>,
     /// Leading tokens whose K/V is in the cache.
     pub(crate) computed: usize,
-    /// Held while running; `None` while waiting or after preemption.
-    pub(crate) blocks: Option<SequenceBlocks>,
     /// Prompt tokens reused at first admission (reported to the client).
     pub(crate) cached_prompt_tokens: usize,
     pub(crate) admitted_before: bool,
@@ -48,7 +48,6 @@ impl Sequence {
             index,
             tokens: prompt,
             computed: 0,
-            blocks: None,
             cached_prompt_tokens: 0,
             admitted_before: false,
             seed,
@@ -117,6 +116,35 @@ impl Sequence {
                 }
             }
         }
+    }
+}
+
+/// A sequence admitted to the running batch, with the KV blocks of its computed tokens.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) seq: Sequence,
+    pub(crate) blocks: SequenceBlocks,
+}
+
+impl Running {
+    /// The sequence without its blocks (they return to the cache): preempted, finished or
+    /// failed.
+    pub(crate) fn release(self) -> Sequence {
+        self.seq
+    }
+}
+
+impl std::ops::Deref for Running {
+    type Target = Sequence;
+
+    fn deref(&self) -> &Sequence {
+        &self.seq
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Sequence {
+        &mut self.seq
     }
 }
 
