@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
 use crate::engine::{build_engine, engine_config, random_seed};
-use crate::kv_budget::kv_blocks_after_warmup;
+use crate::kv_budget::kv_blocks;
 use crate::load::{LoadedModel, load};
 use crate::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
@@ -87,9 +87,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The engine, with a KV cache large enough for every request at once (on a GPU, at most
-/// what `--gpu-memory-utilization` of the memory left after a warm-up step holds) unless
-/// `--kv-blocks` says otherwise (startup phase 6).
+/// The engine, with a KV cache large enough for every request at once, within the device's
+/// budget ([`kv_blocks`], the rule `met serve` uses too; startup phase 6).
 pub(crate) fn sized_engine(
     e: &EngineArgs,
     model: Box<dyn Model>,
@@ -99,13 +98,7 @@ pub(crate) fn sized_engine(
     let config = engine_config(e)?;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
-    let blocks = match e.kv_blocks {
-        Some(blocks) => blocks,
-        None => match kv_blocks_after_warmup(&*model, &*backend, &config, e.gpu_memory_utilization)? {
-            Some(budget) => needed.min(budget),
-            None => needed,
-        },
-    };
+    let blocks = kv_blocks(e, &config, &*model, &*backend, needed)?;
     build_engine(e, config, model, backend, blocks, Arc::new(Metrics::new()))
 }
 

@@ -21,6 +21,37 @@ use met_config::{EngineConfig, SamplingParams};
 use met_kernels::{GpuBackend, SampleRow};
 use met_model_layers::{ForwardBatch, LogitRows, Model};
 
+use crate::cli::EngineArgs;
+
+/// The KV cache on a device that reports no memory of its own (the CPU), when no
+/// `--kv-blocks` says otherwise.
+pub const CPU_KV_BYTES: usize = 1 << 30;
+
+/// The KV cache of startup phase 6, one rule for `met serve`, `met generate` and the
+/// benches: `--kv-blocks` when given; else the `demand` blocks the expected work can use
+/// (every sequence at full context for a server, exactly the requests for a batch job), at
+/// most what `--gpu-memory-utilization` of the memory free after a warm-up step holds
+/// ([`CPU_KV_BYTES`] on the CPU). Never less than one block.
+///
+/// # Errors
+/// When the warm-up forward fails.
+pub fn kv_blocks(
+    e: &EngineArgs,
+    config: &EngineConfig,
+    model: &dyn Model,
+    backend: &dyn GpuBackend,
+    demand: usize,
+) -> Result<usize> {
+    if let Some(blocks) = e.kv_blocks {
+        return Ok(blocks);
+    }
+    let budget = match kv_blocks_after_warmup(model, backend, config, e.gpu_memory_utilization)? {
+        Some(blocks) => blocks,
+        None => CPU_KV_BYTES / model.kv_layout().bytes_per_block(config.block_size).max(1),
+    };
+    Ok(budget.min(demand).max(1))
+}
+
 /// Bytes kept free beyond the utilisation share, for what the warm-up cannot foresee
 /// (allocator fragmentation across other batch shapes, library workspaces).
 pub const DEFAULT_RESERVE: usize = 256 << 20;
@@ -126,5 +157,19 @@ mod tests {
         assert_eq!(kv_blocks_after_warmup(&*model, &*backend, &config, 0.9).unwrap(), None);
         // The warm-up itself runs on any device: three sequences capped at the context of 64.
         warm_up(&*model, &*backend, &config).unwrap();
+
+        // The one sizing rule: the demand, within the CPU's budget, unless --kv-blocks.
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            engine: EngineArgs,
+        }
+        let flags = |extra: &[&str]| <Flags as clap::Parser>::parse_from(["met"].iter().chain(extra)).engine;
+        let blocks = |e: &EngineArgs, demand| kv_blocks(e, &config, &*model, &*backend, demand).unwrap();
+        let cpu_budget = CPU_KV_BYTES / model.kv_layout().bytes_per_block(config.block_size);
+        assert_eq!(blocks(&flags(&[]), 10), 10);
+        assert_eq!(blocks(&flags(&[]), usize::MAX), cpu_budget);
+        assert_eq!(blocks(&flags(&[]), 0), 1, "never an empty cache");
+        assert_eq!(blocks(&flags(&["--kv-blocks", "7"]), 10), 7);
     }
 }

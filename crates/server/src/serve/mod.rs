@@ -42,8 +42,6 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
 use met_config::EngineConfig;
-use met_kernels::GpuBackend;
-use met_model_layers::Model;
 use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 use tower::ServiceExt;
@@ -58,14 +56,11 @@ pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
 
 use crate::cli::{EngineArgs, ServeArgs};
 use crate::engine::{build_engine, engine_config};
-use crate::kv_budget::kv_blocks_after_warmup;
+use crate::kv_budget::kv_blocks;
 use crate::load::{LoadedModel, load_with_progress};
 use crate::resolve::ModelSource;
 use crate::text::Tokenizer;
 use server::os_signals;
-
-/// KV cache size on a device without memory of its own (the CPU), without `--kv-blocks`.
-const CPU_KV_BYTES: usize = 1 << 30;
 
 /// Runs `met serve` until SIGINT or SIGTERM, or an engine fault.
 ///
@@ -189,7 +184,9 @@ fn load(
     let tokenizer = tokenizer.with_context(|| {
         format!("{} has no tokenizer (tokenizer.json); met serve needs one", source.path().display())
     })?;
-    let blocks = kv_blocks(engine_args, &config, &*model, &*backend)?;
+    // Every sequence the engine may run, at full context.
+    let demand = engine_args.max_num_seqs.saturating_mul(model.max_context()).div_ceil(config.block_size);
+    let blocks = kv_blocks(engine_args, &config, &*model, &*backend, demand)?;
     let model = fault::inject(fault, model);
     let engine = build_engine(engine_args, config, model, Arc::clone(&backend), blocks, metrics)?;
     let capacity = engine.limits().kv_capacity;
@@ -200,20 +197,6 @@ fn load(
         );
     }
     Ok(Loaded { engine, tokenizer, eos_token_ids, source })
-}
-
-/// `--kv-blocks`, or what `--gpu-memory-utilization` of the device memory left after a
-/// warm-up step holds (1 GiB on the CPU), never more than every sequence at full context.
-fn kv_blocks(e: &EngineArgs, config: &EngineConfig, model: &dyn Model, backend: &dyn GpuBackend) -> Result<usize> {
-    if let Some(blocks) = e.kv_blocks {
-        return Ok(blocks);
-    }
-    let budget = match kv_blocks_after_warmup(model, backend, config, e.gpu_memory_utilization)? {
-        Some(blocks) => blocks,
-        None => CPU_KV_BYTES / model.kv_layout().bytes_per_block(e.block_size).max(1),
-    };
-    let most_useful = e.max_num_seqs.saturating_mul(model.max_context()).div_ceil(e.block_size);
-    Ok(budget.min(most_useful).max(1))
 }
 
 /// `--served-model-name`, else the hub id the model was given as, else its file or
