@@ -1,6 +1,9 @@
 //! Loading a model for a command: resolve, config, device, topology, weights and tokenizer
 //! (startup phases 1-5 and 8), from a Hugging Face directory or a GGUF file. Weight loading
 //! reports each tensor to a [`WeightProgress`] (a progress bar on a terminal for `met serve`).
+//! [`load_weights`] stops before the tokenizer, so `met serve` can size its KV cache and
+//! capture graphs (phases 6 and 7) first and the phases run in their numbered order;
+//! `met generate`, which needs the tokenizer to size its cache, takes [`load`].
 
 use std::sync::Arc;
 
@@ -52,11 +55,77 @@ impl WeightProgress for NoProgress {
 
 /// Runs startup phases 1 to 5 and 8 for `args`.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
-    load_with_progress(args, &NoProgress)
+    let (Weights { backend, model }, text) = load_weights(args, &NoProgress)?;
+    let Text { tokenizer, eos_token_ids, source } = text.load()?;
+    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids, source })
 }
 
-/// [`load`], telling `progress` about every tensor read.
-pub fn load_with_progress(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<LoadedModel> {
+/// A model loaded without its tokenizer yet (phases 1-5 done).
+pub struct Weights {
+    /// The device it runs on.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The model.
+    pub model: Box<dyn Model>,
+}
+
+/// What phase 8 gives: the model's tokenizer and end-of-sequence tokens.
+pub struct Text {
+    /// Its tokenizer (with the chat template), when the model ships one.
+    pub tokenizer: Option<Tokenizer>,
+    /// End-of-sequence tokens of the configuration and the tokenizer.
+    pub eos_token_ids: Vec<u32>,
+    /// Where the model was found.
+    pub source: ModelSource,
+}
+
+/// What phase 8 reads the tokenizer from: the model's source (and its GGUF file) and the
+/// end-of-sequence tokens of its configuration.
+pub struct TextSource {
+    source: ModelSource,
+    gguf: Option<GgufStore>,
+    eos_token_ids: Vec<u32>,
+}
+
+impl TextSource {
+    /// Where the model was found.
+    pub fn source(&self) -> &ModelSource {
+        &self.source
+    }
+
+    /// Whether the model ships a tokenizer (a GGUF file, or `tokenizer.json`), to refuse
+    /// early what needs one.
+    pub fn has_tokenizer(&self) -> bool {
+        match &self.source {
+            ModelSource::Gguf(_) => self.gguf.is_some(),
+            ModelSource::HfDir(dir) => dir.join("tokenizer.json").is_file(),
+        }
+    }
+
+    /// Phase 8: the tokenizer and chat template, and the end-of-sequence tokens of the
+    /// configuration and the tokenizer together.
+    ///
+    /// # Errors
+    /// A tokenizer that does not parse.
+    pub fn load(self) -> Result<Text> {
+        let Self { source, gguf, mut eos_token_ids } = self;
+        let timer = PhaseTimer::start(Phase::Tokenizer);
+        let tokenizer = tokenizer_for(&source, gguf.as_ref())?;
+        if let Some(t) = &tokenizer {
+            eos_token_ids.extend(t.eos_ids());
+            eos_token_ids.sort_unstable();
+            eos_token_ids.dedup();
+        }
+        timer.done(match &tokenizer {
+            Some(t) => format!("{} tokens, chat template: {}", t.vocab_size(), t.chat_template().is_some()),
+            None => "none (token ids only)".into(),
+        });
+        Ok(Text { tokenizer, eos_token_ids, source })
+    }
+}
+
+/// Startup phases 1 to 5 for `args`, telling `progress` about every tensor read; phase 8
+/// (the tokenizer) is [`TextSource::load`].
+pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(Weights, TextSource)> {
     let timer = PhaseTimer::start(Phase::Resolve);
     let source = resolve(args.model.as_deref(), &SearchPaths::from_env())?;
     timer.done(source.path().display());
@@ -128,18 +197,7 @@ pub fn load_with_progress(args: &ModelArgs, progress: &dyn WeightProgress) -> Re
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
 
-    let timer = PhaseTimer::start(Phase::Tokenizer);
-    let tokenizer = tokenizer_for(&source, gguf.as_ref())?;
-    if let Some(t) = &tokenizer {
-        eos_token_ids.extend(t.eos_ids());
-        eos_token_ids.sort_unstable();
-        eos_token_ids.dedup();
-    }
-    timer.done(match &tokenizer {
-        Some(t) => format!("{} tokens, chat template: {}", t.vocab_size(), t.chat_template().is_some()),
-        None => "none (token ids only)".into(),
-    });
-    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids, source })
+    Ok((Weights { backend, model }, TextSource { source, gguf, eos_token_ids }))
 }
 
 /// A store that reports each tensor read to a [`WeightProgress`].

@@ -82,3 +82,48 @@ fn tokenize_equals_transformers_both_ways() {
         assert_eq!(decoded.strip_suffix('\n').unwrap(), case["decoded"].as_str().unwrap(), "{text:?}");
     }
 }
+
+/// `met serve` logs its startup phases in their numbered order, from settings to ready:
+/// the tokenizer (8) after the KV cache (6) and the warm-up (7).
+#[test]
+fn serve_starts_in_the_numbered_phase_order() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let Some(model) = met_config::default_model_for_test() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_met"))
+        .args(["serve", "--model", &model.display().to_string(), "--port", "0", "--kv-blocks", "64"])
+        .env("MET_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starts met serve");
+    let mut phases = Vec::new();
+    let mut log = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        let number = line.split('[').nth(1).and_then(|rest| rest.split(']').next()).and_then(|n| n.trim().parse().ok());
+        if let Some(n) = number {
+            phases.push(n);
+            if n == 11 {
+                break;
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let sorted = {
+        let mut p: Vec<u32> = phases.clone();
+        p.sort_unstable();
+        p
+    };
+    assert_eq!(phases, sorted, "phases out of order:\n{log}");
+    assert_eq!(phases.first(), Some(&0), "{log}");
+    assert_eq!(phases.last(), Some(&11), "{log}");
+    for n in [6, 7, 8] {
+        assert!(phases.contains(&n), "phase {n} missing:\n{log}");
+    }
+}

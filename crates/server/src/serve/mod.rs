@@ -57,7 +57,7 @@ pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
 use crate::cli::{EngineArgs, ServeArgs};
 use crate::engine::{build_engine, engine_config};
 use crate::kv_budget::kv_blocks;
-use crate::load::{LoadedModel, load_with_progress};
+use crate::load::{Text, Weights, load_weights};
 use crate::resolve::ModelSource;
 use crate::text::Tokenizer;
 use server::os_signals;
@@ -180,10 +180,12 @@ fn load(
 ) -> Result<Loaded> {
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
-    let LoadedModel { tokenizer, backend, model, eos_token_ids, source } = load_with_progress(model_args, &progress)?;
-    let tokenizer = tokenizer.with_context(|| {
-        format!("{} has no tokenizer (tokenizer.json); met serve needs one", source.path().display())
-    })?;
+    let (Weights { backend, model }, text) = load_weights(model_args, &progress)?;
+    let no_tokenizer =
+        || format!("{} has no tokenizer (tokenizer.json); met serve needs one", text.source().path().display());
+    if !text.has_tokenizer() {
+        bail!(no_tokenizer());
+    }
     // Every sequence the engine may run, at full context.
     let demand = engine_args.max_num_seqs.saturating_mul(model.max_context()).div_ceil(config.block_size);
     let blocks = kv_blocks(engine_args, &config, &*model, &*backend, demand)?;
@@ -196,7 +198,9 @@ fn load(
             engine.limits().max_context
         );
     }
-    Ok(Loaded { engine, tokenizer, eos_token_ids, source })
+    let message = no_tokenizer();
+    let Text { tokenizer, eos_token_ids, source } = text.load()?;
+    Ok(Loaded { engine, tokenizer: tokenizer.context(message)?, eos_token_ids, source })
 }
 
 /// `--served-model-name`, else the hub id the model was given as, else its file or
