@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use met_server::text::{ChatTemplate, Detokenizer, RenderOptions};
+use met_text::{ChatTemplate, Detokenizer, RenderOptions};
 
 /// Tokens of the generated answer.
 const TOKENS: usize = 2048;

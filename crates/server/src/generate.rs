@@ -17,7 +17,7 @@ use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
 use crate::engine::{build_engine, engine_config, random_seed};
 use crate::kv_budget::kv_blocks;
 use crate::load::{LoadedModel, load};
-use crate::text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
+use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
 /// One line of `--prompts-file`.
 #[derive(Debug, Deserialize)]

@@ -1,7 +1,7 @@
-//! The `met` binary's library: command line, startup, model resolution, the text layer
-//! (tokenizers, chat templates, detokenizer), the commands, the OpenAI-compatible HTTP
-//! server ([`serve`]) and the load generator that measures it and its peers
-//! ([`bench`](mod@bench)).
+//! The `met` binary's library: command line, startup, model resolution, the commands, the
+//! OpenAI-compatible HTTP server ([`serve`]) and the load generator that measures it and
+//! its peers ([`bench`](mod@bench)). Text (tokenizers, chat templates, the detokenizer) is
+//! the `met-text` crate.
 //! A library so that tests and other front ends can reach the same pieces the binary uses.
 //!
 //! **Boundary:** the only crate that knows CLI flags, JSON output formats or HTTP.
@@ -14,7 +14,6 @@ pub mod kv_budget;
 pub mod load;
 pub mod resolve;
 pub mod serve;
-pub mod text;
 pub mod tokenize;
 
 use std::process::ExitCode;

@@ -17,7 +17,7 @@ use met_telemetry::{Phase, PhaseTimer};
 
 use crate::cli::{LoadFormat, ModelArgs};
 use crate::resolve::{ModelSource, SearchPaths, resolve};
-use crate::text::Tokenizer;
+use met_text::Tokenizer;
 
 /// A model ready to run, with the facts commands need about it.
 pub struct LoadedModel {

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use met_model_weights::{GgufFile, GgufValue};
-use met_server::text::{ChatMessage, Tokenizer};
+use met_text::{ChatMessage, Tokenizer};
 
 /// llama.cpp's `token_type` of a normal and of a control token.
 const NORMAL: i32 = 1;

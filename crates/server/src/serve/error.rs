@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use met_scheduler::{RequestError, RequestErrorKind, SubmitError};
 use serde::Serialize;
 
-use crate::text::TextError;
+use met_text::TextError;
 
 /// A request that failed, as OpenAI reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

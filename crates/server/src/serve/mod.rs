@@ -59,7 +59,7 @@ use crate::engine::{build_engine, engine_config};
 use crate::kv_budget::kv_blocks;
 use crate::load::{Text, Weights, load_weights};
 use crate::resolve::ModelSource;
-use crate::text::Tokenizer;
+use met_text::Tokenizer;
 use server::os_signals;
 
 /// Runs `met serve` until SIGINT or SIGTERM, or an engine fault.

@@ -39,7 +39,7 @@ use super::state::AppState;
 use super::wire::{
     ApiJson, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
-use crate::text::{ChatMessage, RenderOptions};
+use met_text::{ChatMessage, RenderOptions};
 
 /// Every route, as the `endpoint` label of the HTTP metric (a fixed set keeps the number of
 /// series bounded).

@@ -16,7 +16,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
-use crate::text::{ChatTemplate, TextError, Tokenizer};
+use met_text::{ChatTemplate, TextError, Tokenizer};
 
 /// Largest `n` a request may ask for.
 pub const MAX_N: usize = 128;

@@ -15,7 +15,7 @@ use met_scheduler::{FinishReason, GeneratedToken, RequestStream, TokenEvent};
 use super::error::ApiError;
 use super::validate::{LogprobsShape, TextOptions};
 use super::wire::{PromptTokensDetails, Usage};
-use crate::text::{Detokenizer, TextError, Tokenizer};
+use met_text::{Detokenizer, TextError, Tokenizer};
 
 /// Why a choice ended, as OpenAI names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use super::error::ApiError;
 use super::state::{AppState, MAX_N};
 use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
 use crate::engine::random_seed;
-use crate::text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
+use met_text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::text::ChatMessage;
+use met_text::ChatMessage;
 
 /// A JSON request body; malformed JSON, wrong types and oversized bodies are [`ApiError`]s.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! its own, and every other id is what the default encoding gives.
 
 use super::support::smollm2;
-use crate::text::{ChatMessage, ChatTemplate, RenderOptions, encode_chat};
+use crate::{ChatMessage, ChatTemplate, RenderOptions, encode_chat};
 
 #[test]
 fn user_text_cannot_forge_control_tokens() {

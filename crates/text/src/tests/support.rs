@@ -7,11 +7,12 @@ use std::sync::OnceLock;
 
 use met_model_weights::{GgufFile, GgufValue};
 
-use crate::text::Tokenizer;
+use crate::Tokenizer;
 
-/// `crates/server/tests/fixtures/<rel>`.
+/// `crates/server/tests/fixtures/<rel>`: the references the server's tests and the live
+/// suite share (`scripts/smollm2_reference.py` writes them).
 pub(super) fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server/tests/fixtures").join(rel)
 }
 
 /// A fixture file parsed as JSON.

@@ -18,7 +18,26 @@
 //! template writes its own bos.
 //!
 //! **Boundary:** no HTTP and no engine types here; errors are one [`TextError`] naming the
-//! file, GGUF key or template line.
+//! file, GGUF key or template line. A fork can use this crate alone, e.g. to render and
+//! tokenize a chat as the server would, with the embedded default model's GGUF:
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer, encode_chat};
+//!
+//! # let Some(path) = met_config::default_model_for_test() else { return Ok(()) };
+//! let gguf = met_model_weights::GgufFile::open(&path)?;
+//! let tokenizer = Tokenizer::from_gguf(&gguf)?;
+//! let template = ChatTemplate::from_tokenizer(&tokenizer)?.expect("the model ships a chat template");
+//! let messages = [ChatMessage::text("user", "What is the capital of France?")];
+//! let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+//! let prompt = template.render(&messages, &options)?;
+//! assert!(prompt.ends_with("<|im_start|>assistant\n"));
+//! let ids = encode_chat(&tokenizer, &template, &messages, &options, false)?;
+//! assert_eq!(tokenizer.decode(&ids, false)?, prompt);
+//! # Ok(())
+//! # }
+//! ```
 
 mod chat;
 mod detokenizer;

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 
 use super::support::{smollm2, tiny_llama, tiny_llama_tokens};
-use crate::text::gguf_tokenizer::byte_alphabet;
-use crate::text::{Detokenizer, Tokenizer};
+use crate::gguf_tokenizer::byte_alphabet;
+use crate::{Detokenizer, Tokenizer};
 
 /// Characters of 1-4 UTF-8 bytes, emoji among them.
 fn any_char() -> impl Strategy<Value = char> {

@@ -9,8 +9,8 @@ use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::template::TemplateProcessing;
 
-use crate::text::gguf_tokenizer::byte_alphabet;
-use crate::text::{ChatMessage, ChatTemplate, RenderOptions, TextError, Tokenizer};
+use crate::gguf_tokenizer::byte_alphabet;
+use crate::{ChatMessage, ChatTemplate, RenderOptions, TextError, Tokenizer};
 
 const SPECIALS: [&str; 4] = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"];
 

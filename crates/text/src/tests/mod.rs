@@ -1,7 +1,8 @@
 //! Tests of the text layer against transformers.
 //!
-//! They live inside the crate because `met-server` is a binary only: integration tests under
-//! `tests/` cannot reach its modules. The fixtures are in `crates/server/tests/fixtures/`
+//! They live inside the crate because they reach private modules (the template's Python
+//! formatting, the GGUF tokenizer's parts). The fixtures are in `crates/server/tests/fixtures/`,
+//! shared with the server's tests and the live suite,
 //! and say how to regenerate themselves (`scripts/smollm2_reference.py`). Tests that need
 //! the default model's GGUF print a note and pass when it is not installed (CI fetches it).
 
@@ -17,8 +18,8 @@ mod user_text;
 #[test]
 fn text_types_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
-    assert_send_sync::<crate::text::Tokenizer>();
-    assert_send_sync::<crate::text::ChatTemplate>();
-    assert_send_sync::<crate::text::Detokenizer>();
-    assert_send_sync::<crate::text::TextError>();
+    assert_send_sync::<crate::Tokenizer>();
+    assert_send_sync::<crate::ChatTemplate>();
+    assert_send_sync::<crate::Detokenizer>();
+    assert_send_sync::<crate::TextError>();
 }

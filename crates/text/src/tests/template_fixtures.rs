@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::support::{fixture, fixture_json};
-use crate::text::{ChatMessage, ChatTemplate, Clock, RenderOptions, TextError};
+use crate::{ChatMessage, ChatTemplate, Clock, RenderOptions, TextError};
 
 /// The clock of the day the fixture was recorded, for `strftime_now`.
 fn recorded_day(reference: &Value) -> Clock {

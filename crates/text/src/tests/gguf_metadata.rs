@@ -10,7 +10,7 @@
 use met_model_weights::GgufValue;
 
 use super::support::{string, strings, tiny_llama, tiny_llama_metadata};
-use crate::text::{TextError, Tokenizer};
+use crate::{TextError, Tokenizer};
 
 struct Case {
     text: &'static str,
@@ -141,14 +141,14 @@ fn byte_level_merges_must_be_pairs() {
 
 /// `ő` (C5 91) in GPT-2's byte alphabet: two symbols, the second one shifted past U+0100.
 fn spelled_o_double_acute() -> (String, String) {
-    let alphabet = crate::text::gguf_tokenizer::byte_alphabet();
+    let alphabet = crate::gguf_tokenizer::byte_alphabet();
     (alphabet[0xC5].to_string(), alphabet[0x91].to_string())
 }
 
 /// A byte-level vocabulary: the 256 byte symbols, `12`, `123`, `1234`, a raw (not
 /// byte-spelled) `ő`, and two tokens marked control: `<|eot|>` and a mislabelled `<|a b|>`.
 fn tiny_gpt2_metadata(pre: Option<&str>) -> std::collections::BTreeMap<String, GgufValue> {
-    let mut tokens: Vec<String> = crate::text::gguf_tokenizer::byte_alphabet().into_iter().map(String::from).collect();
+    let mut tokens: Vec<String> = crate::gguf_tokenizer::byte_alphabet().into_iter().map(String::from).collect();
     tokens.extend(["12", "123", "1234", "ő", "<|eot|>", "<|a b|>"].map(String::from));
     let types = (0..tokens.len()).map(|i| GgufValue::I32(if i >= 260 { 3 } else { 1 })).collect();
     let (first, second) = spelled_o_double_acute();

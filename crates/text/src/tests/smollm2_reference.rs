@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::support::{fixture_json, smollm2};
-use crate::text::{ChatMessage, ChatTemplate, Detokenizer, RenderOptions, Tokenizer};
+use crate::{ChatMessage, ChatTemplate, Detokenizer, RenderOptions, Tokenizer};
 
 fn reference() -> Value {
     fixture_json("smollm2/reference.json")
