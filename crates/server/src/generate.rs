@@ -14,9 +14,9 @@ use met_telemetry::Metrics;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
-use crate::engine::{build_engine, engine_config, random_seed};
-use crate::kv_budget::kv_blocks;
-use crate::load::{LoadedModel, load};
+use crate::startup::engine::{build_engine, engine_config, random_seed};
+use crate::startup::kv_budget::kv_blocks;
+use crate::startup::load::{LoadedModel, load};
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
 /// One line of `--prompts-file`.

@@ -8,12 +8,10 @@
 
 pub mod bench;
 pub mod cli;
-pub mod engine;
 pub mod generate;
-pub mod kv_budget;
-pub mod load;
 pub mod resolve;
 pub mod serve;
+pub mod startup;
 pub mod tokenize;
 
 use std::process::ExitCode;

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 
 use crate::cli::{TokenIds, TokenizeArgs};
-use crate::load::load_tokenizer;
+use crate::startup::load::load_tokenizer;
 
 /// Runs `met tokenize`.
 pub fn run(args: &TokenizeArgs) -> Result<()> {

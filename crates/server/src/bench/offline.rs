@@ -35,7 +35,7 @@ use super::report::{Machine, git_commit};
 use super::rng::Rng;
 use crate::cli::{EngineArgs, ModelArgs};
 use crate::generate::{Draft, sized_engine};
-use crate::load::{LoadedModel, load};
+use crate::startup::load::{LoadedModel, load};
 
 /// `met bench throughput`.
 #[derive(Debug, Args)]

@@ -55,10 +55,10 @@ pub use server::Server;
 pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
 
 use crate::cli::{EngineArgs, ServeArgs};
-use crate::engine::{build_engine, engine_config};
-use crate::kv_budget::kv_blocks;
-use crate::load::{Text, Weights, load_weights};
 use crate::resolve::ModelSource;
+use crate::startup::engine::{build_engine, engine_config};
+use crate::startup::kv_budget::kv_blocks;
+use crate::startup::load::{Text, Weights, load_weights};
 use met_text::Tokenizer;
 use server::os_signals;
 

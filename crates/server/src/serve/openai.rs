@@ -36,7 +36,7 @@ use super::wire::{
     ApiJson, ChatChoice, ChatCompletion, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob, Completion,
     CompletionChoice, CompletionLogprobs, GenerationRequest, TopLogprob, TopMap, Usage,
 };
-use crate::engine::random_seed;
+use crate::startup::engine::random_seed;
 
 /// The drain timeout's signal to the responses still running. `met serve` adds one to every
 /// request as an extension; a request without one is never cut.

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::load::WeightProgress;
+use crate::startup::load::WeightProgress;
 
 /// A [`WeightProgress`] drawing a bar on stderr, or hidden when stderr is not a terminal.
 #[derive(Debug)]

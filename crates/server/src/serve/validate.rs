@@ -25,7 +25,7 @@ use met_scheduler::{EngineRequest, RequestError, StopCriteria};
 use super::error::ApiError;
 use super::state::{AppState, MAX_N};
 use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
-use crate::engine::random_seed;
+use crate::startup::engine::random_seed;
 use met_text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
 
 /// Most stop strings a request may give (OpenAI's limit).
