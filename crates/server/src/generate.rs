@@ -298,7 +298,8 @@ impl Draft {
             .into_iter()
             .enumerate()
             .map(|(i, d)| {
-                EngineRequest::new(d.prompt, d.sampling, d.stop, d.n, limits).with_context(|| format!("{what} {i}"))
+                let request = EngineRequest::new(d.prompt, d.sampling, d.stop, d.n, limits);
+                Ok(request.with_context(|| format!("{what} {i}"))?.with_priority(d.priority))
             })
             .collect()
     }
@@ -329,5 +330,26 @@ fn request(s: &SamplingArgs, prompt: Vec<u32>) -> Draft {
         },
         n: s.n,
         priority: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompts_file_priority_reaches_the_engine_request() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            sampling: SamplingArgs,
+        }
+        let sampling = <Flags as clap::Parser>::parse_from(["met", "--max-tokens", "4"]).sampling;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("prompts.jsonl");
+        std::fs::write(&path, "{\"prompt_ids\": [1, 2], \"priority\": -3}\n{\"prompt_ids\": [3]}\n").unwrap();
+        let limits = EngineLimits { vocab_size: 8, max_context: 64, kv_capacity: 64, stream_capacity: 4 };
+        let requests = Draft::make_all(read_file(&sampling, &path).unwrap(), &limits, "prompt").unwrap();
+        assert_eq!(requests.iter().map(EngineRequest::priority).collect::<Vec<_>>(), [-3, 0]);
     }
 }
