@@ -123,7 +123,7 @@ pub struct EngineRequest {
     pub(crate) stop: StopCriteria,
     pub(crate) n: usize,
     pub(crate) priority: i32,
-    /// The limits it was checked against; only an engine with the same ones takes it.
+    /// The limits it was checked against; an engine with other ones checks it again.
     pub(crate) limits: EngineLimits,
 }
 
@@ -182,11 +182,6 @@ impl EngineRequest {
     /// Scheduling priority for the priority policy: lower runs first.
     pub fn priority(&self) -> i32 {
         self.priority
-    }
-
-    /// The limits it was checked against.
-    pub fn limits(&self) -> &EngineLimits {
-        &self.limits
     }
 
     /// Checks it against `limits` if it was made against others (another engine's), so

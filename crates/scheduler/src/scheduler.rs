@@ -259,8 +259,8 @@ impl Scheduler {
     /// What each sampling entry of `entries` may not draw yet (its end tokens before
     /// `min_tokens`), in order, among `vocab` tokens.
     pub(crate) fn banned(&self, entries: &[Scheduled], vocab: usize) -> Vec<Vec<u32>> {
-        let sampling = entries.iter().filter(|e| e.sample);
-        sampling.map(|e| self.running[e.seq].request.stop.banned(self.running[e.seq].output().len(), vocab)).collect()
+        let sampling = entries.iter().filter(|e| e.sample).map(|e| &self.running[e.seq]);
+        sampling.map(|s| s.request.stop.banned(s.output().len(), vocab)).collect()
     }
 
     /// The sampler's row for each sampling entry of `entries`: the i-th reads logits row i
