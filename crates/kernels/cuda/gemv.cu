@@ -4,8 +4,8 @@
 // once from memory and used m times. A block owns R consecutive rows of W, and its threads
 // split each row's k between them (thread t takes the 16-byte vectors t, t + 128, ...), so a
 // block has all of its rows' loads in flight at once and finishes after a round trip or
-// two. Many short blocks (8 to 32 KiB of weights, tens per SM) keep every SM streaming
-// until the end; few long ones leave the last wave to a handful of SMs. The x rows (a few KiB)
+// two. Many short blocks (16 KiB of weights, tens per SM) keep every SM streaming until
+// the end; few long ones leave the last wave to a handful of SMs. The x rows (a few KiB)
 // come through the L1 cache, shared by the blocks of an SM. Weights are loaded with the
 // streaming hint, since nothing reads them again this step.
 //
@@ -162,10 +162,8 @@ __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict
 
 MET_GEMV(1, 1)
 MET_GEMV(1, 2)
-MET_GEMV(1, 4)
 MET_GEMV(2, 1)
 MET_GEMV(2, 2)
-MET_GEMV(2, 4)
 MET_GEMV(4, 1)
 MET_GEMV(4, 2)
 MET_GEMV_SILU(1)

@@ -4,9 +4,9 @@
 //! cuBLAS (measured: `cuda_gemv` in `benches/cuda.rs`), so larger batches go there.
 //!
 //! The kernels are instantiated for batch buckets 1, 2 and 4 (a batch runs in the smallest
-//! bucket that holds it) and for one, two or four weight rows per block
-//! ([`rows_per_block`]). The rows a block takes change neither the order of any sum nor so
-//! any result.
+//! bucket that holds it) and for one or two weight rows per block: two when the matrix has
+//! rows enough for many blocks per SM either way (fewer, longer blocks read x less often),
+//! one otherwise (more, shorter blocks end more evenly across the SMs).
 
 use cudarc::driver::LaunchConfig;
 
@@ -19,24 +19,6 @@ pub(super) const MAX_M: usize = 4;
 const THREADS: u32 = 128;
 /// Blocks of two rows per SM from which a matrix takes two rows per block.
 const TWO_ROW_BLOCKS_PER_SM: usize = 16;
-/// The longest rows that take four rows per block.
-const FOUR_ROW_MAX_K: usize = 2048;
-
-/// Rows of W per block. Short rows (k up to 2,048: a thread holds at most two vectors of
-/// each) take four for batches of up to 2 (4 rows of 4 would not fit the register budget),
-/// so a block still streams 8 KiB or more and the SMs are not left scheduling thousands of
-/// tiny blocks. Longer rows take two when the matrix has rows
-/// enough for many blocks per SM either way (fewer, longer blocks read x less often), one
-/// otherwise (more, shorter blocks end more evenly across the SMs).
-fn rows_per_block(m_bucket: usize, n: usize, k: usize, sms: usize) -> usize {
-    if k <= FOUR_ROW_MAX_K && m_bucket <= 2 {
-        4
-    } else if n >= 2 * TWO_ROW_BLOCKS_PER_SM * sms {
-        2
-    } else {
-        1
-    }
-}
 
 /// Whether a product of this shape runs here: a decode batch, and rows of whole 16-byte
 /// vectors (pool allocations are 256-byte aligned, so row starts are then aligned too).
@@ -63,18 +45,16 @@ pub(super) struct Gemv {
 /// `out [m, n] = x · wᵀ (+ bias)`.
 pub(super) fn gemv(b: &CudaBackend, g: &Gemv) -> Result<()> {
     let sms = usize::try_from(b.dev.multiprocessors).unwrap_or(1).max(1);
-    let rows = rows_per_block(bucket(g.m), g.n, g.k, sms);
-    let name = match (bucket(g.m), rows) {
+    let rows_per_block = if g.n >= 2 * TWO_ROW_BLOCKS_PER_SM * sms { 2 } else { 1 };
+    let name = match (bucket(g.m), rows_per_block) {
         (1, 1) => "gemv_bf16_m1_r1",
-        (1, 2) => "gemv_bf16_m1_r2",
-        (1, _) => "gemv_bf16_m1_r4",
+        (1, _) => "gemv_bf16_m1_r2",
         (2, 1) => "gemv_bf16_m2_r1",
-        (2, 2) => "gemv_bf16_m2_r2",
-        (2, _) => "gemv_bf16_m2_r4",
+        (2, _) => "gemv_bf16_m2_r2",
         (_, 1) => "gemv_bf16_m4_r1",
         (_, _) => "gemv_bf16_m4_r2",
     };
-    let cfg = config(g.n.div_ceil(rows));
+    let cfg = config(g.n.div_ceil(rows_per_block));
     launch!(b, name, cfg, [g.x, g.w, g.bias, g.out, g.m as u32, g.n as u32, g.k as u32])
 }
 
@@ -93,13 +73,11 @@ fn config(blocks: usize) -> LaunchConfig {
 }
 
 /// Every kernel name above, for loading at startup.
-pub(super) const KERNELS: [&str; 11] = [
+pub(super) const KERNELS: [&str; 9] = [
     "gemv_bf16_m1_r1",
     "gemv_bf16_m1_r2",
-    "gemv_bf16_m1_r4",
     "gemv_bf16_m2_r1",
     "gemv_bf16_m2_r2",
-    "gemv_bf16_m2_r4",
     "gemv_bf16_m4_r1",
     "gemv_bf16_m4_r2",
     "gemv_silu_bf16_m1",

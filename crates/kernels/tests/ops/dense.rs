@@ -321,7 +321,7 @@ pub fn dense_ops_reject_bad_shapes(b: &dyn GpuBackend) -> Result<()> {
 /// kernel, or hand over to a library past some size): every batch size's bucket and its
 /// padding rows, inner dims whose 8-element
 /// vectors do not fill the last unrolled step (1,032 = 129 vectors), matrices with few rows
-/// and with many, short rows (four per block on CUDA) and long ones, with and without bias.
+/// and with enough for two rows per warp, with and without bias.
 pub fn matmul_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut seed = 100;
     for &(k, n) in &[(8, 5), (512, 300), (1_032, 2_300), (2_048, 96)] {
