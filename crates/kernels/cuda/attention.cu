@@ -32,7 +32,8 @@ extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_
 // q and k heads get the per-head RMSNorm (when `q_norm` is set) and rotary, as
 // `rms_norm_bf16` then `rotary_bf16` compute them (the normalised head is rounded to bf16
 // before it rotates); q goes to `q_out [t, h, d]`, k and v into the pools at slots[t]
-// (a slot past the pool, as padding rows of a graph carry, writes nothing).
+// (a slot past the pool, as padding rows of a graph carry, writes nothing). Norm weights
+// are bf16 (Qwen3) or f32 (Gemma 3's `1 + w`), under `rms_norm_bf16`'s rule for each.
 // grid (t, ceil((h + 2 h_kv) / QKV_WARPS)), block QKV_WARPS * 32: one warp per head.
 #define QKV_WARPS 4
 
@@ -42,10 +43,11 @@ struct QkvArgs {
     u64 capacity;
 };
 
-extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
-qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_norm, const u32* positions,
-                      const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots, QkvArgs a) {
-    pdl_enter();
+
+template <typename W>
+__device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_norm, const u32* positions,
+                                 const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots,
+                                 const QkvArgs& a) {
     __shared__ float head[QKV_WARPS][ATTN_MAX_DIM];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 tok = blockIdx.x, hh = blockIdx.y * QKV_WARPS + warp;
@@ -61,7 +63,7 @@ qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_n
         return;
     }
     const bool is_q = hh < a.h;
-    const bf16_t* norm = is_q ? q_norm : k_norm;
+    const W* norm = is_q ? q_norm : k_norm;
     float* sh = head[warp];
     if (norm) {
         float ss = 0.0f;
@@ -70,7 +72,7 @@ qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_n
             ss += v * v;
         }
         const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)a.d + a.eps);
-        for (u32 e = lane; e < a.d; e += 32) sh[e] = round_bf(bf2f(norm[e]) * round_bf(bf2f(src[e]) * inv));
+        for (u32 e = lane; e < a.d; e += 32) sh[e] = round_bf(norm_weighted(norm, load_f(norm, e), bf2f(src[e]) * inv));
     } else {
         for (u32 e = lane; e < a.d; e += 32) sh[e] = bf2f(src[e]);
     }
@@ -98,6 +100,21 @@ qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_n
         }
         dst[e] = f2bf(r);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
+qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_norm, const u32* positions,
+                      const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots, QkvArgs a) {
+    pdl_enter();
+    qkv_rotary_write(qkv, q_norm, k_norm, positions, inv_freq, q_out, kc, vc, slots, a);
+}
+
+extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
+qkv_rotary_write_bf16_nf32(const bf16_t* qkv, const float* q_norm, const float* k_norm, const u32* positions,
+                           const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots,
+                           QkvArgs a) {
+    pdl_enter();
+    qkv_rotary_write(qkv, q_norm, k_norm, positions, inv_freq, q_out, kc, vc, slots, a);
 }
 
 struct AttnArgs {

@@ -34,6 +34,12 @@ __device__ __forceinline__ float load_f(const float* p, u64 i) { return p[i]; }
 __device__ __forceinline__ void store_f(bf16_t* p, u64 i, float v) { p[i] = f2bf(v); }
 __device__ __forceinline__ void store_f(float* p, u64 i, float v) { p[i] = v; }
 
+// An RMSNorm weight `wi` times the normalised value `xn`: a bf16 weight multiplies the
+// value rounded to bf16 (`LlamaRMSNorm`), an f32 weight (Gemma's `1 + w`, folded in at
+// load) the f32 value (`GemmaRMSNorm`). The pointer only selects the rule.
+__device__ __forceinline__ float norm_weighted(const bf16_t*, float wi, float xn) { return wi * round_bf(xn); }
+__device__ __forceinline__ float norm_weighted(const float*, float wi, float xn) { return wi * xn; }
+
 // SplitMix64's finaliser (`rng::mix64`).
 __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -36,12 +36,15 @@ extern "C" __global__ void add_bf16(const bf16_t* a, const bf16_t* b, bf16_t* ou
 
 // One block per row of `n`: out = w * round(x / sqrt(mean(x^2) + eps)), as transformers'
 // `LlamaRMSNorm` (f32 statistics, normalised value cast to bf16, then times the weight).
+// With an f32 weight (`GemmaRMSNorm`'s `1 + w`, folded in at load) the product is taken
+// on the f32 normalised value and rounded once, as Gemma computes it.
 // Each thread keeps its elements (i = tid, tid + blockDim, ...) in registers, so the row
 // is read once and the weight is in flight during the reduction. Rows longer than
 // NORM_PER_THREAD * blockDim elements take the loop that reads them again.
 #define NORM_PER_THREAD 8
 
-__device__ void rms_norm_row(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
+template <typename W>
+__device__ void rms_norm_row(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps) {
     __shared__ float scratch[32];
     float ss = 0.0f;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
@@ -50,20 +53,20 @@ __device__ void rms_norm_row(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x)
-        out[i] = f2bf(bf2f(w[i]) * round_bf(bf2f(x[i]) * inv));
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) out[i] = f2bf(norm_weighted(w, load_f(w, i), bf2f(x[i]) * inv));
 }
 
 // `v` holds this thread's elements of a row already (rounded to bf16); writes the norm.
-__device__ __forceinline__ void rms_norm_regs(const float (&v)[NORM_PER_THREAD], const bf16_t* w, bf16_t* out,
-                                              u32 n, float eps) {
+template <typename W>
+__device__ __forceinline__ void rms_norm_regs(const float (&v)[NORM_PER_THREAD], const W* w, bf16_t* out, u32 n,
+                                              float eps) {
     __shared__ float scratch[32];
     float wr[NORM_PER_THREAD];
     float ss = 0.0f;
 #pragma unroll
     for (int r = 0; r < NORM_PER_THREAD; ++r) {
         const u32 i = threadIdx.x + r * blockDim.x;
-        wr[r] = i < n ? bf2f(w[i]) : 0.0f;
+        wr[r] = i < n ? load_f(w, i) : 0.0f;
         ss += v[r] * v[r];
     }
     ss = block_sum(ss, scratch);
@@ -71,12 +74,12 @@ __device__ __forceinline__ void rms_norm_regs(const float (&v)[NORM_PER_THREAD],
 #pragma unroll
     for (int r = 0; r < NORM_PER_THREAD; ++r) {
         const u32 i = threadIdx.x + r * blockDim.x;
-        if (i < n) out[i] = f2bf(wr[r] * round_bf(v[r] * inv));
+        if (i < n) out[i] = f2bf(norm_weighted(w, wr[r], v[r] * inv));
     }
 }
 
-extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
-    pdl_enter();
+template <typename W>
+__device__ void rms_norm(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps) {
     const u64 row = blockIdx.x;
     if (n > NORM_PER_THREAD * blockDim.x) {
         rms_norm_row(x + row * n, w, out + row * n, n, eps);
@@ -91,10 +94,20 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_
     rms_norm_regs(v, w, out + row * n, n, eps);
 }
 
-// `sum = round(x + residual)` (written out), then RMSNorm of the rounded sum.
-extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w,
-                                             bf16_t* normed, bf16_t* sum, u32 n, float eps) {
+extern "C" __global__ void rms_norm_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
     pdl_enter();
+    rms_norm(x, w, out, n, eps);
+}
+
+extern "C" __global__ void rms_norm_bf16_wf32(const bf16_t* x, const float* w, bf16_t* out, u32 n, float eps) {
+    pdl_enter();
+    rms_norm(x, w, out, n, eps);
+}
+
+// `sum = round(x + residual)` (written out), then RMSNorm of the rounded sum.
+template <typename W>
+__device__ void add_rms_norm(const bf16_t* x, const bf16_t* res, const W* w, bf16_t* normed, bf16_t* sum, u32 n,
+                             float eps) {
     const u64 off = (u64)blockIdx.x * n;
     if (n > NORM_PER_THREAD * blockDim.x) {
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) sum[off + i] = f2bf(bf2f(x[off + i]) + bf2f(res[off + i]));
@@ -114,6 +127,18 @@ extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res,
         }
     }
     rms_norm_regs(v, w, normed + off, n, eps);
+}
+
+extern "C" __global__ void add_rms_norm_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w, bf16_t* normed,
+                                             bf16_t* sum, u32 n, float eps) {
+    pdl_enter();
+    add_rms_norm(x, res, w, normed, sum, n, eps);
+}
+
+extern "C" __global__ void add_rms_norm_bf16_wf32(const bf16_t* x, const bf16_t* res, const float* w,
+                                                  bf16_t* normed, bf16_t* sum, u32 n, float eps) {
+    pdl_enter();
+    add_rms_norm(x, res, w, normed, sum, n, eps);
 }
 
 // Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *
@@ -153,6 +178,53 @@ extern "C" __global__ void silu_mul_bf16(const bf16_t* x, bf16_t* out, u32 n, u6
         const float g = bf2f(x[row * 2 * n + col]), u = bf2f(x[row * 2 * n + n + col]);
         out[i] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
     }
+}
+
+// gelu_tanh(x[:, :n]) * x[:, n:] (PyTorch's `gelu(approximate="tanh")`), the activation
+// rounded to bf16 first, as transformers' `act_fn(gate) * up` in bf16.
+extern "C" __global__ void gelu_tanh_mul_bf16(const bf16_t* x, bf16_t* out, u32 n, u64 total) {
+    pdl_enter();
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 row = i / n, col = i % n;
+        const float g = bf2f(x[row * 2 * n + col]), u = bf2f(x[row * 2 * n + n + col]);
+        const float act = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+        out[i] = f2bf(round_bf(act) * u);
+    }
+}
+
+// out = x * factor, the factor already rounded to the dtype of x on the host.
+template <typename T>
+__device__ void scale(const T* x, T* out, float factor, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        store_f(out, i, load_f(x, i) * factor);
+}
+
+extern "C" __global__ void scale_bf16(const bf16_t* x, bf16_t* out, float factor, u64 n) {
+    pdl_enter();
+    scale(x, out, factor, n);
+}
+
+extern "C" __global__ void scale_f32(const float* x, float* out, float factor, u64 n) {
+    pdl_enter();
+    scale(x, out, factor, n);
+}
+
+// out = cap * tanh(x / cap), in f32.
+template <typename T>
+__device__ void softcap(const T* x, T* out, float cap, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        store_f(out, i, cap * tanhf(load_f(x, i) / cap));
+}
+
+extern "C" __global__ void softcap_bf16(const bf16_t* x, bf16_t* out, float cap, u64 n) {
+    pdl_enter();
+    softcap(x, out, cap, n);
+}
+
+extern "C" __global__ void softcap_f32(const float* x, float* out, float cap, u64 n) {
+    pdl_enter();
+    softcap(x, out, cap, n);
 }
 
 // out[r] = table[ids[r]] for table [v, h]; an index past the table (rejected on the host

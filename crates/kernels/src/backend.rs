@@ -132,7 +132,8 @@ pub struct QkvPrologue<'a> {
     pub num_kv_heads: usize,
     /// Elements per head.
     pub head_dim: usize,
-    /// Per-head RMSNorm weights of queries and keys `[d]` (Qwen3), applied before rotary.
+    /// Per-head RMSNorm weights of queries and keys `[d]` (Qwen3, Gemma 3), applied before
+    /// rotary; either dtype of [`GpuBackend::rms_norm`]'s weight.
     pub qk_norm: Option<(&'a Tensor, &'a Tensor)>,
     /// The norm's epsilon.
     pub eps: f32,
@@ -305,12 +306,18 @@ pub trait GpuBackend: Send + Sync + Debug {
 
     /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`.
     ///
+    /// `weight` is in [`Self::float_dtype`] or in `F32`. In the float dtype the normalised
+    /// value is rounded to it before the weight multiplies it (transformers'
+    /// `LlamaRMSNorm`); an `F32` weight multiplies the f32 normalised value and the product
+    /// is rounded once (`GemmaRMSNorm`, whose `1 + w` a model folds into an f32 weight).
+    /// On an f32 backend the two are the same.
+    ///
     /// # Errors
     /// When `weight` does not match the last dimension of `x`.
     fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor>;
 
     /// The residual add fused with the next RMSNorm: returns `(rms_norm(x + residual),
-    /// x + residual)`.
+    /// x + residual)`, with `weight` as in [`Self::rms_norm`].
     ///
     /// # Errors
     /// On mismatched shapes.
@@ -329,6 +336,27 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// # Errors
     /// When the last dimension is odd.
     fn silu_mul(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// `gelu_tanh(x[:, :n]) * x[:, n:]` for `x [t, 2n]`: `[t, n]`, with PyTorch's tanh
+    /// approximation `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))` (`gelu_pytorch_tanh`).
+    ///
+    /// # Errors
+    /// When the last dimension is odd.
+    fn gelu_tanh_mul(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Elementwise `x · factor`, with `factor` first rounded to the dtype of `x` (as
+    /// transformers casts Gemma's embedding normaliser to the hidden dtype).
+    ///
+    /// # Errors
+    /// For a non-float tensor.
+    fn scale(&self, x: &Tensor, factor: f32) -> Result<Tensor>;
+
+    /// Elementwise soft-capping `cap · tanh(x / cap)` of a float tensor (Gemma's final
+    /// logits), computed in f32.
+    ///
+    /// # Errors
+    /// For a non-float tensor or a cap that is not positive.
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor>;
 
     /// `silu_mul(matmul(x, w))` for a fused gate/up weight `w [2i, k]` (gate rows first):
     /// `[m, i]`. A backend may fuse the activation into the product.

@@ -31,6 +31,11 @@ pub(crate) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Resul
     Ok((t, h, d, half))
 }
 
+/// `softcap`: the cap must be a positive number.
+pub(crate) fn softcap(cap: f32) -> Result<()> {
+    ensure(cap > 0.0 && cap.is_finite(), "softcap", || format!("cap {cap} is not a positive number"))
+}
+
 /// The sizes of a `write_kv` call.
 pub(crate) struct WriteKv {
     /// Elements per row (`h_kv · d`).

@@ -228,6 +228,19 @@ impl GpuBackend for CpuBackend {
         ops::silu_mul(x)
     }
 
+    fn gelu_tanh_mul(&self, x: &Tensor) -> Result<Tensor> {
+        ops::gelu_tanh_mul(x)
+    }
+
+    fn scale(&self, x: &Tensor, factor: f32) -> Result<Tensor> {
+        ops::map(x, "scale", |v| v * factor)
+    }
+
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor> {
+        crate::check::softcap(cap)?;
+        ops::map(x, "softcap", |v| cap * (v / cap).tanh())
+    }
+
     fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
         ops::embedding(ids, table)
     }

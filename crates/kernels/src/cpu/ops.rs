@@ -62,20 +62,43 @@ pub(super) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Resul
 }
 
 pub(super) fn silu_mul(x: &Tensor) -> Result<Tensor> {
+    gated(x, "silu_mul", |g| g / (1.0 + (-g).exp()))
+}
+
+pub(super) fn gelu_tanh_mul(x: &Tensor) -> Result<Tensor> {
+    gated(x, "gelu_tanh_mul", gelu_tanh)
+}
+
+/// PyTorch's `gelu(approximate="tanh")`.
+fn gelu_tanh(g: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh())
+}
+
+/// `act(x[:, :n]) * x[:, n:]` for `x [t, 2n]`.
+fn gated(x: &Tensor, op: &'static str, act: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
     let (rows, n2) = x.shape().rows_cols();
-    ensure(n2 % 2 == 0, "silu_mul", || format!("last dim of {:?} is odd", x.dims()))?;
+    ensure(n2 % 2 == 0, op, || format!("last dim of {:?} is odd", x.dims()))?;
     let n = n2 / 2;
-    let xs = read_f32("silu_mul", x)?;
+    let xs = read_f32(op, x)?;
     let mut out = vec![0f32; rows * n];
     out.par_chunks_mut(n.max(1)).zip(xs.par_chunks(n2.max(1))).with_min_len(rows_per_task(n)).for_each(|(o, r)| {
         let (gate, up) = r.split_at(n);
         for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
-            *o = g / (1.0 + (-g).exp()) * u;
+            *o = act(*g) * u;
         }
     });
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1 checked by rows_cols") = n;
     Ok(f32_tensor(out, &dims))
+}
+
+/// `f(x)` elementwise, in f32.
+pub(super) fn map(x: &Tensor, op: &'static str, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
+    let xs = read_f32(op, x)?;
+    let mut out = vec![0f32; xs.len()];
+    out.par_iter_mut().zip(xs.par_iter()).with_min_len(MIN_TASK_ELEMS).for_each(|(o, &v)| *o = f(v));
+    Ok(f32_tensor(out, x.dims()))
 }
 
 pub(super) fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {

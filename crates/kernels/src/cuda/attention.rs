@@ -120,9 +120,16 @@ pub(super) fn qkv_rotary_write(
     }
     expect_dtype(op, p.positions, &[DType::U32])?;
     expect_dtype(op, p.inv_freq, &[DType::F32])?;
+    let mut kernel = "qkv_rotary_write_bf16";
     if let Some((qn, kn)) = p.qk_norm {
+        if qn.dtype() != kn.dtype() {
+            return Err(Error::InvalidArgument(format!("{op}: q and k norm weights differ in dtype")));
+        }
+        if qn.dtype() == DType::F32 {
+            kernel = "qkv_rotary_write_bf16_nf32";
+        }
         for w in [qn, kn] {
-            expect_dtype(op, w, &[DType::BF16])?;
+            expect_dtype(op, w, &[DType::BF16, DType::F32])?;
             if w.dims() != [d] {
                 return Err(Error::Shape { op, msg: format!("q/k norm weight {:?} for head dim {d}", w.dims()) });
             }
@@ -153,7 +160,7 @@ pub(super) fn qkv_rotary_write(
     };
     let src = (ptr(op, qkv)?, ptr(op, p.positions)?, ptr(op, p.inv_freq)?);
     let dst = (ptr(op, &out)?, ptr(op, k_cache)?, ptr(op, v_cache)?, ptr(op, slots)?);
-    launch!(b, "qkv_rotary_write_bf16", cfg, [src.0, qn, kn, src.1, src.2, dst.0, dst.1, dst.2, dst.3, args])?;
+    launch!(b, kernel, cfg, [src.0, qn, kn, src.1, src.2, dst.0, dst.1, dst.2, dst.3, args])?;
     Ok(out)
 }
 

@@ -52,15 +52,23 @@ const KERNELS: &[&str] = &[
     "add_bf16",
     "random_uniform_bf16",
     "rms_norm_bf16",
+    "rms_norm_bf16_wf32",
     "add_rms_norm_bf16",
+    "add_rms_norm_bf16_wf32",
     "rotary_bf16",
     "silu_mul_bf16",
+    "gelu_tanh_mul_bf16",
+    "scale_bf16",
+    "scale_f32",
+    "softcap_bf16",
+    "softcap_f32",
     "gather_rows_bf16",
     "gather_rows_f32",
     "copy_cols_bf16",
     "fill_rows_bf16",
     "write_kv_bf16",
     "qkv_rotary_write_bf16",
+    "qkv_rotary_write_bf16_nf32",
     "paged_attention_bf16",
     "decode_attention_bf16_g1_w4",
     "decode_attention_bf16_g2_w4",
@@ -471,6 +479,18 @@ impl GpuBackend for CudaBackend {
 
     fn silu_mul(&self, x: &Tensor) -> Result<Tensor> {
         ops::silu_mul(self, x)
+    }
+
+    fn gelu_tanh_mul(&self, x: &Tensor) -> Result<Tensor> {
+        ops::gelu_tanh_mul(self, x)
+    }
+
+    fn scale(&self, x: &Tensor, factor: f32) -> Result<Tensor> {
+        ops::scale(self, x, factor)
+    }
+
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor> {
+        ops::softcap(self, x, cap)
     }
 
     fn matmul_silu_mul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {

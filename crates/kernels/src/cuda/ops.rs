@@ -65,14 +65,25 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
     Ok(out)
 }
 
+/// Norm weights are bf16 (`LlamaRMSNorm`) or f32 (`GemmaRMSNorm`'s `1 + w`); see
+/// `norm_weighted` in `common.cuh`.
 fn check_norm(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<usize> {
     let n = x.shape().last();
     ensure(n > 0 && weight.dims() == [n], op, || {
         format!("weight {:?} does not match x {:?}", weight.dims(), x.dims())
     })?;
     expect_dtype(op, x, BF16)?;
-    expect_dtype(op, weight, BF16)?;
+    expect_dtype(op, weight, &[DType::BF16, DType::F32])?;
     Ok(n)
+}
+
+/// The kernel `name` for a bf16 weight, `name_wf32` for an f32 one.
+fn norm_kernel(name: &'static str, weight: &Tensor) -> &'static str {
+    match (name, weight.dtype()) {
+        ("rms_norm_bf16", DType::F32) => "rms_norm_bf16_wf32",
+        ("add_rms_norm_bf16", DType::F32) => "add_rms_norm_bf16_wf32",
+        _ => name,
+    }
 }
 
 pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
@@ -81,7 +92,7 @@ pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -
     let rows = x.elem_count() / n;
     if rows > 0 {
         let (xp, wp, op) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?, ptr("rms_norm", &out)?);
-        launch!(b, "rms_norm_bf16", per_row(rows, n, 1024), [xp, wp, op, n as u32, eps])?;
+        launch!(b, norm_kernel("rms_norm_bf16", weight), per_row(rows, n, 1024), [xp, wp, op, n as u32, eps])?;
     }
     Ok(out)
 }
@@ -105,7 +116,7 @@ pub(super) fn add_rms_norm(
         let args = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?, ptr(op, &normed)?, ptr(op, &sum)?);
         launch!(
             b,
-            "add_rms_norm_bf16",
+            norm_kernel("add_rms_norm_bf16", weight),
             per_row(rows, n, 1024),
             [args.0, args.1, args.2, args.3, args.4, n as u32, eps]
         )?;
@@ -162,6 +173,50 @@ pub(super) fn silu_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
         )?;
     }
     Ok(out)
+}
+
+pub(super) fn gelu_tanh_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
+    let (rows, n2) = x.shape().rows_cols();
+    let op = "gelu_tanh_mul";
+    ensure(n2 % 2 == 0 && x.shape().rank() > 0, op, || format!("last dim of {:?} is odd", x.dims()))?;
+    expect_dtype(op, x, BF16)?;
+    let n = n2 / 2;
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1 checked above") = n;
+    let out = b.alloc(&dims, DType::BF16)?;
+    let total = rows * n;
+    if total > 0 {
+        launch!(b, "gelu_tanh_mul_bf16", elementwise(total), [ptr(op, x)?, ptr(op, &out)?, n as u32, total as u64])?;
+    }
+    Ok(out)
+}
+
+/// One elementwise kernel of a float tensor with one f32 argument, `{name}_bf16` or `{name}_f32`.
+fn map_float(b: &CudaBackend, op: &'static str, x: &Tensor, arg: f32) -> Result<Tensor> {
+    expect_dtype(op, x, &[DType::BF16, DType::F32])?;
+    let out = b.alloc(x.dims(), x.dtype())?;
+    let n = x.elem_count();
+    if n > 0 {
+        let kernel = match (op, x.dtype()) {
+            ("scale", DType::F32) => "scale_f32",
+            ("scale", _) => "scale_bf16",
+            (_, DType::F32) => "softcap_f32",
+            _ => "softcap_bf16",
+        };
+        launch!(b, kernel, elementwise(n), [ptr(op, x)?, ptr(op, &out)?, arg, n as u64])?;
+    }
+    Ok(out)
+}
+
+/// The factor is rounded to the dtype of `x` first, as the trait promises.
+pub(super) fn scale(b: &CudaBackend, x: &Tensor, factor: f32) -> Result<Tensor> {
+    let factor = if x.dtype() == DType::BF16 { half::bf16::from_f32(factor).to_f32() } else { factor };
+    map_float(b, "scale", x, factor)
+}
+
+pub(super) fn softcap(b: &CudaBackend, x: &Tensor, cap: f32) -> Result<Tensor> {
+    crate::check::softcap(cap)?;
+    map_float(b, "softcap", x, cap)
 }
 
 pub(super) fn embedding(b: &CudaBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {

@@ -379,7 +379,14 @@ pub fn attention_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
 pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
     use met_kernels::{DType, QkvPrologue};
     let mut rng = Rng::new(57);
-    for &(h, hkv, d, half, norm) in &[(8, 2, 64, 32, false), (4, 4, 128, 64, true), (6, 2, 96, 16, true)] {
+    // The last case carries f32 norm weights (Gemma 3's folded `1 + w`).
+    let cases = [
+        (8, 2, 64, 32, false, false),
+        (4, 4, 128, 64, true, false),
+        (6, 2, 96, 16, true, false),
+        (4, 2, 64, 32, true, true),
+    ];
+    for &(h, hkv, d, half, norm, norm_f32) in &cases {
         let (t, blocks, bs) = (9, 12, 4);
         let pool = [blocks, bs, hkv, d];
         let qkv_data = stored(b, rng.vec(t * (h + 2 * hkv) * d).into_iter().map(|x| 3.0 * x).collect());
@@ -388,10 +395,15 @@ pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
         let positions = upload_u32(b, &positions, &[t])?;
         let freq: Vec<f32> = (0..half).map(|i| 10_000f32.powf(-((2 * i) as f32) / (2 * half) as f32)).collect();
         let inv_freq = b.upload(&met_kernels::HostTensor::from_f32(&freq, &[half]), DType::F32)?;
-        let norms = (
-            upload_f32(b, &stored(b, rng.vec(d).into_iter().map(|x| 1.0 + 0.5 * x).collect()), &[d])?,
-            upload_f32(b, &stored(b, rng.vec(d).into_iter().map(|x| 1.0 + 0.5 * x).collect()), &[d])?,
-        );
+        let mut norm_weight = || -> Result<Tensor> {
+            let w: Vec<f32> = rng.vec(d).into_iter().map(|x| 1.0 + 0.5 * x).collect();
+            if norm_f32 {
+                b.upload(&met_kernels::HostTensor::from_f32(&w, &[d]), DType::F32)
+            } else {
+                upload_f32(b, &stored(b, w), &[d])
+            }
+        };
+        let norms = (norm_weight()?, norm_weight()?);
         let mut slots: Vec<u32> = (0..(blocks * bs) as u32).collect();
         rng.shuffle(&mut slots);
         slots.truncate(t);
@@ -406,7 +418,7 @@ pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
             positions: &positions,
             inv_freq: &inv_freq,
         };
-        let case = format!("h={h} h_kv={hkv} d={d} half={half} norm={norm}");
+        let case = format!("h={h} h_kv={hkv} d={d} half={half} norm={norm} f32 norm={norm_f32}");
         // The composition of the separate ops, as the trait's default computes it.
         let (kc0, vc0) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
         let slots_t = upload_u32(b, &slots, &[t])?;

@@ -382,3 +382,76 @@ pub fn matmul_silu_mul_matches_unfused(b: &dyn GpuBackend) -> Result<()> {
     }
     Ok(())
 }
+
+/// An RMSNorm weight in f32 (Gemma's `1 + w`) multiplies the f32 normalised value, which is
+/// rounded once: the f64 reference with no intermediate rounding, within one rounding.
+pub fn rms_norm_with_f32_weight_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(31);
+    let (t, n, eps) = (4, 40, 1e-6);
+    let x = stored(b, rng.vec(t * n));
+    let res = stored(b, rng.vec(t * n));
+    let w: Vec<f32> = rng.vec(n).into_iter().map(|v| 1.0 + 0.3 * v).collect();
+    let w_t = b.upload(&HostTensor::from_f32(&w, &[n]), DType::F32)?;
+    let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &w_t, eps)?;
+    assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, eps), "rms_norm, f32 weight")?;
+    let (normed, _) = b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &w_t, eps)?;
+    let sum = stored(b, x.iter().zip(&res).map(|(a, r)| a + r).collect());
+    assert_close(b, &normed, &[t, n], &rms_norm_reference(&sum, &w, eps), "add_rms_norm, f32 weight")
+}
+
+/// `gelu_tanh(gate) · up` with PyTorch's tanh approximation, over a range where the
+/// approximation's curvature matters (gates in ±6).
+pub fn gelu_tanh_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(32);
+    let (t, n) = (3, 9);
+    let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 6.0).collect());
+    let want: Vec<f64> = x
+        .chunks(2 * n)
+        .flat_map(|row| {
+            let (gate, up) = row.split_at(n);
+            gate.iter().zip(up).map(|(&g, &u)| {
+                let g = f64::from(g);
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * g * (1.0 + (k * (g + 0.044_715 * g.powi(3))).tanh()) * f64::from(u)
+            })
+        })
+        .collect();
+    let out = b.gelu_tanh_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
+    assert_close(b, &out, &[t, n], &want, "gelu_tanh_mul")?;
+    expect_err(b.gelu_tanh_mul(&upload_f32(b, &[0.0; 6], &[2, 3])?), "gelu_tanh_mul of an odd width");
+    Ok(())
+}
+
+/// `scale` multiplies by the factor rounded to the tensor's dtype (Gemma's `√hidden`), in
+/// the float dtype and in f32.
+pub fn scale_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let x = stored(b, Rng::new(33).vec(24));
+    let factor = 48f32.sqrt();
+    let rounded = f64::from(stored(b, vec![factor])[0]);
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(v) * rounded).collect();
+    let out = b.scale(&upload_f32(b, &x, &[4, 6])?, factor)?;
+    assert_close(b, &out, &[4, 6], &want, "scale")?;
+    let x32 = b.upload(&HostTensor::from_f32(&x, &[4, 6]), DType::F32)?;
+    let exact: Vec<f64> = x.iter().map(|&v| f64::from(v) * f64::from(factor)).collect();
+    let got = b.download_f32(&b.scale(&x32, factor)?)?;
+    assert_values(b, &got, &exact, "scale of f32");
+    Ok(())
+}
+
+/// `softcap` is `cap · tanh(x / cap)`: near identity for small values, bounded by the cap
+/// for large ones; a cap that is not positive is refused.
+pub fn softcap_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let x: Vec<f32> = Rng::new(34).vec(30).into_iter().map(|v| v * 120.0).collect();
+    let cap = 30.0f32;
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(cap) * (f64::from(v) / f64::from(cap)).tanh()).collect();
+    let logits = b.upload(&HostTensor::from_f32(&x, &[3, 10]), DType::F32)?;
+    let got = b.download_f32(&b.softcap(&logits, cap)?)?;
+    assert_values(b, &got, &want, "softcap of f32 logits");
+    assert!(got.iter().all(|v| v.abs() <= cap), "softcapped values stay within the cap");
+    let x = stored(b, x);
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(cap) * (f64::from(v) / f64::from(cap)).tanh()).collect();
+    let out = b.softcap(&upload_f32(b, &x, &[3, 10])?, cap)?;
+    assert_close(b, &out, &[3, 10], &want, "softcap in the float dtype")?;
+    expect_err(b.softcap(&logits, 0.0), "softcap with a zero cap");
+    Ok(())
+}

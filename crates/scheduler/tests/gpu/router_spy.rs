@@ -71,6 +71,15 @@ impl GpuBackend for RouterSpy {
     fn silu_mul(&self, x: &Tensor) -> Result<Tensor> {
         self.cpu.silu_mul(x)
     }
+    fn gelu_tanh_mul(&self, x: &Tensor) -> Result<Tensor> {
+        self.cpu.gelu_tanh_mul(x)
+    }
+    fn scale(&self, x: &Tensor, factor: f32) -> Result<Tensor> {
+        self.cpu.scale(x, factor)
+    }
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor> {
+        self.cpu.softcap(x, cap)
+    }
     fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
         self.cpu.embedding(ids, table)
     }
