@@ -1,4 +1,9 @@
-//! Typed reads of JSON object fields, with errors that name the file and field.
+//! Typed reads of JSON object fields, with errors that name the file and the dotted field.
+//!
+//! [`RawConfig`] is the raw, typed parse every architecture reads its `config.json` through
+//! (`met-model-layers`' `models/<arch>.rs`): each read says what it expected and, on failure,
+//! names the file and the field as `rope_scaling.factor`. [`ConfigJson`] owns the parsed
+//! object a `RawConfig` borrows.
 
 use std::path::{Path, PathBuf};
 
@@ -6,14 +11,56 @@ use serde_json::{Map, Value};
 
 use crate::ConfigError;
 
+/// A parsed `config.json` (or GGUF-derived config): the JSON object and the file it came from.
+#[derive(Debug, Clone)]
+pub struct ConfigJson {
+    path: PathBuf,
+    map: Map<String, Value>,
+}
+
+impl ConfigJson {
+    /// Reads and parses `path`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Io`] or [`ConfigError::Json`], naming the file.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse(path, &read(path)?)
+    }
+
+    /// Parses `text`; `path` names it in messages.
+    ///
+    /// # Errors
+    /// [`ConfigError::Json`] when it is not a JSON object.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        Ok(Self { path: path.into(), map: RawConfig::parse(path, text)? })
+    }
+
+    /// Replaces top-level fields with those of the JSON object `overrides` (as vLLM's
+    /// `--hf-overrides`), e.g. `{"num_hidden_layers": 2}`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Json`] naming `--hf-overrides` when it is not a JSON object.
+    pub fn with_overrides(mut self, overrides: &str) -> Result<Self, ConfigError> {
+        self.map.extend(RawConfig::parse(Path::new("--hf-overrides"), overrides)?);
+        Ok(self)
+    }
+
+    /// The typed view for reading fields.
+    #[must_use]
+    pub fn raw(&self) -> RawConfig<'_> {
+        RawConfig::new(&self.path, &self.map)
+    }
+}
+
 /// A JSON object being read field by field. `prefix` names nested objects in errors.
-pub(crate) struct Fields<'a> {
+#[derive(Debug, Clone)]
+pub struct RawConfig<'a> {
     path: &'a Path,
     prefix: String,
     map: &'a Map<String, Value>,
 }
 
-impl<'a> Fields<'a> {
+impl<'a> RawConfig<'a> {
     /// Parses `text` as a JSON object.
     pub(crate) fn parse(path: &Path, text: &str) -> Result<Map<String, Value>, ConfigError> {
         match serde_json::from_str::<Value>(text) {
@@ -23,88 +70,98 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub(crate) fn new(path: &'a Path, map: &'a Map<String, Value>) -> Self {
+    /// Reads the object `map` of the file `path`.
+    pub fn new(path: &'a Path, map: &'a Map<String, Value>) -> Self {
         Self { path, prefix: String::new(), map }
     }
 
-    pub(crate) fn path(&self) -> PathBuf {
+    /// The file, for messages.
+    pub fn path(&self) -> PathBuf {
         self.path.to_path_buf()
     }
 
     /// The dotted name of `key` in this object.
-    pub(crate) fn name(&self, key: &str) -> String {
+    pub fn name(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
 
-    pub(crate) fn invalid(&self, key: &str, msg: impl Into<String>) -> ConfigError {
+    /// The error for a bad value of `key`.
+    pub fn invalid(&self, key: &str, msg: impl Into<String>) -> ConfigError {
         ConfigError::Invalid { path: self.path(), field: self.name(key), msg: msg.into() }
     }
 
-    fn missing(&self, key: &str) -> ConfigError {
+    /// The error for an absent `key`.
+    pub fn missing(&self, key: &str) -> ConfigError {
         ConfigError::Missing { path: self.path(), field: self.name(key) }
     }
 
     /// The value of `key`, treating JSON null as absent.
-    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
     /// Whether `key` is present at all, even as null.
-    pub(crate) fn has_key(&self, key: &str) -> bool {
+    pub fn has_key(&self, key: &str) -> bool {
         self.map.contains_key(key)
     }
 
     /// A nested object, if present.
-    pub(crate) fn object(&self, key: &str) -> Result<Option<Fields<'a>>, ConfigError> {
+    pub fn object(&self, key: &str) -> Result<Option<RawConfig<'a>>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Object(map)) => {
-                Ok(Some(Fields { path: self.path, prefix: format!("{}.", self.name(key)), map }))
+                Ok(Some(RawConfig { path: self.path, prefix: format!("{}.", self.name(key)), map }))
             }
             Some(v) => Err(self.invalid(key, format!("expected an object, found {}", kind(v)))),
         }
     }
 
-    pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+    /// A string, if present.
+    pub fn opt_str(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
         self.get(key)
             .map(|v| v.as_str().ok_or_else(|| self.invalid(key, format!("expected a string, found {}", kind(v)))))
             .transpose()
     }
 
-    pub(crate) fn str(&self, key: &str) -> Result<&'a str, ConfigError> {
+    /// A required string.
+    pub fn str(&self, key: &str) -> Result<&'a str, ConfigError> {
         self.opt_str(key)?.ok_or_else(|| self.missing(key))
     }
 
-    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+    /// A non-negative integer, if present.
+    pub fn opt_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
         self.get(key).map(|v| self.as_usize(key, v)).transpose()
     }
 
-    pub(crate) fn usize(&self, key: &str) -> Result<usize, ConfigError> {
+    /// A required non-negative integer.
+    pub fn usize(&self, key: &str) -> Result<usize, ConfigError> {
         self.opt_usize(key)?.ok_or_else(|| self.missing(key))
     }
 
     /// A strictly positive integer.
-    pub(crate) fn positive(&self, key: &str) -> Result<usize, ConfigError> {
+    pub fn positive(&self, key: &str) -> Result<usize, ConfigError> {
         match self.usize(key)? {
             0 => Err(self.invalid(key, "must be positive, found 0")),
             n => Ok(n),
         }
     }
 
-    pub(crate) fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+    /// A number, if present.
+    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
         self.get(key)
             .map(|v| v.as_f64().ok_or_else(|| self.invalid(key, format!("expected a number, found {}", kind(v)))))
             .transpose()
     }
 
-    pub(crate) fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+    /// A boolean, if present.
+    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
         self.get(key)
             .map(|v| v.as_bool().ok_or_else(|| self.invalid(key, format!("expected true or false, found {}", kind(v)))))
             .transpose()
     }
 
     /// An integer or a list of integers (as HF writes `eos_token_id`), as a list.
-    pub(crate) fn ids(&self, key: &str) -> Result<Vec<u32>, ConfigError> {
+    pub fn ids(&self, key: &str) -> Result<Vec<u32>, ConfigError> {
         let Some(v) = self.get(key) else { return Ok(Vec::new()) };
         let one = |v: &Value| {
             self.as_usize(key, v)
@@ -117,7 +174,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A list of integers.
-    pub(crate) fn usize_list(&self, key: &str) -> Result<Vec<usize>, ConfigError> {
+    pub fn usize_list(&self, key: &str) -> Result<Vec<usize>, ConfigError> {
         match self.get(key) {
             None => Ok(Vec::new()),
             Some(Value::Array(items)) => items.iter().map(|v| self.as_usize(key, v)).collect(),
@@ -126,7 +183,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A list of strings.
-    pub(crate) fn str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConfigError> {
+    pub fn str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items

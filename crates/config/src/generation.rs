@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::ConfigError;
-use crate::fields::{Fields, read};
+use crate::fields::{RawConfig, read};
 
 /// End-of-sequence ids and default sampling settings a checkpoint ships with. Every field
 /// is optional in the file; absent fields are `None` (or empty).
@@ -45,8 +45,8 @@ impl GenerationConfig {
     /// # Errors
     /// A [`ConfigError`] naming the file and the bad field.
     pub fn from_json(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let map = Fields::parse(path, text)?;
-        let f = Fields::new(path, &map);
+        let map = RawConfig::parse(path, text)?;
+        let f = RawConfig::new(path, &map);
         Ok(Self {
             eos_token_ids: f.ids("eos_token_id")?,
             bos_token_id: f.ids("bos_token_id")?.first().copied(),

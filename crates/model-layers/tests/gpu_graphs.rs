@@ -37,7 +37,7 @@ fn fixtures_dir() -> PathBuf {
 
 fn load(name: &str, backend: &Arc<dyn GpuBackend>) -> (Box<dyn Model>, ModelConfig) {
     let dir = fixtures_dir().join(name);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
     (load_model(&cfg, &store, Arc::clone(backend), &LoadOptions::default()).unwrap(), cfg)
 }

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
-use met_config::ModelConfig;
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::runner::{GreedyOptions, argmax, generate_greedy};
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, load_model};
@@ -47,7 +46,7 @@ fn fixture_dir(name: &str) -> PathBuf {
 
 fn load(name: &'static str) -> Fixture {
     let dir = fixture_dir(name);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
     let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();

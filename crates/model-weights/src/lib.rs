@@ -10,7 +10,7 @@
 //!
 //! Invariants: a store never changes after it is built; [`WeightStore::names`] is sorted
 //! and lists every tensor the store holds, loadable or not (a GGUF's `rope_freqs.weight`
-//! excepted: it is config, folded into [`GgufStore::model_config`]); [`WeightStore::info`]
+//! excepted: it is config, folded into [`GgufStore::config_json`]); [`WeightStore::info`]
 //! is `Some` exactly for the listed tensors that [`WeightStore::host`] can return. The
 //! crate computes nothing beyond dequantising GGUF blocks to f32: conversion to the
 //! device's float type happens in [`GpuBackend::upload`].
@@ -26,7 +26,7 @@ use met_kernels::{DType, HostTensor};
 
 pub use dummy::DummyStore;
 pub use error::{PreflightReport, WeightError};
-pub use gguf::{GgmlType, GgufFile, GgufStore, GgufTensorInfo, GgufValue, RawTensor};
+pub use gguf::{GgmlType, GgufArch, GgufFile, GgufMeta, GgufStore, GgufTensorInfo, GgufValue, RawTensor, insert_opt};
 pub use load::{load, load_concat};
 pub use preflight::{is_ignored, preflight};
 pub use safetensors_store::SafetensorsStore;

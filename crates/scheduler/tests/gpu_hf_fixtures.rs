@@ -74,7 +74,7 @@ fn fixtures_dir() -> PathBuf {
 
 fn fixture(name: &'static str) -> Fixture {
     let dir = fixtures_dir().join(name);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone()).unwrap();

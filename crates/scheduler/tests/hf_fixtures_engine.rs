@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use met_cache::{KvCache, PagedKvCache};
-use met_config::{EngineConfig, ModelConfig, SamplingParams};
+use met_config::{EngineConfig, SamplingParams};
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
 use met_model_layers::{LoadOptions, Model, load_model};
@@ -26,7 +26,7 @@ struct Fixture {
 
 fn load(name: &str) -> Fixture {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
     let store = SafetensorsStore::open(&dir).unwrap();
     let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();

@@ -1,19 +1,23 @@
-//! The decoder stack every supported architecture shares: token embedding, N layers of
-//! (RMSNorm → self-attention → residual → RMSNorm → MLP → residual), a final RMSNorm and
-//! the output head. Architectures differ only in what each layer contains
-//! ([`LayerKind`]), which their own file in `models/` decides.
+//! The decoder stack every supported architecture shares: token embedding (optionally
+//! scaled by `√hidden`), N layers of (RMSNorm → self-attention → residual → RMSNorm → MLP
+//! → residual), a final RMSNorm and the output head (optionally soft-capped).
+//! Architectures differ only in the recipe their own file in `models/` reads into the
+//! [`ModelConfig`]: norm weighting and placement (Gemma's sandwich adds a norm on each
+//! branch's output before its residual add), activation, biases, q/k norm, experts, and
+//! per layer the rotary frequencies and window.
 //!
 //! The residual add is fused into the following RMSNorm (`add_rms_norm`), in the same
-//! order of operations as transformers' `LlamaDecoderLayer`.
+//! order of operations as transformers' `LlamaDecoderLayer` / `Gemma2DecoderLayer`.
 
 use std::sync::{Arc, OnceLock};
 
 use met_cache::{KvCache, KvLayout};
-use met_config::ModelConfig;
+use met_config::{ModelConfig, NormPlacement, RopeConfig};
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{TensorSpec, WeightStore, load};
 
 use super::mlp::Mlp;
+use super::norm::load_norm;
 use super::rotary::inv_freq;
 use super::self_attention::{SelfAttention, StepInputs};
 use super::spec;
@@ -28,35 +32,47 @@ pub const FINAL_NORM: &str = "model.norm.weight";
 /// Checkpoint name of the output head (absent when tied to the embedding).
 pub const LM_HEAD: &str = "lm_head.weight";
 const INPUT_NORM: &str = "input_layernorm.weight";
-const POST_NORM: &str = "post_attention_layernorm.weight";
+/// Llama's norm before the MLP; Gemma's norm of the attention output.
+const POST_ATTENTION_NORM: &str = "post_attention_layernorm.weight";
+/// Gemma's norm before the MLP.
+const PRE_FEEDFORWARD_NORM: &str = "pre_feedforward_layernorm.weight";
+/// Gemma's norm of the MLP output.
+const POST_FEEDFORWARD_NORM: &str = "post_feedforward_layernorm.weight";
 
 /// Checkpoint prefix of layer `i`.
 pub fn layer_prefix(i: usize) -> String {
     format!("model.layers.{i}.")
 }
 
-/// What one decoder layer contains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerKind {
-    /// Per-head RMSNorm on queries and keys before rotary.
-    pub qk_norm: bool,
-    /// Routed experts instead of a dense MLP.
-    pub moe: bool,
+/// The checkpoint names of a layer's norms: before attention, before the MLP, and (for
+/// the sandwich placement) on the attention and MLP outputs.
+fn norm_names(placement: NormPlacement) -> (&'static str, Option<[&'static str; 2]>) {
+    match placement {
+        NormPlacement::Pre => (POST_ATTENTION_NORM, None),
+        NormPlacement::Sandwich => (PRE_FEEDFORWARD_NORM, Some([POST_ATTENTION_NORM, POST_FEEDFORWARD_NORM])),
+    }
 }
 
-/// Every checkpoint tensor of a decoder whose layer `i` is `kind(i)`.
-pub fn tensors(cfg: &ModelConfig, kind: impl Fn(usize) -> LayerKind) -> Vec<TensorSpec> {
+/// Whether layer `i` routes experts.
+fn is_moe(cfg: &ModelConfig, i: usize) -> bool {
+    cfg.moe.as_ref().is_some_and(|m| m.sparse_layers.get(i).copied().unwrap_or(false))
+}
+
+/// Every checkpoint tensor of a decoder built from `cfg`.
+pub fn tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let mut specs = vec![spec("", EMBED, &[v, h]), spec("", FINAL_NORM, &[h])];
     if !cfg.tie_word_embeddings {
         specs.push(spec("", LM_HEAD, &[v, h]));
     }
+    let (pre_mlp, branch) = norm_names(cfg.norm_placement);
     for i in 0..cfg.num_layers {
-        let (prefix, kind) = (layer_prefix(i), kind(i));
+        let prefix = layer_prefix(i);
         specs.push(spec(&prefix, INPUT_NORM, &[h]));
-        specs.push(spec(&prefix, POST_NORM, &[h]));
-        specs.extend(SelfAttention::tensors(cfg, &prefix, kind.qk_norm));
-        match (kind.moe, &cfg.moe) {
+        specs.push(spec(&prefix, pre_mlp, &[h]));
+        specs.extend(branch.iter().flatten().map(|name| spec(&prefix, name, &[h])));
+        specs.extend(SelfAttention::tensors(cfg, &prefix, cfg.qk_norm));
+        match (is_moe(cfg, i), &cfg.moe) {
             (true, Some(moe)) => specs.extend(Mlp::moe_tensors(cfg, moe, &prefix)),
             _ => specs.extend(Mlp::dense_tensors(cfg, &prefix)),
         }
@@ -67,8 +83,39 @@ pub fn tensors(cfg: &ModelConfig, kind: impl Fn(usize) -> LayerKind) -> Vec<Tens
 struct DecoderLayer {
     input_norm: Tensor,
     attention: SelfAttention,
+    /// The norm before the MLP.
     post_norm: Tensor,
     mlp: Mlp,
+    /// Sandwich placement: the norms of the attention and MLP outputs.
+    branch_norms: Option<[Tensor; 2]>,
+    eps: f32,
+}
+
+impl DecoderLayer {
+    /// Self-attention of `x [t, hidden]`, its output normalised under the sandwich placement.
+    fn attend(
+        &self,
+        b: &dyn GpuBackend,
+        attention: &dyn AttentionBackend,
+        x: &Tensor,
+        inputs: &StepInputs<'_>,
+        cache: (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let out = self.attention.forward(b, attention, x, inputs, cache)?;
+        match &self.branch_norms {
+            Some([post_attention, _]) => Ok(b.rms_norm(&out, post_attention, self.eps)?),
+            None => Ok(out),
+        }
+    }
+
+    /// The MLP of `x [t, hidden]`, its output normalised under the sandwich placement.
+    fn feed_forward(&self, b: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
+        let out = self.mlp.forward(b, x)?;
+        match &self.branch_norms {
+            Some([_, post_feedforward]) => Ok(b.rms_norm(&out, post_feedforward, self.eps)?),
+            None => Ok(out),
+        }
+    }
 }
 
 /// A decoder-only transformer on one backend.
@@ -79,7 +126,10 @@ pub struct DecoderModel {
     layers: Vec<DecoderLayer>,
     norm: Tensor,
     lm_head: Tensor,
-    inv_freq: Tensor,
+    /// `√hidden`, when embeddings are scaled (Gemma).
+    embed_scale: Option<f32>,
+    /// The logits' soft-cap (Gemma 2).
+    final_softcap: Option<f32>,
     eps: f32,
     vocab_size: usize,
     kv_layout: KvLayout,
@@ -103,45 +153,49 @@ pub(crate) struct DeviceStep {
 }
 
 impl DecoderModel {
-    /// Loads every layer from `store` onto `backend`. Run preflight first: this stops at
-    /// the first missing tensor.
+    /// Loads every layer of the recipe `cfg` from `store` onto `backend`. Run preflight
+    /// first: this stops at the first missing tensor.
     ///
     /// # Errors
     /// When a tensor is missing or mis-shaped, or the device fails.
     pub fn load(
         cfg: &ModelConfig,
-        kind: impl Fn(usize) -> LayerKind,
         store: &dyn WeightStore,
         backend: Arc<dyn GpuBackend>,
         attention: Arc<dyn AttentionBackend>,
     ) -> Result<Self> {
         let b = &*backend;
-        let has_moe = cfg.moe.is_some() && (0..cfg.num_layers).any(|i| kind(i).moe);
+        let has_moe = cfg.moe.is_some() && (0..cfg.num_layers).any(|i| is_moe(cfg, i));
+        let mut ropes = RotaryTables::default();
+        let (pre_mlp, branch) = norm_names(cfg.norm_placement);
         let layers = (0..cfg.num_layers)
             .map(|i| {
-                let (prefix, kind) = (layer_prefix(i), kind(i));
-                let mlp = match (kind.moe, &cfg.moe) {
+                let prefix = layer_prefix(i);
+                let norm = |name: &str| load_norm(store, &format!("{prefix}{name}"), b, cfg.norm_weight);
+                let mlp = match (is_moe(cfg, i), &cfg.moe) {
                     (true, Some(moe)) => Mlp::load_moe(cfg, moe, store, b, &prefix)?,
-                    (true, None) => return Err(ModelError::Unsupported("an MoE layer needs MoE settings".into())),
-                    (false, _) => Mlp::load_dense(cfg, store, b, &prefix)?,
+                    _ => Mlp::load_dense(cfg, store, b, &prefix)?,
                 };
+                let rope = cfg.layer_rope.get(i).unwrap_or(&cfg.rope);
+                let inv_freq = ropes.get(b, rope, cfg.head_dim)?;
                 Ok(DecoderLayer {
-                    input_norm: load(store, &format!("{prefix}{INPUT_NORM}"), b)?,
-                    attention: SelfAttention::load(cfg, store, b, &prefix, i, kind.qk_norm)?,
-                    post_norm: load(store, &format!("{prefix}{POST_NORM}"), b)?,
+                    input_norm: norm(INPUT_NORM)?,
+                    attention: SelfAttention::load(cfg, store, b, &prefix, i, inv_freq)?,
+                    post_norm: norm(pre_mlp)?,
                     mlp,
+                    branch_norms: branch.map(|[a, m]| Ok::<_, ModelError>([norm(a)?, norm(m)?])).transpose()?,
+                    eps: cfg.rms_norm_eps as f32,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let embed = load(store, EMBED, b)?;
         let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { load(store, LM_HEAD, b)? };
-        let freqs = inv_freq(&cfg.rope, cfg.head_dim);
         Ok(Self {
-            // Rotary frequencies stay f32 on every device, as transformers keeps them.
-            inv_freq: b.upload(&HostTensor::from_f32(&freqs, &[freqs.len()]), DType::F32)?,
-            norm: load(store, FINAL_NORM, b)?,
+            norm: load_norm(store, FINAL_NORM, b, cfg.norm_weight)?,
             embed,
             lm_head,
+            embed_scale: cfg.scale_embeddings.then(|| (cfg.hidden_size as f64).sqrt() as f32),
+            final_softcap: cfg.final_softcap.map(|c| c as f32),
             layers,
             eps: cfg.rms_norm_eps as f32,
             vocab_size: cfg.vocab_size,
@@ -157,6 +211,27 @@ impl DecoderModel {
             backend,
             attention,
         })
+    }
+
+    /// `ids [t] -> [t, hidden]`: the embedding rows, times `√hidden` when the recipe says
+    /// (cast to the model dtype first, as transformers casts Gemma's normaliser).
+    fn embed(&self, b: &dyn GpuBackend, ids: &Tensor) -> Result<Tensor> {
+        let rows = b.embedding(ids, &self.embed)?;
+        match self.embed_scale {
+            Some(s) => Ok(b.scale(&rows, s)?),
+            None => Ok(rows),
+        }
+    }
+
+    /// `x [r, hidden] -> f32 [r, vocab]`: the head in the device's float type, then f32 for
+    /// sampling (as transformers computes `lm_head` in the model's dtype and upcasts),
+    /// soft-capped when the recipe says.
+    fn logits(&self, b: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
+        let logits = b.cast(&b.matmul(x, &self.lm_head, None)?, DType::F32)?;
+        match self.final_softcap {
+            Some(cap) => Ok(b.softcap(&logits, cap)?),
+            None => Ok(logits),
+        }
     }
 
     /// The batch's inputs on the device (the eager path).
@@ -183,18 +258,18 @@ impl DecoderModel {
     /// no wait, so a graph can record it.
     pub(crate) fn run(&self, step: &DeviceStep, kv: &dyn KvCache) -> Result<Tensor> {
         let b = &*self.backend;
-        let inputs = StepInputs { positions: &step.positions, inv_freq: &self.inv_freq, meta: &step.meta };
+        let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
         // [t, hidden] throughout; `residual` carries the stream between fused norms.
-        let mut hidden = b.embedding(&step.ids, &self.embed)?;
+        let mut hidden = self.embed(b, &step.ids)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let (normed, res) = match &residual {
                 None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
                 Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
             };
-            let attn = layer.attention.forward(b, &*self.attention, &normed, &inputs, kv.layer(i))?;
+            let attn = layer.attend(b, &*self.attention, &normed, &inputs, kv.layer(i))?;
             let (normed, res) = b.add_rms_norm(&attn, &res, &layer.post_norm, self.eps)?;
-            hidden = layer.mlp.forward(b, &normed)?;
+            hidden = layer.feed_forward(b, &normed)?;
             residual = Some(res);
         }
         let normed = match &residual {
@@ -205,9 +280,7 @@ impl DecoderModel {
             Some(rows) => b.gather_rows(&normed, rows)?,
             None => normed,
         };
-        // Logits in the device's float type, then f32 for sampling (as transformers
-        // computes `lm_head` in the model's dtype and upcasts).
-        Ok(b.cast(&b.matmul(&last, &self.lm_head, None)?, DType::F32)?)
+        self.logits(b, &last)
     }
 
     pub(crate) fn backend(&self) -> &Arc<dyn GpuBackend> {
@@ -240,6 +313,25 @@ impl DecoderModel {
             return Err(ModelError::Batch(format!("logit row {r} is past the batch of {}", batch.num_tokens())));
         }
         Ok(())
+    }
+}
+
+/// One device table of rotary frequencies per distinct [`RopeConfig`], shared by the layers
+/// that use it (Gemma 3 has two: local and global).
+#[derive(Default)]
+struct RotaryTables(Vec<(RopeConfig, Tensor)>);
+
+impl RotaryTables {
+    /// `f32 [head_dim / 2]` for `rope`, uploaded on first use. The frequencies stay f32 on
+    /// every device, as transformers keeps them.
+    fn get(&mut self, b: &dyn GpuBackend, rope: &RopeConfig, head_dim: usize) -> Result<Tensor> {
+        if let Some((_, t)) = self.0.iter().find(|(r, _)| r == rope) {
+            return Ok(t.clone());
+        }
+        let freqs = inv_freq(rope, head_dim);
+        let t = b.upload(&HostTensor::from_f32(&freqs, &[freqs.len()]), DType::F32)?;
+        self.0.push((*rope, t.clone()));
+        Ok(t)
     }
 }
 

@@ -1,11 +1,12 @@
-//! MLPs: the dense SwiGLU MLP and the routed mixture of experts (Qwen3-MoE).
+//! MLPs: the dense gated MLP and the routed mixture of experts (Qwen3-MoE).
 //!
-//! Dense: `down(silu(gate(x)) · up(x))` with gate and up fused into one projection.
+//! Dense: `down(act(gate(x)) · up(x))` with gate and up fused into one projection, `act`
+//! SiLU (SwiGLU) or GELU-tanh (GeGLU, Gemma).
 //! MoE (`Qwen3MoeSparseMoeBlock`): a router picks the top-k experts per token from a
 //! softmax over `gate(x)` (optionally renormalised), and the chosen experts' SwiGLU MLPs
 //! are summed with those weights. Expert weights are stacked `[experts, ...]` at load.
 
-use met_config::{ModelConfig, MoeConfig};
+use met_config::{Activation, ModelConfig, MoeConfig};
 use met_kernels::{GpuBackend, Tensor};
 use met_model_weights::{TensorSpec, WeightStore, load, load_concat};
 
@@ -23,12 +24,14 @@ fn expert(e: usize, part: &str) -> String {
 
 /// A layer's MLP.
 pub enum Mlp {
-    /// Dense SwiGLU.
+    /// Dense gated MLP.
     Dense {
         /// `[2 · intermediate, hidden]`: gate rows then up rows.
         gate_up: Linear,
         /// `[hidden, intermediate]`.
         down: Linear,
+        /// The gate's activation.
+        activation: Activation,
     },
     /// Routed experts.
     Moe {
@@ -86,6 +89,7 @@ impl Mlp {
         Ok(Self::Dense {
             gate_up: Linear::load_fused(store, backend, prefix, &GATE_UP, cfg.mlp_bias)?,
             down: Linear::load_fused(store, backend, prefix, &[DOWN], cfg.mlp_bias)?,
+            activation: cfg.activation,
         })
     }
 
@@ -125,10 +129,11 @@ impl Mlp {
     /// On device failure.
     pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Dense { gate_up, down } => {
-                let act = match &gate_up.bias {
-                    None => backend.matmul_silu_mul(x, &gate_up.weight)?,
-                    Some(_) => backend.silu_mul(&gate_up.forward(backend, x)?)?,
+            Self::Dense { gate_up, down, activation } => {
+                let act = match (activation, &gate_up.bias) {
+                    (Activation::Silu, None) => backend.matmul_silu_mul(x, &gate_up.weight)?,
+                    (Activation::Silu, Some(_)) => backend.silu_mul(&gate_up.forward(backend, x)?)?,
+                    (Activation::GeluTanh, _) => backend.gelu_tanh_mul(&gate_up.forward(backend, x)?)?,
                 };
                 down.forward(backend, &act)
             }

@@ -1,5 +1,6 @@
-//! Building blocks shared by the architectures: linear projections, rotary frequencies,
-//! self-attention, dense and mixture-of-experts MLPs, and the decoder stack.
+//! Building blocks shared by the architectures: linear projections, norm weights, rotary
+//! frequencies, self-attention, dense and mixture-of-experts MLPs, and the decoder stack
+//! built from a `ModelConfig` recipe.
 //!
 //! Each block declares the checkpoint tensors it reads (`tensors`) next to the code that
 //! loads them (`load`), from one set of name constants, so preflight and loading cannot
@@ -8,6 +9,7 @@
 pub mod decoder;
 pub mod linear;
 pub mod mlp;
+pub mod norm;
 pub mod rotary;
 pub mod self_attention;
 

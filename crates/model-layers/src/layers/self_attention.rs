@@ -1,15 +1,18 @@
 //! Self-attention: fused q/k/v projection, the prologue (split into heads, optional per-head
-//! q/k RMSNorm (Qwen3), rotary, K/V into the cache) as one backend op, the attention backend
-//! over the paged cache, and the output projection.
+//! q/k RMSNorm (Qwen3, Gemma 3), rotary, K/V into the cache) as one backend op, the attention
+//! backend over the paged cache, and the output projection.
 //!
-//! Follows `LlamaAttention` / `Qwen3Attention` in transformers: queries and keys are
-//! normalised per head *before* rotary, scores are scaled by `head_dim^-0.5`.
+//! Follows `LlamaAttention` / `Qwen3Attention` / `Gemma2Attention` in transformers: queries
+//! and keys are normalised per head *before* rotary, scores are scaled by `head_dim^-0.5`
+//! (or the recipe's scale) and optionally soft-capped; each layer has its own rotary
+//! frequencies and window (Gemma 3's local and global layers differ in both).
 
 use met_config::ModelConfig;
 use met_kernels::{AttentionParams, GpuBackend, QkvPrologue, Tensor};
-use met_model_weights::{TensorSpec, WeightStore, load};
+use met_model_weights::{TensorSpec, WeightStore};
 
 use super::linear::Linear;
+use super::norm::load_norm;
 use super::spec;
 use crate::Result;
 use crate::attention::{AttentionBackend, StepMetadata};
@@ -23,8 +26,6 @@ const K_NORM: &str = "self_attn.k_norm.weight";
 pub struct StepInputs<'a> {
     /// `u32 [t]` positions.
     pub positions: &'a Tensor,
-    /// `f32 [head_dim / 2]` rotary inverse frequencies.
-    pub inv_freq: &'a Tensor,
     /// Attention metadata of the step.
     pub meta: &'a StepMetadata,
 }
@@ -34,6 +35,8 @@ pub struct SelfAttention {
     qkv: Linear,
     o: Linear,
     qk_norm: Option<(Tensor, Tensor)>,
+    /// `f32 [head_dim / 2]`: this layer's rotary inverse frequencies.
+    inv_freq: Tensor,
     params: AttentionParams,
     eps: f32,
 }
@@ -61,7 +64,7 @@ impl SelfAttention {
         specs
     }
 
-    /// Loads layer `layer` (checkpoint prefix `prefix`).
+    /// Loads layer `layer` (checkpoint prefix `prefix`), rotating with `inv_freq`.
     ///
     /// # Errors
     /// When a tensor is missing or mis-shaped.
@@ -71,27 +74,22 @@ impl SelfAttention {
         backend: &dyn GpuBackend,
         prefix: &str,
         layer: usize,
-        qk_norm: bool,
+        inv_freq: Tensor,
     ) -> Result<Self> {
-        let qk_norm = if qk_norm {
-            Some((
-                load(store, &format!("{prefix}{Q_NORM}"), backend)?,
-                load(store, &format!("{prefix}{K_NORM}"), backend)?,
-            ))
-        } else {
-            None
-        };
+        let norm = |name: &str| load_norm(store, &format!("{prefix}{name}"), backend, cfg.norm_weight);
+        let qk_norm = if cfg.qk_norm { Some((norm(Q_NORM)?, norm(K_NORM)?)) } else { None };
         Ok(Self {
             qkv: Linear::load_fused(store, backend, prefix, &QKV, cfg.qkv_bias)?,
             o: Linear::load_fused(store, backend, prefix, &[O], cfg.o_bias)?,
             qk_norm,
+            inv_freq,
             params: AttentionParams {
                 num_heads: cfg.num_heads,
                 num_kv_heads: cfg.num_kv_heads,
                 head_dim: cfg.head_dim,
-                scale: (cfg.head_dim as f32).powf(-0.5),
+                scale: cfg.attention_scale.map_or((cfg.head_dim as f32).powf(-0.5), |s| s as f32),
                 sliding_window: cfg.window(layer),
-                softcap: None,
+                softcap: cfg.attention_softcap.map(|c| c as f32),
             },
             eps: cfg.rms_norm_eps as f32,
         })
@@ -119,7 +117,7 @@ impl SelfAttention {
             qk_norm: self.qk_norm.as_ref().map(|(q, k)| (q, k)),
             eps: self.eps,
             positions: step.positions,
-            inv_freq: step.inv_freq,
+            inv_freq: &self.inv_freq,
         };
         // Split into heads, q/k norm, rotary, and k/v into the cache: q [t, h, d].
         let q = backend.qkv_rotary_write(&qkv, &prologue, cache.0, cache.1, &step.meta.slots)?;

@@ -14,25 +14,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{GgmlType, GgufFile, GgufValue};
+use super::arch::{GgufArch, GgufMeta, decimal, insert_opt};
+use super::{GgmlType, GgufFile};
 use crate::WeightError;
-
-/// The GGUF architectures met reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arch {
-    Llama,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-}
-
-/// `(arch, general.architecture, HF model_type, HF architectures entry)`.
-const ARCHES: [(Arch, &str, &str, &str); 4] = [
-    (Arch::Llama, "llama", "llama", "LlamaForCausalLM"),
-    (Arch::Qwen2, "qwen2", "qwen2", "Qwen2ForCausalLM"),
-    (Arch::Qwen3, "qwen3", "qwen3", "Qwen3ForCausalLM"),
-    (Arch::Qwen3Moe, "qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
-];
 
 const ARCH_KEY: &str = "general.architecture";
 /// The tensor in which llama.cpp stores Llama 3 rotary scaling factors.
@@ -42,77 +26,21 @@ const LLAMA3_LOW_FREQ_FACTOR: f64 = 1.0;
 const LLAMA3_HIGH_FREQ_FACTOR: f64 = 4.0;
 const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
 
-impl Arch {
-    /// The architecture `general.architecture` names.
-    pub(crate) fn of(file: &GgufFile) -> Result<Self, WeightError> {
-        let name = file.architecture()?;
-        ARCHES.iter().find(|row| row.1 == name).map(|row| row.0).ok_or_else(|| {
-            let supported = ARCHES.map(|row| row.1).join(", ");
-            file.metadata_error(
-                ARCH_KEY,
-                format!("unsupported architecture `{name}` (met reads {supported}; Mistral GGUFs say llama)"),
-            )
-        })
-    }
-
-    fn row(self) -> &'static (Arch, &'static str, &'static str, &'static str) {
-        &ARCHES[self as usize]
-    }
-
-    /// The `general.architecture` value, also the prefix of its metadata keys.
-    pub(crate) fn gguf_name(self) -> &'static str {
-        self.row().1
-    }
-
-    /// Whether llama.cpp's converter permuted the Q/K rows (see the `permute` module).
-    pub(crate) fn permutes_qk(self) -> bool {
-        self == Arch::Llama
-    }
-}
-
-/// Metadata reads under one architecture's key prefix.
-struct Meta<'a> {
-    file: &'a GgufFile,
-    arch: Arch,
-}
-
-impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.arch.gguf_name())
-    }
-
-    fn req_u64(&self, k: &str) -> Result<u64, WeightError> {
-        self.file.get_u64(&self.key(k))
-    }
-
-    fn opt_u64(&self, k: &str) -> Result<Option<u64>, WeightError> {
-        self.file.opt_u64(&self.key(k))
-    }
-
-    /// A float as the decimal the converter started from (see the module docs).
-    fn opt_decimal(&self, k: &str) -> Result<Option<f64>, WeightError> {
-        let key = self.key(k);
-        let Some(v) = self.file.opt_f64(&key)? else { return Ok(None) };
-        let v = match self.file.get(&key) {
-            Some(&GgufValue::F32(f)) => decimal(f),
-            _ => v,
-        };
-        if !v.is_finite() {
-            return Err(self.file.metadata_error(&key, format!("{v} is not a finite number")));
-        }
-        Ok(Some(v))
-    }
-}
-
-/// The shortest decimal that rounds to `f`, as an f64.
-fn decimal(f: f32) -> f64 {
-    f.to_string().parse().unwrap_or(f64::from(f))
+/// The architecture of `archs` that `general.architecture` names.
+pub(crate) fn arch_of<'a>(file: &GgufFile, archs: &'a [GgufArch]) -> Result<&'a GgufArch, WeightError> {
+    let name = file.architecture()?;
+    archs.iter().find(|a| a.name == name).ok_or_else(|| {
+        let supported = archs.iter().map(|a| a.name).collect::<Vec<_>>().join(", ");
+        file.metadata_error(
+            ARCH_KEY,
+            format!("unsupported architecture `{name}` (met reads {supported}; Mistral GGUFs say llama)"),
+        )
+    })
 }
 
 /// Builds the `config.json` object of the model in `file` (see the module docs).
-pub(crate) fn config_json(file: &GgufFile, arch: Arch) -> Result<Value, WeightError> {
-    let m = Meta { file, arch };
-    let (_, _, model_type, class) = *arch.row();
+pub(crate) fn config_json(file: &GgufFile, arch: &GgufArch) -> Result<Value, WeightError> {
+    let m = GgufMeta { file, arch };
     let hidden = m.req_u64("embedding_length")?;
     let heads = m.req_u64("attention.head_count")?;
     let layers = layer_count(&m)?;
@@ -121,17 +49,17 @@ pub(crate) fn config_json(file: &GgufFile, arch: Arch) -> Result<Value, WeightEr
         None => m.opt_u64("rope.dimension_count")?.or(hidden.checked_div(heads)),
     };
     let mut c = Map::new();
-    c.insert("architectures".into(), json!([class]));
-    c.insert("model_type".into(), json!(model_type));
-    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("architectures".into(), json!([arch.class]));
+    c.insert("model_type".into(), json!(arch.model_type));
+    c.insert("hidden_act".into(), json!(arch.hidden_act));
     c.insert("hidden_size".into(), json!(hidden));
     c.insert("num_hidden_layers".into(), json!(layers));
     c.insert("num_attention_heads".into(), json!(heads));
     c.insert("num_key_value_heads".into(), json!(m.opt_u64("attention.head_count_kv")?.unwrap_or(heads)));
     insert_opt(&mut c, "head_dim", head_dim);
-    let intermediate = match arch {
-        Arch::Qwen3Moe => m.opt_u64("feed_forward_length")?,
-        _ => Some(m.req_u64("feed_forward_length")?),
+    let intermediate = match arch.optional_feed_forward {
+        true => m.opt_u64("feed_forward_length")?,
+        false => Some(m.req_u64("feed_forward_length")?),
     };
     insert_opt(&mut c, "intermediate_size", intermediate);
     insert_opt(&mut c, "max_position_embeddings", m.opt_u64("context_length")?);
@@ -142,26 +70,17 @@ pub(crate) fn config_json(file: &GgufFile, arch: Arch) -> Result<Value, WeightEr
     c.insert("vocab_size".into(), json!(vocab_size(&m)?));
     c.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
     c.insert("attention_bias".into(), json!(file.tensor("blk.0.attn_q.bias").is_some()));
-    if arch == Arch::Llama {
-        c.insert("mlp_bias".into(), json!(file.tensor("blk.0.ffn_up.bias").is_some()));
-    }
     insert_opt(&mut c, "bos_token_id", file.opt_u64("tokenizer.ggml.bos_token_id")?);
     insert_opt(&mut c, "eos_token_id", file.opt_u64("tokenizer.ggml.eos_token_id")?);
-    if arch == Arch::Qwen3Moe {
-        insert_moe(&m, &mut c, layers)?;
+    if let Some(hook) = arch.config {
+        hook(&m, &mut c)?;
     }
     Ok(Value::Object(c))
 }
 
-fn insert_opt<T: Into<Value>>(c: &mut Map<String, Value>, key: &str, value: Option<T>) {
-    if let Some(v) = value {
-        c.insert(key.into(), v.into());
-    }
-}
-
 /// `block_count`, bounded by the tensors present so that a corrupt count cannot make
 /// later per-layer tables huge (every layer has at least one tensor).
-fn layer_count(m: &Meta<'_>) -> Result<u64, WeightError> {
+pub(crate) fn layer_count(m: &GgufMeta<'_>) -> Result<u64, WeightError> {
     let layers = m.req_u64("block_count")?;
     let tensors = m.file.tensors().len() as u64;
     if layers > tensors {
@@ -172,7 +91,7 @@ fn layer_count(m: &Meta<'_>) -> Result<u64, WeightError> {
 }
 
 /// `{arch}.vocab_size`, else the tokenizer's token count, else the embedding rows.
-fn vocab_size(m: &Meta<'_>) -> Result<u64, WeightError> {
+fn vocab_size(m: &GgufMeta<'_>) -> Result<u64, WeightError> {
     if let Some(n) = m.opt_u64("vocab_size")? {
         return Ok(n);
     }
@@ -185,32 +104,8 @@ fn vocab_size(m: &Meta<'_>) -> Result<u64, WeightError> {
     }
 }
 
-/// Qwen3-MoE routing settings; layers without stacked experts are dense (`mlp_only_layers`).
-fn insert_moe(m: &Meta<'_>, c: &mut Map<String, Value>, layers: u64) -> Result<(), WeightError> {
-    let experts = m.req_u64("expert_count")?;
-    let stacks = m.file.tensors().iter().filter(|t| t.name.ends_with("_exps.weight"));
-    if let Some(t) = stacks.clone().find(|t| t.dims.get(2).map(|&e| e as u64) != Some(experts)) {
-        let msg = format!("{experts} experts, but `{}` has dims {:?}", t.name, t.dims);
-        return Err(m.file.metadata_error(&m.key("expert_count"), msg));
-    }
-    if experts > 0 && stacks.count() == 0 {
-        let msg = format!("{experts} experts, but the file holds no stacked expert tensors");
-        return Err(m.file.metadata_error(&m.key("expert_count"), msg));
-    }
-    c.insert("num_experts".into(), json!(experts));
-    c.insert("num_experts_per_tok".into(), json!(m.req_u64("expert_used_count")?));
-    c.insert("moe_intermediate_size".into(), json!(m.req_u64("expert_feed_forward_length")?));
-    // llama.cpp always renormalises the chosen experts' weights for qwen3moe.
-    c.insert("norm_topk_prob".into(), json!(true));
-    c.insert("decoder_sparse_step".into(), json!(1));
-    let dense: Vec<u64> =
-        (0..layers).filter(|i| m.file.tensor(&format!("blk.{i}.ffn_gate_exps.weight")).is_none()).collect();
-    c.insert("mlp_only_layers".into(), json!(dense));
-    Ok(())
-}
-
 /// `rope_scaling` from `rope.scaling.*` keys, or inferred from `rope_freqs.weight`.
-fn rope_scaling(m: &Meta<'_>, theta: f64, head_dim: Option<u64>) -> Result<Option<Value>, WeightError> {
+fn rope_scaling(m: &GgufMeta<'_>, theta: f64, head_dim: Option<u64>) -> Result<Option<Value>, WeightError> {
     let original = m.opt_u64("rope.scaling.original_context_length")?;
     match m.file.opt_str(&m.key("rope.scaling.type"))? {
         None | Some("none") => llama3_from_rope_freqs(m, theta, head_dim, original),
@@ -231,7 +126,7 @@ fn rope_scaling(m: &Meta<'_>, theta: f64, head_dim: Option<u64>) -> Result<Optio
 /// checked against the stored ones, so other parameters fail loudly instead of
 /// producing wrong positions.
 fn llama3_from_rope_freqs(
-    m: &Meta<'_>,
+    m: &GgufMeta<'_>,
     theta: f64,
     head_dim: Option<u64>,
     original: Option<u64>,

@@ -11,6 +11,7 @@
 //!
 //! [`WeightStore`]: crate::WeightStore
 
+mod arch;
 mod config;
 mod dequant;
 mod names;
@@ -20,6 +21,7 @@ mod store;
 mod types;
 mod value;
 
+pub use arch::{ConfigHook, GgufArch, GgufMeta, insert_opt};
 pub use dequant::dequantize;
 pub use reader::{DEFAULT_ALIGNMENT, GgufFile, GgufTensorInfo};
 pub use store::{GgufStore, RawTensor};

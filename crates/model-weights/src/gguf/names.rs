@@ -1,8 +1,11 @@
 //! GGUF tensor names to Hugging Face names, declared as data.
 //!
+//! [`GgufArch`]: super::GgufArch
+//!
 //! llama.cpp's converter renames every tensor (`gguf-py`'s `TensorNameMap`); this is the
-//! reverse for the architectures met implements, as transformers' `integrations/ggml.py`
-//! does it. Names split into a base and a `.weight` / `.bias` suffix that carries over
+//! reverse of the names its architectures share, as transformers' `integrations/ggml.py`
+//! does it. An architecture whose names differ declares them in its [`GgufArch`]
+//! (`block_names`), which are looked up first. Names split into a base and a `.weight` / `.bias` suffix that carries over
 //! unchanged. Stacked MoE experts (`blk.N.ffn_*_exps.weight`, one 3-D tensor per layer
 //! and projection) map to the per-expert names hub checkpoints use.
 
@@ -10,7 +13,7 @@
 const GLOBAL: [(&str, &str); 3] =
     [("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 
-/// Per-layer tensors `blk.N.<gguf>` → `model.layers.N.<hf>`.
+/// Per-layer tensors `blk.N.<gguf>` → `model.layers.N.<hf>`, as most architectures name them.
 const BLOCK: [(&str, &str); 12] = [
     ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
@@ -58,8 +61,9 @@ impl HfTarget {
     }
 }
 
-/// The HF name of GGUF tensor `name`, or `None` for a name outside the mapping.
-pub(crate) fn hf_target(name: &str) -> Option<HfTarget> {
+/// The HF name of GGUF tensor `name` (per-layer names of `arch` first), or `None` for a
+/// name outside the mapping.
+pub(crate) fn hf_target(name: &str, arch: &[(&str, &str)]) -> Option<HfTarget> {
     let (base, suffix) = name.rsplit_once('.')?;
     if !matches!(suffix, "weight" | "bias") {
         return None;
@@ -70,7 +74,7 @@ pub(crate) fn hf_target(name: &str) -> Option<HfTarget> {
     let (layer, part) = base.strip_prefix("blk.")?.split_once('.')?;
     // Only canonical decimal layer numbers, so two GGUF names never map to one HF name.
     let layer_num: usize = layer.parse().ok().filter(|n: &usize| n.to_string() == layer)?;
-    if let Some((_, hf)) = BLOCK.iter().find(|(g, _)| *g == part) {
+    if let Some((_, hf)) = arch.iter().chain(BLOCK.iter()).find(|(g, _)| *g == part) {
         return Some(HfTarget::Tensor(format!("model.layers.{layer_num}.{hf}.{suffix}")));
     }
     let (_, hf) = EXPERTS.iter().find(|(g, _)| *g == part)?;
@@ -80,6 +84,10 @@ pub(crate) fn hf_target(name: &str) -> Option<HfTarget> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hf_target(name: &str) -> Option<HfTarget> {
+        super::hf_target(name, &[])
+    }
 
     fn one(name: &str) -> Option<String> {
         match hf_target(name)? {

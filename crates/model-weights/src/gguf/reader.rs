@@ -253,7 +253,8 @@ impl GgufFile {
     }
 
     /// A [`WeightError::Metadata`] about `key` of this file.
-    pub(crate) fn metadata_error(&self, key: &str, msg: impl Into<String>) -> WeightError {
+    #[must_use]
+    pub fn metadata_error(&self, key: &str, msg: impl Into<String>) -> WeightError {
         WeightError::Metadata { path: self.path.clone(), key: key.into(), msg: msg.into() }
     }
 

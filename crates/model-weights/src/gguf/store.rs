@@ -21,18 +21,18 @@ use std::collections::btree_map::Entry;
 use std::fmt;
 use std::path::Path;
 
-use met_config::ModelConfig;
+use met_config::ConfigJson;
 use met_kernels::{DType, HostTensor};
 
-use super::config::{Arch, config_json};
+use super::config::{arch_of, config_json};
 use super::names::{CONFIG_ONLY, HfTarget, hf_target};
-use super::{GgmlType, GgufFile, permute};
+use super::{GgmlType, GgufArch, GgufFile, dequantize, permute};
 use crate::{TensorInfo, WeightError, WeightStore};
 
 /// A GGUF model file, served under Hugging Face tensor names and shapes.
 pub struct GgufStore {
     file: GgufFile,
-    arch: Arch,
+    arch: GgufArch,
     tensors: BTreeMap<String, Source>,
 }
 
@@ -59,36 +59,38 @@ struct Source {
     expert: Option<usize>,
     /// For a Llama Q/K projection, the heads whose rows the converter permuted.
     unpermute_heads: Option<usize>,
+    /// For a norm weight the converter shifted (Gemma's `1 + w`), the shift to take off.
+    unshift: Option<f32>,
     /// The HF shape.
     shape: Vec<usize>,
 }
 
 impl GgufStore {
-    /// Opens a GGUF file of a supported architecture (`llama`, `qwen2`, `qwen3`,
-    /// `qwen3moe`).
+    /// Opens a GGUF file of one of `archs` (met's are `met_model_layers::models::
+    /// gguf_architectures()`, which `met_model_layers::models::open_gguf` passes).
     ///
     /// # Errors
     /// As [`GgufFile::open`]; [`WeightError::Metadata`] for an unsupported
     /// `general.architecture` or missing head counts; [`WeightError::Format`] when two
     /// tensors map to one HF name, an expert tensor is not 3-D, or a Q/K projection does
     /// not split into whole heads.
-    pub fn open(path: &Path) -> Result<Self, WeightError> {
-        Self::from_file(GgufFile::open(path)?)
+    pub fn open(path: &Path, archs: &[GgufArch]) -> Result<Self, WeightError> {
+        Self::from_file(GgufFile::open(path)?, archs)
     }
 
     /// Wraps an already opened file; see [`GgufStore::open`].
     ///
     /// # Errors
     /// As [`GgufStore::open`], less the parsing errors.
-    pub fn from_file(file: GgufFile) -> Result<Self, WeightError> {
-        let arch = Arch::of(&file)?;
-        let heads = qk_heads(&file, arch)?;
+    pub fn from_file(file: GgufFile, archs: &[GgufArch]) -> Result<Self, WeightError> {
+        let arch = *arch_of(&file, archs)?;
+        let heads = qk_heads(&file, &arch)?;
         let mut tensors = BTreeMap::new();
         for (index, info) in file.tensors().iter().enumerate() {
             if CONFIG_ONLY.contains(&info.name.as_str()) {
                 continue;
             }
-            for (name, source) in sources(&file, index, heads)? {
+            for (name, source) in sources(&file, &arch, index, heads)? {
                 match tensors.entry(name) {
                     Entry::Vacant(slot) => {
                         slot.insert(source);
@@ -126,6 +128,17 @@ impl GgufStore {
             let per_expert = bytes.len() / info.dims[2];
             bytes = &bytes[e * per_expert..(e + 1) * per_expert];
         }
+        if let Some(shift) = source.unshift {
+            // Served as f32, the converter's shift taken off (the checkpoint's values).
+            let mut values = vec![0f32; source.shape.iter().product()];
+            dequantize(info.ggml_type, bytes, &mut values);
+            let bytes = values.iter().flat_map(|v| (v - shift).to_le_bytes()).collect();
+            return Some(Ok(RawTensor {
+                ggml_type: GgmlType::F32,
+                shape: source.shape.clone(),
+                bytes: Cow::Owned(bytes),
+            }));
+        }
         let bytes = match source.unpermute_heads {
             None => Cow::Borrowed(bytes),
             Some(heads) => match permute::unpermute_rows(bytes, source.shape[0], heads) {
@@ -143,18 +156,16 @@ impl GgufStore {
     /// [`WeightError::Format`] when a `rope_freqs.weight` tensor encodes rotary scaling
     /// met cannot express.
     pub fn config_json(&self) -> Result<serde_json::Value, WeightError> {
-        config_json(&self.file, self.arch)
+        config_json(&self.file, &self.arch)
     }
 
-    /// The validated model config, as [`ModelConfig::from_json`] reads
-    /// [`GgufStore::config_json`].
+    /// [`GgufStore::config_json`] parsed as a `config.json` of this file (messages name
+    /// the GGUF file), for the architecture's config reader.
     ///
     /// # Errors
-    /// As [`GgufStore::config_json`], and [`WeightError::Config`] when the config does
-    /// not validate (messages name the GGUF file).
-    pub fn model_config(&self) -> Result<ModelConfig, WeightError> {
-        let json = self.config_json()?;
-        Ok(ModelConfig::from_json(self.file.path(), &json.to_string())?)
+    /// As [`GgufStore::config_json`].
+    pub fn config(&self) -> Result<ConfigJson, WeightError> {
+        Ok(ConfigJson::parse(self.file.path(), &self.config_json()?.to_string())?)
     }
 
     fn unsupported(&self, name: &str, ggml_type: GgmlType) -> WeightError {
@@ -193,7 +204,7 @@ impl WeightStore for GgufStore {
 
 impl fmt::Debug for GgufStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GgufStore({}, {:?}, {} tensors)", self.describe(), self.arch, self.tensors.len())
+        write!(f, "GgufStore({}, {}, {} tensors)", self.describe(), self.arch.name, self.tensors.len())
     }
 }
 
@@ -208,11 +219,11 @@ fn host_dtype(t: GgmlType) -> Option<DType> {
 }
 
 /// Query and key/value head counts, when the architecture's Q/K rows are permuted.
-fn qk_heads(file: &GgufFile, arch: Arch) -> Result<Option<(usize, usize)>, WeightError> {
-    if !arch.permutes_qk() {
+fn qk_heads(file: &GgufFile, arch: &GgufArch) -> Result<Option<(usize, usize)>, WeightError> {
+    if !arch.permutes_qk {
         return Ok(None);
     }
-    let key = |k: &str| format!("{}.{k}", arch.gguf_name());
+    let key = |k: &str| format!("{}.{k}", arch.name);
     let heads = to_usize(file, &key("attention.head_count"), file.get_u64(&key("attention.head_count"))?)?;
     let kv_heads = match file.opt_u64(&key("attention.head_count_kv"))? {
         Some(n) => to_usize(file, &key("attention.head_count_kv"), n)?,
@@ -228,13 +239,14 @@ fn to_usize(file: &GgufFile, key: &str, v: u64) -> Result<usize, WeightError> {
 /// The HF tensors GGUF tensor number `index` provides, with where their bytes are.
 fn sources(
     file: &GgufFile,
+    arch: &GgufArch,
     index: usize,
     qk_heads: Option<(usize, usize)>,
 ) -> Result<Vec<(String, Source)>, WeightError> {
     let info = &file.tensors()[index];
     let shape = info.shape();
-    let plain = |shape: Vec<usize>| Source { index, expert: None, unpermute_heads: None, shape };
-    match hf_target(&info.name) {
+    let plain = |shape: Vec<usize>| Source { index, expert: None, unpermute_heads: None, unshift: None, shape };
+    match hf_target(&info.name, arch.block_names) {
         None => Ok(vec![(info.name.clone(), plain(shape))]),
         Some(HfTarget::Tensor(name)) => {
             let heads = match qk_heads {
@@ -249,7 +261,12 @@ fn sources(
                 };
                 checked.map_err(|msg| format_error(file, format!("`{}`: {msg}", info.name)))?;
             }
-            Ok(vec![(name, Source { unpermute_heads: heads, ..plain(shape) })])
+            let unshift = (arch.norm_shift != 0.0 && name.ends_with("norm.weight")).then_some(arch.norm_shift);
+            if unshift.is_some() && !info.ggml_type.is_dequantizable() {
+                let msg = format!("`{}`: a shifted norm weight stored as {}", info.name, info.ggml_type);
+                return Err(format_error(file, msg));
+            }
+            Ok(vec![(name, Source { unpermute_heads: heads, unshift, ..plain(shape) })])
         }
         Some(HfTarget::Experts { layer, part, suffix }) => {
             // Each expert must hold data, so the expert count is bounded by the file size.

@@ -9,9 +9,10 @@
 
 use std::path::PathBuf;
 
-use met_config::{ModelConfig, ModelType, RopeScaling};
+use met_config::RopeScaling;
 use met_kernels::DType;
-use met_model_weights::{GgmlType, GgufStore, SafetensorsStore, TensorSpec, WeightStore, preflight};
+use met_model_layers::models::{gguf_config, open_gguf};
+use met_model_weights::{GgmlType, SafetensorsStore, TensorSpec, WeightStore, preflight};
 use serde::Deserialize;
 
 use crate::gguf_common::fixture;
@@ -19,7 +20,7 @@ use crate::gguf_common::fixture;
 #[test]
 fn tiny_llama_tensors_equal_the_hf_checkpoint() {
     let hf = SafetensorsStore::open(&fixture("tiny_llama/model.safetensors")).unwrap();
-    let gguf = GgufStore::open(&fixture("tiny_llama/model.gguf")).unwrap();
+    let gguf = open_gguf(&fixture("tiny_llama/model.gguf")).unwrap();
     assert_eq!(gguf.names(), hf.names(), "the same tensor names");
     assert_eq!(gguf.names().len(), 3 + 2 * 9);
     for name in hf.names() {
@@ -37,8 +38,8 @@ fn tiny_llama_tensors_equal_the_hf_checkpoint() {
 
 #[test]
 fn tiny_llama_config_equals_config_json() {
-    let want = ModelConfig::from_file(&fixture("tiny_llama/config.json")).unwrap();
-    let got = GgufStore::open(&fixture("tiny_llama/model.gguf")).unwrap().model_config().unwrap();
+    let want = met_model_layers::models::read_config(&fixture("tiny_llama/config.json")).unwrap();
+    let got = gguf_config(&open_gguf(&fixture("tiny_llama/model.gguf")).unwrap()).unwrap();
     assert_eq!(got.model_type, want.model_type);
     assert_eq!(got.vocab_size, want.vocab_size);
     assert_eq!(got.hidden_size, want.hidden_size);
@@ -62,7 +63,7 @@ fn tiny_llama_config_equals_config_json() {
     assert_eq!(got.bos_token_id, want.bos_token_id);
     assert_eq!(got.eos_token_ids, want.eos_token_ids);
     // Only the saved dtype differs: a GGUF has none to report.
-    assert_eq!(ModelConfig { dtype: None, ..want }, got);
+    assert_eq!(met_config::ModelConfig { dtype: None, ..want }, got);
 }
 
 #[test]
@@ -111,13 +112,13 @@ fn smollm2_specs() -> Vec<TensorSpec> {
 #[test]
 fn smollm2_opens_with_hf_names_and_config() {
     let Some(path) = real_file() else { return };
-    let store = GgufStore::open(&path).unwrap();
+    let store = open_gguf(&path).unwrap();
     assert_eq!(store.file().tensors().len(), 272);
     assert_eq!(store.names().len(), 272);
     preflight(&store, &smollm2_specs(), &[]).unwrap();
 
-    let c = store.model_config().unwrap();
-    assert_eq!(c.model_type, ModelType::Llama);
+    let c = gguf_config(&store).unwrap();
+    assert_eq!(c.model_type, "llama");
     assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (576, 30, 9, 3, 64));
     assert_eq!((c.vocab_size, c.intermediate_size, c.max_position_embeddings), (49152, 1536, 8192));
     assert_eq!((c.rope.theta, c.rope.scaling, c.rms_norm_eps), (100_000.0, RopeScaling::None, 1e-5));
@@ -147,7 +148,7 @@ struct Pick {
 #[test]
 fn smollm2_values_match_gguf_py() {
     let Some(path) = real_file() else { return };
-    let store = GgufStore::open(&path).unwrap();
+    let store = open_gguf(&path).unwrap();
     let text = std::fs::read_to_string(fixture("smollm2_q4_1.json")).unwrap();
     let picks: Picks = serde_json::from_str(&text).unwrap();
     assert!(picks.tensors.iter().any(|p| p.ggml_type == "Q4_1" && p.name.contains("q_proj")));
@@ -165,7 +166,7 @@ fn smollm2_values_match_gguf_py() {
 #[test]
 fn smollm2_raw_q4_1_rows_dequantise_to_host() {
     let Some(path) = real_file() else { return };
-    let store = GgufStore::open(&path).unwrap();
+    let store = open_gguf(&path).unwrap();
     for name in ["model.layers.7.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight"] {
         let raw = store.raw(name).unwrap().unwrap();
         assert_eq!(raw.ggml_type, GgmlType::Q4_1);

@@ -2,8 +2,9 @@
 //! architecture, the Llama Q/K un-permutation (f32 and raw quantised bytes), stacked
 //! experts, the config rebuilt from metadata, and the errors.
 
-use met_config::{ModelType, RopeScaling};
+use met_config::RopeScaling;
 use met_kernels::DType;
+use met_model_layers::models::{gguf_config, open_gguf};
 use met_model_weights::{GgmlType, GgufStore, TensorSpec, WeightError, WeightStore, preflight};
 
 use proptest::prelude::*;
@@ -88,7 +89,7 @@ fn llama() -> (Gguf, Vec<Vec<i8>>, Vec<Vec<i8>>) {
 
 fn open(gguf: &Gguf) -> (tempfile::TempDir, std::path::PathBuf, Result<GgufStore, WeightError>) {
     let (dir, path) = temp_file(&gguf.bytes());
-    let store = GgufStore::open(&path);
+    let store = open_gguf(&path);
     (dir, path, store)
 }
 
@@ -172,8 +173,8 @@ fn llama_config_from_metadata() {
     let json = store.config_json().unwrap();
     assert_eq!(json["model_type"], "llama");
     assert_eq!(json["rms_norm_eps"], 1e-6, "the f32 metadata is written back as its decimal");
-    let c = store.model_config().unwrap();
-    assert_eq!(c.model_type, ModelType::Llama);
+    let c = gguf_config(&store).unwrap();
+    assert_eq!(c.model_type, "llama");
     assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads), (HIDDEN, 1, HEADS, KV_HEADS));
     assert_eq!((c.head_dim, c.intermediate_size, c.vocab_size), (HEAD_DIM, FF, VOCAB));
     assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.rope.theta), (4096, 1e-6, 10_000.0));
@@ -184,7 +185,7 @@ fn llama_config_from_metadata() {
 
     let linear = gguf.clone().str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 4.0);
     let (_d, _p, store) = open(&linear);
-    assert_eq!(store.unwrap().model_config().unwrap().rope.scaling, RopeScaling::Linear { factor: 4.0 });
+    assert_eq!(gguf_config(&store.unwrap()).unwrap().rope.scaling, RopeScaling::Linear { factor: 4.0 });
 }
 
 #[test]
@@ -193,10 +194,10 @@ fn vocab_size_falls_back_to_the_tokenizer_then_the_embedding() {
     let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let norm = |g: Gguf| g.f32_tensor("output_norm.weight", &[2], &[1.0, 1.0]);
     let (_d, _p, store) = open(&norm(metadata("llama", 1).strs("tokenizer.ggml.tokens", &refs)));
-    assert_eq!(store.unwrap().model_config().unwrap().vocab_size, VOCAB + 3);
+    assert_eq!(gguf_config(&store.unwrap()).unwrap().vocab_size, VOCAB + 3);
     let embd_only = metadata("llama", 1).f32_tensor("token_embd.weight", &[7, 2], &[0.0; 14]);
     let (_d, _p, store) = open(&embd_only);
-    assert_eq!(store.unwrap().model_config().unwrap().vocab_size, 7);
+    assert_eq!(gguf_config(&store.unwrap()).unwrap().vocab_size, 7);
     let (_d, path, store) = open(&norm(metadata("llama", 1)));
     assert_metadata_error(store.unwrap().config_json().unwrap_err(), &path, "llama.vocab_size", "missing");
 }
@@ -215,8 +216,8 @@ fn qwen2_keeps_rows_and_has_biases() {
     assert_eq!(store.host("model.layers.0.self_attn.q_proj.weight").unwrap().to_f32_vec().unwrap(), q);
     let bias = store.host("model.layers.0.self_attn.q_proj.bias").unwrap();
     assert_eq!(bias.to_f32_vec().unwrap(), ramp(HEADS * HEAD_DIM, 1.0), "qwen2 rows are not permuted");
-    let c = store.model_config().unwrap();
-    assert_eq!(c.model_type, ModelType::Qwen2);
+    let c = gguf_config(&store).unwrap();
+    assert_eq!(c.model_type, "qwen2");
     assert!(c.qkv_bias && c.tie_word_embeddings);
     assert_eq!(store.config_json().unwrap()["attention_bias"], true);
 }
@@ -240,8 +241,8 @@ fn qwen3_q_k_norms_and_head_dim() {
     let (_d, _p, store) = open(&gguf);
     let store = store.unwrap();
     assert_eq!(store.names(), ["model.layers.0.self_attn.k_norm.weight", "model.layers.0.self_attn.q_norm.weight"]);
-    let c = store.model_config().unwrap();
-    assert_eq!((c.model_type, c.head_dim, c.qk_norm), (ModelType::Qwen3, 32, true));
+    let c = gguf_config(&store).unwrap();
+    assert_eq!((c.model_type.as_str(), c.head_dim, c.qk_norm), ("qwen3", 32, true));
 }
 
 const E: usize = 4;
@@ -285,7 +286,7 @@ fn qwen3_moe_experts_are_split_per_expert() {
         assert_eq!(store.host(&name("up_proj")).unwrap().to_f32_vec().unwrap(), vec![1.5; FF * HIDDEN]);
     }
     assert!(store.host("model.layers.0.mlp.experts.4.gate_proj.weight").is_err());
-    let c = store.model_config().unwrap();
+    let c = gguf_config(&store).unwrap();
     let moe = c.moe.unwrap();
     assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (E, 2, FF));
     assert!(moe.norm_topk_prob);
@@ -372,7 +373,7 @@ fn missing_or_bad_config_keys_are_named() {
         .u32("qwen2.vocab_size", 8)
         .f32_tensor("output_norm.weight", &[2], &[1.0, 1.0]);
     let (_d, path, store) = open(&zero_heads);
-    let err = store.unwrap().model_config().unwrap_err();
+    let err = gguf_config(&store.unwrap()).unwrap_err();
     assert!(matches!(err, WeightError::Config(_)), "{err}");
     assert!(err.to_string().contains(&path.display().to_string()), "{err}");
 }
@@ -421,12 +422,12 @@ fn an_expert_count_that_disagrees_with_the_tensors_is_refused() {
 /// Everything a loader does with a store; any outcome but a panic is fine.
 fn exercise(bytes: &[u8]) {
     let (_dir, path) = temp_file(bytes);
-    let Ok(store) = GgufStore::open(&path) else { return };
+    let Ok(store) = open_gguf(&path) else { return };
     for name in store.names() {
         let _ = store.info(&name);
         let _ = store.host(&name).map(|h| h.to_f32_vec());
     }
-    let _ = store.model_config();
+    let _ = gguf_config(&store);
 }
 
 proptest! {

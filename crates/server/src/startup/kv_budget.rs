@@ -129,7 +129,6 @@ fn warm_up(model: &dyn Model, backend: &dyn GpuBackend, config: &EngineConfig) -
 mod tests {
     use std::sync::Arc;
 
-    use met_config::ModelConfig;
     use met_kernels::CpuBackend;
     use met_model_layers::{LoadOptions, load_model, tensor_specs};
     use met_model_weights::DummyStore;
@@ -149,7 +148,7 @@ mod tests {
         let json = r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
             "max_position_embeddings": 64, "rms_norm_eps": 1e-6}"#;
-        let cfg = ModelConfig::from_json(std::path::Path::new("config.json"), json).unwrap();
+        let cfg = met_model_layers::models::config_from_json(std::path::Path::new("config.json"), json).unwrap();
         let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
         let store = DummyStore::new(tensor_specs(&cfg).unwrap(), 0, backend.float_dtype());
         let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();

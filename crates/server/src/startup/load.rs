@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
-use met_config::{GenerationConfig, ModelConfig};
+use anyhow::{Context, Result};
+use met_config::GenerationConfig;
 use met_kernels::HostTensor;
 use met_kernels::{GpuBackend, open_backend};
-use met_model_layers::{LoadOptions, Model, load_model, tensor_specs};
+use met_model_layers::{LoadOptions, Model, load_model, models, tensor_specs};
 use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
@@ -136,8 +136,8 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
         ModelSource::HfDir(dir) => {
             let path = dir.join("config.json");
             let config = match overrides {
-                Some(o) => ModelConfig::from_file_with_overrides(&path, o),
-                None => ModelConfig::from_file(&path),
+                Some(o) => models::read_config_with_overrides(&path, o),
+                None => models::read_config(&path),
             }?;
             let mut eos = config.eos_token_ids.clone();
             let generation = dir.join("generation_config.json");
@@ -147,19 +147,10 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
             (config, None, eos)
         }
         ModelSource::Gguf(path) => {
-            let store = GgufStore::open(path)?;
+            let store = models::open_gguf(path)?;
             let config = match overrides {
-                Some(o) => {
-                    let mut json = store.config_json()?;
-                    let extra: serde_json::Value =
-                        serde_json::from_str(o).context("--hf-overrides is not a JSON object")?;
-                    let (Some(base), Some(extra)) = (json.as_object_mut(), extra.as_object()) else {
-                        bail!("--hf-overrides is not a JSON object");
-                    };
-                    base.extend(extra.clone());
-                    ModelConfig::from_json(path, &json.to_string())?
-                }
-                None => store.model_config()?,
+                Some(o) => models::config_from(&store.config()?.with_overrides(o)?)?,
+                None => models::gguf_config(&store)?,
             };
             let eos = config.eos_token_ids.clone();
             (config, Some(store), eos)
@@ -249,7 +240,7 @@ fn tokenizer_for(source: &ModelSource, gguf: Option<&GgufStore>) -> Result<Optio
 pub fn load_tokenizer(model: Option<&str>) -> Result<Tokenizer> {
     let source = resolve(model, &SearchPaths::from_env())?;
     let gguf = match &source {
-        ModelSource::Gguf(path) => Some(GgufStore::open(path)?),
+        ModelSource::Gguf(path) => Some(models::open_gguf(path)?),
         ModelSource::HfDir(_) => None,
     };
     tokenizer_for(&source, gguf.as_ref())?

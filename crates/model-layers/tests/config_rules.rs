@@ -1,18 +1,19 @@
-//! `config.json` parsing against real checkpoint configs (in `configs/` at the repo root)
-//! and hand-written edge cases: both rope layouts, per-layer windows, and errors that name
-//! the field.
+//! `config.json` parsing by each architecture's rules (`src/models/<arch>.rs`) against real
+//! checkpoint configs (in `configs/` at the repo root) and hand-written edge cases: both
+//! rope layouts, per-layer windows, and errors that name the field.
 
 use std::path::{Path, PathBuf};
 
-use met_config::{ConfigError, GenerationConfig, ModelConfig, ModelType, RopeScaling};
+use met_config::{ConfigError, ModelConfig, RopeScaling};
+use met_model_layers::models::{config_from_json, read_config, read_config_with_overrides};
 
 fn real(name: &str) -> ModelConfig {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(name).join("config.json");
-    ModelConfig::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
+    read_config(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn parse(json: &str) -> Result<ModelConfig, ConfigError> {
-    ModelConfig::from_json(&PathBuf::from("test/config.json"), json)
+    config_from_json(&PathBuf::from("test/config.json"), json)
 }
 
 fn message(json: &str) -> String {
@@ -25,7 +26,7 @@ const BASE: &str = r#""vocab_size": 100, "hidden_size": 64, "intermediate_size":
 #[test]
 fn llama_3_1_8b() {
     let c = real("Llama-3.1-8B-Instruct");
-    assert_eq!(c.model_type, ModelType::Llama);
+    assert_eq!(c.model_type, "llama");
     assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (4096, 32, 32, 8, 128));
     assert_eq!(c.vocab_size, 128_256);
     assert_eq!(c.rope.theta, 500_000.0);
@@ -46,7 +47,7 @@ fn llama_3_1_8b() {
 #[test]
 fn qwen3_0_6b() {
     let c = real("Qwen3-0.6B");
-    assert_eq!(c.model_type, ModelType::Qwen3);
+    assert_eq!(c.model_type, "qwen3");
     assert_eq!((c.hidden_size, c.num_heads, c.head_dim), (1024, 16, 128));
     assert!(c.qk_norm && c.tie_word_embeddings);
     assert_eq!(c.rope.theta, 1e6);
@@ -193,25 +194,10 @@ fn overrides_replace_top_level_fields() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
     std::fs::write(&path, format!(r#"{{"model_type": "llama", {BASE}}}"#)).unwrap();
-    let c = ModelConfig::from_file_with_overrides(&path, r#"{"num_hidden_layers": 2}"#).unwrap();
+    let c = read_config_with_overrides(&path, r#"{"num_hidden_layers": 2}"#).unwrap();
     assert_eq!(c.num_layers, 2);
-    let bad = ModelConfig::from_file_with_overrides(&path, "not json").unwrap_err().to_string();
+    let bad = read_config_with_overrides(&path, "not json").unwrap_err().to_string();
     assert!(bad.contains("--hf-overrides"), "{bad}");
-    let io = ModelConfig::from_file(&dir.path().join("absent.json")).unwrap_err().to_string();
+    let io = read_config(&dir.path().join("absent.json")).unwrap_err().to_string();
     assert!(io.contains("absent.json"), "{io}");
-}
-
-#[test]
-fn generation_config_reads_ids_and_defaults() {
-    let g = GenerationConfig::from_json(
-        Path::new("generation_config.json"),
-        r#"{"eos_token_id": [1, 2], "bos_token_id": 0, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": true}"#,
-    )
-    .unwrap();
-    assert_eq!(g.eos_token_ids, [1, 2]);
-    assert_eq!((g.bos_token_id, g.temperature, g.top_k, g.do_sample), (Some(0), Some(0.6), Some(20), Some(true)));
-    let single = GenerationConfig::from_json(Path::new("g.json"), r#"{"eos_token_id": 7}"#).unwrap();
-    assert_eq!(single.eos_token_ids, [7]);
-    let bad = GenerationConfig::from_json(Path::new("g.json"), r#"{"top_k": "many"}"#).unwrap_err().to_string();
-    assert!(bad.contains("`top_k`"), "{bad}");
 }
