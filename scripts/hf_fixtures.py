@@ -3,7 +3,7 @@
 
 What it makes
 -------------
-Six fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
+Seven fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
 
     llama       GQA, llama3 rope scaling (all three bands exercised), untied
                 embeddings, sharded safetensors, classic config layout
@@ -14,6 +14,10 @@ Six fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
     qwen3_moe   8 experts top-2 with normalised top-k probabilities, a dense
                 MLP layer in the middle, per-expert (hub style) weight names
     llama_tied  MHA, tied embeddings, attention and MLP biases, no rope scaling
+    gemma2      (1+w) sandwich norms, GELU-tanh, embeddings x sqrt(hidden),
+                attention and final logit soft-capping, query_pre_attn_scalar,
+                even layers sliding with a window of 8 (shorter than the
+                prompts), tied embeddings
 
 Each directory holds the checkpoint as written by ``save_pretrained`` in
 bfloat16 (``config.json``, ``generation_config.json``, ``model.safetensors``
@@ -36,7 +40,8 @@ has a top-1/top-2 margin of at least 1e-3, so argmax comparisons are stable.
 How to regenerate (from the repository root)
 --------------------------------------------
     pip install torch transformers safetensors numpy      # in any virtualenv
-    /path/to/venv/bin/python scripts/hf_fixtures.py
+    /path/to/venv/bin/python scripts/hf_fixtures.py              # every fixture
+    /path/to/venv/bin/python scripts/hf_fixtures.py gemma2 ...   # only these
 
 This is a developer tool only; nothing in the build or CI depends on torch.
 """
@@ -58,6 +63,7 @@ from safetensors.torch import save_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma2Config,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
@@ -205,6 +211,27 @@ def llama_tied_config() -> LlamaConfig:
     )
 
 
+def gemma2_config() -> Gemma2Config:
+    return Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,  # layers 0 and 2 sliding, 1 full
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=24,  # scale 24^-0.5, not head_dim^-0.5
+        sliding_window=8,
+        # Small caps, so that tanh bends the sharp scores and the logits.
+        attn_logit_softcapping=8.0,
+        final_logit_softcapping=10.0,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
 FIXTURES = [
     {
         "name": "llama",
@@ -257,7 +284,30 @@ FIXTURES = [
         "covers": ["mha", "tied_embeddings", "attention_bias", "mlp_bias", "no_rope_scaling",
                    "classic_config_layout"],
     },
+    {
+        "name": "gemma2",
+        "config": gemma2_config,
+        "base_seed": 7000,
+        "classic": True,
+        "gemma": True,
+        "covers": ["gqa", "unit_offset_norms", "sandwich_norms", "gelu_tanh", "embedding_scale",
+                   "attn_softcap", "final_softcap", "query_pre_attn_scalar", "alternating_sliding",
+                   "window_shorter_than_prompt", "tied_embeddings", "classic_config_layout"],
+    },
 ]
+
+# Gemma norms multiply by (1 + w): their weights are drawn around 0, except the
+# post-branch norms, drawn around GEMMA_POST_NORM_MEAN so that the branches are not
+# drowned by the token's own embedding in the residual stream (the LM head is that
+# embedding), the final norm, around GEMMA_FINAL_NORM_MEAN, which gives the tied
+# head logits of a few units that the final soft-cap bends, and q/k norms (when
+# present), around GEMMA_QK_NORM_MEAN, which makes attention sharp (score std ~4).
+GEMMA_POST_NORM_MEAN = 3.0
+GEMMA_FINAL_NORM_MEAN = 7.0
+GEMMA_QK_NORM_MEAN = 1.0
+# Gemma 2 has no q/k norm: its q and k projections are scaled up for sharp scores
+# that the attention soft-cap bends.
+GEMMA_QK_GAIN = 2.5
 
 
 # --------------------------------------------------------------------------
@@ -265,7 +315,8 @@ FIXTURES = [
 # --------------------------------------------------------------------------
 
 
-def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float = 1.0) -> None:
+def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float = 1.0,
+              gemma: bool = False) -> None:
     """Re-draw every parameter from `gen` with scales that give O(1) activations.
 
     `residual_gain` multiplies the projections that write into the residual
@@ -280,7 +331,21 @@ def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float
             def normal(std: float, mean: float = 0.0) -> torch.Tensor:
                 return torch.randn(shape, generator=gen) * std + mean
 
-            if name.endswith("embed_tokens.weight"):
+            if gemma and name == "model.embed_tokens.weight":
+                # sqrt(hidden) brings the rows to unit scale in the residual stream.
+                val = normal(1.0 / math.sqrt(shape[1]))
+            elif gemma and name == "model.norm.weight":
+                val = normal(NORM_STD, GEMMA_FINAL_NORM_MEAN)
+            elif gemma and name.endswith("norm.weight"):
+                if ".post_" in name:
+                    val = normal(NORM_STD, GEMMA_POST_NORM_MEAN)
+                elif name.endswith("q_norm.weight") or name.endswith("k_norm.weight"):
+                    val = normal(QK_NORM_STD, GEMMA_QK_NORM_MEAN)
+                else:
+                    val = normal(NORM_STD)
+            elif gemma and (".q_proj." in name or ".k_proj." in name):
+                val = normal(GEMMA_QK_GAIN / math.sqrt(shape[1]))
+            elif name.endswith("embed_tokens.weight"):
                 val = normal(1.0)
             elif name.endswith("q_norm.weight") or name.endswith("k_norm.weight"):
                 val = normal(QK_NORM_STD, 1.0)
@@ -323,6 +388,11 @@ def rewrite_config_classic(path: Path) -> None:
     path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
 
 
+def rotary_tables(rot) -> list:
+    """The inverse-frequency buffers of a rotary module (one per layer type for Gemma 3)."""
+    return [(n, b) for n, b in sorted(rot.named_buffers()) if n.endswith("inv_freq")]
+
+
 def check_config_roundtrip(orig, saved_dir: Path, model_orig) -> None:
     """Reload config.json with AutoConfig and require identical rope settings."""
     re = AutoConfig.from_pretrained(saved_dir)
@@ -339,9 +409,12 @@ def check_config_roundtrip(orig, saved_dir: Path, model_orig) -> None:
     # Rotary tables built from the reloaded config must match bit for bit.
     rot_orig = model_orig.model.rotary_emb
     rot_re = type(rot_orig)(config=re)
-    if not torch.equal(rot_orig.inv_freq, rot_re.inv_freq) or \
-            rot_orig.attention_scaling != rot_re.attention_scaling:
-        fail(f"{saved_dir.name}: rotary inv_freq/attention_scaling differ after reload")
+    a, b = rotary_tables(rot_orig), rotary_tables(rot_re)
+    if [n for n, _ in a] != [n for n, _ in b] or not all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b)):
+        fail(f"{saved_dir.name}: rotary inv_freq differ after reload")
+    scalings = [k for k in vars(rot_orig) if k.endswith("attention_scaling")]
+    if any(getattr(rot_orig, k) != getattr(rot_re, k) for k in scalings):
+        fail(f"{saved_dir.name}: rotary attention_scaling differ after reload")
 
 
 def check_llama3_bands(config, model) -> dict:
@@ -522,7 +595,7 @@ def build(spec: dict, seed: int, out: Path):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    randomize(model, gen, spec.get("residual_gain", 1.0))
+    randomize(model, gen, spec.get("residual_gain", 1.0), spec.get("gemma", False))
     model = model.to(torch.bfloat16)
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
 
@@ -632,7 +705,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"safetensors {safetensors.__version__}, numpy {np.__version__}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    summary = [make_fixture(spec) for spec in FIXTURES]
+    names = sys.argv[1:]
+    unknown = set(names) - {spec["name"] for spec in FIXTURES}
+    if unknown:
+        fail(f"unknown fixtures {sorted(unknown)}")
+    summary = [make_fixture(spec) for spec in FIXTURES if not names or spec["name"] in names]
     print("\nsummary:")
     for r in summary:
         print(f"  {r['name']:<11} seed {r['seed']:<5} min_margin {r['min_margin']:.4g}  "

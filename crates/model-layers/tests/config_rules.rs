@@ -201,3 +201,31 @@ fn overrides_replace_top_level_fields() {
     let io = read_config(&dir.path().join("absent.json")).unwrap_err().to_string();
     assert!(io.contains("absent.json"), "{io}");
 }
+
+#[test]
+fn gemma2_defaults_alternate_windows_and_softcaps() {
+    let c = parse(&format!(r#"{{"model_type": "gemma2", {BASE}, "head_dim": 16, "sliding_window": 8}}"#)).unwrap();
+    assert_eq!(c.layer_windows, [Some(8), None, Some(8), None], "even layers slide");
+    assert_eq!((c.attention_softcap, c.final_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!(c.attention_scale, Some(256f64.powf(-0.5)), "query_pre_attn_scalar defaults to 256");
+    assert_eq!(c.activation, met_config::Activation::GeluTanh);
+    assert_eq!(c.norm_weight, met_config::NormWeight::UnitOffset);
+    assert_eq!(c.norm_placement, met_config::NormPlacement::Sandwich);
+    assert!(c.scale_embeddings && c.tie_word_embeddings && !c.qk_norm);
+    assert_eq!((c.bos_token_id, c.eos_token_ids.as_slice()), (Some(2), &[1][..]));
+    assert_eq!(parse(&format!(r#"{{"model_type": "gemma2", {BASE}}}"#)).unwrap().head_dim, 256);
+
+    let uncapped = parse(&format!(
+        r#"{{"model_type": "gemma2", {BASE}, "attn_logit_softcapping": null, "final_logit_softcapping": null,
+            "query_pre_attn_scalar": 144, "sliding_window": null}}"#
+    ))
+    .unwrap();
+    assert_eq!((uncapped.attention_softcap, uncapped.final_softcap), (None, None));
+    assert_eq!(uncapped.attention_scale, Some(144f64.powf(-0.5)));
+    assert_eq!(uncapped.layer_windows, [None; 4]);
+
+    let bad = message(&format!(r#"{{"model_type": "gemma2", {BASE}, "final_logit_softcapping": -1}}"#));
+    assert!(bad.contains("`final_logit_softcapping`"), "{bad}");
+    let act = message(&format!(r#"{{"model_type": "gemma2", {BASE}, "hidden_activation": "relu"}}"#));
+    assert!(act.contains("`hidden_activation`"), "{act}");
+}

@@ -19,6 +19,7 @@
 //! An op the recipe cannot yet express goes into `met-kernels` (CPU and CUDA) and a field
 //! of [`ModelConfig`] that the decoder reads.
 
+mod gemma2;
 mod llama;
 mod mistral;
 mod qwen2;
@@ -53,6 +54,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     qwen2::ARCH,     // Qwen2 and 2.5: q/k/v biases
     qwen3::ARCH,     // Qwen3: q/k norm
     qwen3_moe::ARCH, // Qwen3-MoE: routed experts
+    gemma2::ARCH,    // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
 ];
 
 /// Checkpoint tensors that may be present and are never read: rotary tables some

@@ -245,6 +245,53 @@ fn qwen3_q_k_norms_and_head_dim() {
     assert_eq!((c.model_type.as_str(), c.head_dim, c.qk_norm), ("qwen3", 32, true));
 }
 
+/// A one-layer Gemma 2: llama.cpp's names for the four norms (`ffn_norm` is the
+/// pre-feed-forward one), norm weights stored as `1 + w`, and the soft-caps and window in
+/// `gemma2.*` keys.
+#[test]
+fn gemma2_names_norms_and_config() {
+    let stored: Vec<f32> = ramp(HIDDEN, 0.01).iter().map(|v| v + 1.0).collect();
+    // What the converter started from, up to the f32 rounding of its `w + 1`.
+    let w: Vec<f32> = stored.iter().map(|v| v - 1.0).collect();
+    let gguf = metadata("gemma2", 1)
+        .u32("gemma2.attention.key_length", HEAD_DIM as u32)
+        .u32("gemma2.attention.sliding_window", 16)
+        .f32("gemma2.attn_logit_softcapping", 50.0)
+        .f32("gemma2.final_logit_softcapping", 30.0)
+        .u32("gemma2.vocab_size", VOCAB as u32)
+        .f32_tensor("blk.0.attn_norm.weight", &[HIDDEN], &stored)
+        .f32_tensor("blk.0.post_attention_norm.weight", &[HIDDEN], &stored)
+        .f32_tensor("blk.0.ffn_norm.weight", &[HIDDEN], &stored)
+        .f32_tensor("blk.0.post_ffw_norm.weight", &[HIDDEN], &stored)
+        .f32_tensor("blk.0.attn_q.weight", &[HEADS * HEAD_DIM, HIDDEN], &ramp(HEADS * HEAD_DIM * HIDDEN, 0.5));
+    let (_d, _p, store) = open(&gguf);
+    let store = store.unwrap();
+    let layer = |n: &str| format!("model.layers.0.{n}.weight");
+    for norm in
+        ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    {
+        assert_eq!(
+            store.host(&layer(norm)).unwrap().to_f32_vec().unwrap(),
+            w,
+            "{norm}: the converter's 1 is taken off"
+        );
+    }
+    let q = store.host(&layer("self_attn.q_proj")).unwrap().to_f32_vec().unwrap();
+    assert_eq!(q, ramp(HEADS * HEAD_DIM * HIDDEN, 0.5), "gemma2 rows are neither permuted nor shifted");
+    let json = store.config_json().unwrap();
+    assert_eq!(
+        (json["model_type"].as_str(), json["hidden_activation"].as_str()),
+        (Some("gemma2"), Some("gelu_pytorch_tanh"))
+    );
+    let c = gguf_config(&store).unwrap();
+    assert_eq!((c.attention_softcap, c.final_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!(c.layer_windows, [Some(16)]);
+    assert_eq!(c.attention_scale, Some((HEAD_DIM as f64).powf(-0.5)), "query_pre_attn_scalar is the head dim");
+    assert!(c.scale_embeddings && c.tie_word_embeddings);
+    assert_eq!(c.activation, met_config::Activation::GeluTanh);
+    assert_eq!(c.norm_weight, met_config::NormWeight::UnitOffset);
+}
+
 const E: usize = 4;
 
 /// A two-layer Qwen3-MoE: layer 0 routed (F32 gate/down stacks, Q8_0 up), layer 1 dense.
