@@ -3,7 +3,7 @@
 
 What it makes
 -------------
-Seven fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
+Eight fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
 
     llama       GQA, llama3 rope scaling (all three bands exercised), untied
                 embeddings, sharded safetensors, classic config layout
@@ -18,6 +18,9 @@ Seven fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/`
                 attention and final logit soft-capping, query_pre_attn_scalar,
                 even layers sliding with a window of 8 (shorter than the
                 prompts), tied embeddings
+    gemma3      Gemma 2's layer without soft-capping plus (1+w) q/k norm,
+                sliding_window_pattern 2 (classic hub layout), local rope base
+                10k and global 1M with linear x4 scaling on global layers only
 
 Each directory holds the checkpoint as written by ``save_pretrained`` in
 bfloat16 (``config.json``, ``generation_config.json``, ``model.safetensors``
@@ -64,6 +67,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
@@ -232,6 +236,28 @@ def gemma2_config() -> Gemma2Config:
     )
 
 
+def gemma3_config() -> Gemma3TextConfig:
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,  # sliding_window_pattern 2: layers 0, 2 sliding, 1, 3 full
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=32,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 4.0},
+        },
+    )
+
+
 FIXTURES = [
     {
         "name": "llama",
@@ -294,14 +320,25 @@ FIXTURES = [
                    "attn_softcap", "final_softcap", "query_pre_attn_scalar", "alternating_sliding",
                    "window_shorter_than_prompt", "tied_embeddings", "classic_config_layout"],
     },
+    {
+        "name": "gemma3",
+        "config": gemma3_config,
+        "base_seed": 8000,
+        "classic": True,
+        "gemma": True,
+        "covers": ["gqa", "unit_offset_norms", "sandwich_norms", "gelu_tanh", "embedding_scale",
+                   "qk_norm", "query_pre_attn_scalar", "sliding_window_pattern",
+                   "window_shorter_than_prompt", "per_layer_rope_base", "global_linear_rope",
+                   "tied_embeddings", "classic_config_layout"],
+    },
 ]
 
 # Gemma norms multiply by (1 + w): their weights are drawn around 0, except the
 # post-branch norms, drawn around GEMMA_POST_NORM_MEAN so that the branches are not
 # drowned by the token's own embedding in the residual stream (the LM head is that
 # embedding), the final norm, around GEMMA_FINAL_NORM_MEAN, which gives the tied
-# head logits of a few units that the final soft-cap bends, and q/k norms (when
-# present), around GEMMA_QK_NORM_MEAN, which makes attention sharp (score std ~4).
+# head logits of a few units that the final soft-cap bends, and the q/k norms,
+# around GEMMA_QK_NORM_MEAN, which makes attention sharp (score std ~4).
 GEMMA_POST_NORM_MEAN = 3.0
 GEMMA_FINAL_NORM_MEAN = 7.0
 GEMMA_QK_NORM_MEAN = 1.0
@@ -383,6 +420,28 @@ def rewrite_config_classic(path: Path) -> None:
     cfg["rope_theta"] = rope.pop("rope_theta")
     rope_type = rope.get("rope_type", "default")
     cfg["rope_scaling"] = None if rope_type == "default" else rope
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+
+
+def rewrite_config_classic_gemma3(path: Path) -> None:
+    """Gemma 3 as hub checkpoints write it: top-level `rope_theta` (global layers),
+    `rope_local_base_freq` (sliding layers), `rope_scaling` (global layers only) and
+    `sliding_window_pattern` in place of `layer_types`."""
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters")
+    full, local = dict(rope["full_attention"]), dict(rope["sliding_attention"])
+    cfg["rope_theta"] = full.pop("rope_theta")
+    cfg["rope_local_base_freq"] = local.pop("rope_theta")
+    if local.get("rope_type", "default") != "default":
+        fail("gemma3: the classic layout cannot say a scaling of the local rope")
+    cfg["rope_scaling"] = None if full.get("rope_type", "default") == "default" else full
+    types = cfg.pop("layer_types")
+    pattern = 2
+    if types != ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(len(types))]:
+        fail(f"gemma3: layer_types {types} are not sliding_window_pattern {pattern}")
+    cfg["sliding_window_pattern"] = pattern
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
@@ -611,7 +670,9 @@ def build(spec: dict, seed: int, out: Path):
     rot = model.model.rotary_emb
     model.model.rotary_emb = type(rot)(config=model.config)
 
-    if spec["classic"]:
+    if spec["classic"] and spec["name"] == "gemma3":
+        rewrite_config_classic_gemma3(out / "config.json")
+    elif spec["classic"]:
         rewrite_config_classic(out / "config.json")
     check_config_roundtrip(config, out, model)
 

@@ -229,3 +229,44 @@ fn gemma2_defaults_alternate_windows_and_softcaps() {
     let act = message(&format!(r#"{{"model_type": "gemma2", {BASE}, "hidden_activation": "relu"}}"#));
     assert!(act.contains("`hidden_activation`"), "{act}");
 }
+
+#[test]
+fn gemma3_layer_pattern_and_rope_per_layer_in_both_layouts() {
+    let hub = parse(&format!(
+        r#"{{"model_type": "gemma3_text", {BASE}, "sliding_window": 8, "sliding_window_pattern": 2,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {{"rope_type": "linear", "factor": 8.0}}}}"#
+    ))
+    .unwrap();
+    assert_eq!(hub.layer_windows, [Some(8), None, Some(8), None]);
+    let local = met_config::RopeConfig { theta: 10_000.0, scaling: RopeScaling::None };
+    let global = met_config::RopeConfig { theta: 1e6, scaling: RopeScaling::Linear { factor: 8.0 } };
+    assert_eq!(hub.layer_rope, [local, global, local, global], "scaling on global layers only");
+    assert_eq!(hub.rope, global);
+    assert!(hub.qk_norm && hub.scale_embeddings);
+    assert_eq!((hub.attention_softcap, hub.final_softcap), (None, None));
+
+    let v5 = parse(&format!(
+        r#"{{"model_type": "gemma3_text", {BASE}, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "rope_parameters": {{"sliding_attention": {{"rope_type": "default", "rope_theta": 10000.0}},
+                "full_attention": {{"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}}}}"#
+    ))
+    .unwrap();
+    assert_eq!((v5.layer_windows, v5.layer_rope), (hub.layer_windows, hub.layer_rope));
+
+    let defaults = parse(&format!(r#"{{"model_type": "gemma3_text", {BASE}, "num_hidden_layers": 7}}"#)).unwrap();
+    let sliding = [true, true, true, true, true, false, true];
+    assert_eq!(defaults.layer_windows, sliding.map(|s| s.then_some(4096)), "every sixth layer is global");
+    let thetas: Vec<f64> = defaults.layer_rope.iter().map(|r| r.theta).collect();
+    assert_eq!(thetas, sliding.map(|s| if s { 10_000.0 } else { 1e6 }));
+
+    let nested = message(&format!(
+        r#"{{"model_type": "gemma3_text", {BASE},
+            "rope_parameters": {{"full_attention": {{"rope_type": "linear"}}}}}}"#
+    ));
+    assert!(nested.contains("`rope_parameters.full_attention.factor`"), "{nested}");
+    let bidirectional =
+        message(&format!(r#"{{"model_type": "gemma3_text", {BASE}, "use_bidirectional_attention": true}}"#));
+    assert!(bidirectional.contains("`use_bidirectional_attention`"), "{bidirectional}");
+}

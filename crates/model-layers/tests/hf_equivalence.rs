@@ -174,7 +174,7 @@ macro_rules! fixture_tests {
     )*};
 }
 
-fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2);
+fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3);
 
 /// The CPU backend records no graphs: capture says so and every step stays eager.
 #[test]

@@ -11,8 +11,8 @@
 //!   transformers does in bf16) alone moves a logit of magnitude L by up to L·2⁻⁹, and the
 //!   hidden state reaches the head through 2–3 layers of roundings of 2⁻⁹ relative each.
 //!   Measured on the H200: 0.7–1.2% of the row's max |logit| across the six fixtures
-//!   before Gemma (logits reach 18 to 45); 2% is about five bf16 steps. The Gemma 2
-//!   fixture (added with its CPU equivalence) has not yet run on a GPU.
+//!   before Gemma (logits reach 18 to 45); 2% is about five bf16 steps. The Gemma 2 and 3
+//!   fixtures (added with their CPU equivalence) have not yet run on a GPU.
 //! - Argmax and greedy tokens must equal the reference wherever the reference's top-2 margin
 //!   exceeds twice the row's tolerance: no two logits that each move by at most the
 //!   tolerance can swap across that margin. Positions under it are counted and printed.
@@ -317,4 +317,4 @@ macro_rules! fixture_tests {
     )*};
 }
 
-fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2);
+fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3);

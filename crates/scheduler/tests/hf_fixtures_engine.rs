@@ -14,7 +14,7 @@ use met_model_weights::SafetensorsStore;
 use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
 use met_telemetry::Metrics;
 
-const FIXTURES: [&str; 7] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2"];
+const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
 
 /// A fixture's model, its backend, its prompts and the transformers greedy continuations.
 struct Fixture {

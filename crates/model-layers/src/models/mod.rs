@@ -20,6 +20,7 @@
 //! of [`ModelConfig`] that the decoder reads.
 
 mod gemma2;
+mod gemma3;
 mod llama;
 mod mistral;
 mod qwen2;
@@ -55,6 +56,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     qwen3::ARCH,     // Qwen3: q/k norm
     qwen3_moe::ARCH, // Qwen3-MoE: routed experts
     gemma2::ARCH,    // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
+    gemma3::ARCH,    // Gemma 3 (text): Gemma 2 plus q/k norm, local and global rotary
 ];
 
 /// Checkpoint tensors that may be present and are never read: rotary tables some

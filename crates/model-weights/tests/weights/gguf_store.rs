@@ -292,6 +292,36 @@ fn gemma2_names_norms_and_config() {
     assert_eq!(c.norm_weight, met_config::NormWeight::UnitOffset);
 }
 
+/// Gemma 3: the global rotary base from `rope.freq_base`, llama.cpp's assumed local base
+/// and layer pattern (every sixth layer global), q/k norms shifted like the others.
+#[test]
+fn gemma3_rope_pattern_and_q_k_norms() {
+    let stored: Vec<f32> = ramp(32, 0.01).iter().map(|v| v + 1.0).collect();
+    let w: Vec<f32> = stored.iter().map(|v| v - 1.0).collect();
+    let gguf = metadata("gemma3", 7)
+        .without("gemma3.rope.freq_base")
+        .f32("gemma3.rope.freq_base", 1_000_000.0)
+        .u32("gemma3.attention.key_length", 32)
+        .u32("gemma3.attention.sliding_window", 512)
+        .u32("gemma3.vocab_size", VOCAB as u32)
+        .f32_tensor("blk.0.attn_q_norm.weight", &[32], &stored)
+        .f32_tensor("blk.0.attn_k_norm.weight", &[32], &stored);
+    // Every layer holds a tensor, as the layer count's bound on the file requires.
+    let gguf = (1..7).fold(gguf, |g, i| g.f32_tensor(&format!("blk.{i}.attn_norm.weight"), &[HIDDEN], &[1.0; HIDDEN]));
+    let (_d, _p, store) = open(&gguf);
+    let store = store.unwrap();
+    let q_norm = store.host("model.layers.0.self_attn.q_norm.weight").unwrap().to_f32_vec().unwrap();
+    assert_eq!(q_norm, w);
+    let c = gguf_config(&store).unwrap();
+    assert_eq!(c.model_type, "gemma3_text");
+    assert!(c.qk_norm);
+    let sliding = [true, true, true, true, true, false, true];
+    assert_eq!(c.layer_windows, sliding.map(|s| s.then_some(512)));
+    let thetas: Vec<f64> = c.layer_rope.iter().map(|r| r.theta).collect();
+    assert_eq!(thetas, sliding.map(|s| if s { 10_000.0 } else { 1_000_000.0 }));
+    assert_eq!((c.attention_softcap, c.final_softcap), (None, None));
+}
+
 const E: usize = 4;
 
 /// A two-layer Qwen3-MoE: layer 0 routed (F32 gate/down stacks, Q8_0 up), layer 1 dense.
