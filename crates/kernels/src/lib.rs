@@ -2,7 +2,8 @@
 //!
 //! Everything that touches tensor contents goes through [`GpuBackend`]: memory (upload,
 //! download, zeros), synchronisation, and the op set a decoder-only transformer needs
-//! (matmul, RMSNorm, rotary, SiLU·mul, embedding, routing, KV writes, paged attention).
+//! (matmul, RMSNorm with a `w` or an f32 `1 + w` weight, rotary, SiLU·mul and GELU-tanh·mul,
+//! scale, soft-cap, embedding, routing, KV writes, paged attention).
 //! The rest of the workspace holds [`Tensor`] handles and never reads their storage.
 //!
 //! Two backends implement the trait: [`CpuBackend`] (f32 compute, multithreaded, the

@@ -5,6 +5,11 @@
 //! their cache slots. The metadata of a step is prepared once and shared by every layer.
 //! [`PagedAttention`] implements the seam with the device's own `paged_attention` op;
 //! faster kernels plug in as other backends, chosen at startup by name.
+//!
+//! Adding a backend: implement [`AttentionBackend`] (honouring every field of
+//! [`AttentionParams`]: GQA, scale, sliding window, soft-cap), add its name to
+//! [`ATTENTION_BACKENDS`] and an arm to [`attention_backend`]; `--attention-backend`
+//! then offers it.
 
 use std::sync::Arc;
 
