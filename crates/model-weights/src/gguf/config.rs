@@ -2,11 +2,13 @@
 //!
 //! llama.cpp's converter copies the architecture facts of `config.json` into
 //! `{arch}.*` keys (`gguf-py`'s `Keys.LLM`, `Keys.Attention`, `Keys.Rope`). This module
-//! writes them back under the HF names, so that [`met_config::ModelConfig::from_json`]
+//! writes the keys every architecture shares back under the HF names, and the
+//! architecture's [`GgufArch::config`] hook its own (MoE routing, Gemma's soft-caps), so
+//! that the architecture's config reader (`met_model_layers::models::gguf_config`)
 //! applies the same defaults and checks to a GGUF as to a checkpoint directory, and a
 //! bad value is reported by the one validator met has. What the metadata does not say is
-//! read off the tensors: tied embeddings (no `output.weight`), q/k/v and MLP biases,
-//! dense layers of an MoE model, and Llama 3 rotary scaling (`rope_freqs.weight`).
+//! read off the tensors: tied embeddings (no `output.weight`), q/k/v biases, and Llama 3
+//! rotary scaling (`rope_freqs.weight`); the hooks read MLP biases and dense MoE layers.
 //!
 //! Float metadata is stored as f32; it is written back as the shortest decimal that
 //! rounds to that f32 (`1e-5`, not `9.999999747378752e-6`), which is the value the

@@ -2,9 +2,11 @@
 //!
 //! Model code asks for `model.layers.3.self_attn.q_proj.weight` with shape
 //! `[out, in]`, whatever the file format. At open the store builds one table from HF name
-//! to where the bytes are: which GGUF tensor, which expert of a stacked MoE tensor, and
-//! whether the rows must be un-permuted (Llama Q/K, see the `permute` module). Shapes are
-//! the GGUF dims reversed.
+//! to where the bytes are: which GGUF tensor, which expert of a stacked MoE tensor,
+//! whether the rows must be un-permuted (Llama Q/K, see the `permute` module), and whether
+//! the converter shifted the values (Gemma's norms hold `1 + w`; they are served as f32
+//! with the shift taken off). Names and transformations come from the file's
+//! [`GgufArch`], one of those the caller passes. Shapes are the GGUF dims reversed.
 //!
 //! Invariants, checked at open: every mapped name is unique, stacked expert tensors are
 //! 3-D, and every permuted tensor splits into whole heads, so [`GgufStore::raw`] cannot
