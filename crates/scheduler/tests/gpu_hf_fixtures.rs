@@ -10,9 +10,14 @@
 //!   of its row. bf16 keeps 8 significant bits: rounding the lm_head output (as
 //!   transformers does in bf16) alone moves a logit of magnitude L by up to L·2⁻⁹, and the
 //!   hidden state reaches the head through 2–3 layers of roundings of 2⁻⁹ relative each.
-//!   Measured on the H200: 0.7–1.2% of the row's max |logit| across the six fixtures
-//!   before Gemma (logits reach 18 to 45); 2% is about five bf16 steps. The Gemma 2 and 3
-//!   fixtures (added with their CPU equivalence) have not yet run on a GPU.
+//!   Measured on the H200: 0.7–1.5% of the row's max |logit| across the six fixtures
+//!   before Gemma (logits reach 18 to 45); 2% is about five bf16 steps.
+//!   The Gemma fixtures are far more sensitive to bf16: their sandwich norms, soft-caps and
+//!   sharp attention amplify each rounding, and transformers itself in bf16 moves 15.2%
+//!   (Gemma 2) and 19.8% (Gemma 3) of the row's max |logit| from its float32 reference
+//!   (`scripts/hf_bf16_noise.py`; 1.0–1.5% for the Llama and Qwen fixtures). Their bound
+//!   ([`gemma_tolerance`]) is that noise floor: met in bf16 may move no further than
+//!   transformers in bf16 does. The H200 measured 11.7% and 14.2%.
 //! - Argmax and greedy tokens must equal the reference wherever the reference's top-2 margin
 //!   exceeds twice the row's tolerance: no two logits that each move by at most the
 //!   tolerance can swap across that margin. Positions under it are counted and printed.
@@ -50,6 +55,16 @@ use router_spy::RouterSpy;
 /// Largest allowed |met − transformers| of a logit in bf16, relative to the largest |logit|
 /// of its row (see the module docs).
 const LOGIT_TOLERANCE: f32 = 0.02;
+
+/// The Gemma fixtures' bound: transformers' own bf16 deviation from float32 on them,
+/// rounded up (`scripts/hf_bf16_noise.py`: 15.21% and 19.84%); see the module docs.
+fn gemma_tolerance(name: &str) -> Option<f32> {
+    match name {
+        "gemma2" => Some(0.16),
+        "gemma3" => Some(0.20),
+        _ => None,
+    }
+}
 /// Router-logit gap between the k-th and (k+1)-th expert under which bf16 may route a token
 /// differently (see the module docs).
 const ROUTER_DECISIVE_GAP: f32 = 0.03;
@@ -63,6 +78,8 @@ struct Fixture {
     prompts: Vec<Vec<u32>>,
     greedy: Vec<Vec<u32>>,
     logits: Vec<Vec<f32>>,
+    /// The logit bound relative to the row's max |logit|.
+    tolerance: f32,
 }
 
 /// The fixtures: `MET_HF_FIXTURES` (set by the gpu-bundle runner, whose copy travels with
@@ -83,7 +100,8 @@ fn fixture(name: &'static str) -> Fixture {
     let store = SafetensorsStore::open(&dir.join("reference.safetensors")).unwrap();
     let logits =
         (0..prompts.len()).map(|i| store.host(&format!("logits.{i}")).unwrap().to_f32_vec().unwrap()).collect();
-    Fixture { name, dir, cfg, prompts, greedy, logits }
+    let tolerance = gemma_tolerance(name).unwrap_or(LOGIT_TOLERANCE);
+    Fixture { name, dir, cfg, prompts, greedy, logits, tolerance }
 }
 
 fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>) -> Box<dyn Model> {
@@ -123,8 +141,8 @@ fn teacher_forced(model: &dyn Model, backend: &dyn GpuBackend, prompts: &[Vec<u3
 
 /// The tolerance of a row of reference logits, and the margin above which its argmax is
 /// decisive.
-fn tolerance(row: &[f32]) -> (f32, f32) {
-    let tol = LOGIT_TOLERANCE * row.iter().fold(0f32, |m, v| m.max(v.abs()));
+fn tolerance(f: &Fixture, row: &[f32]) -> (f32, f32) {
+    let tol = f.tolerance * row.iter().fold(0f32, |m, v| m.max(v.abs()));
     (tol, 2.0 * tol)
 }
 
@@ -151,8 +169,8 @@ fn check_logits(f: &Fixture, got: &[Vec<f32>], mode: &str) -> Vec<String> {
         for (pos, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
             positions += 1;
             let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            let (tol, decisive) = tolerance(w);
-            worst = worst.max(diff / (tol / LOGIT_TOLERANCE));
+            let (tol, decisive) = tolerance(f, w);
+            worst = worst.max(diff / (tol / f.tolerance));
             if diff > tol {
                 failures.push(format!("prompt {p} position {pos}: max |Δlogit| {diff} > {tol}"));
             }
@@ -171,7 +189,7 @@ fn check_logits(f: &Fixture, got: &[Vec<f32>], mode: &str) -> Vec<String> {
         "GPU-FIXTURE {} logits {mode}: max |Δlogit| {:.2}% of the row's max |logit| (bound {:.0}%), argmax checked at {checked} of {positions} positions",
         f.name,
         100.0 * worst,
-        100.0 * LOGIT_TOLERANCE
+        100.0 * f.tolerance
     );
     failures.into_iter().map(|e| format!("{mode}: {e}")).collect()
 }
@@ -211,7 +229,7 @@ fn greedy_steps(f: &Fixture) -> Vec<Vec<Step>> {
                 .skip(p.len() - 1)
                 .map(|(pos, row)| Step {
                     margin: margin(row).0,
-                    decisive: tolerance(row).1,
+                    decisive: tolerance(f, row).1,
                     routed_clearly: seq_gaps.iter().take(pos + 1).all(|&g| g > ROUTER_DECISIVE_GAP),
                 })
                 .collect()
