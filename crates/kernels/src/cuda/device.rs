@@ -12,6 +12,10 @@
 //! While a graph is recorded, the recording thread's allocations come from the graph arena
 //! instead ([`super::arena`]), so the recorded step holds no allocation or free nodes.
 //!
+//! Small copies between host and device (a step's inputs, its sampled tokens) go through
+//! pinned host memory ([`Staging`]): from pageable memory the driver stages each copy
+//! itself, synchronously, which cost several microseconds per copy on the host at batch 1.
+//!
 //! Every entry point binds the context to the calling thread first, so the backend can be
 //! used from any thread (loading on one, the engine on another).
 
@@ -47,7 +51,24 @@ pub(crate) struct Device {
     /// in downloads.
     waited_ns: AtomicU64,
     graph_memory: Mutex<GraphMemory>,
+    staging: Mutex<Staging>,
 }
+
+/// Pinned host memory for small copies. An upload is copied into `up` at `used` and
+/// queued from there, so the host returns at once; the bytes must stay until the copy has
+/// run, so `used` only grows until the stream is next synchronised (every download
+/// synchronises it), which frees the whole buffer. A download lands in `down`, is waited
+/// for, then copied out. Both are allocated on first use; copies that do not fit take the
+/// pageable path.
+struct Staging {
+    up: *mut u8,
+    used: usize,
+    down: *mut u8,
+}
+
+/// Bytes of each staging buffer, and the largest copy staged.
+const STAGING_BYTES: usize = 1 << 20;
+const STAGED_MAX: usize = 64 << 10;
 
 /// The graph arena: one plain allocation shared by every graph's recorded ops.
 #[derive(Default)]
@@ -119,6 +140,7 @@ impl Device {
             ordinal,
             waited_ns: AtomicU64::new(0),
             graph_memory: Mutex::new(GraphMemory::default()),
+            staging: Mutex::new(Staging { up: std::ptr::null_mut(), used: 0, down: std::ptr::null_mut() }),
         }))
     }
 
@@ -253,6 +275,12 @@ impl Device {
         Ok(())
     }
 
+    /// Whether this thread is recording a graph (whose copies may not come from host memory
+    /// that changes later).
+    fn recording_here(&self) -> bool {
+        self.graph_memory.lock().recording == Some(thread::current().id())
+    }
+
     /// Copies host data into `dst` (which holds at least its bytes), ordered on the stream.
     pub(crate) fn upload<T: Copy>(&self, dst: &DeviceBuffer, src: &[T]) -> Result<()> {
         let bytes = size_of_val(src);
@@ -261,6 +289,27 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
+        if bytes <= STAGED_MAX && !self.recording_here() {
+            let mut s = self.staging.lock();
+            let at = s.used.next_multiple_of(64);
+            if at + bytes <= STAGING_BYTES {
+                if s.up.is_null() {
+                    // SAFETY: a plain pinned allocation, freed with the device.
+                    s.up = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(drv)?.cast();
+                }
+                // SAFETY: `at + bytes` is inside the buffer, whose bytes from `used` on are
+                // not read by any queued copy; `src` is `bytes` long and does not overlap it.
+                let staged = unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), s.up.add(at), bytes);
+                    std::slice::from_raw_parts(s.up.add(at), bytes)
+                };
+                // SAFETY: `dst` is a live allocation of at least `bytes`; the staged bytes stay
+                // untouched until the stream is synchronised (see `Staging`).
+                unsafe { result::memcpy_htod_async(dst.ptr, staged, self.cu_stream()) }.map_err(drv)?;
+                s.used = at + bytes;
+                return Ok(());
+            }
+        }
         // SAFETY: `dst` is a live allocation of at least `bytes`; from pageable memory the
         // call returns once `src` has been staged, so `src` may be freed afterwards.
         unsafe { result::memcpy_htod_async(dst.ptr, src, self.cu_stream()) }.map_err(drv)
@@ -274,13 +323,38 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
-        // A copy into pageable memory returns only once it is done, so the wait for the
-        // device happens inside it: the whole download counts as waiting.
+        // Staged or not, the wait for the device happens inside: the whole download counts
+        // as waiting. The staging lock is held across it, so no upload queues bytes that the
+        // synchronisation below would wrongly count as copied.
         let start = Instant::now();
+        let mut s = self.staging.lock();
+        if bytes <= STAGED_MAX && !self.recording_here() {
+            if s.down.is_null() {
+                // SAFETY: a plain pinned allocation, freed with the device.
+                s.down = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(drv)?.cast();
+            }
+            // SAFETY: `src` is a live allocation of at least `bytes`, and `down` holds them;
+            // nothing else writes `down` while the lock is held.
+            let done = unsafe {
+                let staged = std::slice::from_raw_parts_mut(s.down, bytes);
+                result::memcpy_dtoh_async(staged, src.ptr, self.cu_stream()).map_err(drv)
+            }
+            .and_then(|()| self.stream.synchronize().map_err(drv));
+            if done.is_ok() {
+                s.used = 0;
+                // SAFETY: the copy has finished; `dst` is `bytes` long and does not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(s.down, dst.as_mut_ptr().cast::<u8>(), bytes) };
+            }
+            self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            return done;
+        }
         // SAFETY: `src` is a live allocation of at least `bytes`; `dst` is exclusively
         // borrowed until the stream is synchronised below.
         let copied = unsafe { result::memcpy_dtoh_async(dst, src.ptr, self.cu_stream()) }.map_err(drv);
         let done = copied.and_then(|()| self.stream.synchronize().map_err(drv));
+        if done.is_ok() {
+            s.used = 0;
+        }
         self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         done
     }
@@ -311,7 +385,11 @@ impl Device {
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.bind()?;
         let start = Instant::now();
+        let mut s = self.staging.lock();
         let done = self.stream.synchronize().map_err(drv);
+        if done.is_ok() {
+            s.used = 0;
+        }
         self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         done
     }
@@ -333,6 +411,12 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.ctx.record_err(self.ctx.bind_to_thread());
+        let s = self.staging.get_mut();
+        for host in [s.up, s.down].into_iter().filter(|p| !p.is_null()) {
+            // SAFETY: allocated by `malloc_host` and freed once, after every copy (the
+            // stream is idle once every buffer and graph is gone).
+            self.ctx.record_err(unsafe { result::free_host(host.cast()) });
+        }
         let g = self.graph_memory.get_mut();
         for ptr in g.retired.drain(..).chain((g.base != 0).then_some(g.base)) {
             // SAFETY: arena allocations are freed only here, once every buffer (each holds
