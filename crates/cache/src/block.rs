@@ -215,6 +215,20 @@ impl SequenceBlocks {
         Ok(())
     }
 
+    /// Shrinks the table to the blocks that `tokens` tokens need, returning the rest to the
+    /// pool: the slots of tokens a step computed but the sequence did not keep (rejected
+    /// speculative tokens). Blocks registered in the prefix cache past the cut lose their
+    /// place in this sequence's hash chain, so a later commit registers their replacements.
+    pub fn truncate(&mut self, tokens: usize) {
+        let keep = tokens.div_ceil(self.block_size);
+        if keep >= self.blocks.len() {
+            return;
+        }
+        let dropped = self.blocks.split_off(keep);
+        self.hashes.truncate(tokens / self.block_size);
+        self.pool.lock().release(&dropped);
+    }
+
     /// Attaches cached blocks for the longest cached prefix of `tokens` (full blocks
     /// only, at most `limit` tokens). Only valid on an empty table. Returns the tokens
     /// covered.

@@ -148,6 +148,23 @@ mod tests {
     }
 
     #[test]
+    fn truncating_returns_the_blocks_past_the_kept_tokens() {
+        let c = cache(4);
+        let mut a = c.new_sequence();
+        c.reserve(&mut a, 13).unwrap();
+        let head = a.block_ids()[..2].to_vec();
+        a.truncate(6);
+        assert_eq!(a.block_ids(), head, "6 tokens keep the first two blocks");
+        assert_eq!(c.num_free_blocks(), 2);
+        a.truncate(8);
+        assert_eq!(a.block_ids().len(), 2, "truncating never grows");
+        a.truncate(0);
+        assert_eq!(c.num_free_blocks(), 4);
+        c.reserve(&mut a, 5).unwrap();
+        assert_eq!(c.num_free_blocks(), 2);
+    }
+
+    #[test]
     fn dropping_a_sequence_frees_its_blocks() {
         let c = cache(3);
         let mut a = c.new_sequence();
