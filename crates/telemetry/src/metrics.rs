@@ -15,6 +15,7 @@
 
 mod histogram;
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::prometheus_text;
@@ -52,6 +53,18 @@ pub const PROMPT_TOKENS_COMPUTED: &str = "met_prompt_tokens_computed_total";
 pub const GENERATED_TOKENS: &str = "met_generated_tokens_total";
 /// Counter: running requests evicted to free KV blocks (preemptions).
 pub const PREEMPTIONS: &str = "met_preemptions_total";
+/// Counter: speculative verifications, one per sequence and step that checked proposed
+/// tokens (drafts).
+pub const SPEC_DRAFTS: &str = "met_spec_decode_drafts_total";
+/// Counter: proposed tokens the target model checked (tokens).
+pub const SPEC_DRAFT_TOKENS: &str = "met_spec_decode_draft_tokens_total";
+/// Counter: proposed tokens the target model agreed with and kept (tokens).
+pub const SPEC_ACCEPTED_TOKENS: &str = "met_spec_decode_accepted_tokens_total";
+/// Gauge: accepted / checked proposed tokens since startup (ratio; 0 before any draft).
+pub const SPEC_ACCEPTANCE_RATE: &str = "met_spec_decode_acceptance_rate";
+/// Gauge: tokens a sequence gains per verifying step since startup, the target's own token
+/// included: 1 + accepted / drafts (tokens; 0 before any draft).
+pub const SPEC_TOKENS_PER_STEP: &str = "met_spec_decode_tokens_per_step";
 /// Counter: requests that left the engine, by label `reason` = `stop` | `length` |
 /// `cancelled` | `error` (requests).
 pub const REQUESTS_FINISHED: &str = "met_requests_finished_total";
@@ -157,6 +170,12 @@ pub struct StepStats {
     pub generated_tokens: usize,
     /// Requests preempted while scheduling the step.
     pub preemptions: usize,
+    /// Sequences that verified proposed tokens.
+    pub drafts: usize,
+    /// Proposed tokens verified.
+    pub draft_tokens: usize,
+    /// Proposed tokens accepted.
+    pub accepted_tokens: usize,
     /// Requests waiting once the step is done.
     pub waiting: usize,
     /// Requests running once the step is done.
@@ -202,6 +221,16 @@ pub struct Metrics {
     pub generated_tokens: Counter,
     /// [`PREEMPTIONS`].
     pub preemptions: Counter,
+    /// [`SPEC_DRAFTS`].
+    pub spec_drafts: Counter,
+    /// [`SPEC_DRAFT_TOKENS`].
+    pub spec_draft_tokens: Counter,
+    /// [`SPEC_ACCEPTED_TOKENS`].
+    pub spec_accepted_tokens: Counter,
+    /// [`SPEC_ACCEPTANCE_RATE`].
+    pub spec_acceptance_rate: Gauge<f64, AtomicU64>,
+    /// [`SPEC_TOKENS_PER_STEP`].
+    pub spec_tokens_per_step: Gauge<f64, AtomicU64>,
     /// [`REQUESTS_FINISHED`]; every reason is present (at zero) from the start.
     pub requests_finished: Family<FinishLabel, Counter>,
     /// [`HTTP_REQUESTS`].
@@ -238,6 +267,11 @@ impl Metrics {
             prompt_tokens_computed: Counter::default(),
             generated_tokens: Counter::default(),
             preemptions: Counter::default(),
+            spec_drafts: Counter::default(),
+            spec_draft_tokens: Counter::default(),
+            spec_accepted_tokens: Counter::default(),
+            spec_acceptance_rate: Gauge::default(),
+            spec_tokens_per_step: Gauge::default(),
             requests_finished,
             http_requests: Family::default(),
             step_duration: AtomicHistogram::new(STEP_SECONDS_BUCKETS),
@@ -268,6 +302,11 @@ impl Metrics {
         register_counter(r, PROMPT_TOKENS_COMPUTED, "Prompt tokens computed", self.prompt_tokens_computed.clone());
         register_counter(r, GENERATED_TOKENS, "Tokens generated", self.generated_tokens.clone());
         register_counter(r, PREEMPTIONS, "Requests preempted", self.preemptions.clone());
+        register_counter(r, SPEC_DRAFTS, "Speculative verifications", self.spec_drafts.clone());
+        register_counter(r, SPEC_DRAFT_TOKENS, "Proposed tokens verified", self.spec_draft_tokens.clone());
+        register_counter(r, SPEC_ACCEPTED_TOKENS, "Proposed tokens accepted", self.spec_accepted_tokens.clone());
+        r.register(SPEC_ACCEPTANCE_RATE, "Accepted over verified proposed tokens", self.spec_acceptance_rate.clone());
+        r.register(SPEC_TOKENS_PER_STEP, "Tokens per verifying step of a sequence", self.spec_tokens_per_step.clone());
         register_counter(r, REQUESTS_FINISHED, "Requests finished, by reason", self.requests_finished.clone());
         // An empty family renders nothing at all; keep the HELP and TYPE lines visible
         // before the first request so that scrapers and dashboards see the metric exists.
@@ -300,6 +339,14 @@ impl Metrics {
         self.prefix_cache_hit_tokens.inc_by(as_u64(stats.prefix_cache_hit_tokens));
         self.generated_tokens.inc_by(as_u64(stats.generated_tokens));
         self.preemptions.inc_by(as_u64(stats.preemptions));
+        if stats.drafts > 0 {
+            self.spec_drafts.inc_by(as_u64(stats.drafts));
+            self.spec_draft_tokens.inc_by(as_u64(stats.draft_tokens));
+            self.spec_accepted_tokens.inc_by(as_u64(stats.accepted_tokens));
+            let (drafts, accepted) = (self.spec_drafts.get() as f64, self.spec_accepted_tokens.get() as f64);
+            self.spec_acceptance_rate.set(accepted / (self.spec_draft_tokens.get() as f64).max(1.0));
+            self.spec_tokens_per_step.set(1.0 + accepted / drafts);
+        }
         self.requests_waiting.set(as_i64(stats.waiting));
         self.requests_running.set(as_i64(stats.running));
         self.kv_blocks_used.set(as_i64(stats.kv_blocks_used));

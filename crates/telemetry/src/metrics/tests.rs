@@ -8,7 +8,7 @@ use super::*;
 
 /// Every metric with its Prometheus type. `every_metric_is_rendered_with_its_type` fails if a
 /// metric is registered without being listed here.
-const ALL: [(&str, &str); 17] = [
+const ALL: [(&str, &str); 22] = [
     (REQUESTS_WAITING, "gauge"),
     (REQUESTS_RUNNING, "gauge"),
     (KV_BLOCKS_USED, "gauge"),
@@ -17,6 +17,11 @@ const ALL: [(&str, &str); 17] = [
     (PROMPT_TOKENS_COMPUTED, "counter"),
     (GENERATED_TOKENS, "counter"),
     (PREEMPTIONS, "counter"),
+    (SPEC_DRAFTS, "counter"),
+    (SPEC_DRAFT_TOKENS, "counter"),
+    (SPEC_ACCEPTED_TOKENS, "counter"),
+    (SPEC_ACCEPTANCE_RATE, "gauge"),
+    (SPEC_TOKENS_PER_STEP, "gauge"),
     (REQUESTS_FINISHED, "counter"),
     (HTTP_REQUESTS, "counter"),
     (STEP_DURATION, "histogram"),
@@ -71,6 +76,9 @@ fn step_moves_counters_gauges_and_histograms() {
         prefix_cache_hit_tokens: 64,
         generated_tokens: 4,
         preemptions: 1,
+        drafts: 2,
+        draft_tokens: 8,
+        accepted_tokens: 6,
         waiting: 7,
         running: 4,
         kv_blocks_used: 90,
@@ -84,6 +92,11 @@ fn step_moves_counters_gauges_and_histograms() {
     assert_eq!(sample(&text, "met_prefix_cache_hit_tokens_total"), Some("128"));
     assert_eq!(sample(&text, "met_generated_tokens_total"), Some("8"));
     assert_eq!(sample(&text, "met_preemptions_total"), Some("2"));
+    assert_eq!(sample(&text, "met_spec_decode_drafts_total"), Some("4"));
+    assert_eq!(sample(&text, "met_spec_decode_draft_tokens_total"), Some("16"));
+    assert_eq!(sample(&text, "met_spec_decode_accepted_tokens_total"), Some("12"));
+    assert_eq!(sample(&text, "met_spec_decode_acceptance_rate"), Some("0.75"));
+    assert_eq!(sample(&text, "met_spec_decode_tokens_per_step"), Some("4.0"));
     assert_eq!(sample(&text, "met_requests_waiting"), Some("7"));
     assert_eq!(sample(&text, "met_requests_running"), Some("4"));
     assert_eq!(sample(&text, "met_kv_blocks_used"), Some("90"));
