@@ -18,12 +18,14 @@ use met_cache::KvCache;
 use met_config::EngineConfig;
 use met_kernels::{GpuBackend, SampleRow};
 use met_model_layers::Model;
+use met_speculative::{Proposer, SpeculativeConfig};
 use met_telemetry::{Metrics, StepStats};
 
 use crate::policy::SchedulingPolicy;
 use crate::request::{EngineLimits, EngineRequest, FinishReason, RequestShared, RequestStream, TokenEvent};
 use crate::scheduler::{EntryResult, Plan, Scheduled, Scheduler};
 use crate::sequence::Sequence;
+use crate::speculate::Speculation;
 use crate::{EngineError, RequestId, SubmitError};
 
 /// Everything the engine thread owns.
@@ -98,6 +100,24 @@ impl Engine {
         Ok(Self { model, backend, kv, scheduler, metrics, health, arrivals: 0, next_id: 0 })
     }
 
+    /// This engine, verifying the proposals of `speculative`'s proposer for every greedy
+    /// sequence: outputs stay those of plain greedy decoding (see the crate docs).
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] naming the flag of a setting that cannot work.
+    pub fn with_speculative(self, speculative: &SpeculativeConfig) -> Result<Self, EngineError> {
+        let proposer = speculative.proposer().map_err(|e| EngineError::Config(e.to_string()))?;
+        Ok(self.with_proposer(proposer, speculative.num_tokens))
+    }
+
+    /// This engine, verifying up to `num_tokens` tokens of `proposer` per greedy sequence
+    /// and step (any proposer, including test doubles; the outputs do not depend on it).
+    #[must_use]
+    pub fn with_proposer(mut self, proposer: Box<dyn Proposer>, num_tokens: usize) -> Self {
+        self.scheduler.speculate(Speculation::new(proposer, num_tokens, self.model.vocab_size()));
+        self
+    }
+
     /// The limits requests are checked against ([`EngineRequest::new`]).
     pub fn limits(&self) -> EngineLimits {
         EngineLimits {
@@ -151,7 +171,7 @@ impl Engine {
         let plan = self.scheduler.schedule(&*self.kv, &mut counts);
         if !plan.entries.is_empty() {
             match self.run(&plan) {
-                Ok(results) => self.scheduler.postprocess(&plan, results, &*self.kv),
+                Ok(results) => self.scheduler.postprocess(&plan, results, &*self.kv, &mut counts),
                 Err(fault) => self.fail(&fault.to_string()),
             }
         }
@@ -196,25 +216,32 @@ impl Engine {
         Ok(results)
     }
 
-    /// Samples the rows of `entries` from `logits` (one row per sampling entry, in order).
-    /// When the batch fails, each row is sampled alone to find the ones that fail.
+    /// Samples the rows of `entries` from `logits` (each sampling entry's rows, in order:
+    /// one, or one per draft token more). When the batch fails, each row is sampled alone
+    /// to find the ones that fail; an entry with a failed row fails.
     fn sample(&self, logits: &met_kernels::Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
-        let banned = self.scheduler.banned(entries, self.model.vocab_size());
-        let rows = self.scheduler.sample_rows(entries, &banned);
+        let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
+        let rows = self.scheduler.sample_rows(entries, &inputs);
         let mut sampled = match self.backend.sample(logits, &rows) {
-            Ok(samples) => samples.into_iter().map(EntryResult::Sampled).collect(),
+            Ok(samples) => samples.into_iter().map(Ok).collect(),
             Err(e) => {
                 blame(e.into())?;
                 let alone = |row: &SampleRow<'_>| match self.backend.sample(logits, std::slice::from_ref(row)) {
-                    Ok(mut one) => Ok(EntryResult::Sampled(one.remove(0))),
-                    Err(e) => blame(e.into()).map(EntryResult::Failed),
+                    Ok(mut one) => Ok(Ok(one.remove(0))),
+                    Err(e) => blame(e.into()).map(Err),
                 };
                 rows.iter().map(alone).collect::<Result<Vec<_>, _>>()?
             }
         }
         .into_iter();
-        let results =
-            entries.iter().map(|e| if e.sample { sampled.next().expect("one per row") } else { EntryResult::Computed });
+        let results = entries.iter().map(|e| {
+            if !e.sample {
+                return EntryResult::Computed;
+            }
+            // Taken in full before looking at them, so the next entry starts at its own rows.
+            let mine: Vec<Result<_, String>> = sampled.by_ref().take(e.samples()).collect();
+            mine.into_iter().collect::<Result<Vec<_>, _>>().map_or_else(EntryResult::Failed, EntryResult::Sampled)
+        });
         Ok(results.collect())
     }
 

@@ -22,6 +22,7 @@ mod policy;
 mod request;
 mod scheduler;
 mod sequence;
+mod speculate;
 
 pub use engine::Engine;
 pub use handle::{EngineHandle, spawn};

@@ -26,16 +26,27 @@ use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
 use crate::policy::SchedulingPolicy;
 use crate::request::{FinishReason, GeneratedToken, RequestId, TokenEvent};
 use crate::sequence::{Running, Sequence};
+use crate::speculate::Speculation;
 
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Scheduled {
     /// Index into the running list.
     pub(crate) seq: usize,
-    /// Tokens computed this step.
+    /// Rows computed this step, `draft` included.
     pub(crate) len: usize,
     /// Whether this step completes the sequence's pending tokens and so samples a token.
     pub(crate) sample: bool,
+    /// Proposed tokens verified after the decode row (the sequence's `draft`); each adds a
+    /// logits row and a sample.
+    pub(crate) draft: usize,
+}
+
+impl Scheduled {
+    /// Logits rows, and samples, of this entry.
+    pub(crate) fn samples(&self) -> usize {
+        if self.sample { 1 + self.draft } else { 0 }
+    }
 }
 
 /// What one step runs.
@@ -50,8 +61,9 @@ pub(crate) struct Plan {
 pub(crate) enum EntryResult {
     /// Its tokens were computed; it samples nothing this step.
     Computed,
-    /// Its tokens were computed and this token sampled.
-    Sampled(Sampled),
+    /// Its tokens were computed and these tokens sampled, one per logits row: the next
+    /// token, then with a draft of `k` the target's token after each of its prefixes.
+    Sampled(Vec<Sampled>),
     /// The model or the sampler failed on this sequence alone; the message says how.
     Failed(String),
 }
@@ -68,6 +80,16 @@ pub(crate) struct Scheduler {
     metrics: Arc<Metrics>,
     /// The last step's plan, cleared and reused so steady-state steps do not allocate.
     spare: Plan,
+    /// Speculative decoding, when on.
+    speculation: Option<Speculation>,
+}
+
+/// What the sampler needs besides the plan: per logits row, the tokens it may not draw,
+/// and the output of each drafted sequence extended by its draft.
+#[derive(Debug, Default)]
+pub(crate) struct SampleInputs {
+    banned: Vec<Vec<u32>>,
+    drafted: Vec<Vec<u32>>,
 }
 
 impl Scheduler {
@@ -87,7 +109,13 @@ impl Scheduler {
             tick: 0,
             metrics,
             spare: Plan::default(),
+            speculation: None,
         }
+    }
+
+    /// Verifies proposals of `speculation` from now on.
+    pub(crate) fn speculate(&mut self, speculation: Speculation) {
+        self.speculation = Some(speculation);
     }
 
     pub(crate) fn add(&mut self, seq: Sequence) {
@@ -109,6 +137,9 @@ impl Scheduler {
         }
         for run in self.running.extract_if(.., |r| r.request.cancelled()) {
             metrics.finished(FinishLabel::Cancelled, request_stats(&run));
+            if let Some(spec) = &mut self.speculation {
+                spec.forget(&run);
+            }
         }
         self.draining.iter_mut().for_each(Sequence::flush);
         self.draining.retain(|s| s.paused() && !s.request.cancelled());
@@ -133,7 +164,6 @@ impl Scheduler {
                 s.request.prompt_len.saturating_sub(s.computed).min(e.len)
             })
             .sum();
-        counts.generated_tokens = plan.entries.iter().filter(|e| e.sample).count();
         plan
     }
 
@@ -145,13 +175,34 @@ impl Scheduler {
                 continue;
             }
             let n = self.running[i].to_compute().min(*budget).min(self.chunk_limit());
-            if !self.make_room(kv, i, n, counts) {
+            let draft = self.reserve_draft(kv, i, *budget - n);
+            if draft == 0 && !self.make_room(kv, i, n, counts) {
                 continue; // running[i] was preempted or finished; the next one moved to i.
             }
-            self.push(plan, i, n);
-            *budget -= n;
+            self.push(plan, i, n + draft, draft);
+            *budget -= n + draft;
             i += 1;
         }
+    }
+
+    /// Proposes up to `room` tokens for `running[i]` to verify after its decode row and
+    /// reserves their slots with the row's; returns the draft's length, 0 (and no
+    /// reservation) without a proposal or when the blocks are not free. A draft never
+    /// preempts: it is only worth the rows when it costs nothing else.
+    fn reserve_draft(&mut self, kv: &dyn KvCache, i: usize, room: usize) -> usize {
+        let Some(spec) = &mut self.speculation else { return 0 };
+        let Running { seq, blocks } = &mut self.running[i];
+        let generated = seq.output().len();
+        // Every accepted token and the target's own one must fit the length and context.
+        let room = room
+            .min(seq.request.stop.max_new_tokens.saturating_sub(generated + 1))
+            .min(self.max_context.saturating_sub(seq.tokens.len()));
+        let draft = spec.draft(seq, room);
+        if draft > 0 && kv.reserve(blocks, seq.tokens.len() + draft).is_err() {
+            seq.draft.clear();
+            return 0;
+        }
+        draft
     }
 
     /// Reserves blocks for `n` more tokens of `running[i]`, preempting victims among
@@ -180,7 +231,11 @@ impl Scheduler {
 
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i).release();
+        if let Some(spec) = &mut self.speculation {
+            spec.forget(&seq);
+        }
         seq.computed = 0;
+        seq.draft.clear();
         self.waiting.push(seq);
     }
 
@@ -223,7 +278,7 @@ impl Scheduler {
             seq.computed = hit;
             seq.admitted = self.tick;
             self.running.push(Running { seq, blocks });
-            self.push(plan, self.running.len() - 1, n);
+            self.push(plan, self.running.len() - 1, n, 0);
             *budget -= n;
         }
     }
@@ -243,46 +298,67 @@ impl Scheduler {
             .map(|s| &s.blocks)
     }
 
-    fn push(&self, plan: &mut Plan, i: usize, n: usize) {
-        let sample = self.running[i].computed + n == self.running[i].tokens.len();
-        self.push_to(&mut plan.batch, Scheduled { seq: i, len: n, sample });
-        plan.entries.push(Scheduled { seq: i, len: n, sample });
+    /// Plans `n` rows of `running[i]`, the last `draft` of them its proposed tokens.
+    fn push(&self, plan: &mut Plan, i: usize, n: usize, draft: usize) {
+        let sample = self.running[i].computed + n - draft == self.running[i].tokens.len();
+        let e = Scheduled { seq: i, len: n, sample, draft };
+        self.push_to(&mut plan.batch, e);
+        plan.entries.push(e);
     }
 
     /// Appends entry `e`'s rows to `batch`.
     fn push_to(&self, batch: &mut ForwardBatch, e: Scheduled) {
         let Running { seq, blocks } = &self.running[e.seq];
-        let rows = if e.sample { LogitRows::Last } else { LogitRows::None };
-        batch.push(&seq.tokens[seq.computed..seq.computed + e.len], seq.computed, blocks, rows);
+        let pending = &seq.tokens[seq.computed..seq.computed + e.len - e.draft];
+        if e.draft == 0 {
+            let rows = if e.sample { LogitRows::Last } else { LogitRows::None };
+            batch.push(pending, seq.computed, blocks, rows);
+        } else {
+            let rows = [pending, &seq.draft[..e.draft]].concat();
+            batch.push(&rows, seq.computed, blocks, LogitRows::All);
+        }
     }
 
-    /// What each sampling entry of `entries` may not draw yet (its end tokens before
-    /// `min_tokens`), in order, among `vocab` tokens.
-    pub(crate) fn banned(&self, entries: &[Scheduled], vocab: usize) -> Vec<Vec<u32>> {
-        let sampling = entries.iter().filter(|e| e.sample).map(|e| &self.running[e.seq]);
-        sampling.map(|s| s.request.stop.banned(s.output().len(), vocab)).collect()
+    /// What the sampler needs for the logits rows of `entries` among `vocab` tokens: each
+    /// row's banned tokens (end tokens before `min_tokens`, counted as if the draft's
+    /// tokens before the row had been generated) and each draft's extended output.
+    pub(crate) fn sample_inputs(&self, entries: &[Scheduled], vocab: usize) -> SampleInputs {
+        let mut inputs = SampleInputs::default();
+        for e in entries.iter().filter(|e| e.sample) {
+            let s = &self.running[e.seq];
+            let generated = s.output().len();
+            inputs.banned.extend((0..=e.draft).map(|j| s.request.stop.banned(generated + j, vocab)));
+            if e.draft > 0 {
+                inputs.drafted.push([s.output(), &s.draft[..e.draft]].concat());
+            }
+        }
+        inputs
     }
 
-    /// The sampler's row for each sampling entry of `entries`: the i-th reads logits row i
-    /// and may not draw `banned[i]` ([`Self::banned`]).
-    pub(crate) fn sample_rows<'a>(&'a self, entries: &[Scheduled], banned: &'a [Vec<u32>]) -> Vec<SampleRow<'a>> {
-        let sampling = entries.iter().filter(|e| e.sample);
-        sampling
-            .zip(banned)
-            .enumerate()
-            .map(|(row, (e, banned))| {
-                let s = &self.running[e.seq];
-                SampleRow {
+    /// The sampler's row for each logits row of `entries`, in order: row `r` reads logits
+    /// row `r`. A draft's row `j` sees the output extended by the draft's first `j` tokens
+    /// at step `generated + j`, as plain decoding would have sampled it.
+    pub(crate) fn sample_rows<'a>(&'a self, entries: &[Scheduled], inputs: &'a SampleInputs) -> Vec<SampleRow<'a>> {
+        let mut rows = Vec::with_capacity(inputs.banned.len());
+        let mut drafted = inputs.drafted.iter();
+        for e in entries.iter().filter(|e| e.sample) {
+            let s = &self.running[e.seq];
+            let generated = s.output().len();
+            let output = if e.draft > 0 { drafted.next().expect("one per draft") } else { s.output() };
+            for j in 0..=e.draft {
+                let row = rows.len();
+                rows.push(SampleRow {
                     logits_row: row,
                     params: &s.request.sampling,
                     prompt: s.prompt(),
-                    output: s.output(),
+                    output: &output[..generated + j],
                     seed: s.seed,
-                    step: s.output().len() as u64,
-                    banned,
-                }
-            })
-            .collect()
+                    step: (generated + j) as u64,
+                    banned: &inputs.banned[row],
+                });
+            }
+        }
+        rows
     }
 
     /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
@@ -295,41 +371,45 @@ impl Scheduler {
     /// Applies a step's results, one per entry: advances computed tokens, registers full
     /// blocks in the prefix cache, appends sampled tokens, sends events and retires finished
     /// sequences, then ends the requests of failed entries.
-    pub(crate) fn postprocess(&mut self, plan: &Plan, results: Vec<EntryResult>, kv: &dyn KvCache) {
+    ///
+    /// A drafted entry keeps its samples while they agree with the draft, plus the first
+    /// that does not; the K/V of the rest is dropped with the blocks past the sequence's
+    /// computed tokens. `counts` gets the tokens generated and the drafts' outcomes.
+    pub(crate) fn postprocess(
+        &mut self,
+        plan: &Plan,
+        results: Vec<EntryResult>,
+        kv: &dyn KvCache,
+        counts: &mut StepStats,
+    ) {
         // One clock read per step: every token of a step is sampled at the same time.
         let now = Instant::now();
         let mut failed: Vec<(RequestId, String)> = Vec::new();
         for (e, result) in plan.entries.iter().zip(results) {
             let Running { seq, blocks } = &mut self.running[e.seq];
+            let draft = std::mem::take(&mut seq.draft);
             if let EntryResult::Failed(msg) = result {
                 failed.push((seq.request.id, msg));
                 continue;
             }
-            seq.computed += e.len;
+            seq.computed += e.len - e.draft;
+            if let EntryResult::Sampled(samples) = result {
+                let accepted = accept(seq, samples, &draft[..e.draft], now, &self.metrics, self.max_context);
+                counts.generated_tokens += accepted + 1;
+                if e.draft > 0 {
+                    counts.drafts += 1;
+                    counts.draft_tokens += e.draft;
+                    counts.accepted_tokens += accepted;
+                    blocks.truncate(seq.computed);
+                }
+            }
             kv.commit(blocks, &seq.tokens, seq.computed);
             if seq.index == 0 && seq.computed >= seq.request.prompt_len {
                 seq.request.prompt_ready.store(true, Ordering::Relaxed);
             }
-            let EntryResult::Sampled(s) = result else { continue };
-            seq.tokens.push(s.token);
-            match seq.last_token.replace(now) {
-                None => self.metrics.first_token(now - seq.request.arrived),
-                Some(last) => self.metrics.inter_token(now - last),
-            }
-            let generated = seq.output().len();
-            let stop = &seq.request.stop;
-            let finish = if stop.is_stop(s.token, generated) {
-                Some(FinishReason::Stop)
-            } else if generated >= stop.max_new_tokens || seq.tokens.len() >= self.max_context {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            let token = GeneratedToken { id: s.token, logprob: s.logprob, top_logprobs: s.top_logprobs };
-            let event = event(seq, Some(token), finish.clone());
-            seq.finish_reason = finish.as_ref().map(label);
-            seq.finished = finish.is_some();
-            seq.emit(event);
+            // Keep the allocation for the next draft.
+            seq.draft = draft;
+            seq.draft.clear();
         }
         let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).map(Running::release).collect();
         for seq in done {
@@ -366,6 +446,9 @@ impl Scheduler {
     /// Keeps a finished sequence (its blocks already released) only until its events are
     /// delivered.
     fn drain(&mut self, mut seq: Sequence) {
+        if let Some(spec) = &mut self.speculation {
+            spec.forget(&seq);
+        }
         if let Some(reason) = seq.finish_reason.take() {
             self.metrics.finished(reason, request_stats(&seq));
         }
@@ -402,6 +485,54 @@ impl Scheduler {
     pub(crate) fn num_running(&self) -> usize {
         self.running.len()
     }
+}
+
+/// Appends `samples` to `seq` one at a time, each checked against the stop rules and sent
+/// as its own event, while they agree with `draft`; stops after the first that does not (the
+/// target's own token) or that ends the sequence. Each agreeing draft token becomes a
+/// computed token, its K/V written by its verification row. Returns the draft tokens kept.
+fn accept(
+    seq: &mut Sequence,
+    samples: Vec<Sampled>,
+    draft: &[u32],
+    now: Instant,
+    metrics: &Metrics,
+    max_context: usize,
+) -> usize {
+    let mut accepted = 0;
+    for (j, s) in samples.into_iter().enumerate() {
+        let agrees = draft.get(j) == Some(&s.token);
+        if append(seq, s, now, metrics, max_context) || !agrees {
+            break;
+        }
+        seq.computed += 1;
+        accepted += 1;
+    }
+    accepted
+}
+
+/// Appends sampled token `s` to `seq` and sends its event; returns whether it ended `seq`.
+fn append(seq: &mut Sequence, s: Sampled, now: Instant, metrics: &Metrics, max_context: usize) -> bool {
+    seq.tokens.push(s.token);
+    match seq.last_token.replace(now) {
+        None => metrics.first_token(now - seq.request.arrived),
+        Some(last) => metrics.inter_token(now - last),
+    }
+    let generated = seq.output().len();
+    let stop = &seq.request.stop;
+    let finish = if stop.is_stop(s.token, generated) {
+        Some(FinishReason::Stop)
+    } else if generated >= stop.max_new_tokens || seq.tokens.len() >= max_context {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    let token = GeneratedToken { id: s.token, logprob: s.logprob, top_logprobs: s.top_logprobs };
+    let event = event(seq, Some(token), finish.clone());
+    seq.finish_reason = finish.as_ref().map(label);
+    seq.finished = finish.is_some();
+    seq.emit(event);
+    seq.finished
 }
 
 fn event(seq: &Sequence, token: Option<GeneratedToken>, finish: Option<FinishReason>) -> TokenEvent {

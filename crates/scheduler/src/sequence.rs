@@ -38,6 +38,9 @@ pub(crate) struct Sequence {
     pub(crate) finish_reason: Option<FinishLabel>,
     /// When its last token was sampled (inter-token latency).
     pub(crate) last_token: Option<Instant>,
+    /// Proposed tokens verified after its decode row this step (speculative decoding);
+    /// never part of `tokens` until the target agrees with them.
+    pub(crate) draft: Vec<u32>,
 }
 
 impl Sequence {
@@ -56,6 +59,7 @@ impl Sequence {
             finished: false,
             finish_reason: None,
             last_token: None,
+            draft: Vec::new(),
         }
     }
 
@@ -70,6 +74,13 @@ impl Sequence {
     /// Tokens not yet in the cache: the rest of the prompt, or the last sampled token.
     pub(crate) fn to_compute(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// A key unique to this continuation of this request, for proposers that keep
+    /// per-sequence state.
+    pub(crate) fn key(&self) -> u64 {
+        // Request ids count up from 1 and `n` stays far below 2^20.
+        (self.request.id.0 << 20) | self.index as u64
     }
 
     pub(crate) fn info(&self) -> SeqInfo {

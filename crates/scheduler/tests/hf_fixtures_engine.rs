@@ -1,6 +1,7 @@
 //! The Hugging Face fixtures of `model-layers` through the engine: greedy outputs equal
 //! the bare forward pass (`runner::generate_greedy`) and the transformers reference, with
-//! all prompts batched, prefill chunks of 5, and a pool small enough to force preemption.
+//! all prompts batched, prefill chunks of 5, and a pool small enough to force preemption;
+//! and the same with speculative decoding (prompt lookup) on.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use met_model_layers::runner::{GreedyOptions, generate_greedy};
 use met_model_layers::{LoadOptions, Model, load_model};
 use met_model_weights::SafetensorsStore;
 use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
+use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
 const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
@@ -38,10 +40,24 @@ fn load(name: &str) -> Fixture {
 }
 
 fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u32>>, u64) {
+    let (out, metrics) = run_engine(name, config, blocks, None);
+    (out, metrics.preemptions.get())
+}
+
+/// The fixture's greedy outputs through an engine, speculating with `speculative` when given.
+fn run_engine(
+    name: &str,
+    config: EngineConfig,
+    blocks: usize,
+    speculative: Option<&SpeculativeConfig>,
+) -> (Vec<Vec<u32>>, Arc<Metrics>) {
     let Fixture { model, backend, prompts, .. } = load(name);
     let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
     let metrics = Arc::new(Metrics::new());
     let mut engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+    if let Some(speculative) = speculative {
+        engine = engine.with_speculative(speculative).unwrap();
+    }
     let mut streams: Vec<_> = prompts
         .iter()
         .map(|p: &Vec<u32>| {
@@ -61,7 +77,7 @@ fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u
         }
     }
     assert_eq!(engine.free_blocks(), engine.total_blocks());
-    (out, metrics.preemptions.get())
+    (out, metrics)
 }
 
 #[test]
@@ -87,5 +103,26 @@ fn engine_equals_bare_forward_and_transformers() {
         let (out, preempted) = through_engine(name, tight, 24);
         assert_eq!(out, bare, "{name}: engine under preemption");
         assert!(preempted > 0, "{name}: the small pool did not force preemption");
+    }
+}
+
+#[test]
+fn speculation_leaves_every_fixture_unchanged() {
+    // Single-token matches too, so the random models' short outputs get proposals.
+    let speculative = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    for name in FIXTURES {
+        let Fixture { greedy: reference, .. } = load(name);
+        let chunked = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
+        let tight = EngineConfig { block_size: 4, ..EngineConfig::default() };
+        for (mode, config, blocks) in
+            [("one batch", EngineConfig::default(), 64), ("chunks of 5", chunked, 64), ("preemption", tight, 24)]
+        {
+            let (out, metrics) = run_engine(name, config, blocks, Some(&speculative));
+            assert_eq!(out, reference, "{name}: speculative engine, {mode}");
+            assert!(metrics.spec_draft_tokens.get() > 0, "{name}, {mode}: nothing was proposed");
+            if mode == "preemption" {
+                assert!(metrics.preemptions.get() > 0, "{name}: the small pool did not force preemption");
+            }
+        }
     }
 }

@@ -1,0 +1,324 @@
+//! Speculative decoding never changes the output: with proposers of every quality (always
+//! right, always wrong, right at random, and prompt lookup) the engine's greedy tokens,
+//! logprobs, finish reasons and events equal those of the same engine without speculation,
+//! under every batching mode, prefix caching on and off, forced preemption and every stop
+//! rule; blocks are conserved after every step (`common::run_all`) and none is held at the
+//! end. Sampled requests are not speculated on.
+
+mod common;
+
+use common::{Outcome, Parts, Setup, run_all};
+use met_config::SamplingParams;
+use met_scheduler::mock::MockModel;
+use met_scheduler::{Engine, EngineRequest, FinishReason, GeneratedToken};
+use met_speculative::{Proposal, ProposalContext, Proposer, SpeculativeConfig};
+use met_telemetry::Metrics;
+use proptest::prelude::*;
+
+/// How good a test proposer's guesses are.
+#[derive(Debug, Clone, Copy)]
+enum Quality {
+    /// The mock's own greedy continuation: every token accepted.
+    Right,
+    /// One off the mock's greedy token at every position: nothing accepted.
+    Wrong,
+    /// Each token right with this probability, else a random one (seeded by the context).
+    Random(f64),
+}
+
+/// A proposer that knows the mock model's greedy continuation and errs as told.
+struct Oracle {
+    mock: MockModel,
+    quality: Quality,
+}
+
+impl Proposer for Oracle {
+    fn name(&self) -> &'static str {
+        "oracle"
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>, out: &mut Proposal) {
+        out.clear();
+        let right = self.mock.reference_greedy(ctx.tokens, ctx.max_tokens);
+        let mut state = ctx.tokens.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, &t| mix(h ^ u64::from(t)));
+        for t in right {
+            state = mix(state);
+            let token = match self.quality {
+                Quality::Right => t,
+                Quality::Wrong => (t + 1) % common::VOCAB as u32,
+                Quality::Random(p) if (state >> 11) as f64 / (1u64 << 53) as f64 <= p => t,
+                Quality::Random(_) => (mix(state) % common::VOCAB as u64) as u32,
+            };
+            out.tokens.push(token);
+        }
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB)
+}
+
+fn oracle(quality: Quality) -> Box<dyn Proposer> {
+    Box::new(Oracle { mock: MockModel::new(common::VOCAB, common::MAX_CONTEXT), quality })
+}
+
+/// The proposers every equivalence test runs with.
+const PROPOSERS: [&str; 4] = ["right", "wrong", "random", "ngram"];
+
+fn proposer(name: &str) -> Box<dyn Proposer> {
+    match name {
+        "right" => oracle(Quality::Right),
+        "wrong" => oracle(Quality::Wrong),
+        "random" => oracle(Quality::Random(0.6)),
+        "ngram" => SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) }.proposer().unwrap(),
+        _ => unreachable!("unknown test proposer {name}"),
+    }
+}
+
+/// Runs `requests` on `setup`'s engine, speculating with `proposer` when given; returns
+/// the outcomes, the engine's metrics and the steps it took.
+fn run(
+    setup: &Setup,
+    proposer: Option<(Box<dyn Proposer>, usize)>,
+    requests: Vec<EngineRequest>,
+) -> (Vec<Outcome>, std::sync::Arc<Metrics>) {
+    let (engine, metrics) = setup.engine();
+    let mut engine: Engine = match proposer {
+        Some((p, k)) => engine.with_proposer(p, k),
+        None => engine,
+    };
+    (run_all(&mut engine, requests), metrics)
+}
+
+/// Each continuation's events in order: its tokens (with logprobs) and finish. How the
+/// continuations of one request interleave, and how much of a prompt the prefix cache
+/// held, depend on timing with or without speculation.
+fn streams(o: &Outcome) -> Vec<Vec<(Option<GeneratedToken>, Option<FinishReason>)>> {
+    let mut out = vec![Vec::new(); o.tokens.len()];
+    for e in &o.events {
+        out[e.index].push((e.token.clone(), e.finish.clone()));
+    }
+    out
+}
+
+/// The tokens, finishes and events of `a` and `b` are the same.
+fn assert_same(a: &[Outcome], b: &[Outcome], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.tokens, y.tokens, "{what}: request {i} tokens");
+        assert_eq!(x.finish, y.finish, "{what}: request {i} finish");
+        assert_eq!(streams(x), streams(y), "{what}: request {i} events");
+    }
+}
+
+/// 24 prompts of mixed length, half sharing a prefix; some repeat themselves so prompt
+/// lookup finds matches.
+fn prompts() -> Vec<Vec<u32>> {
+    let shared: Vec<u32> = (0..21).map(|i| (i * 7 % 61) as u32).collect();
+    (0..24)
+        .map(|i| {
+            let len = 1 + (i * 13) % 29;
+            let own: Vec<u32> = (0..len).map(|j| ((i * 31 + j * 17) % 64) as u32).collect();
+            let own = if i % 3 == 0 { [&own[..], &own[..]].concat() } else { own };
+            if i % 2 == 0 { [&shared[..], &own[..]].concat() } else { own }
+        })
+        .collect()
+}
+
+fn requests(prompts: &[Vec<u32>]) -> Vec<EngineRequest> {
+    prompts.iter().enumerate().map(|(i, p)| common::greedy(p.clone(), 1 + (i * 5) % 17)).collect()
+}
+
+#[test]
+fn every_proposer_leaves_the_outputs_unchanged_in_every_mode() {
+    let prompts = prompts();
+    let mock = MockModel::new(common::VOCAB, common::MAX_CONTEXT);
+    for prefix in [true, false] {
+        for chunk in [None, Some(1), Some(7)] {
+            let mut setup = Setup::new(512).prefix_caching(prefix);
+            setup.config.max_prefill_chunk = chunk;
+            let (plain, _) = run(&setup, None, requests(&prompts));
+            for (i, (o, p)) in plain.iter().zip(&prompts).enumerate() {
+                assert_eq!(o.tokens[0], mock.reference_greedy(p, 1 + (i * 5) % 17), "plain run, request {i}");
+            }
+            for name in PROPOSERS {
+                for k in [1, 3, 8] {
+                    let what = format!("{name}, k {k}, prefix caching {prefix}, chunk {chunk:?}");
+                    let (got, metrics) = run(&setup, Some((proposer(name), k)), requests(&prompts));
+                    assert_same(&got, &plain, &what);
+                    let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
+                    assert!(drafted > 0, "{what}: nothing was proposed");
+                    match name {
+                        "right" => assert_eq!(accepted, drafted, "{what}: a right proposal was rejected"),
+                        "wrong" => assert_eq!(accepted, 0, "{what}: a wrong proposal was accepted"),
+                        _ => assert!(accepted <= drafted),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn right_proposals_take_fewer_steps() {
+    let prompt: Vec<u32> = (0..10).collect();
+    let steps = |proposer: Option<Box<dyn Proposer>>| {
+        let (engine, metrics) = Setup::new(64).engine();
+        let mut engine = match proposer {
+            Some(p) => engine.with_proposer(p, 4),
+            None => engine,
+        };
+        run_all(&mut engine, vec![common::greedy(prompt.clone(), 20)]);
+        metrics.step_duration.count()
+    };
+    // Plain: a prefill step and 19 decode steps. Right guesses of 4: 1 + ceil(19 / 5).
+    assert_eq!(steps(None), 20);
+    assert_eq!(steps(Some(oracle(Quality::Right))), 5);
+    assert_eq!(steps(Some(oracle(Quality::Wrong))), 20);
+}
+
+#[test]
+fn forced_preemption_keeps_the_outputs() {
+    let prompts = prompts();
+    for prefix in [true, false] {
+        // 22 blocks of 4 tokens: the longest request needs 20 on its own.
+        let setup = Setup::new(22).prefix_caching(prefix);
+        let (plain, plain_metrics) = run(&setup, None, requests(&prompts));
+        assert!(plain_metrics.preemptions.get() > 0, "the pool is too small, yet nothing was preempted");
+        for name in PROPOSERS {
+            let (got, metrics) = run(&setup, Some((proposer(name), 6)), requests(&prompts));
+            assert_same(&got, &plain, &format!("{name}, prefix caching {prefix}"));
+            assert!(metrics.preemptions.get() > 0, "{name}: nothing was preempted");
+        }
+    }
+}
+
+#[test]
+fn stop_rules_hold_per_token_inside_a_draft() {
+    let prompt: Vec<u32> = (0..12).collect();
+    let mock = MockModel::new(common::VOCAB, common::MAX_CONTEXT);
+    let free = mock.reference_greedy(&prompt, 30);
+    // The greedy continuation's 6th token stops it; banned before 8 tokens, it cannot end
+    // the sequence before, and the continuation changes.
+    let stop_token = free[5];
+    let cases = [
+        Parts {
+            stop: met_scheduler::StopCriteria {
+                stop_token_ids: vec![stop_token],
+                max_new_tokens: 30,
+                ..Default::default()
+            },
+            ..Parts::greedy(prompt.clone(), 30)
+        },
+        Parts {
+            stop: met_scheduler::StopCriteria {
+                eos_token_ids: vec![stop_token],
+                max_new_tokens: 30,
+                ..Default::default()
+            },
+            ..Parts::greedy(prompt.clone(), 30)
+        },
+        Parts {
+            stop: met_scheduler::StopCriteria {
+                eos_token_ids: vec![stop_token],
+                min_new_tokens: 8,
+                max_new_tokens: 30,
+                ..Default::default()
+            },
+            ..Parts::greedy(prompt.clone(), 30)
+        },
+        Parts {
+            stop: met_scheduler::StopCriteria {
+                eos_token_ids: vec![stop_token],
+                ignore_eos: true,
+                max_new_tokens: 30,
+                ..Default::default()
+            },
+            ..Parts::greedy(prompt.clone(), 30)
+        },
+        Parts::greedy(prompt.clone(), 7),
+        Parts::with(prompt.clone(), 20, SamplingParams { logprobs: Some(3), ..SamplingParams::greedy() }),
+        Parts::with(
+            prompt.clone(),
+            20,
+            SamplingParams { repetition_penalty: 1.5, frequency_penalty: 0.7, ..SamplingParams::greedy() },
+        ),
+    ];
+    let requests = || cases.iter().cloned().map(Parts::make).collect::<Vec<_>>();
+    let (plain, _) = run(&Setup::new(64), None, requests());
+    assert_eq!(plain[0].tokens[0], free[..6], "stops at the stop token");
+    assert_eq!(plain[0].finish[0], Some(FinishReason::Stop));
+    assert!(plain[2].tokens[0].len() >= 8, "min_tokens holds the end token back");
+    assert_eq!(plain[4].tokens[0].len(), 7);
+    for name in PROPOSERS {
+        for k in [2, 8, 16] {
+            let (got, _) = run(&Setup::new(64), Some((proposer(name), k)), requests());
+            assert_same(&got, &plain, &format!("{name}, k {k}"));
+        }
+    }
+}
+
+#[test]
+fn sampled_requests_are_not_speculated_on() {
+    let prompt: Vec<u32> = (0..12).collect();
+    let requests = || vec![common::sampled(prompt.clone(), 16, 7), common::sampled(prompt.clone(), 16, 8)];
+    let (plain, _) = run(&Setup::new(64), None, requests());
+    let (got, metrics) = run(&Setup::new(64), Some((oracle(Quality::Right), 4)), requests());
+    assert_same(&got, &plain, "sampled");
+    assert_eq!(metrics.spec_drafts.get(), 0);
+}
+
+#[test]
+fn acceptance_is_reported_in_the_metrics() {
+    let prompt: Vec<u32> = (0..10).collect();
+    let (_, metrics) = run(&Setup::new(64), Some((oracle(Quality::Right), 4)), vec![common::greedy(prompt, 11)]);
+    // 10 decode tokens after the prefill's: two steps of 4 accepted + 1, then none left.
+    assert_eq!(metrics.spec_drafts.get(), 2);
+    assert_eq!(metrics.spec_draft_tokens.get(), 8);
+    assert_eq!(metrics.spec_accepted_tokens.get(), 8);
+    assert_eq!(metrics.generated_tokens.get(), 11);
+    let text = metrics.render();
+    assert!(text.contains("met_spec_decode_acceptance_rate 1.0\n"), "{text}");
+    assert!(text.contains("met_spec_decode_tokens_per_step 5.0\n"), "{text}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random request sets, budgets, chunk sizes, cache sizes, prefix caching, stop rules,
+    /// `n`, `k` and proposal quality: speculation changes no event, and no block leaks.
+    #[test]
+    fn random_workloads_are_unchanged_by_speculation(
+        prompts in prop::collection::vec(prop::collection::vec(0u32..4, 1..30), 1..10),
+        news in prop::collection::vec(1usize..14, 10),
+        stops in prop::collection::vec(prop::option::of(0u32..common::VOCAB as u32), 10),
+        min_new in 0usize..4,
+        kv_blocks in 12usize..40,
+        chunk in prop::option::of(1usize..9),
+        budget in 1usize..64,
+        seqs in 1usize..8,
+        prefix in any::<bool>(),
+        k in 1usize..8,
+        quality in 0.0f64..1.0,
+    ) {
+        let mut setup = Setup::new(kv_blocks).prefix_caching(prefix);
+        setup.config.max_prefill_chunk = chunk;
+        setup.config.max_batch_tokens = budget;
+        setup.config.max_num_seqs = seqs;
+        let requests = || {
+            prompts.iter().zip(&news).zip(&stops).map(|((p, &n), &stop)| {
+                let mut parts = Parts { n: 1 + p.len() % 3, ..Parts::greedy(p.clone(), n) };
+                parts.stop.eos_token_ids = stop.into_iter().collect();
+                parts.stop.min_new_tokens = min_new.min(n);
+                parts.make()
+            }).collect::<Vec<_>>()
+        };
+        let (plain, _) = run(&setup, None, requests());
+        let (got, _) = run(&setup, Some((oracle(Quality::Random(quality)), k)), requests());
+        for (x, y) in got.iter().zip(&plain) {
+            prop_assert_eq!(streams(x), streams(y));
+        }
+    }
+}
