@@ -391,6 +391,21 @@ pub struct EngineArgs {
     /// graphs' block tables); steps with longer contexts run eagerly.
     #[arg(long, default_value_t = met_model_layers::graphs::DEFAULT_MAX_CONTEXT)]
     pub max_seq_len_to_capture: usize,
+    /// Speculative decoding: `ngram` proposes what followed the last few tokens earlier in
+    /// the prompt or output (prompt lookup), verified by the model in the same step. Greedy
+    /// requests only (temperature 0); their output is unchanged. Off by default.
+    #[arg(long, value_name = "METHOD", value_parser = clap::builder::PossibleValuesParser::new(met_speculative::METHOD_NAMES))]
+    pub speculative: Option<String>,
+    /// Most tokens proposed and verified per sequence and step, 1 to 16 (with
+    /// `--speculative`; default 4).
+    #[arg(long, value_name = "K")]
+    pub num_speculative_tokens: Option<usize>,
+    /// Shortest suffix `--speculative ngram` looks up (default 2).
+    #[arg(long, value_name = "N")]
+    pub speculative_ngram_min: Option<usize>,
+    /// Longest suffix `--speculative ngram` looks up, tried first (default 4).
+    #[arg(long, value_name = "N")]
+    pub speculative_ngram_max: Option<usize>,
 }
 
 /// `met generate`.

@@ -79,7 +79,7 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 14] = [
         (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
         (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
         (&["--model", llama], "no prompts"),
@@ -92,6 +92,23 @@ fn bad_input_is_a_message_and_a_failure() {
         (&["--model", llama, "--prompt-ids", "1", "--hf-overrides", "{"], "--hf-overrides"),
         (&["--model", llama, "--prompt-ids", "1", "--device", "tpu"], "unknown device"),
         (&["--model", llama, "--prompt-ids", "1", "--policy", "lifo"], "[possible values: fcfs, priority]"),
+        (&["--model", llama, "--prompt-ids", "1", "--speculative", "draft"], "[possible values: ngram]"),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--num-speculative-tokens", "0"],
+            "--num-speculative-tokens: 0 is outside 1..=16",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--num-speculative-tokens", "17"],
+            "--num-speculative-tokens: 17 is outside 1..=16",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--num-speculative-tokens", "4"],
+            "--num-speculative-tokens: needs --speculative",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--speculative-ngram-min", "0"],
+            "--speculative-ngram-min: must be positive",
+        ),
     ];
     for (args, expected) in cases {
         let out = met(&[&["generate"], args].concat());
@@ -139,6 +156,17 @@ fn engine_flags_do_not_change_greedy_output() {
         &["--kv-blocks", "2", "--block-size", "16"][..],
         &["--max-prefill-chunk", "3", "--max-batch-tokens", "4"][..],
         &["--max-num-seqs", "1", "--policy", "priority"][..],
+        &["--speculative", "ngram", "--speculative-ngram-min", "1"][..],
+        &[
+            "--speculative",
+            "ngram",
+            "--num-speculative-tokens",
+            "16",
+            "--speculative-ngram-min",
+            "1",
+            "--max-batch-tokens",
+            "5",
+        ][..],
     ] {
         assert_eq!(generated(&met(&[&base[..], extra].concat())), reference, "{extra:?}");
     }

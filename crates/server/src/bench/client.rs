@@ -64,8 +64,13 @@ impl BaseUrl {
 
     /// The URI of an API path (`/models`, `/completions`) under `/v1`.
     fn join(&self, path: &str) -> Uri {
+        self.root(&format!("/v1{path}"))
+    }
+
+    /// The URI of a path at the server's root (`/metrics`).
+    fn root(&self, path: &str) -> Uri {
         // Both parts were validated at parse time, so this is a well-formed URI.
-        format!("{}{}/v1{path}", self.origin, self.prefix).parse().unwrap_or_default()
+        format!("{}{}{path}", self.origin, self.prefix).parse().unwrap_or_default()
     }
 }
 
@@ -172,6 +177,20 @@ impl Client {
         let list: Value = serde_json::from_slice(&body).with_context(|| format!("GET {uri}: not JSON"))?;
         let ids = list["data"].as_array().with_context(|| format!("GET {uri}: no `data` list"))?;
         Ok(ids.iter().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect())
+    }
+
+    /// The text of `GET /metrics` (Prometheus), or `None` when the server has none to give
+    /// (not met, no such route, an error): the figures that need it are left out then.
+    pub async fn server_metrics(&self) -> Option<String> {
+        let mut request = self.request(Method::GET, "", Bytes::new());
+        *request.uri_mut() = self.base.root("/metrics");
+        let fetch = async {
+            let response = self.pool.request(request).await.ok()?;
+            let ok = response.status().is_success();
+            let body = response.into_body().collect().await.ok()?.to_bytes();
+            ok.then(|| String::from_utf8_lossy(&body).into_owned())
+        };
+        tokio::time::timeout(self.timeout, fetch).await.ok().flatten()
     }
 
     /// Sends one streaming request to `path` and times it. `prompt_tokens` is the prompt's

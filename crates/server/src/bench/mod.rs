@@ -40,7 +40,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use self::client::{BaseUrl, CHAT_NEEDS_TEXT, Client, endpoint_path, request_body};
 use self::dataset::{BenchRequest, DEFAULT_OUTPUT_LEN, Dataset, DatasetSpec};
 use self::metrics::{ErrorKind, Figures, Slo};
-use self::report::{BenchResult, DatasetInfo, Machine, RunResult};
+use self::report::{BenchResult, DatasetInfo, Machine, RunResult, SpeculativeFigures};
 use self::runner::{Load, Prepared, Target, run_point};
 use crate::cli::{BenchArgs, BenchCommand, BenchDataset, BenchEndpoint, BenchServeArgs};
 
@@ -213,8 +213,11 @@ impl Bench<'_> {
             stopped = run.stopped;
         }
         let bar = progress_bar(measured.len(), &load_name(load), self.args.quiet);
+        let metrics_before = self.target.client.server_metrics().await;
         let run = run_point(&self.target, measured, load, seed, deadline, &bar).await;
+        let metrics_after = self.target.client.server_metrics().await;
         bar.finish_and_clear();
+        let speculative = metrics_before.zip(metrics_after).and_then(|(b, a)| SpeculativeFigures::between(&b, &a));
         let (concurrency, request_rate, burstiness) = match load {
             Load::Concurrency(c) => (Some(c), None, None),
             Load::Rate { rate, burstiness } => (None, Some(rate), Some(burstiness)),
@@ -226,6 +229,7 @@ impl Bench<'_> {
             stopped_early: stopped || run.stopped,
             warmup_failed,
             figures: Figures::compute(&run.records, run.cancelled, run.duration_s, &self.slo),
+            speculative,
         })
     }
 

@@ -124,6 +124,51 @@ pub struct RunResult {
     /// Every figure.
     #[serde(flatten)]
     pub figures: Figures,
+    /// Speculative decoding over the measured requests, from the server's `/metrics`
+    /// before and after them; `None` for a server that does not report it (not met).
+    #[serde(default)]
+    pub speculative: Option<SpeculativeFigures>,
+}
+
+/// Speculative decoding over one ladder point, from the differences of met's
+/// `met_spec_decode_*` counters across it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeculativeFigures {
+    /// Sequence steps that verified proposed tokens.
+    pub drafts: u64,
+    /// Proposed tokens verified.
+    pub draft_tokens: u64,
+    /// Proposed tokens accepted.
+    pub accepted_tokens: u64,
+    /// `accepted_tokens / draft_tokens`; `None` without drafts.
+    pub acceptance_rate: Option<f64>,
+    /// Tokens a sequence gained per verifying step, the target's own token included:
+    /// `1 + accepted_tokens / drafts`; `None` without drafts.
+    pub tokens_per_step: Option<f64>,
+}
+
+impl SpeculativeFigures {
+    /// The figures between two `/metrics` texts, or `None` when either lacks the counters.
+    pub fn between(before: &str, after: &str) -> Option<Self> {
+        let delta = |name: &str| Some(counter(after, name)?.saturating_sub(counter(before, name)?));
+        let drafts = delta("met_spec_decode_drafts_total")?;
+        let draft_tokens = delta("met_spec_decode_draft_tokens_total")?;
+        let accepted_tokens = delta("met_spec_decode_accepted_tokens_total")?;
+        let ratio = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
+        Some(Self {
+            drafts,
+            draft_tokens,
+            accepted_tokens,
+            acceptance_rate: ratio(accepted_tokens, draft_tokens),
+            tokens_per_step: ratio(accepted_tokens, drafts).map(|r| 1.0 + r),
+        })
+    }
+}
+
+/// The value of the unlabelled counter `name` in a Prometheus text exposition.
+fn counter(text: &str, name: &str) -> Option<u64> {
+    let value = text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))?;
+    value.trim().parse::<f64>().ok().map(|v| v as u64)
 }
 
 impl RunResult {
@@ -215,4 +260,24 @@ pub fn table(result: &BenchResult) -> String {
         table.push_str(&table_row(run));
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn speculative_figures_are_the_counters_differences() {
+        let before = "met_spec_decode_drafts_total 10\nmet_spec_decode_draft_tokens_total 40\n\
+                      met_spec_decode_accepted_tokens_total 20\n";
+        let after = "# TYPE x counter\nmet_spec_decode_drafts_total 30\nmet_spec_decode_draft_tokens_total 120\n\
+                     met_spec_decode_accepted_tokens_total 80\n";
+        let f = SpeculativeFigures::between(before, after).unwrap();
+        assert_eq!((f.drafts, f.draft_tokens, f.accepted_tokens), (20, 80, 60));
+        assert_eq!(f.acceptance_rate, Some(0.75));
+        assert_eq!(f.tokens_per_step, Some(4.0));
+        let idle = SpeculativeFigures::between(before, before).unwrap();
+        assert_eq!((idle.acceptance_rate, idle.tokens_per_step), (None, None));
+        assert_eq!(SpeculativeFigures::between("", after), None, "a server without the counters");
+    }
 }

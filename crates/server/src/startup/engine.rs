@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::GpuBackend;
 use met_model_layers::{GraphSettings, Model};
 use met_scheduler::{Engine, policy_by_name};
+use met_speculative::{Method, SpeculativeConfig};
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 
 use crate::cli::EngineArgs;
@@ -16,8 +17,9 @@ use crate::cli::EngineArgs;
 /// The engine settings of `e`, validated.
 ///
 /// # Errors
-/// A zero budget, naming its flag.
+/// A zero budget or a bad speculative setting ([`speculative_config`]), naming its flag.
 pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
+    speculative_config(e)?;
     let config = EngineConfig {
         max_num_seqs: e.max_num_seqs,
         max_batch_tokens: e.max_batch_tokens,
@@ -28,6 +30,33 @@ pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Tokens proposed per step when `--speculative` is given without `--num-speculative-tokens`.
+pub const DEFAULT_SPECULATIVE_TOKENS: usize = 4;
+
+/// The speculative decoding settings of `e`, validated; `None` without `--speculative`.
+///
+/// # Errors
+/// A speculative flag without `--speculative`, or a value out of range, naming the flag.
+pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
+    let Some(method) = &e.speculative else {
+        let given = [
+            ("num-speculative-tokens", e.num_speculative_tokens),
+            ("speculative-ngram-min", e.speculative_ngram_min),
+            ("speculative-ngram-max", e.speculative_ngram_max),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
+            bail!("--{flag}: needs --speculative");
+        }
+        return Ok(None);
+    };
+    let mut config = SpeculativeConfig::ngram(e.num_speculative_tokens.unwrap_or(DEFAULT_SPECULATIVE_TOKENS));
+    config.method = Method::from_name(method)?;
+    config.ngram_min = e.speculative_ngram_min.unwrap_or(config.ngram_min);
+    config.ngram_max = e.speculative_ngram_max.unwrap_or(config.ngram_max.max(config.ngram_min));
+    config.validate()?;
+    Ok(Some(config))
 }
 
 /// An engine over `model` with a KV cache of `blocks` blocks (startup phase 6), recording
@@ -62,7 +91,11 @@ pub fn build_engine(
     let policy = policy_by_name(&e.policy).with_context(|| {
         format!("--policy: unknown policy `{}` (one of {})", e.policy, met_scheduler::POLICY_NAMES.join(", "))
     })?;
-    Ok(Engine::new(model, backend, Box::new(kv), config, policy, metrics)?)
+    let engine = Engine::new(model, backend, Box::new(kv), config, policy, metrics)?;
+    Ok(match speculative_config(e)? {
+        Some(speculative) => engine.with_speculative(&speculative)?,
+        None => engine,
+    })
 }
 
 /// A seed for a request that did not pin one: different on every call.
