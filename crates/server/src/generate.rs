@@ -74,7 +74,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     for d in &mut drafts {
         d.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
-    let mut engine = sized_engine(&args.engine, model, backend, &drafts)?;
+    let mut engine = sized_engine(&args.engine, model, backend, &drafts, Arc::new(Metrics::new()))?;
     let prompts: Vec<Vec<u32>> = drafts.iter().map(|d| d.prompt.clone()).collect();
     let requests = Draft::make_all(drafts, &engine.limits(), "prompt")?;
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
@@ -94,12 +94,13 @@ pub(crate) fn sized_engine(
     model: Box<dyn Model>,
     backend: Arc<dyn GpuBackend>,
     requests: &[Draft],
+    metrics: Arc<Metrics>,
 ) -> Result<Engine> {
     let config = engine_config(e)?;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
     let blocks = kv_blocks(e, &config, &*model, &*backend, needed)?;
-    build_engine(e, config, model, backend, blocks, Arc::new(Metrics::new()))
+    build_engine(e, config, model, backend, blocks, metrics)
 }
 
 /// Submits every request and steps the engine until all are done.

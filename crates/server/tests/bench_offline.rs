@@ -72,6 +72,22 @@ fn throughput_makes_every_token_and_reports_consistent_rates() {
 }
 
 #[test]
+fn speculation_is_reported_and_keeps_every_token() {
+    let base =
+        ["throughput", "--model", &fixture("llama"), "--num-prompts", "4", "--input-len", "24", "--output-len", "12"];
+    let plain = bench(&base);
+    assert!(plain["speculative"].is_null(), "no speculative figures without --speculative");
+    let r = bench(&[&base[..], &["--speculative", "ngram", "--speculative-ngram-min", "1"]].concat());
+    assert_eq!(num(&r, "output_tokens"), 4.0 * 12.0);
+    let spec = &r["speculative"];
+    let (drafts, drafted, accepted) = (num(spec, "drafts"), num(spec, "draft_tokens"), num(spec, "accepted_tokens"));
+    assert!(drafts > 0.0 && drafted >= drafts && accepted <= drafted, "{spec}");
+    if accepted > 0.0 {
+        assert!((num(spec, "tokens_per_step") - (1.0 + accepted / drafts)).abs() < 1e-9, "{spec}");
+    }
+}
+
+#[test]
 fn latency_times_prefill_and_every_decode_step() {
     let r = bench(&[
         "latency",

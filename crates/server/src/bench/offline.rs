@@ -28,10 +28,11 @@ use clap::Args;
 use met_config::SamplingParams;
 use met_kernels::GpuBackend;
 use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
+use met_telemetry::Metrics;
 use serde::Serialize;
 
 use super::metrics::Summary;
-use super::report::{Machine, git_commit};
+use super::report::{Machine, SpeculativeFigures, git_commit};
 use super::rng::Rng;
 use crate::cli::{EngineArgs, ModelArgs};
 use crate::generate::{Draft, sized_engine};
@@ -132,6 +133,8 @@ struct ThroughputResult {
     /// Share of the decode phase the host spent outside waits for the device (`None` on a
     /// device that runs synchronously).
     decode_host_share: Option<f64>,
+    /// With `--speculative`: drafts, acceptance and tokens per verifying step over the run.
+    speculative: Option<SpeculativeFigures>,
 }
 
 /// The result of `met bench latency`.
@@ -155,8 +158,13 @@ struct LatencyResult {
     decode_host_ms: Option<Summary>,
     /// The whole batch, per iteration (ms).
     batch_ms: Summary,
-    /// Output tokens per second of the batch during decode, from the median step.
+    /// Output tokens per second of the batch during decode, from the median step: one
+    /// token per sequence and step (with `--speculative` a step may give more; see
+    /// `speculative`).
     decode_tokens_per_s: Option<f64>,
+    /// With `--speculative`: drafts, acceptance and tokens per verifying step over every
+    /// iteration, warm-ups included.
+    speculative: Option<SpeculativeFigures>,
 }
 
 /// Runs `met bench throughput`.
@@ -172,7 +180,8 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
     let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
     let device = backend.describe();
     let waits = Arc::clone(&backend);
-    let mut engine = sized_engine(&args.engine, model, backend, &requests)?;
+    let metrics = Arc::new(Metrics::new());
+    let mut engine = sized_engine(&args.engine, model, backend, &requests, Arc::clone(&metrics))?;
     let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
 
     let requests = Draft::make_all(requests, &engine.limits(), "request")?;
@@ -199,6 +208,7 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
         decode_tokens_per_s: (decode_s > 0.0).then(|| decode_tokens as f64 / decode_s),
         decode_steps: decode.len(),
         decode_host_share: decode_host.filter(|_| decode_s > 0.0).map(|h| h / decode_s),
+        speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
     };
     let host = result.decode_host_share.map(|h| format!(", host {:.1}% of it", 100.0 * h)).unwrap_or_default();
     println!(
@@ -232,7 +242,8 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         |i: usize| random_requests(args.batch_size, args.input_len, args.output_len, vocab, args.seed + i as u64);
     let device = backend.describe();
     let waits = Arc::clone(&backend);
-    let mut engine = sized_engine(&args.engine, model, backend, &batch(0))?;
+    let metrics = Arc::new(Metrics::new());
+    let mut engine = sized_engine(&args.engine, model, backend, &batch(0), Arc::clone(&metrics))?;
     let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
 
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -262,6 +273,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         decode_host_ms: Summary::of_seconds(&host),
         batch_ms: summary(&whole, "batch")?,
         decode_tokens_per_s: decode_step_ms.map(|d| args.batch_size as f64 * 1e3 / d.p50),
+        speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
     };
     let decode = match (result.decode_step_ms, result.decode_tokens_per_s) {
         (Some(d), Some(t)) => {

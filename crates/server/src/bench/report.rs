@@ -154,14 +154,25 @@ impl SpeculativeFigures {
         let drafts = delta("met_spec_decode_drafts_total")?;
         let draft_tokens = delta("met_spec_decode_draft_tokens_total")?;
         let accepted_tokens = delta("met_spec_decode_accepted_tokens_total")?;
+        Some(Self::from_counts(drafts, draft_tokens, accepted_tokens))
+    }
+
+    /// The figures of these counts.
+    pub fn from_counts(drafts: u64, draft_tokens: u64, accepted_tokens: u64) -> Self {
         let ratio = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
-        Some(Self {
+        Self {
             drafts,
             draft_tokens,
             accepted_tokens,
             acceptance_rate: ratio(accepted_tokens, draft_tokens),
             tokens_per_step: ratio(accepted_tokens, drafts).map(|r| 1.0 + r),
-        })
+        }
+    }
+
+    /// The figures an engine's `metrics` counted since it started.
+    pub fn of_engine(metrics: &met_telemetry::Metrics) -> Self {
+        let m = metrics;
+        Self::from_counts(m.spec_drafts.get(), m.spec_draft_tokens.get(), m.spec_accepted_tokens.get())
     }
 }
 
