@@ -25,6 +25,14 @@ trait QuantRows: Sync {
     fn n(&self) -> usize;
     /// `out[j] = x · row (rows.start + j)`.
     fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]);
+    /// `out[i · rows.len() + j] = x_i · row (rows.start + j)` for the rows of `x` (`[m, k]`,
+    /// block sums `sums` back to back), each equal to [`Self::dot_rows`] of its row.
+    fn dot_rows_many(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
+        let (k, nb) = (self.k(), self.k() / 32);
+        for (i, o) in out.chunks_exact_mut(rows.len().max(1)).enumerate() {
+            self.dot_rows(&x[i * k..(i + 1) * k], &sums[i * nb..(i + 1) * nb], rows.clone(), o);
+        }
+    }
     /// Rows `rows` as f32.
     fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]);
 }
@@ -66,6 +74,10 @@ impl QuantRows for PackedQuant {
 
     fn dot_rows(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
         PackedQuant::dot_rows(self, x, sums, rows, out);
+    }
+
+    fn dot_rows_many(&self, x: &[f32], sums: &[f32], rows: Range<usize>, out: &mut [f32]) {
+        PackedQuant::dot_rows_many(self, x, sums, rows, out);
     }
 
     fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {
@@ -129,15 +141,15 @@ fn assemble(parts: Vec<(Range<usize>, Vec<f32>)>, m: usize, n: usize) -> Vec<f32
 /// these products back to back, too short to pay for waking parked threads.
 fn fused(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
     let (k, n) = (w.k(), w.n());
-    let sums: Vec<Vec<f32>> = x.chunks_exact(k.max(1)).map(block_sums).collect();
+    let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
     let pool = SpinPool::global();
     let per = n.div_ceil(pool.parts()).max(1);
     let slots: Vec<Mutex<Vec<f32>>> = (0..pool.parts()).map(|_| Mutex::new(Vec::new())).collect();
     pool.run(&|part| {
         let run = (part * per).min(n)..((part + 1) * per).min(n);
         let mut out = vec![0f32; m * run.len()];
-        for ((xi, si), o) in x.chunks_exact(k).zip(&sums).zip(out.chunks_exact_mut(run.len().max(1))) {
-            w.dot_rows(xi, si, run.clone(), o);
+        if !run.is_empty() {
+            w.dot_rows_many(x, &sums, run.clone(), &mut out);
         }
         *slots[part].lock().unwrap_or_else(|e| e.into_inner()) = out;
     });
@@ -193,6 +205,35 @@ mod tests {
             }
         }
         bytes
+    }
+
+    /// A few activation rows (a decode row and its speculative tokens) give each row
+    /// exactly its result alone, bit for bit: verification must see decode's logits.
+    #[test]
+    fn few_rows_equal_each_row_alone_bit_for_bit() {
+        let (k, n) = (256, 37);
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let w = weights(format, n, k);
+            let packed = PackedQuant::from_blocks(format, &w, k).unwrap();
+            for m in 1..GEMM_ROWS + 2 {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+                let together = matmul_packed(&x, &packed, None, m);
+                for (i, row) in x.chunks_exact(k).enumerate() {
+                    let alone = matmul_packed(row, &packed, None, 1);
+                    if m < GEMM_ROWS {
+                        assert_eq!(&together[i * n..(i + 1) * n], &alone[..], "{format} m={m} row {i}");
+                    }
+                }
+                let sums: Vec<f32> = x.chunks_exact(k).flat_map(block_sums).collect();
+                let mut many = vec![0f32; m * 5];
+                packed.dot_rows_many(&x, &sums, 3..8, &mut many);
+                for (i, row) in x.chunks_exact(k).enumerate() {
+                    let mut one = [0f32; 5];
+                    packed.dot_rows(row, &block_sums(row), 3..8, &mut one);
+                    assert_eq!(&many[i * 5..(i + 1) * 5], &one[..], "{format} m={m} row {i}, rows 3..8");
+                }
+            }
+        }
     }
 
     #[test]

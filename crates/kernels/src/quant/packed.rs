@@ -135,4 +135,27 @@ impl PackedQuant {
             *o = w.iter().zip(x).map(|(a, b)| a * b).sum();
         }
     }
+
+    /// `out[i · rows.len() + j] = x_i · row (rows.start + j)` for every row `x_i` of `x`
+    /// (`[m, k]`); `sums` are the rows' `block_sums`, back to back. Each result equals
+    /// [`Self::dot_rows`] of its row alone, bit for bit; on AVX-512 each weight block is
+    /// unpacked once for all the rows.
+    ///
+    /// # Panics
+    /// If `x` is not whole rows of `k`, or `sums` or `out` do not match it.
+    pub fn dot_rows_many(&self, x: &[f32], sums: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
+        let m = x.len() / self.k.max(1);
+        assert_eq!(x.len(), m * self.k, "x is not whole rows");
+        assert_eq!(sums.len(), m * self.blocks_per_row(), "one block sum per block of x");
+        assert_eq!(out.len(), m * rows.len(), "one output per row pair");
+        assert!(rows.end <= self.rows(), "rows past the matrix");
+        #[cfg(target_arch = "x86_64")]
+        if m > 1 && super::x86::packed_dot_rows_many(self, x, sums, rows.clone(), out) {
+            return;
+        }
+        let nb = self.blocks_per_row();
+        for (i, o) in out.chunks_exact_mut(rows.len().max(1)).enumerate().take(m) {
+            self.dot_rows(&x[i * self.k..(i + 1) * self.k], &sums[i * nb..(i + 1) * nb], rows.clone(), o);
+        }
+    }
 }

@@ -86,6 +86,107 @@ pub(super) fn packed_dot_rows(
     true
 }
 
+/// `out[i · rows.len() + j] = x_i · row (rows.start + j)` for the `m` activation rows of `x`
+/// (`[m, k]`, block sums `sums` `[m, k / 32]`) of a packed matrix, with AVX-512; false
+/// where this CPU has no such path. Each weight block is unpacked once for all
+/// rows (verifying speculative tokens runs a few rows through every matrix), and each
+/// row's result is bit for bit what [`packed_dot_rows`] gives it alone: the same
+/// operations in the same order.
+pub(super) fn packed_dot_rows_many(
+    p: &super::packed::PackedQuant,
+    x: &[f32],
+    sums: &[f32],
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> bool {
+    if level() != Level::Avx512 {
+        return false;
+    }
+    let q4 = p.format() != QuantFormat::Q8_0;
+    let (k, nb, n) = (p.k(), p.blocks_per_row(), rows.len());
+    let m = x.len() / k.max(1);
+    for first in (0..m).step_by(4) {
+        let take = (m - first).min(4);
+        let xs: Vec<&[f32]> = (first..first + take).map(|i| &x[i * k..(i + 1) * k]).collect();
+        let ss: Vec<&[f32]> = (first..first + take).map(|i| &sums[i * nb..(i + 1) * nb]).collect();
+        for (j, r) in rows.clone().enumerate() {
+            let row = PackedRow {
+                d: &p.d[r * nb..(r + 1) * nb],
+                m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
+                qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
+            };
+            let mut got = [0f32; 4];
+            // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
+            // minimums and payloads, each activation row `32 · nb` values and each sums row
+            // `nb` (checked by the caller).
+            unsafe {
+                match (take, q4) {
+                    (4, true) => got = packed_q4_512_many::<4>(&xs, &ss, &row),
+                    (3, true) => got[..3].copy_from_slice(&packed_q4_512_many::<3>(&xs, &ss, &row)),
+                    (2, true) => got[..2].copy_from_slice(&packed_q4_512_many::<2>(&xs, &ss, &row)),
+                    (_, true) => got[..1].copy_from_slice(&packed_q4_512_many::<1>(&xs, &ss, &row)),
+                    (4, false) => got = packed_q8_512_many::<4>(&xs, &row),
+                    (3, false) => got[..3].copy_from_slice(&packed_q8_512_many::<3>(&xs, &row)),
+                    (2, false) => got[..2].copy_from_slice(&packed_q8_512_many::<2>(&xs, &row)),
+                    (_, false) => got[..1].copy_from_slice(&packed_q8_512_many::<1>(&xs, &row)),
+                }
+            }
+            for (i, g) in got[..take].iter().enumerate() {
+                out[(first + i) * n + j] = *g;
+            }
+        }
+    }
+    true
+}
+
+/// One packed Q4 row against `M` activation rows: per row, exactly the operations of
+/// `packed_q4_512` (which runs them for two weight rows instead).
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &PackedRow<'_>) -> [f32; M] {
+    let mask = _mm_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); M];
+    for i in 0..a.d.len() {
+        // SAFETY: block `i` of the row (16 payload bytes) and activations `32i..32i+32` of
+        // every row are in bounds; loads are unaligned.
+        unsafe {
+            let qs = _mm_loadu_si128(a.qs.as_ptr().add(i * 16).cast());
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
+            let d = _mm512_set1_ps(*a.d.get_unchecked(i));
+            for (acc, x) in acc.iter_mut().zip(xs) {
+                let xp = x.as_ptr().add(i * 32);
+                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(d, p, *acc);
+            }
+        }
+    }
+    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]) + min_term(a.m, sums[j]))
+}
+
+/// One packed Q8 row against `M` activation rows: per row, exactly the operations of
+/// `packed_q8_512`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &PackedRow<'_>) -> [f32; M] {
+    let mut acc = [_mm512_setzero_ps(); M];
+    for i in 0..a.d.len() {
+        // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
+        unsafe {
+            let qs = a.qs.as_ptr().add(i * 32);
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
+            let d = _mm512_set1_ps(*a.d.get_unchecked(i));
+            for (acc, x) in acc.iter_mut().zip(xs) {
+                let xp = x.as_ptr().add(i * 32);
+                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                *acc = _mm512_fmadd_ps(d, p, *acc);
+            }
+        }
+    }
+    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]))
+}
+
 /// One row of a packed matrix: per-block scales, minimums (Q4) and payloads.
 struct PackedRow<'a> {
     d: &'a [f32],
