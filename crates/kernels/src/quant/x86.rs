@@ -55,17 +55,11 @@ pub(super) fn packed_dot_rows(
     if level == Level::None {
         return false;
     }
-    let nb = p.blocks_per_row();
     let q4 = p.format() != QuantFormat::Q8_0;
     let mut j = 0;
     while j < out.len() {
         let (ra, rb) = (rows.start + j, rows.start + (j + 1).min(out.len() - 1));
-        let row = |r: usize| PackedRow {
-            d: &p.d[r * nb..(r + 1) * nb],
-            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
-            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
-        };
-        let (a, b) = (row(ra), row(rb));
+        let (a, b) = (PackedRow::of(p, ra), PackedRow::of(p, rb));
         // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
         // each row holds `nb` scales (and minimums) and `nb` payloads, `x` holds `32 · nb`
         // values and `sums` `nb` (checked by the caller).
@@ -110,11 +104,7 @@ pub(super) fn packed_dot_rows_many(
         let xs: Vec<&[f32]> = (first..first + take).map(|i| &x[i * k..(i + 1) * k]).collect();
         let ss: Vec<&[f32]> = (first..first + take).map(|i| &sums[i * nb..(i + 1) * nb]).collect();
         for (j, r) in rows.clone().enumerate() {
-            let row = PackedRow {
-                d: &p.d[r * nb..(r + 1) * nb],
-                m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
-                qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
-            };
+            let row = PackedRow::of(p, r);
             let mut got = [0f32; 4];
             // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
             // minimums and payloads, each activation row `32 · nb` values and each sums row
@@ -192,6 +182,19 @@ struct PackedRow<'a> {
     d: &'a [f32],
     m: &'a [f32],
     qs: &'a [u8],
+}
+
+impl<'a> PackedRow<'a> {
+    /// Row `r` of `p` (no minimums for Q8_0).
+    fn of(p: &'a super::packed::PackedQuant, r: usize) -> Self {
+        let nb = p.blocks_per_row();
+        let q4 = p.format() != QuantFormat::Q8_0;
+        Self {
+            d: &p.d[r * nb..(r + 1) * nb],
+            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
+            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
+        }
+    }
 }
 
 /// `Σ m · s` over a row's blocks.
