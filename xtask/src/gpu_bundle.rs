@@ -159,7 +159,7 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, graphs, generate, gate, compare, bench, kbench, profile. Made by
+# ops, fixtures, graphs, generate, gate, compare, bench, kbench, profile, profilebatch. Made by
 # `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -254,6 +254,23 @@ profile_decode() {
 }
 export -f profile_decode
 step profile "ncu decode profile" profile.log 400 bash -c profile_decode
+# The same at large batches: every kernel of the prefill and the first decode steps of 64
+# and 256 sequences, summarised per step kind (prefill, decode).
+profile_batch() {
+  local model batch
+  for model in Llama-3.1-8B-Instruct Qwen3-0.6B; do
+    for batch in 64 256; do
+      ncu --clock-control none --cache-control none --csv --page raw \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        "$HERE/met" bench latency --model "$HERE/configs/$model" --load-format dummy --batch-size $batch \
+        --input-len 128 --output-len 4 --num-iters 1 --num-warmup 0 --enforce-eager >"$LOGS/ncu-$model-b$batch.csv" || return 1
+      echo "== $model batch $batch"
+      python3 "$HERE/ncu_summary.py" "$LOGS/ncu-$model-b$batch.csv" --by-step
+    done
+  done
+}
+export -f profile_batch
+step profilebatch "ncu large-batch profile" profile-batch.log 500 bash -c profile_batch
 
 echo
 echo "======== met GPU summary ========"
@@ -269,5 +286,6 @@ grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/d
 grep -h "GPU-GRAPHS" "$LOGS/gpu-graphs.log" 2>/dev/null || true
 awk '/^cuda_gemv\//{name=$1} /thrpt:/{if (name != "") {$1=$1; print name, $0; name=""}}' "$LOGS/kernel-bench.log" 2>/dev/null || true
 cat "$LOGS/profile.log" 2>/dev/null | head -40 || true
+cat "$LOGS/profile-batch.log" 2>/dev/null | head -200 || true
 exit $FAILED
 "#;
