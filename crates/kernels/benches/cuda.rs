@@ -9,9 +9,10 @@
 //!   `x [m, 4096] · W[14336, 4096]ᵀ`, the MLP gate/up projection, for a decode batch of 64
 //!   rows and a 2,048-token prefill chunk.
 //! - `rms_norm`: `[t, 4096]` bf16 rows for the same two batches.
-//! - `paged_attention`: a decode step of 64 sequences over 2,048-token contexts, 32 query
-//!   heads on 8 KV heads of 128 dims in blocks of 16, each sequence's blocks interleaved
-//!   with the others' in the pool (zeroed: the kernel's time does not depend on values).
+//! - `attention`: decode steps of 1 and 64 sequences over 4,096-token contexts and a
+//!   4,096-token causal prefill, 32 query heads on 8 KV heads of 128 dims in blocks of 16,
+//!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
+//!   the reference op beside the decode of 64.
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host.
 //!
@@ -19,7 +20,7 @@
 //! and again before it stops, so the time is the device's, not the launch queue's.
 //! Throughput: `Elements(FLOPs)` for matmul (criterion's "elements/s" reads as FLOP/s),
 //! `Bytes` of memory read and written for RMSNorm and of K/V read for decode attention
-//! (both are bandwidth-bound), `Elements(rows)` for sampling. Without a usable GPU every
+//! (both are bandwidth-bound), `Elements(FLOPs)` for prefill attention, `Elements(rows)` for sampling. Without a usable GPU every
 //! group is skipped with a printed note. Build anywhere with
 //! `cargo bench -p met-kernels --features cuda --no-run`; run on the GPU machine with
 //! `cargo bench -p met-kernels --features cuda --bench cuda`.
@@ -46,8 +47,6 @@ const BLOCK: usize = 16;
 /// Decode rows and prefill chunk tokens.
 const DECODE_BATCH: usize = 64;
 const PREFILL: usize = 2048;
-/// Context of each decoding sequence.
-const CONTEXT: usize = 2048;
 
 /// The GPU, opened once, or `None` (with a note) where there is none.
 fn backend() -> Option<&'static CudaBackend> {
@@ -182,38 +181,67 @@ fn rms_norm(c: &mut Criterion) {
     group.finish();
 }
 
-/// One decode step of 64 sequences over 2,048-token contexts.
-fn paged_attention(c: &mut Criterion) {
-    let Some(b) = backend() else { return };
-    let (seqs, per_seq) = (DECODE_BATCH, CONTEXT.div_ceil(BLOCK));
-    let blocks = seqs * per_seq;
-    let pool = [blocks, BLOCK, KV_HEADS, HEAD_DIM];
-    let k_cache = b.zeros(&pool, b.float_dtype()).expect("zeros");
-    let v_cache = b.zeros(&pool, b.float_dtype()).expect("zeros");
-    let tables: Vec<u32> = (0..seqs).flat_map(|s| (0..per_seq).map(move |i| (i * seqs + s) as u32)).collect();
-    let cu: Vec<u32> = (0..=seqs as u32).collect();
-    let meta = AttentionMeta {
-        cu_seqlens_q: upload_u32(b, &cu, &[seqs + 1]),
-        seq_lens: upload_u32(b, &vec![CONTEXT as u32; seqs], &[seqs]),
-        block_tables: upload_u32(b, &tables, &[seqs, per_seq]),
-        max_seqlen_q: 1,
-        max_seqlen_k: CONTEXT,
-    };
-    let params = AttentionParams {
+/// Attention params of Llama-3.1-8B.
+fn attention_params() -> AttentionParams {
+    AttentionParams {
         num_heads: HEADS,
         num_kv_heads: KV_HEADS,
         head_dim: HEAD_DIM,
         scale: (HEAD_DIM as f32).powf(-0.5),
         sliding_window: None,
         softcap: None,
+    }
+}
+
+/// Pools and metadata for `seqs` sequences of `context` tokens of which the last `q_len`
+/// are this step's queries, each sequence's blocks interleaved with the others' in the pool.
+fn attention_step(b: &CudaBackend, seqs: usize, context: usize, q_len: usize) -> (Tensor, Tensor, AttentionMeta) {
+    let per_seq = context.div_ceil(BLOCK);
+    let pool = [seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM];
+    let k_cache = upload(b, &values(pool.iter().product(), 7), &pool);
+    let v_cache = upload(b, &values(pool.iter().product(), 8), &pool);
+    let tables: Vec<u32> = (0..seqs).flat_map(|s| (0..per_seq).map(move |i| (i * seqs + s) as u32)).collect();
+    let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * q_len as u32).collect();
+    let meta = AttentionMeta {
+        cu_seqlens_q: upload_u32(b, &cu, &[seqs + 1]),
+        seq_lens: upload_u32(b, &vec![context as u32; seqs], &[seqs]),
+        block_tables: upload_u32(b, &tables, &[seqs, per_seq]),
+        max_seqlen_q: q_len,
+        max_seqlen_k: context,
     };
-    let q = upload(b, &values(seqs * HEADS * HEAD_DIM, 5), &[seqs, HEADS, HEAD_DIM]);
-    let mut group = c.benchmark_group("cuda_paged_attention");
-    // Every sequence reads its whole context of K and V once, in bf16.
-    group.throughput(Throughput::Bytes((2 * seqs * CONTEXT * KV_HEADS * HEAD_DIM * 2) as u64));
-    let name = format!("decode_{seqs}x{CONTEXT}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_b{BLOCK}");
-    bench_synced(&mut group, &name, b, || {
-        b.paged_attention(&q, &k_cache, &v_cache, &meta, &params).expect("paged_attention")
+    (k_cache, v_cache, meta)
+}
+
+/// Decode steps of 1 and 64 sequences over 4,096-token contexts (K/V bytes read per
+/// second), and a 4,096-token causal prefill of one sequence (FLOP/s), through the `flash`
+/// backend's op; the reference op beside the decode of 64, for scale.
+fn attention(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let params = attention_params();
+    let context = 4096;
+    let mut group = c.benchmark_group("cuda_attention");
+    for seqs in [1, DECODE_BATCH] {
+        let (kc, vc, meta) = attention_step(b, seqs, context, 1);
+        let q = upload(b, &values(seqs * HEADS * HEAD_DIM, 5), &[seqs, HEADS, HEAD_DIM]);
+        // Every sequence reads its whole context of K and V once, in bf16.
+        group.throughput(Throughput::Bytes((2 * seqs * context * KV_HEADS * HEAD_DIM * 2) as u64));
+        let name = format!("decode_{seqs}x{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_b{BLOCK}");
+        bench_synced(&mut group, &format!("flash/{name}"), b, || {
+            b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
+        });
+        if seqs == DECODE_BATCH {
+            bench_synced(&mut group, &format!("paged/{name}"), b, || {
+                b.paged_attention(&q, &kc, &vc, &meta, &params).expect("paged_attention")
+            });
+        }
+    }
+    let (kc, vc, meta) = attention_step(b, 1, context, context);
+    let q = upload(b, &values(context * HEADS * HEAD_DIM, 6), &[context, HEADS, HEAD_DIM]);
+    // Q·Kᵀ and P·V over the visible (causal) pairs: 2 · 2 · d FLOPs per pair and head.
+    let pairs = context * (context + 1) / 2;
+    group.throughput(Throughput::Elements((4 * pairs * HEAD_DIM * HEADS) as u64));
+    bench_synced(&mut group, &format!("flash/prefill_{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_causal"), b, || {
+        b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
     });
     group.finish();
 }
@@ -252,6 +280,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, matmul, rms_norm, paged_attention, sample
+    targets = gemv, matmul, rms_norm, attention, sample
 }
 criterion_main!(benches);

@@ -300,7 +300,7 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
     }
 }
 
-// grid (seqs, h_kv, DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
+// grid (seqs, h_kv, z <= DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
 // part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
 // G <= DEC_MAX_GROUP (checked on the host).
 // GM is the group size rounded up to a power of two (registers are sized by it); W warps
@@ -313,7 +313,7 @@ template <int GM, int W>
 __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,
                                  const bf16_t* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
                                  bf16_t* out, u32* counters) {
-    const u32 s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const u32 s = blockIdx.x, kvh = blockIdx.y;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 group = a.h / a.h_kv;
     const u32 L = a.d / 8;             // lanes per key
@@ -329,142 +329,148 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
 #endif
     const u32 visible = last_key + 1 - first;
     const u32 len = dec_split_len(pos + 1 - first, a.split_min);
-    const u32 begin = first + split * len;
     const u32 splits_used = (pos + 1 - first + len - 1) / len;
-    if (split >= splits_used) return;
-    const u32 end = min(first + visible, begin + len);  // exclusive
     const u32* table = tables + (u64)s * a.max_blocks;
+    // A block takes splits blockIdx.z, blockIdx.z + gridDim.z, ...: the host sizes the grid
+    // to the splits a step needs, so large batches do not queue thousands of empty blocks.
+    for (u32 split = blockIdx.z; split < splits_used; split += gridDim.z) {
+        const u32 begin = first + split * len;
+        const u32 end = min(first + visible, begin + len);  // exclusive
 
-    float qf[GM][8], acc[GM][8], m[GM], l[GM];
+        float qf[GM][8], acc[GM][8], m[GM], l[GM];
 #pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        m[g] = -MET_INF;
-        l[g] = 0.0f;
+        for (int g = 0; g < GM; ++g) {
+            m[g] = -MET_INF;
+            l[g] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-        if (g < (int)group) {
-            const uint4 v = *reinterpret_cast<const uint4*>(q + ((u64)s * a.h + kvh * group + g) * a.d + lig * 8);
-            unpack8(v, qf[g]);
+            for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+            if (g < (int)group) {
+                const uint4 v = *reinterpret_cast<const uint4*>(q + ((u64)s * a.h + kvh * group + g) * a.d + lig * 8);
+                unpack8(v, qf[g]);
+            }
         }
-    }
-    // The online softmax of the hot loop uses the hardware exponential (`__expf`: 2 ulp
-    // near 0, more for large negative arguments, whose terms are negligible anyway): at
-    // small batches a warp's serial instruction stream is what the kernel waits for, and
-    // the accurate `expf` is a large part of it.
-    // The keys and values of DEC_DEPTH steps are in flight at once (a ring of registers:
-    // a slot is refilled with the step DEC_DEPTH ahead as soon as it is read), so a split
-    // of up to DEC_DEPTH steps per warp costs one round trip to memory, not one per step.
-    const u32 stride = W * per_step;
-    auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
-        const u32 j = j0 + sub;
-        const u32 jj = j < end ? j : begin;
-        const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
-        const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
-        kv = *reinterpret_cast<const uint4*>(kc + at);
-        vv = *reinterpret_cast<const uint4*>(vc + at);
-    };
-    const u32 j_first = begin + warp * per_step;
-    uint4 k_ring[DEC_DEPTH], v_ring[DEC_DEPTH];
+        // The online softmax of the hot loop uses the hardware exponential (`__expf`: 2 ulp
+        // near 0, more for large negative arguments, whose terms are negligible anyway): at
+        // small batches a warp's serial instruction stream is what the kernel waits for, and
+        // the accurate `expf` is a large part of it.
+        // The keys and values of DEC_DEPTH steps are in flight at once (a ring of registers:
+        // a slot is refilled with the step DEC_DEPTH ahead as soon as it is read), so a split
+        // of up to DEC_DEPTH steps per warp costs one round trip to memory, not one per step.
+        const u32 stride = W * per_step;
+        auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
+            const u32 j = j0 + sub;
+            const u32 jj = j < end ? j : begin;
+            const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
+            const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
+            kv = *reinterpret_cast<const uint4*>(kc + at);
+            vv = *reinterpret_cast<const uint4*>(vc + at);
+        };
+        const u32 j_first = begin + warp * per_step;
+        uint4 k_ring[DEC_DEPTH], v_ring[DEC_DEPTH];
 #pragma unroll
-    for (int r = 0; r < DEC_DEPTH; ++r)
-        if (j_first + r * stride < end) fetch(j_first + r * stride, k_ring[r], v_ring[r]);
-    for (u32 jb = j_first; jb < end; jb += DEC_DEPTH * stride) {
+        for (int r = 0; r < DEC_DEPTH; ++r)
+            if (j_first + r * stride < end) fetch(j_first + r * stride, k_ring[r], v_ring[r]);
+        for (u32 jb = j_first; jb < end; jb += DEC_DEPTH * stride) {
 #pragma unroll
-        for (int r = 0; r < DEC_DEPTH; ++r) {
-            const u32 j0 = jb + r * stride;
-            if (j0 >= end) break;
-            const bool live = j0 + sub < end;
-            float kf[8], vf[8];
-            unpack8(k_ring[r], kf);
-            unpack8(v_ring[r], vf);
-            if (j0 + DEC_DEPTH * stride < end) fetch(j0 + DEC_DEPTH * stride, k_ring[r], v_ring[r]);
+            for (int r = 0; r < DEC_DEPTH; ++r) {
+                const u32 j0 = jb + r * stride;
+                if (j0 >= end) break;
+                const bool live = j0 + sub < end;
+                float kf[8], vf[8];
+                unpack8(k_ring[r], kf);
+                unpack8(v_ring[r], vf);
+                if (j0 + DEC_DEPTH * stride < end) fetch(j0 + DEC_DEPTH * stride, k_ring[r], v_ring[r]);
+#pragma unroll
+                for (int g = 0; g < GM; ++g) {
+                    if (g >= (int)group) break;
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
+                    for (u32 o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                    if (!live) continue;
+                    float score = dot * a.scale;
+                    if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+                    const float m_new = fmaxf(m[g], score);
+                    const float corr = m[g] == -MET_INF ? 0.0f : __expf(m[g] - m_new);
+                    const float p = __expf(score - m_new);
+                    l[g] = l[g] * corr + p;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
+                    m[g] = m_new;
+                }
+            }
+        }
+        // Merge the lane groups of the warp (same dims, other keys), then the warps.
+        for (u32 o = L; o < 32; o <<= 1) {
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
                 if (g >= (int)group) break;
-                float dot = 0.0f;
+                const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+                const float big = fmaxf(m[g], m2);
+                const float f1 = m[g] == -MET_INF ? 0.0f : expf(m[g] - big), f2 = m2 == -MET_INF ? 0.0f : expf(m2 - big);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
-                for (u32 o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (!live) continue;
-                float score = dot * a.scale;
-                if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
-                const float m_new = fmaxf(m[g], score);
-                const float corr = m[g] == -MET_INF ? 0.0f : __expf(m[g] - m_new);
-                const float p = __expf(score - m_new);
-                l[g] = l[g] * corr + p;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
-                m[g] = m_new;
+                for (int e = 0; e < 8; ++e) {
+                    const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                    acc[g][e] = acc[g][e] * f1 + a2 * f2;
+                }
+                l[g] = l[g] * f1 + l2 * f2;
+                m[g] = big;
             }
         }
-    }
-    // Merge the lane groups of the warp (same dims, other keys), then the warps.
-    for (u32 o = L; o < 32; o <<= 1) {
+        __shared__ float sm_acc[W][GM][ATTN_MAX_DIM];
+        __shared__ float sm_ml[W][GM][2];
+        if (sub == 0) {
 #pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            if (g >= (int)group) break;
-            const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
-            const float big = fmaxf(m[g], m2);
-            const float f1 = m[g] == -MET_INF ? 0.0f : expf(m[g] - big), f2 = m2 == -MET_INF ? 0.0f : expf(m2 - big);
+            for (int g = 0; g < GM; ++g) {
+                if (g >= (int)group) break;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-                acc[g][e] = acc[g][e] * f1 + a2 * f2;
-            }
-            l[g] = l[g] * f1 + l2 * f2;
-            m[g] = big;
-        }
-    }
-    __shared__ float sm_acc[W][GM][ATTN_MAX_DIM];
-    __shared__ float sm_ml[W][GM][2];
-    if (sub == 0) {
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            if (g >= (int)group) break;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sm_acc[warp][g][lig * 8 + e] = acc[g][e];
-            if (lig == 0) {
-                sm_ml[warp][g][0] = m[g];
-                sm_ml[warp][g][1] = l[g];
+                for (int e = 0; e < 8; ++e) sm_acc[warp][g][lig * 8 + e] = acc[g][e];
+                if (lig == 0) {
+                    sm_ml[warp][g][0] = m[g];
+                    sm_ml[warp][g][1] = l[g];
+                }
             }
         }
+        __syncthreads();
+        for (u32 idx = threadIdx.x; idx < group * a.d; idx += blockDim.x) {
+            const u32 g = idx / a.d, e = idx % a.d;
+            float big = -MET_INF;
+            for (int w = 0; w < W; ++w) big = fmaxf(big, sm_ml[w][g][0]);
+            float num = 0.0f, den = 0.0f;
+            for (int w = 0; w < W; ++w) {
+                const float mw = sm_ml[w][g][0];
+                const float f = mw == -MET_INF ? 0.0f : expf(mw - big);
+                num += sm_acc[w][g][e] * f;
+                den += sm_ml[w][g][1] * f;
+            }
+            const u64 head = (u64)s * a.h + kvh * group + g;
+            if (splits_used == 1) {  // nothing to merge: the merge would compute exactly this
+                out[head * a.d + e] = f2bf(num / den);
+                continue;
+            }
+            part_acc[(head * DEC_SPLITS + split) * a.d + e] = num;
+            if (e == 0) {
+                part_ml[(head * DEC_SPLITS + split) * 2] = big;
+                part_ml[(head * DEC_SPLITS + split) * 2 + 1] = den;
+            }
+        }
+        if (splits_used == 1) return;
+        // The last split to finish merges: its partials and everyone else's are visible to it
+        // once each block has fenced its writes before taking a ticket.
+        __shared__ u32 ticket;
+        __threadfence();
+        __syncthreads();
+        u32* counter = counters + (u64)s * a.h_kv + kvh;
+        if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+        __syncthreads();
+        if (ticket == splits_used - 1) {
+            __threadfence();
+            dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits_used, a);
+            if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
+            return;
+        }
+        __syncthreads();  // the next split reuses the shared partials
     }
-    __syncthreads();
-    for (u32 idx = threadIdx.x; idx < group * a.d; idx += blockDim.x) {
-        const u32 g = idx / a.d, e = idx % a.d;
-        float big = -MET_INF;
-        for (int w = 0; w < W; ++w) big = fmaxf(big, sm_ml[w][g][0]);
-        float num = 0.0f, den = 0.0f;
-        for (int w = 0; w < W; ++w) {
-            const float mw = sm_ml[w][g][0];
-            const float f = mw == -MET_INF ? 0.0f : expf(mw - big);
-            num += sm_acc[w][g][e] * f;
-            den += sm_ml[w][g][1] * f;
-        }
-        const u64 head = (u64)s * a.h + kvh * group + g;
-        if (splits_used == 1) {  // nothing to merge: the merge would compute exactly this
-            out[head * a.d + e] = f2bf(num / den);
-            continue;
-        }
-        part_acc[(head * DEC_SPLITS + split) * a.d + e] = num;
-        if (e == 0) {
-            part_ml[(head * DEC_SPLITS + split) * 2] = big;
-            part_ml[(head * DEC_SPLITS + split) * 2 + 1] = den;
-        }
-    }
-    if (splits_used == 1) return;
-    // The last split to finish merges: its partials and everyone else's are visible to it
-    // once each block has fenced its writes before taking a ticket.
-    __shared__ u32 ticket;
-    __threadfence();
-    __syncthreads();
-    u32* counter = counters + (u64)s * a.h_kv + kvh;
-    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (ticket != splits_used - 1) return;
-    __threadfence();
-    dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits_used, a);
-    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
 #define MET_DECODE_ATTENTION(GM, W)                                                                           \

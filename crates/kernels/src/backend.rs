@@ -477,4 +477,21 @@ pub trait GpuBackend: Send + Sync + Debug {
         meta: &AttentionMeta,
         params: &AttentionParams,
     ) -> Result<Tensor>;
+
+    /// [`GpuBackend::paged_attention`]'s result by the device's fastest kernels (the
+    /// `flash` attention backend): on CUDA, tensor-core tiles for prefill and split-KV
+    /// passes for decode. A backend with one attention kernel keeps this default.
+    ///
+    /// # Errors
+    /// On mismatched shapes or metadata.
+    fn flash_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        self.paged_attention(q, k_cache, v_cache, meta, params)
+    }
 }

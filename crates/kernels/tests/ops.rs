@@ -65,6 +65,7 @@ macro_rules! backend_tests {
                 attention::paged_attention_long_contexts,
                 attention::paged_attention_window_at_32k,
                 attention::paged_attention_decode_steps,
+                attention::attention_tiled_prefill_shapes,
                 attention::write_kv_at_long_contexts,
                 attention::qkv_rotary_write_matches_separate_ops,
                 attention::attention_rejects_bad_operands,

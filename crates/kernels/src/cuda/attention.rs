@@ -1,10 +1,14 @@
 //! KV writes and paged attention on the GPU.
 //!
 //! The checks are the CPU backend's (`cpu::attention::check_meta`), run on the host copies
-//! of the metadata, so a bad slot, block or length is an error before any launch. The
-//! kernel is a correctness baseline (see `cuda/attention.cu`); its inputs — the paged pools
-//! `[blocks, block_size, h_kv, d]` and the varlen metadata — are FlashAttention's, so a
-//! faster kernel replaces it behind the same call.
+//! of the metadata, so a bad slot, block or length is an error before any launch. Inputs —
+//! the paged pools `[blocks, block_size, h_kv, d]` and the varlen metadata — are
+//! FlashAttention's. Two ops share them:
+//! - `paged_attention`, the reference: one scalar block per (query row, head), f32 throughout
+//!   (`cuda/attention.cu`);
+//! - `flash_attention`, the `flash` backend: the split-KV decode kernel for decode steps of
+//!   up to 32 sequences (`attention.cu`), tensor-core tiles for everything else
+//!   (`cuda/flash.cu`), the reference for head dims the tiles do not take.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -164,31 +168,38 @@ pub(super) fn qkv_rotary_write(
     Ok(out)
 }
 
-pub(super) fn paged_attention(
+/// An attention call's operands, checked, with its output allocated.
+struct Call {
+    out: Tensor,
+    args: AttnArgs,
+    /// Host copies of `cu_seqlens_q` and `seq_lens`.
+    cu: std::sync::Arc<[u32]>,
+    lens: std::sync::Arc<[u32]>,
+    /// Whether there is anything to compute.
+    empty: bool,
+}
+
+fn checked_call(
     b: &CudaBackend,
+    op: &'static str,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    (k_cache, v_cache): (&Tensor, &Tensor),
     meta: &AttentionMeta,
     p: &AttentionParams,
-) -> Result<Tensor> {
+) -> Result<Call> {
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
     let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
     if d > MAX_HEAD_DIM {
-        return Err(Error::InvalidArgument(format!("paged_attention: head dim {d} exceeds {MAX_HEAD_DIM}")));
+        return Err(Error::InvalidArgument(format!("{op}: head dim {d} exceeds {MAX_HEAD_DIM}")));
     }
     for x in [q, k_cache, v_cache] {
-        expect_dtype("paged_attention", x, &[DType::BF16])?;
+        expect_dtype(op, x, &[DType::BF16])?;
     }
-    let op = "paged_attention";
     let (cu, lens, tables) =
         (b.host_u32(op, &meta.cu_seqlens_q)?, b.host_u32(op, &meta.seq_lens)?, b.host_u32(op, &meta.block_tables)?);
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
     check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
     let out = b.alloc(&[t, h, d], DType::BF16)?;
-    if t == 0 || h == 0 || d == 0 {
-        return Ok(out);
-    }
     let args = AttnArgs {
         num_seqs: lens.len() as u32,
         max_blocks: max_blocks as u32,
@@ -201,20 +212,156 @@ pub(super) fn paged_attention(
         softcap: p.softcap.unwrap_or(0.0),
         split_min: decode_split_min(lens.len()),
     };
-    if decode_applies(&cu, h, hkv, d) {
-        decode(b, &out, (q, k_cache, v_cache), meta, args)?;
-        return Ok(out);
+    Ok(Call { out, args, cu, lens, empty: t == 0 || h == 0 || d == 0 })
+}
+
+/// The reference: one block per (query row, query head), scalar f32 (`paged_attention_bf16`).
+pub(super) fn paged_attention(
+    b: &CudaBackend,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &AttentionMeta,
+    p: &AttentionParams,
+) -> Result<Tensor> {
+    let op = "paged_attention";
+    let call = checked_call(b, op, q, (k_cache, v_cache), meta, p)?;
+    if !call.empty {
+        reference(b, &call, q, (k_cache, v_cache), meta)?;
     }
-    let cfg = LaunchConfig { grid_dim: (t as u32, h as u32, 1), block_dim: (ATTN_THREADS, 1, 1), shared_mem_bytes: 0 };
-    let ptrs = (ptr(op, &out)?, ptr(op, q)?, ptr(op, k_cache)?, ptr(op, v_cache)?);
+    Ok(call.out)
+}
+
+fn reference(
+    b: &CudaBackend,
+    call: &Call,
+    q: &Tensor,
+    (kc, vc): (&Tensor, &Tensor),
+    meta: &AttentionMeta,
+) -> Result<()> {
+    let op = "paged_attention";
+    let (t, h) = (q.dims()[0] as u32, call.args.h);
+    let cfg = LaunchConfig { grid_dim: (t, h, 1), block_dim: (ATTN_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let ptrs = (ptr(op, &call.out)?, ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
     let meta_ptrs = (ptr(op, &meta.cu_seqlens_q)?, ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
     launch!(
         b,
         "paged_attention_bf16",
         cfg,
-        [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, args]
-    )?;
-    Ok(out)
+        [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, call.args]
+    )
+}
+
+/// The `flash` backend: the split-KV decode kernel for decode steps, tensor-core tiles
+/// (`flash.cu`) for any other batch whose head dim they take (64 or 128), the reference
+/// for the rest.
+pub(super) fn flash_attention(
+    b: &CudaBackend,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &AttentionMeta,
+    p: &AttentionParams,
+) -> Result<Tensor> {
+    let op = "flash_attention";
+    let call = checked_call(b, op, q, (k_cache, v_cache), meta, p)?;
+    if call.empty {
+        return Ok(call.out);
+    }
+    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    let decode_step = decode_applies(&call.cu, h, hkv, d);
+    if decode_step && (call.lens.len() <= SPLIT_DECODE_MAX_SEQS || prefill_kernel(d).is_none()) {
+        let z = decode_grid_z(&call.lens, call.args, b.dev.recording_here());
+        decode(b, &call.out, (q, k_cache, v_cache), meta, call.args, z)?;
+    } else if let Some(kernel) = prefill_kernel(d) {
+        prefill(b, &call, kernel, q, (k_cache, v_cache), meta)?;
+    } else {
+        reference(b, &call, q, (k_cache, v_cache), meta)?;
+    }
+    Ok(call.out)
+}
+
+/// Decode steps of up to this many sequences take the split-KV kernel (a few sequences need
+/// their contexts split to fill the GPU); larger ones the tiled kernel, which puts a KV
+/// group's query heads into one tensor-core operand. A CUDA-graph batch size, so a padded
+/// replay runs the kernel of its eager step.
+const SPLIT_DECODE_MAX_SEQS: usize = 32;
+
+/// Packed rows per block of the tiled kernel (`FL_BM`), and its shared memory: the query
+/// tile and two buffers of FL_BN keys and values (`FL_BN` = 64).
+const FL_BM: usize = 64;
+const FL_BN: usize = 64;
+const FL_THREADS: u32 = 128;
+
+fn prefill_shared_bytes(d: usize) -> usize {
+    (FL_BM + 4 * FL_BN) * d * 2
+}
+
+/// The tiled kernel for head dim `d`, if there is one.
+fn prefill_kernel(d: usize) -> Option<&'static str> {
+    match d {
+        64 => Some("flash_prefill_bf16_d64"),
+        128 => Some("flash_prefill_bf16_d128"),
+        _ => None,
+    }
+}
+
+/// Lets the tiled kernels use more than the default 48 KiB of dynamic shared memory.
+pub(super) fn raise_shared_memory(
+    kernels: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
+) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    for d in [64, 128] {
+        let name = prefill_kernel(d).expect("a tiled kernel");
+        let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
+        func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, prefill_shared_bytes(d) as i32)
+            .map_err(|e| Error::Device(format!("{name}: shared memory: {e:?}")))?;
+    }
+    Ok(())
+}
+
+/// The tiled kernel: one block per (tile of FL_BM packed (query, head) rows of one sequence,
+/// KV head). `tiles [seqs + 1]`, each sequence's first tile, is this backend's own step
+/// metadata; a step whose sequences are one tile each passes none.
+fn prefill(
+    b: &CudaBackend,
+    call: &Call,
+    kernel: &'static str,
+    q: &Tensor,
+    (kc, vc): (&Tensor, &Tensor),
+    meta: &AttentionMeta,
+) -> Result<()> {
+    let op = "flash_attention";
+    let group = call.args.h / call.args.h_kv;
+    let mut starts = Vec::with_capacity(call.cu.len());
+    let mut total = 0u32;
+    starts.push(0);
+    for w in call.cu.windows(2) {
+        total += ((w[1] - w[0]) * group).div_ceil(FL_BM as u32);
+        starts.push(total);
+    }
+    if total == 0 {
+        return Ok(());
+    }
+    let one_each = starts.iter().enumerate().all(|(i, &t)| t as usize == i);
+    let tiles = if one_each { None } else { Some(b.upload_u32(&starts, &[starts.len()])?) };
+    let tiles_ptr = match &tiles {
+        Some(t) => ptr(op, t)?,
+        None => 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (total, call.args.h_kv, 1),
+        block_dim: (FL_THREADS, 1, 1),
+        shared_mem_bytes: prefill_shared_bytes(call.args.d as usize) as u32,
+    };
+    let ptrs = (ptr(op, &call.out)?, ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
+    let meta_ptrs = (ptr(op, &meta.cu_seqlens_q)?, ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
+    launch!(
+        b,
+        kernel,
+        cfg,
+        [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, tiles_ptr, call.args]
+    )
 }
 
 /// `DEC_SPLITS` and `DEC_MAX_GROUP` of `attention.cu`.
@@ -257,6 +404,33 @@ fn decode_kernel(group_bucket: usize, seqs: usize) -> &'static str {
     }
 }
 
+/// Split blocks per (sequence, KV head) of a decode launch: each takes every `z`-th split of
+/// its pair. Up to 32 sequences a block per split (16), so a few sequences spread over the
+/// GPU; beyond, 2, so the blocks of a large batch are not mostly empty ones (with one
+/// block per split, 256 sequences of short contexts queued 32k blocks, 15 of 16 with
+/// nothing to do, and the launch took as long as the block scheduler needed for them).
+/// An eager step lowers it to the most splits any of its sequences needs; a graph
+/// recording keeps the class's figure, as its replays see other contexts. Which block
+/// computes a split changes no result.
+fn decode_grid_z(lens: &[u32], args: AttnArgs, recording: bool) -> u32 {
+    let class = if lens.len() <= 32 { DEC_SPLITS as u32 } else { 2 };
+    if recording {
+        return class;
+    }
+    let window = args.window;
+    let needed = lens
+        .iter()
+        .map(|&len| {
+            let visible = if window > 0 { len.min(window) } else { len };
+            let per = visible.div_ceil(DEC_SPLITS as u32);
+            let split = args.split_min.max(per.div_ceil(args.split_min) * args.split_min);
+            visible.div_ceil(split)
+        })
+        .max()
+        .unwrap_or(1);
+    class.min(needed).max(1)
+}
+
 /// Whether the split-KV decode kernel takes the batch: one query row per sequence, head
 /// dims of a power-of-two number of 8-element vectors, groups of at most 8 query heads, a
 /// merge ticket for every (sequence, KV head).
@@ -278,8 +452,9 @@ fn decode(
     (q, kc, vc): (&Tensor, &Tensor, &Tensor),
     meta: &AttentionMeta,
     args: AttnArgs,
+    z: u32,
 ) -> Result<()> {
-    let op = "paged_attention";
+    let op = "flash_attention";
     let (seqs, h, hkv, d) = (args.num_seqs as usize, args.h as usize, args.h_kv as usize, args.d as usize);
     let bucket = (h / hkv).next_power_of_two();
     let part_acc = b.alloc(&[seqs, h, DEC_SPLITS, d], DType::F32)?;
@@ -287,7 +462,7 @@ fn decode(
     let (acc, ml) = (ptr(op, &part_acc)?, ptr(op, &part_ml)?);
     let (lens, tables) = (ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
     let cfg = LaunchConfig {
-        grid_dim: (seqs as u32, hkv as u32, DEC_SPLITS as u32),
+        grid_dim: (seqs as u32, hkv as u32, z),
         block_dim: (32 * decode_warps(bucket, seqs), 1, 1),
         shared_mem_bytes: 0,
     };

@@ -278,7 +278,7 @@ impl Device {
 
     /// Whether this thread is recording a graph (whose copies may not come from host memory
     /// that changes later).
-    fn recording_here(&self) -> bool {
+    pub(crate) fn recording_here(&self) -> bool {
         self.graph_memory.lock().recording == Some(thread::current().id())
     }
 

@@ -70,6 +70,8 @@ const KERNELS: &[&str] = &[
     "qkv_rotary_write_bf16",
     "qkv_rotary_write_bf16_nf32",
     "paged_attention_bf16",
+    "flash_prefill_bf16_d64",
+    "flash_prefill_bf16_d128",
     "decode_attention_bf16_g1_w4",
     "decode_attention_bf16_g2_w4",
     "decode_attention_bf16_g4_w4",
@@ -167,6 +169,7 @@ impl CudaBackend {
             .chain(&gemv::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
+        attention::raise_shared_memory(&kernels)?;
         let blas = Blas::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
         dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;
@@ -553,5 +556,16 @@ impl GpuBackend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         attention::paged_attention(self, q, k_cache, v_cache, meta, params)
+    }
+
+    fn flash_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        attention::flash_attention(self, q, k_cache, v_cache, meta, params)
     }
 }

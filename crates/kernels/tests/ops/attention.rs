@@ -131,14 +131,44 @@ fn write_positions(
     b.write_kv(&k, &v, pools.0, pools.1, &upload_u32(b, &slots, &[slots.len()])?)
 }
 
-/// Runs one step the way the engine does: an earlier step already cached every token
-/// before this step's queries; this step writes its own K/V, then attends.
+/// The two attention ops: the reference kernel and the `flash` backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Paged,
+    Flash,
+}
+
+impl Op {
+    pub const ALL: [Op; 2] = [Op::Paged, Op::Flash];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Paged => "paged_attention",
+            Op::Flash => "flash_attention",
+        }
+    }
+}
+
+/// [`run_step`] through the reference op.
 pub fn run_paged(
     b: &dyn GpuBackend,
     layout: &Layout,
     seqs: &[Seq],
     c: &Contents,
     tables: &[Vec<u32>],
+) -> Result<Tensor> {
+    run_step(b, layout, seqs, c, tables, Op::Paged)
+}
+
+/// Runs one step the way the engine does: an earlier step already cached every token
+/// before this step's queries; this step writes its own K/V, then attends through `op`.
+pub fn run_step(
+    b: &dyn GpuBackend,
+    layout: &Layout,
+    seqs: &[Seq],
+    c: &Contents,
+    tables: &[Vec<u32>],
+    op: Op,
 ) -> Result<Tensor> {
     let (p, bs) = (&layout.params, layout.block_size);
     let pool_dims = [pool_blocks(seqs, bs), bs, p.num_kv_heads, p.head_dim];
@@ -148,7 +178,11 @@ pub fn run_paged(
     write_positions(b, batch, (&kc, &vc), |s| s.context - s.q_len..s.context)?;
     let t: usize = seqs.iter().map(|s| s.q_len).sum();
     let q = upload_f32(b, &c.q, &[t, p.num_heads, p.head_dim])?;
-    b.paged_attention(&q, &kc, &vc, &upload_meta(b, seqs, tables)?, p)
+    let meta = upload_meta(b, seqs, tables)?;
+    match op {
+        Op::Paged => b.paged_attention(&q, &kc, &vc, &meta, p),
+        Op::Flash => b.flash_attention(&q, &kc, &vc, &meta, p),
+    }
 }
 
 /// Direct attention in f64: query `i` of a sequence sits at `p = context - q_len + i` and
@@ -186,7 +220,8 @@ pub fn attention_reference(p: &AttentionParams, seqs: &[Seq], c: &Contents) -> V
     out
 }
 
-/// Runs `seqs` under `layout` on shuffled tables and compares with the reference.
+/// Runs `seqs` under `layout` on shuffled tables through both ops and compares each with
+/// the f64 reference.
 fn check_case(
     b: &dyn GpuBackend,
     layout: &Layout,
@@ -198,11 +233,13 @@ fn check_case(
     let mut rng = Rng::new(seed);
     let contents = Contents::random(b, &mut rng, layout, seqs, q_gain);
     let tables = shuffled_tables(&mut rng, seqs, layout.block_size, pool_blocks(seqs, layout.block_size));
-    let out = run_paged(b, layout, seqs, &contents, &tables)?;
     let p = &layout.params;
     let want = attention_reference(p, seqs, &contents);
     let t: usize = seqs.iter().map(|s| s.q_len).sum();
-    assert_close(b, &out, &[t, p.num_heads, p.head_dim], &want, what)?;
+    for op in Op::ALL {
+        let out = run_step(b, layout, seqs, &contents, &tables, op)?;
+        assert_close(b, &out, &[t, p.num_heads, p.head_dim], &want, &format!("{what} ({})", op.name()))?;
+    }
     Ok(want)
 }
 
@@ -239,6 +276,36 @@ pub fn paged_attention_softcap(b: &dyn GpuBackend) -> Result<()> {
     let with = check_case(b, &layout, &MIXED, 8.0, 33, "paged_attention softcap")?;
     let without = check_case(b, &Layout::new(4, 2, 16, 4), &MIXED, 8.0, 33, "paged_attention no softcap")?;
     assert_option_matters(&with, &without, "the soft-cap");
+    Ok(())
+}
+
+/// The tiled prefill kernel's shapes (head dims 64 and 128, groups of 1 to 8 query heads)
+/// over chunked prefills whose query tiles and key tiles both cross block and tile edges
+/// (tiles of 64 rows and 64 keys; blocks of 16), beside decode rows of other sequences, with
+/// sharp attention (scores of a few units, so a wrong mask or a dropped tile moves the rows).
+pub fn attention_tiled_prefill_shapes(b: &dyn GpuBackend) -> Result<()> {
+    let seqs = [
+        Seq { context: 200, q_len: 200 },
+        Seq { context: 1_000, q_len: 129 },
+        Seq { context: 64, q_len: 1 },
+        Seq { context: 65, q_len: 64 },
+        Seq { context: 300, q_len: 63 },
+        Seq { context: 1, q_len: 1 },
+    ];
+    for (seed, &(h, hkv, d)) in [(8, 2, 128), (8, 8, 64), (16, 2, 128), (4, 1, 64)].iter().enumerate() {
+        let what = format!("tiled prefill h={h} h_kv={hkv} d={d}");
+        check_case(b, &Layout::new(h, hkv, d, 16), &seqs, 6.0, 80 + seed as u64, &what)?;
+    }
+    let plain = Layout::new(8, 2, 128, 16);
+    let without = check_case(b, &plain, &seqs, 6.0, 90, "tiled prefill, no window")?;
+    let mut windowed = plain;
+    windowed.params.sliding_window = Some(70);
+    let with = check_case(b, &windowed, &seqs, 6.0, 90, "tiled prefill, window 70")?;
+    assert_option_matters(&with, &without, "the tiled window");
+    let mut capped = plain;
+    capped.params.softcap = Some(2.0);
+    let with = check_case(b, &capped, &seqs, 6.0, 90, "tiled prefill, soft-cap 2")?;
+    assert_option_matters(&with, &without, "the tiled soft-cap");
     Ok(())
 }
 
@@ -473,5 +540,9 @@ pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     capped.params.softcap = Some(2.0);
     let with = check_case(b, &capped, &seqs, 6.0, 70, "decode, soft-cap 2")?;
     assert_option_matters(&with, &without, "the decode soft-cap");
-    Ok(())
+    // Past 32 sequences CUDA's flash op decodes head dims 64 and 128 with its tiled kernel
+    // and others with the split kernel, whose blocks then take several splits each.
+    let many: Vec<Seq> = (0..40).map(|i| Seq { context: [3, 200, 700, 2_100, 4_097][i % 5] + i, q_len: 1 }).collect();
+    check_case(b, &Layout::new(8, 2, 128, 16), &many, 6.0, 71, "decode, 40 sequences, d=128").map(drop)?;
+    check_case(b, &Layout::new(6, 2, 96, 16), &many, 6.0, 72, "decode, 40 sequences, d=96").map(drop)
 }
