@@ -288,7 +288,8 @@ def gate_shape(name, raw, long, args, results, broken_results):
         for label, env, into in variants:
             cases = into.setdefault("cases", {}).setdefault(name, {})
             for prompts, extra in runs:
-                outs = run_met(args.met, path, prompts, args.work, device, extra, env)
+                backend = ["--attention-backend", args.attention_backend] if args.attention_backend else []
+                outs = run_met(args.met, path, prompts, args.work, device, extra + backend, env)
                 check_hits(prompts, outs, f"{label} {name} seed {seed}")
                 r32 = [teacher_forced(m32, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
                 rb = [teacher_forced(mb, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
@@ -324,6 +325,7 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--broken", help="a MET_TEST_FAULT value whose variant must fail the gate")
     ap.add_argument("--shapes", help="comma-separated subset of the shape names")
+    ap.add_argument("--attention-backend", help="met's --attention-backend (default: met's own default)")
     args = ap.parse_args()
     args.met = os.path.abspath(args.met)
     os.makedirs(args.work, exist_ok=True)

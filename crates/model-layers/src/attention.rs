@@ -51,8 +51,8 @@ pub trait AttentionBackend: Send + Sync {
     ) -> Result<Tensor>;
 }
 
-/// Names accepted by [`attention_backend`].
-pub const ATTENTION_BACKENDS: &[&str] = &["paged"];
+/// Names accepted by [`attention_backend`], the default first.
+pub const ATTENTION_BACKENDS: &[&str] = &["flash", "paged"];
 
 /// The attention backend called `name`.
 ///
@@ -61,6 +61,7 @@ pub const ATTENTION_BACKENDS: &[&str] = &["paged"];
 pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
     match name {
         "paged" => Ok(Arc::new(PagedAttention { backend })),
+        "flash" => Ok(Arc::new(FlashAttention(PagedAttention { backend }))),
         other => Err(ModelError::Unsupported(format!(
             "unknown attention backend `{other}` (available: {})",
             ATTENTION_BACKENDS.join(", ")
@@ -111,5 +112,31 @@ impl AttentionBackend for PagedAttention {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         Ok(self.backend.paged_attention(q, k_cache, v_cache, &step.attention, params)?)
+    }
+}
+
+/// Attention through the device's fastest kernels ([`GpuBackend::flash_attention`]), over
+/// the same step metadata as [`PagedAttention`], which stays the reference it is tested
+/// against.
+#[derive(Debug)]
+pub struct FlashAttention(PagedAttention);
+
+impl AttentionBackend for FlashAttention {
+    fn name(&self) -> &'static str {
+        "flash"
+    }
+
+    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
+        self.0.prepare(batch)
+    }
+
+    fn attend(
+        &self,
+        q: &Tensor,
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        step: &StepMetadata,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        Ok(self.0.backend.flash_attention(q, k_cache, v_cache, &step.attention, params)?)
     }
 }

@@ -42,6 +42,7 @@ use std::sync::Arc;
 use met_cache::{KvCache, PagedKvCache};
 use met_config::{EngineConfig, ModelConfig, SamplingParams};
 use met_kernels::{CudaBackend, GpuBackend};
+use met_model_layers::attention::ATTENTION_BACKENDS;
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
 use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
@@ -104,9 +105,10 @@ fn fixture(name: &'static str) -> Fixture {
     Fixture { name, dir, cfg, prompts, greedy, logits, tolerance }
 }
 
-fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>) -> Box<dyn Model> {
+fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>, attention: &str) -> Box<dyn Model> {
     let store = SafetensorsStore::open(&f.dir).unwrap();
-    load_model(&f.cfg, &store, Arc::clone(backend), &LoadOptions::default()).unwrap()
+    let options = LoadOptions { attention_backend: attention.into() };
+    load_model(&f.cfg, &store, Arc::clone(backend), &options).unwrap()
 }
 
 fn cuda() -> Arc<dyn GpuBackend> {
@@ -210,7 +212,7 @@ struct Step {
 fn greedy_steps(f: &Fixture) -> Vec<Vec<Step>> {
     let spy = Arc::new(RouterSpy::default());
     let cpu: Arc<dyn GpuBackend> = spy.clone();
-    let m = model(f, &cpu);
+    let m = model(f, &cpu, ATTENTION_BACKENDS[0]);
     let full: Vec<Vec<u32>> =
         f.prompts.iter().zip(&f.greedy).map(|(p, g)| [&p[..], &g[..NEW_TOKENS - 1]].concat()).collect();
     let logits = teacher_forced(&*m, &*cpu, &full, usize::MAX);
@@ -239,7 +241,7 @@ fn greedy_steps(f: &Fixture) -> Vec<Vec<Step>> {
 
 /// Greedy continuations through the engine on `backend`.
 fn through_engine(f: &Fixture, backend: &Arc<dyn GpuBackend>, config: EngineConfig, blocks: usize) -> Vec<Vec<u32>> {
-    let m = model(f, backend);
+    let m = model(f, backend, ATTENTION_BACKENDS[0]);
     let kv = PagedKvCache::new(&**backend, m.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
     let mut engine =
         Engine::new(m, Arc::clone(backend), Box::new(kv), config, Box::new(Fcfs), Arc::new(Metrics::new())).unwrap();
@@ -302,13 +304,15 @@ fn check_greedy(f: &Fixture, got: &[Vec<u32>], steps: &[Vec<Step>], mode: &str) 
 fn run(name: &'static str) {
     let f = fixture(name);
     let gpu = cuda();
-    let m = model(&f, &gpu);
     let mut failures = Vec::new();
-    for (mode, chunk) in [("one batch", usize::MAX), ("chunks of 5", 5)] {
-        let got = teacher_forced(&*m, &*gpu, &f.prompts, chunk);
-        failures.extend(check_logits(&f, &got, mode));
+    // The logits through every attention backend; the engine runs below use the default.
+    for attention in ATTENTION_BACKENDS {
+        let m = model(&f, &gpu, attention);
+        for (mode, chunk) in [("one batch", usize::MAX), ("chunks of 5", 5)] {
+            let got = teacher_forced(&*m, &*gpu, &f.prompts, chunk);
+            failures.extend(check_logits(&f, &got, &format!("{mode}, {attention}")));
+        }
     }
-    drop(m);
     let steps = greedy_steps(&f);
     let chunked = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
     let tight = EngineConfig { block_size: 4, ..EngineConfig::default() };

@@ -294,8 +294,8 @@ pub struct ModelArgs {
     /// Device to run on: cpu, cuda or auto.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceKind,
-    /// Attention backend.
-    #[arg(long, default_value = "paged")]
+    /// Attention backend: flash (the device's fastest kernels) or paged (the reference).
+    #[arg(long, default_value = "flash")]
     pub attention_backend: String,
 }
 

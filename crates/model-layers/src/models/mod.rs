@@ -152,7 +152,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { attention_backend: "paged".into() }
+        Self { attention_backend: crate::attention::ATTENTION_BACKENDS[0].into() }
     }
 }
 
