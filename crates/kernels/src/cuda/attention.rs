@@ -7,7 +7,7 @@
 //! - `paged_attention`, the reference: one scalar block per (query row, head), f32 throughout
 //!   (`cuda/attention.cu`);
 //! - `flash_attention`, the `flash` backend: the split-KV decode kernel for decode steps of
-//!   up to 32 sequences (`attention.cu`), tensor-core tiles for everything else
+//!   up to 8 sequences (`attention.cu`), tensor-core tiles for everything else
 //!   (`cuda/flash.cu`), the reference for head dims the tiles do not take.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
@@ -283,9 +283,10 @@ pub(super) fn flash_attention(
 
 /// Decode steps of up to this many sequences take the split-KV kernel (a few sequences need
 /// their contexts split to fill the GPU); larger ones the tiled kernel, which puts a KV
-/// group's query heads into one tensor-core operand. A CUDA-graph batch size, so a padded
-/// replay runs the kernel of its eager step.
-const SPLIT_DECODE_MAX_SEQS: usize = 32;
+/// group's query heads into one tensor-core operand and streams keys at several times the
+/// split kernel's rate over long contexts. A CUDA-graph batch size, so a padded replay runs
+/// the kernel of its eager step.
+const SPLIT_DECODE_MAX_SEQS: usize = 8;
 
 /// Packed rows per block of the tiled kernel (`FL_BM`), and its shared memory: the query
 /// tile and two buffers of FL_BN keys and values (`FL_BN` = 64).
