@@ -15,6 +15,7 @@
 //! backend that made it, and ops reject tensors of another device; float data on a backend
 //! is stored in that backend's [`GpuBackend::float_dtype`], index data as `u32`.
 
+pub mod attention;
 mod backend;
 mod check;
 pub mod cpu;

@@ -1,142 +1,46 @@
-//! The attention-backend seam.
+//! The attention-backend seam, as a model uses it.
 //!
-//! One call per layer: attend for the whole varlen batch through the block tables, after
-//! the layer's prologue (`GpuBackend::qkv_rotary_write`) has written this step's K/V into
-//! their cache slots. The metadata of a step is prepared once and shared by every layer.
-//! [`PagedAttention`] implements the seam with the device's own `paged_attention` op;
-//! faster kernels plug in as other backends, chosen at startup by name.
-//!
-//! Adding a backend: implement [`AttentionBackend`] (honouring every field of
-//! [`AttentionParams`]: GQA, scale, sliding window, soft-cap), add its name to
-//! [`ATTENTION_BACKENDS`] and an arm to [`attention_backend`]; `--attention-backend`
-//! then offers it.
+//! Backends live in `met-kernels` ([`met_kernels::attention`]): each is a family of kernels
+//! with its own step metadata, chosen at startup by name. This module only turns a
+//! [`ForwardBatch`] into the backend-neutral [`StepLayout`] they prepare from.
 
-use std::sync::Arc;
+pub use met_kernels::attention::{ATTENTION_BACKENDS, AttentionBackend, StepLayout, StepMetadata, attention_backend};
 
-use met_kernels::{AttentionMeta, AttentionParams, DType, GpuBackend, HostTensor, Tensor};
+use crate::ForwardBatch;
 
-use crate::{ForwardBatch, ModelError, Result};
-
-/// Device-side metadata of one forward step, shared by all layers.
+/// The host-side layout of a batch, owned: block tables padded to the widest sequence.
 #[derive(Debug, Clone)]
-pub struct StepMetadata {
-    /// Query/context layout and block tables.
-    pub attention: AttentionMeta,
-    /// `u32 [t]`: cache slot of each row.
-    pub slots: Tensor,
+pub(crate) struct BatchLayout {
+    pub cu_seqlens_q: Vec<u32>,
+    pub seq_lens: Vec<u32>,
+    pub block_tables: Vec<u32>,
+    pub max_blocks: usize,
 }
 
-/// One way to compute attention over the paged KV cache.
-pub trait AttentionBackend: Send + Sync {
-    /// The name it is selected by (`--attention-backend`).
-    fn name(&self) -> &'static str;
+impl BatchLayout {
+    /// `batch`'s layout, its block tables `max_blocks` wide (at least its widest).
+    pub(crate) fn of(batch: &ForwardBatch, max_blocks: usize) -> Self {
+        Self {
+            cu_seqlens_q: batch.cu_seqlens_q(),
+            seq_lens: batch.context_lens(),
+            block_tables: batch.padded_block_tables(max_blocks),
+            max_blocks,
+        }
+    }
 
-    /// Uploads the metadata of `batch` once per step.
-    ///
-    /// # Errors
-    /// When the upload fails.
-    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata>;
-
-    /// Attention of `q [t, h, d]` over the layer's pools, which already hold this step's
-    /// keys and values: `[t, h, d]`.
-    ///
-    /// # Errors
-    /// On mismatched shapes or device failure.
-    fn attend(
-        &self,
-        q: &Tensor,
-        cache: (&Tensor, &Tensor),
-        step: &StepMetadata,
-        params: &AttentionParams,
-    ) -> Result<Tensor>;
-}
-
-/// Names accepted by [`attention_backend`], the default first.
-pub const ATTENTION_BACKENDS: &[&str] = &["flash", "paged"];
-
-/// The attention backend called `name`.
-///
-/// # Errors
-/// [`ModelError::Unsupported`] for an unknown name, listing the known ones.
-pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
-    match name {
-        "paged" => Ok(Arc::new(PagedAttention { backend })),
-        "flash" => Ok(Arc::new(FlashAttention(PagedAttention { backend }))),
-        other => Err(ModelError::Unsupported(format!(
-            "unknown attention backend `{other}` (available: {})",
-            ATTENTION_BACKENDS.join(", ")
-        ))),
+    /// The layout with the rows' cache `slots`.
+    pub(crate) fn with_slots<'a>(&'a self, slots: &'a [u32]) -> StepLayout<'a> {
+        StepLayout {
+            cu_seqlens_q: &self.cu_seqlens_q,
+            seq_lens: &self.seq_lens,
+            block_tables: &self.block_tables,
+            max_blocks: self.max_blocks,
+            slots,
+        }
     }
 }
 
-/// Attention through the device backend's own paged-attention op.
-#[derive(Debug)]
-pub struct PagedAttention {
-    backend: Arc<dyn GpuBackend>,
-}
-
-impl PagedAttention {
-    /// Paged attention on `backend`.
-    pub fn new(backend: Arc<dyn GpuBackend>) -> Self {
-        Self { backend }
-    }
-}
-
-impl AttentionBackend for PagedAttention {
-    fn name(&self) -> &'static str {
-        "paged"
-    }
-
-    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
-        let seqs = &batch.sequences;
-        let max_blocks = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1);
-        let tables = batch.padded_block_tables(max_blocks);
-        let seq_lens = batch.context_lens();
-        let b = &self.backend;
-        let attention = AttentionMeta {
-            cu_seqlens_q: b.upload(&HostTensor::from_u32(&batch.cu_seqlens_q(), &[seqs.len() + 1]), DType::U32)?,
-            seq_lens: b.upload(&HostTensor::from_u32(&seq_lens, &[seqs.len()]), DType::U32)?,
-            block_tables: b.upload(&HostTensor::from_u32(&tables, &[seqs.len(), max_blocks]), DType::U32)?,
-            max_seqlen_q: seqs.iter().map(|s| s.query_len).max().unwrap_or(0),
-            max_seqlen_k: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
-        };
-        let slots = b.upload(&HostTensor::from_u32(&batch.slot_mapping, &[batch.slot_mapping.len()]), DType::U32)?;
-        Ok(StepMetadata { attention, slots })
-    }
-
-    fn attend(
-        &self,
-        q: &Tensor,
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        step: &StepMetadata,
-        params: &AttentionParams,
-    ) -> Result<Tensor> {
-        Ok(self.backend.paged_attention(q, k_cache, v_cache, &step.attention, params)?)
-    }
-}
-
-/// Attention through the device's fastest kernels ([`GpuBackend::flash_attention`]), over
-/// the same step metadata as [`PagedAttention`], which stays the reference it is tested
-/// against.
-#[derive(Debug)]
-pub struct FlashAttention(PagedAttention);
-
-impl AttentionBackend for FlashAttention {
-    fn name(&self) -> &'static str {
-        "flash"
-    }
-
-    fn prepare(&self, batch: &ForwardBatch) -> Result<StepMetadata> {
-        self.0.prepare(batch)
-    }
-
-    fn attend(
-        &self,
-        q: &Tensor,
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        step: &StepMetadata,
-        params: &AttentionParams,
-    ) -> Result<Tensor> {
-        Ok(self.0.backend.flash_attention(q, k_cache, v_cache, &step.attention, params)?)
-    }
+/// The widest block table of `batch` (at least 1).
+pub(crate) fn widest_table(batch: &ForwardBatch) -> usize {
+    batch.sequences.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1)
 }

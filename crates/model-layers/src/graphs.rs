@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use met_cache::KvCache;
-use met_kernels::{AttentionMeta, DType, Graph, HostTensor, Tensor};
+use met_kernels::{DType, Graph, HostTensor, Tensor};
 
-use crate::attention::StepMetadata;
+use crate::attention::{BatchLayout, StepLayout};
 use crate::layers::decoder::{DecoderModel, DeviceStep};
 use crate::{ForwardBatch, Model, Result};
 
@@ -176,15 +176,16 @@ impl DecodeGraphs {
             v.resize(g.size, fill);
             v
         };
-        let (seq_lens, tables) = (batch.context_lens(), batch.padded_block_tables(self.max_blocks));
-        let (step, meta) = (&g.step, &g.step.meta.attention);
+        let step = &g.step;
         b.write_u32(&step.ids, &pad(&batch.token_ids, 0))?;
         b.write_u32(&step.positions, &pad(&batch.positions, 0))?;
-        b.write_u32(&step.meta.slots, &pad(&batch.slot_mapping, NO_SLOT))?;
-        b.write_u32(&meta.seq_lens, &pad(&seq_lens, 1))?;
-        // Rows past `n` keep the zeros they were recorded with: block 0, never read past
-        // their one-token context.
-        b.write_u32(&meta.block_tables, &tables)?;
+        // Padding rows: one token each at no slot, reading block 0 (their one-token
+        // context), as recorded.
+        let mut layout = BatchLayout::of(batch, self.max_blocks);
+        layout.cu_seqlens_q = (0..=g.size as u32).collect();
+        layout.seq_lens = pad(&layout.seq_lens, 1);
+        layout.block_tables.resize(g.size * self.max_blocks, 0);
+        model.attention().refresh(&step.meta, &layout.with_slots(&pad(&batch.slot_mapping, NO_SLOT)))?;
         g.graph.replay()?;
         self.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(b.copy_rows(&g.logits, n)?))
@@ -204,16 +205,14 @@ fn record(model: &DecoderModel, kv: &dyn KvCache, size: usize, max_blocks: usize
     // cache, so each op's checks pass; replays overwrite them.
     let slots: Vec<u32> = (0..size as u32).collect();
     let cu: Vec<u32> = (0..=size as u32).collect();
-    let meta = StepMetadata {
-        attention: AttentionMeta {
-            cu_seqlens_q: u32s(&cu, &[size + 1])?,
-            seq_lens: u32s(&vec![1; size], &[size])?,
-            block_tables: u32s(&vec![0; size * max_blocks], &[size, max_blocks])?,
-            max_seqlen_q: 1,
-            max_seqlen_k: max_blocks * kv.block_size(),
-        },
-        slots: u32s(&slots, &[size])?,
-    };
+    let tables = vec![0; size * max_blocks];
+    let meta = model.attention().prepare(&StepLayout {
+        cu_seqlens_q: &cu,
+        seq_lens: &vec![1; size],
+        block_tables: &tables,
+        max_blocks,
+        slots: &slots,
+    })?;
     let step = DeviceStep {
         ids: u32s(&vec![0; size], &[size])?,
         positions: u32s(&vec![0; size], &[size])?,

@@ -295,7 +295,8 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceKind,
     /// Attention backend: flash (the device's fastest kernels) or paged (the reference).
-    #[arg(long, default_value = "flash")]
+    #[arg(long, default_value = met_kernels::attention::ATTENTION_BACKENDS[0],
+          value_parser = clap::builder::PossibleValuesParser::new(met_kernels::attention::ATTENTION_BACKENDS))]
     pub attention_backend: String,
 }
 

@@ -79,7 +79,7 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
         (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
         (&["--model", llama], "no prompts"),
@@ -92,6 +92,10 @@ fn bad_input_is_a_message_and_a_failure() {
         (&["--model", llama, "--prompt-ids", "1", "--hf-overrides", "{"], "--hf-overrides"),
         (&["--model", llama, "--prompt-ids", "1", "--device", "tpu"], "unknown device"),
         (&["--model", llama, "--prompt-ids", "1", "--policy", "lifo"], "[possible values: fcfs, priority]"),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--attention-backend", "xformers"],
+            "[possible values: flash, paged]",
+        ),
         (&["--model", llama, "--prompt-ids", "1", "--speculative", "draft"], "[possible values: ngram]"),
         (
             &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--num-speculative-tokens", "0"],

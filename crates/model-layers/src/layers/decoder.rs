@@ -21,7 +21,7 @@ use super::norm::load_norm;
 use super::rotary::inv_freq;
 use super::self_attention::{SelfAttention, StepInputs};
 use super::spec;
-use crate::attention::{AttentionBackend, StepMetadata};
+use crate::attention::{AttentionBackend, BatchLayout, StepMetadata, widest_table};
 use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
 use crate::{ForwardBatch, Model, ModelError, Result};
 
@@ -249,7 +249,9 @@ impl DecoderModel {
         Ok(DeviceStep {
             ids: b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]), DType::U32)?,
             positions: b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?,
-            meta: self.attention.prepare(batch)?,
+            meta: self
+                .attention
+                .prepare(&BatchLayout::of(batch, widest_table(batch)).with_slots(&batch.slot_mapping))?,
             logit_rows,
         })
     }
@@ -281,6 +283,11 @@ impl DecoderModel {
             None => normed,
         };
         self.logits(b, &last)
+    }
+
+    /// The attention backend the layers attend through.
+    pub(crate) fn attention(&self) -> &dyn AttentionBackend {
+        &*self.attention
     }
 
     pub(crate) fn backend(&self) -> &Arc<dyn GpuBackend> {

@@ -1,0 +1,210 @@
+//! The attention-backend seam: how a model's layers attend over the paged KV cache.
+//!
+//! A backend is a family of kernels with its own step metadata. Once per step, `prepare`
+//! turns the step's layout (a [`StepLayout`]: query rows and context length of each
+//! sequence, block tables, cache slots, all on the host) into what its kernels read; then
+//! `attend` runs once per layer, after the layer's prologue (`GpuBackend::qkv_rotary_write`)
+//! has written this step's K/V into the slots. A CUDA graph replays a recorded step with
+//! new contents through `refresh`, which rewrites the prepared metadata in place. The model
+//! builds the layout from its batch and knows nothing else about the backend.
+//!
+//! - `flash` (the default): [`GpuBackend::flash_attention`], the device's fastest kernels.
+//! - `paged`: [`GpuBackend::paged_attention`], the reference the other is tested against.
+//!
+//! Adding a backend: implement [`AttentionBackend`] (honouring every field of
+//! [`AttentionParams`]: GQA, scale, sliding window, soft-cap), add its name to
+//! [`ATTENTION_BACKENDS`] and an arm to [`attention_backend`]; `--attention-backend` then
+//! offers it, and `tests/ops/attention.rs` is where its kernels meet the f64 reference.
+
+use std::sync::Arc;
+
+use crate::backend::{AttentionMeta, AttentionParams, GpuBackend};
+use crate::error::{Error, Result};
+use crate::{DType, HostTensor, Tensor};
+
+/// One step's attention layout, on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct StepLayout<'a> {
+    /// `[seqs + 1]`: sequence `s` owns query rows `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`.
+    pub cu_seqlens_q: &'a [u32],
+    /// `[seqs]`: each sequence's context after this step's writes.
+    pub seq_lens: &'a [u32],
+    /// `[seqs, max_blocks]`: each sequence's blocks, padded.
+    pub block_tables: &'a [u32],
+    /// Width of `block_tables`.
+    pub max_blocks: usize,
+    /// `[t]`: the cache slot of each query row (`block · block_size + offset`).
+    pub slots: &'a [u32],
+}
+
+impl StepLayout<'_> {
+    fn seqs(&self) -> usize {
+        self.seq_lens.len()
+    }
+
+    /// Longest query and context of the step.
+    fn max_lens(&self) -> (usize, usize) {
+        let q = self.cu_seqlens_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        (q, self.seq_lens.iter().copied().max().unwrap_or(0) as usize)
+    }
+}
+
+/// A step's metadata on the device, as [`AttentionBackend::prepare`] made it.
+#[derive(Debug, Clone)]
+pub struct StepMetadata {
+    /// Query/context layout and block tables.
+    pub attention: AttentionMeta,
+    /// `u32 [t]`: cache slot of each row.
+    pub slots: Tensor,
+}
+
+/// One way to compute attention over the paged KV cache.
+pub trait AttentionBackend: Send + Sync + std::fmt::Debug {
+    /// The name it is selected by (`--attention-backend`).
+    fn name(&self) -> &'static str;
+
+    /// Uploads the metadata of a step once, for every layer.
+    ///
+    /// # Errors
+    /// When the upload fails.
+    fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata>;
+
+    /// Rewrites `step`, prepared for a layout of the same shape (sequences, rows, table
+    /// width), to hold `layout`, in place: what a CUDA graph reads when it replays.
+    ///
+    /// # Errors
+    /// On a layout of another shape, or when the writes fail.
+    fn refresh(&self, step: &StepMetadata, layout: &StepLayout<'_>) -> Result<()>;
+
+    /// Attention of `q [t, h, d]` over the layer's pools, which already hold this step's
+    /// keys and values: `[t, h, d]`.
+    ///
+    /// # Errors
+    /// On mismatched shapes or device failure.
+    fn attend(
+        &self,
+        q: &Tensor,
+        cache: (&Tensor, &Tensor),
+        step: &StepMetadata,
+        params: &AttentionParams,
+    ) -> Result<Tensor>;
+}
+
+/// Names accepted by [`attention_backend`], the default first.
+pub const ATTENTION_BACKENDS: &[&str] = &["flash", "paged"];
+
+/// The attention backend called `name`, on `backend`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unknown name, listing the known ones.
+pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
+    match name {
+        "flash" => Ok(Arc::new(Flash(Shared { backend }))),
+        "paged" => Ok(Arc::new(Paged(Shared { backend }))),
+        other => Err(Error::InvalidArgument(format!(
+            "unknown attention backend `{other}` (available: {})",
+            ATTENTION_BACKENDS.join(", ")
+        ))),
+    }
+}
+
+/// The metadata both backends read: FlashAttention's paged varlen layout.
+struct Shared {
+    backend: Arc<dyn GpuBackend>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("backend", &self.backend.name()).finish()
+    }
+}
+
+impl Shared {
+    fn prepare(&self, l: &StepLayout<'_>) -> Result<StepMetadata> {
+        let b = &self.backend;
+        let u32s = |data: &[u32], dims: &[usize]| b.upload(&HostTensor::from_u32(data, dims), DType::U32);
+        let (max_seqlen_q, max_seqlen_k) = l.max_lens();
+        let attention = AttentionMeta {
+            cu_seqlens_q: u32s(l.cu_seqlens_q, &[l.seqs() + 1])?,
+            seq_lens: u32s(l.seq_lens, &[l.seqs()])?,
+            block_tables: u32s(l.block_tables, &[l.seqs(), l.max_blocks])?,
+            max_seqlen_q,
+            max_seqlen_k,
+        };
+        Ok(StepMetadata { attention, slots: u32s(l.slots, &[l.slots.len()])? })
+    }
+
+    fn refresh(&self, step: &StepMetadata, l: &StepLayout<'_>) -> Result<()> {
+        let b = &self.backend;
+        let m = &step.attention;
+        let shape = |t: &Tensor| t.dims().iter().product::<usize>();
+        if shape(&m.cu_seqlens_q) != l.cu_seqlens_q.len()
+            || shape(&m.seq_lens) != l.seq_lens.len()
+            || shape(&m.block_tables) != l.block_tables.len()
+            || shape(&step.slots) != l.slots.len()
+        {
+            return Err(Error::InvalidArgument("a step refreshed with a layout of another shape".into()));
+        }
+        b.write_u32(&m.cu_seqlens_q, l.cu_seqlens_q)?;
+        b.write_u32(&m.seq_lens, l.seq_lens)?;
+        b.write_u32(&m.block_tables, l.block_tables)?;
+        b.write_u32(&step.slots, l.slots)
+    }
+}
+
+/// Attention through the device's reference op, [`GpuBackend::paged_attention`].
+#[derive(Debug)]
+struct Paged(Shared);
+
+impl AttentionBackend for Paged {
+    fn name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata> {
+        self.0.prepare(layout)
+    }
+
+    fn refresh(&self, step: &StepMetadata, layout: &StepLayout<'_>) -> Result<()> {
+        self.0.refresh(step, layout)
+    }
+
+    fn attend(
+        &self,
+        q: &Tensor,
+        (k, v): (&Tensor, &Tensor),
+        step: &StepMetadata,
+        p: &AttentionParams,
+    ) -> Result<Tensor> {
+        self.0.backend.paged_attention(q, k, v, &step.attention, p)
+    }
+}
+
+/// Attention through the device's fastest kernels, [`GpuBackend::flash_attention`]. Its
+/// tiled kernel's tile table is derived inside the op from the host copy of the layout.
+#[derive(Debug)]
+struct Flash(Shared);
+
+impl AttentionBackend for Flash {
+    fn name(&self) -> &'static str {
+        "flash"
+    }
+
+    fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata> {
+        self.0.prepare(layout)
+    }
+
+    fn refresh(&self, step: &StepMetadata, layout: &StepLayout<'_>) -> Result<()> {
+        self.0.refresh(step, layout)
+    }
+
+    fn attend(
+        &self,
+        q: &Tensor,
+        (k, v): (&Tensor, &Tensor),
+        step: &StepMetadata,
+        p: &AttentionParams,
+    ) -> Result<Tensor> {
+        self.0.backend.flash_attention(q, k, v, &step.attention, p)
+    }
+}
