@@ -265,6 +265,7 @@ fn sample(c: &mut Criterion) {
                 seed: row as u64,
                 step: 0,
                 banned: &[],
+                draft: None,
             })
             .collect();
         bench_synced(&mut group, &format!("{name}/rows{rows}_vocab{VOCAB}"), b, || {

@@ -78,6 +78,34 @@ pub struct SampleRow<'a> {
     pub step: u64,
     /// Tokens that must not be drawn this step (end tokens before `min_tokens`).
     pub banned: &'a [u32],
+    /// A speculative draft token this row verifies, with the draft distribution it was
+    /// drawn from; `None` for a plain draw. See [`DraftToken`].
+    pub draft: Option<DraftToken<'a>>,
+}
+
+/// A token a draft drew from its distribution `q`, for a [`SampleRow`] to verify by
+/// rejection sampling (Leviathan et al., 2023) against the row's own distribution `p`, the
+/// one a plain draw would use (bias, penalties, bans, temperature, min-p, top-k, top-p).
+///
+/// With temperature above 0 the row returns `token` (accepts it) with probability
+/// `min(1, p(token) / q(token))`, decided by the uniform
+/// `rng::uniform(rng::accept_stream(seed), step)`; otherwise it draws from
+/// `max(0, p − q)`, renormalised, by inverse CDF at `rng::uniform(seed, step)`, which
+/// never yields `token`. Either way the result is distributed as `p` when `token` was
+/// drawn from `q`, and the result equals `token` exactly when it was accepted. Greedy rows
+/// ignore it (their `p` is a point mass at the argmax).
+///
+/// A draft without a distribution (a point mass at its token, as prompt lookup's) needs no
+/// `DraftToken`: for it the rule is "accept with probability `p(token)`, else draw from `p`
+/// without `token`", which is exactly a plain draw compared with the token. That is also
+/// what a backend that does not implement this verification does (the CUDA backend draws
+/// plainly): the distribution stays exact, only fewer drafts are accepted.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftToken<'a> {
+    /// The proposed token.
+    pub token: u32,
+    /// `q`: the draft's probabilities over the vocabulary, `token` drawn from them.
+    pub probs: &'a [f32],
 }
 
 /// The result of [`GpuBackend::sample`] for one row.
@@ -448,7 +476,9 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// (output) penalties; ban `banned`; then greedy argmax if `temperature == 0`, else
     /// divide by the temperature, softmax, keep tokens within `min_p` of the best, the
     /// `top_k` best, and the smallest prefix reaching `top_p`, renormalise and draw with
-    /// the uniform `rng(seed, step)`. Logprobs come from the raw logits.
+    /// the uniform `rng(seed, step)`; a row with a [`DraftToken`] verifies it instead (the
+    /// CPU backend; others may draw plainly, as its docs allow). Logprobs come from the raw
+    /// logits.
     ///
     /// # Errors
     /// For a logits row out of range or non-f32 logits.

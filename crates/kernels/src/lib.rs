@@ -31,7 +31,8 @@ mod tensor;
 use std::sync::Arc;
 
 pub use backend::{
-    AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled, UniformRun,
+    AttentionMeta, AttentionParams, DraftToken, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow,
+    Sampled, UniformRun,
 };
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]

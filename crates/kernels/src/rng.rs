@@ -39,6 +39,13 @@ pub fn uniform(seed: u64, step: u64) -> f32 {
     (random_bits(seed, step) >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
 }
 
+/// The stream of a sequence's speculative acceptance tests, apart from its draws
+/// (`seed`'s own stream), so that verifying a draft never reuses a draw's uniform.
+pub fn accept_stream(seed: u64) -> u64 {
+    // An arbitrary odd constant keeps this stream distinct from `seed` itself.
+    mix64(seed ^ 0xA5A5_5A5A_C3C3_3C3D)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,6 +82,7 @@ macro_rules! backend_tests {
                 sampling::draws_invert_the_cdf_at_the_shared_uniform,
                 sampling::draws_are_reproducible_and_independent_of_the_batch,
                 sampling::drawn_frequencies_match_the_distribution,
+                sampling::draft_verification_keeps_the_target_distribution,
                 sampling::sample_rejects_bad_arguments,
             );
         }

@@ -355,6 +355,7 @@ impl Scheduler {
                     seed: s.seed,
                     step: (generated + j) as u64,
                     banned: &inputs.banned[row],
+                    draft: None,
                 });
             }
         }

@@ -8,7 +8,7 @@
 //! it with probability about 1e-6 over the choice of seed.
 
 use met_config::SamplingParams;
-use met_kernels::{DType, GpuBackend, HostTensor, Result, SampleRow, Sampled, Tensor, rng};
+use met_kernels::{DType, DraftToken, GpuBackend, HostTensor, Result, SampleRow, Sampled, Tensor, rng};
 
 use crate::harness::{Rng, assert_values, expect_err, upload_f32, upload_u32};
 
@@ -24,6 +24,8 @@ struct Req {
     prompt: Vec<u32>,
     output: Vec<u32>,
     banned: Vec<u32>,
+    /// A draft token to verify and the distribution it was drawn from.
+    draft: Option<(u32, Vec<f32>)>,
 }
 
 impl Req {
@@ -40,6 +42,7 @@ impl Req {
             seed,
             step,
             banned: &self.banned,
+            draft: self.draft.as_ref().map(|(token, probs)| DraftToken { token: *token, probs }),
         }
     }
 }
@@ -185,6 +188,7 @@ pub fn greedy_sample_applies_bias_penalties_and_bans(b: &dyn GpuBackend) -> Resu
                 presence_penalty: 0.4,
                 ..greedy()
             },
+            draft: None,
         },
     ];
     let rows: Vec<SampleRow<'_>> = cases.iter().map(|c| c.row(0, 0, 0)).collect();
@@ -505,6 +509,73 @@ pub fn drawn_frequencies_match_the_distribution(b: &dyn GpuBackend) -> Result<()
     Ok(())
 }
 
+/// The token drawn from `q` by inverse CDF in id order at `u` (a test's own draft).
+fn draw_from(q: &[f64], u: f64) -> u32 {
+    let mut cum = 0.0;
+    let last = q.iter().rposition(|&w| w > 0.0).expect("a distribution");
+    q.iter()
+        .position(|&w| {
+            cum += w;
+            w > 0.0 && cum > u
+        })
+        .unwrap_or(last) as u32
+}
+
+/// Speculative sampling keeps the target's distribution: at each of 20 000 steps a draft
+/// token is drawn from a draft distribution `q` and verified by a row of the target's
+/// settings (temperature, truncation, penalties, bans), and the emitted tokens follow the
+/// target's exact distribution `p` (χ² below the 1e-6 critical value, the suite's level;
+/// the draws are seeded, so it passes or fails deterministically). Two wrong rules fail the
+/// same test, so it can: resampling from `p` instead of `max(0, p − q)` after a rejection,
+/// and accepting every draft (emitting `q`).
+pub fn draft_verification_keeps_the_target_distribution(b: &dyn GpuBackend) -> Result<()> {
+    let raw = [2.0, 1.5, 1.1, 0.7, 0.3, -0.2, -0.8, -1.5];
+    let logits_t = upload_logits(b, &raw, 1)?;
+    let p =
+        |temperature, top_k, top_p, min_p| SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() };
+    let targets = [
+        Req::new(p(0.8, 0, 0.9, 0.0)),
+        Req { output: vec![0, 0, 3], ..Req::new(SamplingParams { frequency_penalty: 0.4, ..p(1.3, 6, 1.0, 0.02) }) },
+        Req { banned: vec![1], ..Req::new(p(1.0, 0, 1.0, 0.0)) },
+    ];
+    // A flat draft, and one that favours what the target does not.
+    let reversed: Vec<f32> = raw.iter().rev().copied().collect();
+    let drafts = [vec![0.125f64; 8], distribution(&reversed, &Req::new(p(2.0, 0, 1.0, 0.0)))];
+    let n = 20_000u64;
+    for (i, target) in targets.iter().enumerate() {
+        let want = distribution(&raw, target);
+        for (j, q) in drafts.iter().enumerate() {
+            let what = format!("target {i}, draft {j} on {}", b.name());
+            let q32: Vec<f32> = q.iter().map(|&w| w as f32).collect();
+            let (mut right, mut resampled, mut accepted_all) = ([0u64; 8], [0u64; 8], [0u64; 8]);
+            for step in 0..n {
+                let x = draw_from(q, f64::from(rng::uniform(9_000 + j as u64, step)));
+                let verifying = Req { draft: Some((x, q32.clone())), ..target.clone() };
+                right[b.sample(&logits_t, &[verifying.row(0, 2024, step)])?[0].token as usize] += 1;
+                let u = f64::from(rng::uniform(rng::accept_stream(2024), step));
+                let wrong = if u * q[x as usize] < want[x as usize] {
+                    x
+                } else {
+                    b.sample(&logits_t, &[target.row(0, 2024, step)])?[0].token
+                };
+                resampled[wrong as usize] += 1;
+                accepted_all[x as usize] += 1;
+            }
+            let (stat, df) = chi_square(&right, &want);
+            let critical = chi_square_critical(df);
+            assert!(stat < critical, "{what}: χ² = {stat:.2} ≥ {critical} (df {df}), counts {right:?}, want {want:?}");
+            for (t, (&c, &w)) in right.iter().zip(&want).enumerate() {
+                assert!(w > 0.0 || c == 0, "{what}: token {t} outside the target's support emitted {c} times");
+            }
+            for (rule, counts) in [("resampling from p", resampled), ("accepting every draft", accepted_all)] {
+                let (stat, _) = chi_square(&counts, &want);
+                assert!(stat > critical, "{what}: the wrong rule {rule} passes, χ² = {stat:.2}, counts {counts:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A row past the logits, non-f32 or rank-1 logits, token ids past the vocab, a bad
 /// parameter, and a row with every token banned are errors, not panics or NaN.
 pub fn sample_rejects_bad_arguments(b: &dyn GpuBackend) -> Result<()> {
@@ -530,6 +601,8 @@ pub fn sample_rejects_bad_arguments(b: &dyn GpuBackend) -> Result<()> {
         ),
         ("banned", Req { banned: vec![u32::MAX], ..Req::new(SamplingParams::default()) }),
         ("temperature", Req::new(SamplingParams { temperature: -1.0, ..Default::default() })),
+        ("draft token", Req { draft: Some((16, vec![1.0 / 16.0; 16])), ..Req::new(SamplingParams::default()) }),
+        ("draft distribution", Req { draft: Some((3, vec![0.2; 5])), ..Req::new(SamplingParams::default()) }),
     ];
     for (what, req) in &bad_ids {
         expect_err(sample(&logits_t, req, 1), &format!("bad {what}"));

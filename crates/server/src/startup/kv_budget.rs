@@ -118,6 +118,7 @@ fn warm_up(model: &dyn Model, backend: &dyn GpuBackend, config: &EngineConfig) -
             seed: 0,
             step: 0,
             banned: &[],
+            draft: None,
         })
         .collect();
     backend.sample(&logits, &rows)?;
