@@ -199,7 +199,7 @@ impl Scheduler {
             .min(self.max_context.saturating_sub(seq.tokens.len()));
         let draft = spec.draft(seq, room);
         if draft > 0 && kv.reserve(blocks, seq.tokens.len() + draft).is_err() {
-            seq.draft.clear();
+            seq.clear_draft();
             return 0;
         }
         draft
@@ -235,7 +235,7 @@ impl Scheduler {
             spec.forget(&seq);
         }
         seq.computed = 0;
-        seq.draft.clear();
+        seq.clear_draft();
         self.waiting.push(seq);
     }
 
@@ -337,7 +337,8 @@ impl Scheduler {
 
     /// The sampler's row for each logits row of `entries`, in order: row `r` reads logits
     /// row `r`. A draft's row `j` sees the output extended by the draft's first `j` tokens
-    /// at step `generated + j`, as plain decoding would have sampled it.
+    /// at step `generated + j`, as plain decoding would have sampled it, and verifies the
+    /// draft's token `j` against its distribution when the proposer gave one.
     pub(crate) fn sample_rows<'a>(&'a self, entries: &[Scheduled], inputs: &'a SampleInputs) -> Vec<SampleRow<'a>> {
         let mut rows = Vec::with_capacity(inputs.banned.len());
         let mut drafted = inputs.drafted.iter();
@@ -355,7 +356,7 @@ impl Scheduler {
                     seed: s.seed,
                     step: (generated + j) as u64,
                     banned: &inputs.banned[row],
-                    draft: None,
+                    draft: s.draft_token(j),
                 });
             }
         }
@@ -410,7 +411,7 @@ impl Scheduler {
             }
             // Keep the allocation for the next draft.
             seq.draft = draft;
-            seq.draft.clear();
+            seq.clear_draft();
         }
         let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).map(Running::release).collect();
         for seq in done {

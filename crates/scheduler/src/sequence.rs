@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use met_cache::SequenceBlocks;
+use met_kernels::DraftToken;
 use met_telemetry::FinishLabel;
 use tokio::sync::mpsc::error::TrySendError;
 
@@ -41,6 +42,9 @@ pub(crate) struct Sequence {
     /// Proposed tokens verified after its decode row this step (speculative decoding);
     /// never part of `tokens` until the target agrees with them.
     pub(crate) draft: Vec<u32>,
+    /// The draft's distribution at each of `draft`'s tokens (`[draft.len(), vocab]`), or
+    /// empty for point-mass proposals.
+    pub(crate) draft_probs: Vec<f32>,
 }
 
 impl Sequence {
@@ -60,6 +64,7 @@ impl Sequence {
             finish_reason: None,
             last_token: None,
             draft: Vec::new(),
+            draft_probs: Vec::new(),
         }
     }
 
@@ -90,6 +95,20 @@ impl Sequence {
             arrival: self.request.arrival,
             admitted: self.admitted,
         }
+    }
+
+    /// Drops this step's draft, keeping its allocations.
+    pub(crate) fn clear_draft(&mut self) {
+        self.draft.clear();
+        self.draft_probs.clear();
+    }
+
+    /// Draft token `j` with the distribution it was drawn from, for the sampler to verify;
+    /// `None` past the draft (the row after it) and for point-mass proposals.
+    pub(crate) fn draft_token(&self, j: usize) -> Option<DraftToken<'_>> {
+        let vocab = self.draft_probs.len().checked_div(self.draft.len())?;
+        let token = *self.draft.get(j)?;
+        (vocab > 0).then(|| DraftToken { token, probs: &self.draft_probs[j * vocab..(j + 1) * vocab] })
     }
 
     /// Whether undelivered events hold the sequence back.

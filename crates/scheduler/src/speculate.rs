@@ -1,19 +1,28 @@
 //! Speculative decoding inside the engine: what a decoding sequence verifies this step, and
 //! how much of it it keeps.
 //!
-//! A greedy sequence whose only pending token is its last sampled one may carry a draft:
-//! up to `k` tokens from the engine's [`Proposer`]. The scheduler appends them to the
-//! sequence's decode row as extra query rows with logits for every row, so one forward
-//! pass gives the target's next token after each prefix of the draft. The sampler draws
-//! each row as if the tokens had come one at a time (same bans, penalties context and
-//! step), and the sequence keeps tokens in order while the target agrees with the draft,
-//! plus the target's own token at the first disagreement: exactly the tokens plain greedy
-//! decoding would have produced, each checked against the stop rules as it is appended.
-//! The K/V of rejected rows sits past the sequence's computed tokens; its blocks go back
-//! to the pool and the slots are overwritten by later steps.
+//! A sequence whose only pending token is its last sampled one may carry a draft: up to
+//! `k` tokens from the engine's [`Proposer`]. The scheduler appends them to the sequence's
+//! decode row as extra query rows with logits for every row, so one forward pass gives the
+//! target's distribution after each prefix of the draft. The sampler handles each row as
+//! if the tokens had come one at a time (same bans, penalties context, seed and step), and
+//! the sequence keeps tokens in order while the row's result equals the draft token, plus
+//! the row's own token at the first that does not, each checked against the stop rules as
+//! it is appended. The K/V of rejected rows sits past the sequence's computed tokens; its
+//! blocks go back to the pool and the slots are overwritten by later steps.
 //!
-//! Requests that sample (temperature above 0) are never speculated on: keeping their
-//! distribution needs rejection sampling (Leviathan et al.), which is not built yet.
+//! Which result a row gives is rejection sampling (Leviathan et al., 2023), and the target's
+//! distribution is kept exactly for every request:
+//! - greedy rows take the argmax, so the output is plain greedy decoding's;
+//! - a proposal without distributions (prompt lookup) is a point mass at each token, whose
+//!   rule (accept with probability `p(x)`, else draw from `p` without `x`) is a plain draw
+//!   compared with the token. A seeded request therefore gets exactly the tokens it gets
+//!   with speculation off, whatever was proposed;
+//! - a proposal with distributions `q` passes them to the sampler
+//!   ([`met_kernels::DraftToken`]), which accepts with probability `min(1, p(x) / q(x))`
+//!   and otherwise draws from `max(0, p − q)`. A seeded request is reproducible for the
+//!   same drafts, but its tokens differ from speculation off's (same distribution, other
+//!   draws).
 
 use met_speculative::{Proposal, ProposalContext, Proposer};
 
@@ -36,11 +45,12 @@ impl Speculation {
     }
 
     /// Fills `seq.draft` with at most `room` proposed tokens (and no more than the engine's
-    /// `k`) when `seq` is a greedy sequence about to decode; returns the draft's length.
+    /// `k`), and `seq.draft_probs` with their distributions when the proposer has them, when
+    /// `seq` is about to decode; returns the draft's length.
     pub(crate) fn draft(&mut self, seq: &mut Sequence, room: usize) -> usize {
-        seq.draft.clear();
+        seq.clear_draft();
         let room = room.min(self.num_tokens);
-        if room == 0 || seq.to_compute() != 1 || !seq.request.sampling.is_greedy() {
+        if room == 0 || seq.to_compute() != 1 {
             return 0;
         }
         let ctx = ProposalContext {
@@ -52,6 +62,15 @@ impl Speculation {
         self.proposer.propose(&ctx, &mut self.proposal);
         let valid = self.proposal.tokens.iter().take(room).take_while(|&&t| (t as usize) < self.vocab_size);
         seq.draft.extend(valid);
+        // Distributions of another shape are dropped: the point-mass rule is exact for any
+        // proposal, only its acceptance is lower.
+        let rows = seq.draft.len() * self.vocab_size;
+        match &self.proposal.probs {
+            Some(probs) if probs.len() == self.proposal.tokens.len() * self.vocab_size => {
+                seq.draft_probs.extend_from_slice(&probs[..rows]);
+            }
+            _ => {}
+        }
         seq.draft.len()
     }
 

@@ -3,7 +3,9 @@
 //! logprobs, finish reasons and events equal those of the same engine without speculation,
 //! under every batching mode, prefix caching on and off, forced preemption and every stop
 //! rule; blocks are conserved after every step (`common::run_all`) and none is held at the
-//! end. Sampled requests are not speculated on.
+//! end. Seeded sampled requests get the same tokens too when the proposals are point masses
+//! (no distributions), and drafts with distributions keep the sampling distribution (a
+//! two-sample χ² test that a dishonest draft fails).
 
 mod common;
 
@@ -260,14 +262,167 @@ fn stop_rules_hold_per_token_inside_a_draft() {
     }
 }
 
+/// Sampled requests of every setting the sampler has, seeded: with point-mass proposals
+/// (every test proposer and prompt lookup) each gets exactly the tokens, logprobs and
+/// finish it gets without speculation, because verifying a point mass is a plain draw
+/// compared with the proposed token.
 #[test]
-fn sampled_requests_are_not_speculated_on() {
-    let prompt: Vec<u32> = (0..12).collect();
-    let requests = || vec![common::sampled(prompt.clone(), 16, 7), common::sampled(prompt.clone(), 16, 8)];
-    let (plain, _) = run(&Setup::new(64), None, requests());
-    let (got, metrics) = run(&Setup::new(64), Some((oracle(Quality::Right), 4)), requests());
-    assert_same(&got, &plain, "sampled");
-    assert_eq!(metrics.spec_drafts.get(), 0);
+fn sampled_requests_get_the_same_tokens_with_point_mass_drafts() {
+    let prompt: Vec<u32> = (0..12).chain(0..12).collect();
+    let sampled = |seed, sampling: SamplingParams| Parts::with(prompt.clone(), 24, SamplingParams { seed, ..sampling });
+    let cases = [
+        sampled(7, SamplingParams { temperature: 0.9, top_p: 0.95, ..SamplingParams::default() }),
+        sampled(8, SamplingParams { temperature: 1.5, top_k: 10, min_p: 0.05, ..SamplingParams::default() }),
+        sampled(
+            9,
+            SamplingParams {
+                temperature: 0.7,
+                repetition_penalty: 1.3,
+                frequency_penalty: 0.5,
+                presence_penalty: 0.3,
+                logit_bias: vec![(3, 2.0)],
+                logprobs: Some(2),
+                ..SamplingParams::default()
+            },
+        ),
+        Parts { n: 3, ..sampled(10, SamplingParams { temperature: 0.5, ..SamplingParams::default() }) },
+        Parts {
+            stop: met_scheduler::StopCriteria {
+                eos_token_ids: vec![5],
+                min_new_tokens: 6,
+                max_new_tokens: 24,
+                ..Default::default()
+            },
+            ..sampled(11, SamplingParams::default())
+        },
+    ];
+    let requests = || cases.iter().cloned().map(Parts::make).collect::<Vec<_>>();
+    let (plain, _) = run(&Setup::new(256), None, requests());
+    for name in PROPOSERS {
+        for k in [1, 4, 8] {
+            let what = format!("{name}, k {k}");
+            let (got, metrics) = run(&Setup::new(256), Some((proposer(name), k)), requests());
+            assert_same(&got, &plain, &what);
+            assert!(metrics.spec_draft_tokens.get() > 0, "{what}: sampled requests were not speculated on");
+            if name == "right" {
+                assert!(metrics.spec_accepted_tokens.get() > 0, "{what}: no likely token was accepted");
+            }
+        }
+    }
+}
+
+/// A proposer that samples its draft from the mock's logits at its own temperature and
+/// reports that distribution; a dishonest one proposes the distribution's mode instead of a
+/// draw from it, which rejection sampling cannot correct for.
+struct Tempered {
+    mock: MockModel,
+    temperature: f64,
+    honest: bool,
+    /// Whether to report the distributions at all (without them, drafts are point masses).
+    report: bool,
+}
+
+impl Proposer for Tempered {
+    fn name(&self) -> &'static str {
+        "tempered"
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>, out: &mut Proposal) {
+        out.clear();
+        let mut history = ctx.tokens.to_vec();
+        let mut probs = Vec::new();
+        // The draft's own random stream: a function of the context, so runs repeat.
+        let mut state = ctx.tokens.iter().fold(ctx.sequence, |h, &t| mix(h ^ u64::from(t)));
+        for _ in 0..ctx.max_tokens {
+            let logits = self.mock.logits(&history);
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f64> = logits.iter().map(|&l| (f64::from(l - max) / self.temperature).exp()).collect();
+            let q: Vec<f64> = w.iter().map(|x| x / w.iter().sum::<f64>()).collect();
+            state = mix(state);
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let mut cum = 0.0;
+            let drawn = q.iter().position(|&x| {
+                cum += x;
+                cum > u
+            });
+            let mode = (0..q.len()).max_by(|&a, &b| q[a].total_cmp(&q[b])).expect("a vocabulary");
+            let token = if self.honest { drawn.unwrap_or(q.len() - 1) } else { mode } as u32;
+            out.tokens.push(token);
+            probs.extend(q.iter().map(|&x| x as f32));
+            history.push(token);
+        }
+        out.probs = self.report.then_some(probs);
+    }
+}
+
+fn tempered(honest: bool, report: bool) -> Box<dyn Proposer> {
+    Box::new(Tempered { mock: MockModel::new(common::VOCAB, common::MAX_CONTEXT), temperature: 2.5, honest, report })
+}
+
+/// Two-sample χ² homogeneity statistic of equally sized samples `a` and `b` over their 7
+/// most frequent values and the rest pooled, with its degrees of freedom.
+fn homogeneity(a: &[u32], b: &[u32]) -> (f64, usize) {
+    assert_eq!(a.len(), b.len());
+    let count = |xs: &[u32]| {
+        let mut c = vec![0u64; common::VOCAB];
+        xs.iter().for_each(|&x| c[x as usize] += 1);
+        c
+    };
+    let (ca, cb) = (count(a), count(b));
+    let mut order: Vec<usize> = (0..common::VOCAB).collect();
+    order.sort_by_key(|&t| std::cmp::Reverse(ca[t] + cb[t]));
+    let mut cells: Vec<(u64, u64)> = order[..7].iter().map(|&t| (ca[t], cb[t])).collect();
+    cells.push(order[7..].iter().fold((0, 0), |(x, y), &t| (x + ca[t], y + cb[t])));
+    cells.retain(|&(x, y)| x + y > 0);
+    let stat = cells.iter().map(|&(x, y)| (x as f64 - y as f64).powi(2) / (x + y) as f64).sum();
+    (stat, cells.len() - 1)
+}
+
+/// χ² with 7 degrees of freedom exceeds this with probability 1e-6.
+const CRITICAL_DF7: f64 = 40.522;
+
+/// 3000 seeded requests of one prompt through a sampling engine with drafts drawn from a
+/// tempered distribution `q` that the engine verifies by rejection sampling, against 3000
+/// more (other seeds) without speculation: the generated tokens at positions 2 and 3 (the
+/// first ones verified as draft rows) have the same distribution, by a two-sample χ² test
+/// at significance 1e-6 (df 7; the seeds are fixed, so the test passes or fails
+/// deterministically). The same test rejects a dishonest draft that proposes `q`'s mode
+/// while reporting `q`, so it can fail. Drafts with their distributions are accepted more
+/// often than the same drafts as point masses, and a second run repeats the first exactly.
+#[test]
+fn drafts_with_distributions_keep_the_sampling_distribution() {
+    let n = 3000u64;
+    let params = SamplingParams { temperature: 3.0, top_p: 0.98, presence_penalty: 0.3, ..SamplingParams::default() };
+    let requests = |seeds: std::ops::Range<u64>| {
+        let prompt: Vec<u32> = vec![5, 17, 42, 8, 8];
+        seeds.map(|seed| Parts::with(prompt.clone(), 4, SamplingParams { seed, ..params.clone() }).make()).collect()
+    };
+    let mut setup = Setup::new(4 * n as usize);
+    setup.config.max_num_seqs = 512;
+    setup.config.max_batch_tokens = 4096;
+    let at = |outcomes: &[Outcome], i: usize| outcomes.iter().map(|o| o.tokens[0][i]).collect::<Vec<u32>>();
+    let (plain, _) = run(&setup, None, requests(n..2 * n));
+    let (honest, metrics) = run(&setup, Some((tempered(true, true), 3)), requests(0..n));
+    let (dishonest, _) = run(&setup, Some((tempered(false, true), 3)), requests(0..n));
+    for i in [1, 2] {
+        let (stat, df) = homogeneity(&at(&honest, i), &at(&plain, i));
+        assert_eq!(df, 7);
+        assert!(stat < CRITICAL_DF7, "token {i}: χ² = {stat:.2} ≥ {CRITICAL_DF7} (df 7)");
+        let (stat, _) = homogeneity(&at(&dishonest, i), &at(&plain, i));
+        assert!(stat > CRITICAL_DF7, "token {i}: the dishonest draft passes, χ² = {stat:.2}");
+    }
+    let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
+    assert!(drafted >= 2 * n, "{drafted} draft tokens for {n} requests");
+    let (_, point_mass) = run(&setup, Some((tempered(true, false), 3)), requests(0..n));
+    assert!(
+        accepted > point_mass.spec_accepted_tokens.get() * 3 / 2,
+        "with q: {accepted} accepted, as point masses: {}",
+        point_mass.spec_accepted_tokens.get()
+    );
+    let (again, _) = run(&setup, Some((tempered(true, true), 3)), requests(0..n));
+    for (x, y) in again.iter().zip(&honest) {
+        assert_eq!(streams(x), streams(y), "a seeded request changed between runs");
+    }
 }
 
 #[test]
@@ -287,8 +442,9 @@ fn acceptance_is_reported_in_the_metrics() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Random request sets, budgets, chunk sizes, cache sizes, prefix caching, stop rules,
-    /// `n`, `k` and proposal quality: speculation changes no event, and no block leaks.
+    /// Random request sets (greedy and seeded sampled), budgets, chunk sizes, cache sizes,
+    /// prefix caching, stop rules, `n`, `k` and proposal quality: speculation changes no
+    /// event, and no block leaks.
     #[test]
     fn random_workloads_are_unchanged_by_speculation(
         prompts in prop::collection::vec(prop::collection::vec(0u32..4, 1..30), 1..10),
@@ -308,8 +464,13 @@ proptest! {
         setup.config.max_batch_tokens = budget;
         setup.config.max_num_seqs = seqs;
         let requests = || {
-            prompts.iter().zip(&news).zip(&stops).map(|((p, &n), &stop)| {
-                let mut parts = Parts { n: 1 + p.len() % 3, ..Parts::greedy(p.clone(), n) };
+            prompts.iter().zip(&news).zip(&stops).enumerate().map(|(i, ((p, &n), &stop))| {
+                // Every other request samples (seeded): point-mass drafts keep its tokens too.
+                let mut parts = if i % 2 == 0 {
+                    Parts { n: 1 + p.len() % 3, ..Parts::greedy(p.clone(), n) }
+                } else {
+                    Parts { n: 1 + p.len() % 3, ..Parts::sampled(p.clone(), n, i as u64) }
+                };
                 parts.stop.eos_token_ids = stop.into_iter().collect();
                 parts.stop.min_new_tokens = min_new.min(n);
                 parts.make()

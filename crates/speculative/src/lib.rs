@@ -9,15 +9,15 @@
 //! the verification rows and nothing else.
 //!
 //! This crate holds the seam and the proposers; verification lives in the engine, which
-//! owns the batch and the KV cache. [`NgramProposer`] is prompt lookup: it finds the last
-//! few tokens earlier in the sequence and proposes what followed them there, which pays
-//! off on input-grounded work (code edits, quoting answers). A draft model or the target's
-//! own first layers would be further `Proposer`s: the trait hands them a stable sequence
-//! key, so they can keep per-sequence state, and [`Proposal::probs`] carries a draft's
-//! distributions for rejection sampling.
-//!
-//! Only greedy requests are verified today; the engine does not speculate for sampled
-//! ones (their rejection sampling is not built yet).
+//! owns the batch and the KV cache, and in the sampler, which does the rejection sampling
+//! of sampled requests (`met_kernels::DraftToken`). [`NgramProposer`] is prompt lookup: it
+//! finds the last few tokens earlier in the sequence and proposes what followed them there,
+//! which pays off on input-grounded work (code edits, quoting answers). A draft model or
+//! the target's own first layers would be further `Proposer`s: the trait hands them a
+//! stable sequence key, so they can keep per-sequence state, and [`Proposal::probs`]
+//! carries a draft's distributions, from which its tokens must have been drawn, for
+//! rejection sampling. A proposal without them is verified as a point mass, which is exact
+//! for any tokens however they were chosen.
 
 mod ngram;
 
