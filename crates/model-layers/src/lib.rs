@@ -83,4 +83,32 @@ pub trait Model: Send + Sync {
     fn graph_replays(&self) -> u64 {
         0
     }
+
+    /// The model as its own early-exit draft, when it can run a prefix of its layers
+    /// ([`EarlyExit`]); `None` for models that cannot.
+    fn early_exit(&self) -> Option<&dyn EarlyExit> {
+        None
+    }
+}
+
+/// A model whose first layers, followed by its final norm and output head, make a cheaper
+/// draft of itself (self-speculative decoding: LayerSkip's early exit, without a second
+/// checkpoint). Only some models can, so it is a capability of its own, found through
+/// [`Model::early_exit`].
+///
+/// The draft's layers are the target's first layers, so the K/V they write for a token
+/// equal what the full model writes for it in those layers: a draft shares the target's
+/// KV cache, and the target's own pass over the same slots overwrites them.
+pub trait EarlyExit: Send + Sync {
+    /// Layers of the full model.
+    fn num_layers(&self) -> usize;
+
+    /// Runs `batch` through the first `layers` layers only, then the final norm and head:
+    /// writes those layers' K/V into `kv` at the batch's slots and returns f32 logits as
+    /// [`Model::forward`] does. Always eager (no captured graph).
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for a malformed batch or `layers` outside `1..=num_layers`;
+    /// device errors otherwise.
+    fn forward_early_exit(&self, batch: &ForwardBatch, kv: &dyn KvCache, layers: usize) -> Result<Tensor>;
 }

@@ -8,6 +8,9 @@
 //!
 //! The residual add is fused into the following RMSNorm (`add_rms_norm`), in the same
 //! order of operations as transformers' `LlamaDecoderLayer` / `Gemma2DecoderLayer`.
+//!
+//! The same stack cut after its first `L` layers (then the final norm and head) is the
+//! model's own early-exit draft ([`EarlyExit`]): the same code path, stopped early.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,7 +26,7 @@ use super::self_attention::{SelfAttention, StepInputs};
 use super::spec;
 use crate::attention::{AttentionBackend, BatchLayout, StepMetadata, widest_table};
 use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
-use crate::{ForwardBatch, Model, ModelError, Result};
+use crate::{EarlyExit, ForwardBatch, Model, ModelError, Result};
 
 /// Checkpoint name of the token embedding.
 pub const EMBED: &str = "model.embed_tokens.weight";
@@ -259,12 +262,17 @@ impl DecoderModel {
     /// The forward pass over inputs already on the device: only device work, no upload and
     /// no wait, so a graph can record it.
     pub(crate) fn run(&self, step: &DeviceStep, kv: &dyn KvCache) -> Result<Tensor> {
+        self.run_layers(step, kv, self.layers.len())
+    }
+
+    /// [`Self::run`] through the first `layers` layers only, then the final norm and head.
+    fn run_layers(&self, step: &DeviceStep, kv: &dyn KvCache, layers: usize) -> Result<Tensor> {
         let b = &*self.backend;
         let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
         // [t, hidden] throughout; `residual` carries the stream between fused norms.
         let mut hidden = self.embed(b, &step.ids)?;
         let mut residual: Option<Tensor> = None;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let (normed, res) = match &residual {
                 None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
                 Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
@@ -372,6 +380,10 @@ impl Model for DecoderModel {
         self.graphs.get().map_or(0, DecodeGraphs::replays)
     }
 
+    fn early_exit(&self) -> Option<&dyn EarlyExit> {
+        Some(self)
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab_size
     }
@@ -382,5 +394,22 @@ impl Model for DecoderModel {
 
     fn max_context(&self) -> usize {
         self.max_context
+    }
+}
+
+impl EarlyExit for DecoderModel {
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn forward_early_exit(&self, batch: &ForwardBatch, kv: &dyn KvCache, layers: usize) -> Result<Tensor> {
+        if !(1..=self.layers.len()).contains(&layers) {
+            return Err(ModelError::Batch(format!(
+                "an early exit after {layers} layers; the model has {}",
+                self.layers.len()
+            )));
+        }
+        self.check(batch, kv)?;
+        self.run_layers(&self.upload_step(batch)?, kv, layers)
     }
 }
