@@ -100,18 +100,22 @@ impl Engine {
         Ok(Self { model, backend, kv, scheduler, metrics, health, arrivals: 0, next_id: 0 })
     }
 
-    /// This engine, verifying the proposals of `speculative`'s proposer for every greedy
-    /// sequence: outputs stay those of plain greedy decoding (see the crate docs).
+    /// This engine, verifying the proposals of `speculative`'s proposer for every decoding
+    /// sequence: outputs keep their distribution, and greedy ones stay those of plain
+    /// decoding (see `speculate.rs`).
     ///
     /// # Errors
-    /// [`EngineError::Config`] naming the flag of a setting that cannot work.
+    /// [`EngineError::Config`] naming the flag of a setting that cannot work, for this
+    /// model too (self-speculation's layers).
     pub fn with_speculative(self, speculative: &SpeculativeConfig) -> Result<Self, EngineError> {
-        let proposer = speculative.proposer().map_err(|e| EngineError::Config(e.to_string()))?;
+        let proposer = speculative
+            .proposer(&*self.model, Arc::clone(&self.backend))
+            .map_err(|e| EngineError::Config(e.to_string()))?;
         Ok(self.with_proposer(proposer, speculative.num_tokens))
     }
 
-    /// This engine, verifying up to `num_tokens` tokens of `proposer` per greedy sequence
-    /// and step (any proposer, including test doubles; the outputs do not depend on it).
+    /// This engine, verifying up to `num_tokens` tokens of `proposer` per sequence and step
+    /// (any proposer, including test doubles; greedy outputs do not depend on it).
     #[must_use]
     pub fn with_proposer(mut self, proposer: Box<dyn Proposer>, num_tokens: usize) -> Self {
         self.scheduler.speculate(Speculation::new(proposer, num_tokens, self.model.vocab_size()));
@@ -168,7 +172,7 @@ impl Engine {
         let start = Instant::now();
         self.scheduler.reap();
         let mut counts = StepStats::default();
-        let plan = self.scheduler.schedule(&*self.kv, &mut counts);
+        let plan = self.scheduler.schedule(&*self.kv, &*self.model, &mut counts);
         if !plan.entries.is_empty() {
             match self.run(&plan) {
                 Ok(results) => self.scheduler.postprocess(&plan, results, &*self.kv, &mut counts),

@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use met_cache::KvCache;
 use met_config::EngineConfig;
 use met_kernels::{SampleRow, Sampled};
-use met_model_layers::{ForwardBatch, LogitRows};
+use met_model_layers::{ForwardBatch, LogitRows, Model};
+use met_speculative::TargetView;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -145,14 +146,14 @@ impl Scheduler {
         self.draining.retain(|s| s.paused() && !s.request.cancelled());
     }
 
-    /// Chooses this step's work.
-    pub(crate) fn schedule(&mut self, kv: &dyn KvCache, counts: &mut StepStats) -> Plan {
+    /// Chooses this step's work; a proposer that drafts with the target gets `model`.
+    pub(crate) fn schedule(&mut self, kv: &dyn KvCache, model: &dyn Model, counts: &mut StepStats) -> Plan {
         self.tick += 1;
         let mut plan = std::mem::take(&mut self.spare);
         plan.batch.clear();
         plan.entries.clear();
         let mut budget = self.config.max_batch_tokens;
-        self.schedule_running(kv, &mut plan, &mut budget, counts);
+        self.schedule_running(kv, model, &mut plan, &mut budget, counts);
         self.admit_waiting(kv, &mut plan, &mut budget, counts);
         counts.batch_tokens = plan.batch.num_tokens();
         counts.prompt_tokens = plan
@@ -167,7 +168,14 @@ impl Scheduler {
         plan
     }
 
-    fn schedule_running(&mut self, kv: &dyn KvCache, plan: &mut Plan, budget: &mut usize, counts: &mut StepStats) {
+    fn schedule_running(
+        &mut self,
+        kv: &dyn KvCache,
+        model: &dyn Model,
+        plan: &mut Plan,
+        budget: &mut usize,
+        counts: &mut StepStats,
+    ) {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 && plan.entries.len() < self.config.max_num_seqs {
             if self.running[i].paused() {
@@ -175,7 +183,7 @@ impl Scheduler {
                 continue;
             }
             let n = self.running[i].to_compute().min(*budget).min(self.chunk_limit());
-            let draft = self.reserve_draft(kv, i, *budget - n);
+            let draft = self.reserve_draft(kv, model, i, *budget - n);
             if draft == 0 && !self.make_room(kv, i, n, counts) {
                 continue; // running[i] was preempted or finished; the next one moved to i.
             }
@@ -188,8 +196,10 @@ impl Scheduler {
     /// Proposes up to `room` tokens for `running[i]` to verify after its decode row and
     /// reserves their slots with the row's; returns the draft's length, 0 (and no
     /// reservation) without a proposal or when the blocks are not free. A draft never
-    /// preempts: it is only worth the rows when it costs nothing else.
-    fn reserve_draft(&mut self, kv: &dyn KvCache, i: usize, room: usize) -> usize {
+    /// preempts: it is only worth the rows when it costs nothing else. A proposer that
+    /// drafts in the target's cache gets the slots of a full draft first, and what it
+    /// leaves unused goes back.
+    fn reserve_draft(&mut self, kv: &dyn KvCache, model: &dyn Model, i: usize, room: usize) -> usize {
         let Some(spec) = &mut self.speculation else { return 0 };
         let Running { seq, blocks } = &mut self.running[i];
         let generated = seq.output().len();
@@ -197,8 +207,20 @@ impl Scheduler {
         let room = room
             .min(seq.request.stop.max_new_tokens.saturating_sub(generated + 1))
             .min(self.max_context.saturating_sub(seq.tokens.len()));
-        let draft = spec.draft(seq, room);
-        if draft > 0 && kv.reserve(blocks, seq.tokens.len() + draft).is_err() {
+        let target = if spec.uses_target() && seq.to_compute() == 1 && spec.room(room) > 0 {
+            if kv.reserve(blocks, seq.tokens.len() + spec.room(room)).is_err() {
+                return 0;
+            }
+            Some(TargetView { model, kv, blocks })
+        } else {
+            None
+        };
+        let reserved = target.is_some();
+        let draft = spec.draft(seq, room, target);
+        if reserved {
+            // The decode row's own slot stays reserved whatever was proposed.
+            blocks.truncate(seq.tokens.len() + draft);
+        } else if draft > 0 && kv.reserve(blocks, seq.tokens.len() + draft).is_err() {
             seq.clear_draft();
             return 0;
         }

@@ -24,7 +24,7 @@
 //!   same drafts, but its tokens differ from speculation off's (same distribution, other
 //!   draws).
 
-use met_speculative::{Proposal, ProposalContext, Proposer};
+use met_speculative::{Proposal, ProposalContext, Proposer, TargetView};
 
 use crate::sequence::Sequence;
 
@@ -47,9 +47,12 @@ impl Speculation {
     /// Fills `seq.draft` with at most `room` proposed tokens (and no more than the engine's
     /// `k`), and `seq.draft_probs` with their distributions when the proposer has them, when
     /// `seq` is about to decode; returns the draft's length.
-    pub(crate) fn draft(&mut self, seq: &mut Sequence, room: usize) -> usize {
+    ///
+    /// A proposer that [uses the target](Proposer::uses_target) gets `target`, whose
+    /// blocks must already have room for `room` tokens past `seq.tokens`.
+    pub(crate) fn draft(&mut self, seq: &mut Sequence, room: usize, target: Option<TargetView<'_>>) -> usize {
         seq.clear_draft();
-        let room = room.min(self.num_tokens);
+        let room = self.room(room);
         if room == 0 || seq.to_compute() != 1 {
             return 0;
         }
@@ -58,6 +61,7 @@ impl Speculation {
             tokens: &seq.tokens,
             prompt_len: seq.request.prompt_len,
             max_tokens: room,
+            target: target.filter(|_| self.proposer.uses_target()),
         };
         self.proposer.propose(&ctx, &mut self.proposal);
         let valid = self.proposal.tokens.iter().take(room).take_while(|&&t| (t as usize) < self.vocab_size);
@@ -72,6 +76,17 @@ impl Speculation {
             _ => {}
         }
         seq.draft.len()
+    }
+
+    /// The most tokens a draft may hold when `room` fit.
+    pub(crate) fn room(&self, room: usize) -> usize {
+        room.min(self.num_tokens)
+    }
+
+    /// Whether the proposer drafts in the target's cache, so its slots must be reserved
+    /// before proposing.
+    pub(crate) fn uses_target(&self) -> bool {
+        self.proposer.uses_target()
     }
 
     /// `seq` left the running batch (finished, cancelled or preempted).

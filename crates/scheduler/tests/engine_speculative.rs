@@ -13,7 +13,7 @@ use common::{Outcome, Parts, Setup, run_all};
 use met_config::SamplingParams;
 use met_scheduler::mock::MockModel;
 use met_scheduler::{Engine, EngineRequest, FinishReason, GeneratedToken};
-use met_speculative::{Proposal, ProposalContext, Proposer, SpeculativeConfig};
+use met_speculative::{NgramProposer, Proposal, ProposalContext, Proposer};
 use met_telemetry::Metrics;
 use proptest::prelude::*;
 
@@ -74,7 +74,7 @@ fn proposer(name: &str) -> Box<dyn Proposer> {
         "right" => oracle(Quality::Right),
         "wrong" => oracle(Quality::Wrong),
         "random" => oracle(Quality::Random(0.6)),
-        "ngram" => SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) }.proposer().unwrap(),
+        "ngram" => Box::new(NgramProposer::new(1..=4)),
         _ => unreachable!("unknown test proposer {name}"),
     }
 }

@@ -1,7 +1,9 @@
 //! The Hugging Face fixtures of `model-layers` through the engine: greedy outputs equal
 //! the bare forward pass (`runner::generate_greedy`) and the transformers reference, with
 //! all prompts batched, prefill chunks of 5, and a pool small enough to force preemption;
-//! and the same with speculative decoding (prompt lookup) on.
+//! and the same with speculative decoding on, by prompt lookup and by self-speculation
+//! (the fixture's first layer as its draft, writing into the target's own cache), for
+//! greedy requests and for seeded sampled ones, whose tokens it does not change either.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,16 +42,18 @@ fn load(name: &str) -> Fixture {
 }
 
 fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u32>>, u64) {
-    let (out, metrics) = run_engine(name, config, blocks, None);
+    let (out, metrics) = run_engine(name, config, blocks, None, &SamplingParams::greedy());
     (out, metrics.preemptions.get())
 }
 
-/// The fixture's greedy outputs through an engine, speculating with `speculative` when given.
+/// The fixture's outputs through an engine sampling with `sampling`, speculating with
+/// `speculative` when given.
 fn run_engine(
     name: &str,
     config: EngineConfig,
     blocks: usize,
     speculative: Option<&SpeculativeConfig>,
+    sampling: &SamplingParams,
 ) -> (Vec<Vec<u32>>, Arc<Metrics>) {
     let Fixture { model, backend, prompts, .. } = load(name);
     let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
@@ -62,7 +66,7 @@ fn run_engine(
         .iter()
         .map(|p: &Vec<u32>| {
             let stop = StopCriteria { max_new_tokens: 16, ..StopCriteria::default() };
-            let req = EngineRequest::new(p.clone(), SamplingParams::greedy(), stop, 1, &engine.limits()).unwrap();
+            let req = EngineRequest::new(p.clone(), sampling.clone(), stop, 1, &engine.limits()).unwrap();
             engine.submit(req)
         })
         .collect::<Result<_, _>>()
@@ -109,19 +113,30 @@ fn engine_equals_bare_forward_and_transformers() {
 #[test]
 fn speculation_leaves_every_fixture_unchanged() {
     // Single-token matches too, so the random models' short outputs get proposals.
-    let speculative = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    let ngram = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    let early_exit = SpeculativeConfig::self_spec(3, Some(1));
+    let sampled = SamplingParams { temperature: 0.8, top_p: 0.9, seed: 11, ..SamplingParams::default() };
     for name in FIXTURES {
         let Fixture { greedy: reference, .. } = load(name);
         let chunked = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
         let tight = EngineConfig { block_size: 4, ..EngineConfig::default() };
-        for (mode, config, blocks) in
-            [("one batch", EngineConfig::default(), 64), ("chunks of 5", chunked, 64), ("preemption", tight, 24)]
-        {
-            let (out, metrics) = run_engine(name, config, blocks, Some(&speculative));
-            assert_eq!(out, reference, "{name}: speculative engine, {mode}");
-            assert!(metrics.spec_draft_tokens.get() > 0, "{name}, {mode}: nothing was proposed");
-            if mode == "preemption" {
-                assert!(metrics.preemptions.get() > 0, "{name}: the small pool did not force preemption");
+        let (plain_sampled, _) = run_engine(name, EngineConfig::default(), 64, None, &sampled);
+        for (method, speculative) in [("ngram", &ngram), ("self", &early_exit)] {
+            for (mode, config, blocks) in [
+                ("one batch", EngineConfig::default(), 64),
+                ("chunks of 5", chunked.clone(), 64),
+                ("preemption", tight.clone(), 24),
+            ] {
+                let what = format!("{name}, {method}, {mode}");
+                let greedy = SamplingParams::greedy();
+                let (out, metrics) = run_engine(name, config.clone(), blocks, Some(speculative), &greedy);
+                assert_eq!(out, reference, "{what}: speculative engine");
+                assert!(metrics.spec_draft_tokens.get() > 0, "{what}: nothing was proposed");
+                if mode == "preemption" {
+                    assert!(metrics.preemptions.get() > 0, "{what}: the small pool did not force preemption");
+                }
+                let (out, _) = run_engine(name, config, blocks, Some(speculative), &sampled);
+                assert_eq!(out, plain_sampled, "{what}: seeded sampling");
             }
         }
     }

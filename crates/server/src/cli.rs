@@ -393,8 +393,9 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = met_model_layers::graphs::DEFAULT_MAX_CONTEXT)]
     pub max_seq_len_to_capture: usize,
     /// Speculative decoding: `ngram` proposes what followed the last few tokens earlier in
-    /// the prompt or output (prompt lookup), verified by the model in the same step. Greedy
-    /// requests only (temperature 0); their output is unchanged. Off by default.
+    /// the prompt or output (prompt lookup), `self` what the model's own first layers
+    /// predict (`--self-spec-layers`); the model verifies the proposal in the same step.
+    /// Greedy output is unchanged, and so is a seeded sampled request's. Off by default.
     #[arg(long, value_name = "METHOD", value_parser = clap::builder::PossibleValuesParser::new(met_speculative::METHOD_NAMES))]
     pub speculative: Option<String>,
     /// Most tokens proposed and verified per sequence and step, 1 to 16 (with
@@ -407,6 +408,10 @@ pub struct EngineArgs {
     /// Longest suffix `--speculative ngram` looks up, tried first (default 4).
     #[arg(long, value_name = "N")]
     pub speculative_ngram_max: Option<usize>,
+    /// Layers of the model `--speculative self` drafts with, then its final norm and head;
+    /// fewer than the model has (default a quarter of them).
+    #[arg(long, value_name = "L")]
+    pub self_spec_layers: Option<usize>,
 }
 
 /// `met generate`.

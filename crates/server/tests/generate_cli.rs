@@ -79,7 +79,7 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
         (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
         (&["--model", llama], "no prompts"),
@@ -96,7 +96,7 @@ fn bad_input_is_a_message_and_a_failure() {
             &["--model", llama, "--prompt-ids", "1", "--attention-backend", "xformers"],
             "[possible values: flash, paged]",
         ),
-        (&["--model", llama, "--prompt-ids", "1", "--speculative", "draft"], "[possible values: ngram]"),
+        (&["--model", llama, "--prompt-ids", "1", "--speculative", "draft"], "[possible values: ngram, self]"),
         (
             &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--num-speculative-tokens", "0"],
             "--num-speculative-tokens: 0 is outside 1..=16",
@@ -112,6 +112,22 @@ fn bad_input_is_a_message_and_a_failure() {
         (
             &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--speculative-ngram-min", "0"],
             "--speculative-ngram-min: must be positive",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "self", "--self-spec-layers", "2"],
+            "--self-spec-layers: 2 is not below the model's 2 layers",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "self", "--self-spec-layers", "0"],
+            "--self-spec-layers: must be positive",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--self-spec-layers", "1"],
+            "--self-spec-layers: needs --speculative",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--self-spec-layers", "1"],
+            "--self-spec-layers: needs --speculative self",
         ),
     ];
     for (args, expected) in cases {
@@ -161,6 +177,7 @@ fn engine_flags_do_not_change_greedy_output() {
         &["--max-prefill-chunk", "3", "--max-batch-tokens", "4"][..],
         &["--max-num-seqs", "1", "--policy", "priority"][..],
         &["--speculative", "ngram", "--speculative-ngram-min", "1"][..],
+        &["--speculative", "self", "--self-spec-layers", "1", "--num-speculative-tokens", "3"][..],
         &[
             "--speculative",
             "ngram",
@@ -201,6 +218,11 @@ fn seeded_sampling_is_reproducible_and_n_gives_choices() {
     let first = generated(&met(&args));
     assert_eq!(first.len(), 3);
     assert_eq!(generated(&met(&args)), first);
+    // Speculation keeps a seeded request's tokens: its drafts are point masses.
+    for speculative in [&["--speculative", "ngram", "--speculative-ngram-min", "1"][..], &["--speculative", "self"][..]]
+    {
+        assert_eq!(generated(&met(&[&args[..], speculative].concat())), first, "{speculative:?}");
+    }
     assert!(first[0] != first[1] || first[1] != first[2], "three samples at temperature 1 are identical: {first:?}");
     let other = generated(&met(&[&args[..args.len() - 5], &["--seed", "8", "-n", "3", "--json"]].concat()));
     assert_ne!(other, first);

@@ -19,8 +19,16 @@
 //! rejection sampling. A proposal without them is verified as a point mass, which is exact
 //! for any tokens however they were chosen.
 
+mod early_exit;
 mod ngram;
 
+use std::sync::Arc;
+
+use met_cache::{KvCache, SequenceBlocks};
+use met_kernels::GpuBackend;
+use met_model_layers::Model;
+
+pub use early_exit::EarlyExitProposer;
 pub use ngram::NgramProposer;
 
 /// The most tokens one proposal may hold (`--num-speculative-tokens`). Verifying more rows
@@ -28,7 +36,7 @@ pub use ngram::NgramProposer;
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// Proposal methods, by their command-line name (`--speculative`).
-pub const METHOD_NAMES: &[&str] = &["ngram"];
+pub const METHOD_NAMES: &[&str] = &["ngram", "self"];
 
 /// One sequence, as a proposer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +50,30 @@ pub struct ProposalContext<'a> {
     pub prompt_len: usize,
     /// The most tokens to propose.
     pub max_tokens: usize,
+    /// The target model and its cache, for proposers that draft with the target itself
+    /// ([`Proposer::uses_target`]); `None` for the others.
+    pub target: Option<TargetView<'a>>,
+}
+
+/// The target model, its KV cache and the sequence's blocks, lent to a proposer that drafts
+/// with the target's own layers. Every token but the last of the context is in the cache,
+/// and the blocks have room for `max_tokens` more positions after the context's last
+/// token, so the proposer may write the K/V of the last token and of its own draft there
+/// (the target's verification pass overwrites them).
+#[derive(Clone, Copy)]
+pub struct TargetView<'a> {
+    /// The target model.
+    pub model: &'a dyn Model,
+    /// The target's KV cache.
+    pub kv: &'a dyn KvCache,
+    /// The sequence's blocks in it.
+    pub blocks: &'a SequenceBlocks,
+}
+
+impl std::fmt::Debug for TargetView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetView").field("blocks", &self.blocks.block_ids()).finish_non_exhaustive()
+    }
 }
 
 /// Proposed tokens, reused across steps so proposing does not allocate.
@@ -78,6 +110,13 @@ pub trait Proposer: Send {
     fn forget(&mut self, sequence: u64) {
         let _ = sequence;
     }
+
+    /// Whether it drafts with the target model itself, in the target's KV cache: the engine
+    /// then reserves the slots of a full proposal before proposing and lends the target
+    /// ([`ProposalContext::target`]).
+    fn uses_target(&self) -> bool {
+        false
+    }
 }
 
 /// How proposals are made.
@@ -85,6 +124,8 @@ pub trait Proposer: Send {
 pub enum Method {
     /// Prompt lookup: [`NgramProposer`].
     Ngram,
+    /// Self-speculation, the target's first layers as the draft: [`EarlyExitProposer`].
+    SelfSpec,
 }
 
 impl Method {
@@ -95,6 +136,7 @@ impl Method {
     pub fn from_name(name: &str) -> Result<Self, SpeculativeError> {
         match name {
             "ngram" => Ok(Self::Ngram),
+            "self" => Ok(Self::SelfSpec),
             _ => Err(SpeculativeError::Invalid {
                 flag: "speculative",
                 msg: format!("unknown method `{name}`; expected one of: {}", METHOD_NAMES.join(", ")),
@@ -114,13 +156,22 @@ pub struct SpeculativeConfig {
     pub ngram_min: usize,
     /// The longest suffix prompt lookup matches (tried first).
     pub ngram_max: usize,
+    /// Self-speculation's draft depth: layers of the target before the early exit; `None`
+    /// for a quarter of the target's layers.
+    pub self_spec_layers: Option<usize>,
 }
 
 impl SpeculativeConfig {
     /// Prompt lookup proposing up to `num_tokens`, matching suffixes of 4 down to 2 tokens
     /// (single-token matches are mostly coincidences that cost verification rows).
     pub fn ngram(num_tokens: usize) -> Self {
-        Self { method: Method::Ngram, num_tokens, ngram_min: 2, ngram_max: 4 }
+        Self { method: Method::Ngram, num_tokens, ngram_min: 2, ngram_max: 4, self_spec_layers: None }
+    }
+
+    /// Self-speculation proposing up to `num_tokens` from the target's first `layers` layers
+    /// (`None`: a quarter of them).
+    pub fn self_spec(num_tokens: usize, layers: Option<usize>) -> Self {
+        Self { method: Method::SelfSpec, self_spec_layers: layers, ..Self::ngram(num_tokens) }
     }
 
     /// Checks every setting.
@@ -140,17 +191,39 @@ impl SpeculativeConfig {
             let msg = format!("{} is below --speculative-ngram-min {}", self.ngram_max, self.ngram_min);
             return bad("speculative-ngram-max", msg);
         }
+        if self.self_spec_layers == Some(0) {
+            return bad("self-spec-layers", "must be positive".into());
+        }
+        if self.self_spec_layers.is_some() && self.method != Method::SelfSpec {
+            return bad("self-spec-layers", "needs --speculative self".into());
+        }
         Ok(())
     }
 
-    /// The proposer these settings describe.
+    /// The proposer these settings describe, for the target `model` on `backend`.
     ///
     /// # Errors
-    /// [`SpeculativeError::Invalid`] for settings [`Self::validate`] refuses.
-    pub fn proposer(&self) -> Result<Box<dyn Proposer>, SpeculativeError> {
+    /// [`SpeculativeError::Invalid`] for settings [`Self::validate`] refuses, and for
+    /// self-speculation on a model that cannot exit early or with as many layers as the
+    /// model has (the draft would be the target).
+    pub fn proposer(
+        &self,
+        model: &dyn Model,
+        backend: Arc<dyn GpuBackend>,
+    ) -> Result<Box<dyn Proposer>, SpeculativeError> {
         self.validate()?;
         Ok(match self.method {
             Method::Ngram => Box::new(NgramProposer::new(self.ngram_min..=self.ngram_max)),
+            Method::SelfSpec => {
+                let bad = |msg: String| SpeculativeError::Invalid { flag: "self-spec-layers", msg };
+                let exit = model.early_exit().ok_or_else(|| bad("this model cannot run as its own draft".into()))?;
+                let total = exit.num_layers();
+                let layers = self.self_spec_layers.unwrap_or((total / 4).max(1));
+                if layers >= total {
+                    return Err(bad(format!("{layers} is not below the model's {total} layers")));
+                }
+                Box::new(EarlyExitProposer::new(layers, backend))
+            }
         })
     }
 }
@@ -187,21 +260,102 @@ mod tests {
             assert!(err.starts_with(flag), "{err}");
         }
         assert!(SpeculativeConfig::ngram(MAX_SPECULATIVE_TOKENS).validate().is_ok());
-        assert!(SpeculativeConfig::ngram(1).proposer().is_ok());
+        assert!(SpeculativeConfig::ngram(1).proposer(&mock::Layered(4), mock::backend()).is_ok());
+        for (config, flag) in [
+            (SpeculativeConfig::self_spec(4, Some(0)), "--self-spec-layers: must be positive"),
+            (
+                SpeculativeConfig { self_spec_layers: Some(2), ..SpeculativeConfig::ngram(4) },
+                "--self-spec-layers: needs",
+            ),
+        ] {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{err}");
+        }
+    }
+
+    #[test]
+    fn self_speculation_needs_fewer_layers_than_the_target() {
+        let proposer =
+            |layers, model: &dyn Model| SpeculativeConfig::self_spec(4, layers).proposer(model, mock::backend());
+        assert!(proposer(Some(3), &mock::Layered(4)).is_ok());
+        assert!(proposer(None, &mock::Layered(1)).is_err(), "a quarter of one layer is one layer, the target");
+        for (layers, want) in
+            [(Some(4), "--self-spec-layers: 4 is not below the model's 4 layers"), (Some(9), "9 is not")]
+        {
+            let err = proposer(layers, &mock::Layered(4)).err().expect("refused").to_string();
+            assert!(err.contains(want), "{err}");
+        }
+        let err = proposer(Some(1), &mock::NoExit).err().expect("refused").to_string();
+        assert!(err.contains("this model cannot run as its own draft"), "{err}");
     }
 
     #[test]
     fn methods_are_found_by_name() {
         for name in METHOD_NAMES {
-            assert_eq!(
-                SpeculativeConfig { method: Method::from_name(name).unwrap(), ..SpeculativeConfig::ngram(3) }
-                    .proposer()
-                    .unwrap()
-                    .name(),
-                *name
-            );
+            let config = SpeculativeConfig { method: Method::from_name(name).unwrap(), ..SpeculativeConfig::ngram(3) };
+            assert_eq!(config.proposer(&mock::Layered(8), mock::backend()).unwrap().name(), *name);
         }
         let err = Method::from_name("draft").unwrap_err().to_string();
         assert!(err.starts_with("--speculative: unknown method `draft`"), "{err}");
+    }
+
+    /// Models that only answer what building a proposer asks.
+    mod mock {
+        use std::sync::Arc;
+
+        use met_cache::{KvCache, KvLayout};
+        use met_kernels::{CpuBackend, DType, GpuBackend, Tensor};
+        use met_model_layers::{EarlyExit, ForwardBatch, Model, ModelError, Result};
+
+        pub(super) fn backend() -> Arc<dyn GpuBackend> {
+            Arc::new(CpuBackend::new())
+        }
+
+        /// A model of this many layers that can exit early (and never runs).
+        pub(super) struct Layered(pub usize);
+
+        /// A model that cannot exit early.
+        pub(super) struct NoExit;
+
+        fn unused() -> ModelError {
+            ModelError::Unsupported("a test double that never runs".into())
+        }
+
+        macro_rules! facts {
+            () => {
+                fn forward(&self, _: &ForwardBatch, _: &mut dyn KvCache) -> Result<Tensor> {
+                    Err(unused())
+                }
+                fn vocab_size(&self) -> usize {
+                    8
+                }
+                fn kv_layout(&self) -> KvLayout {
+                    KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 }
+                }
+                fn max_context(&self) -> usize {
+                    64
+                }
+            };
+        }
+
+        impl Model for Layered {
+            facts!();
+            fn early_exit(&self) -> Option<&dyn EarlyExit> {
+                Some(self)
+            }
+        }
+
+        impl EarlyExit for Layered {
+            fn num_layers(&self) -> usize {
+                self.0
+            }
+            fn forward_early_exit(&self, _: &ForwardBatch, _: &dyn KvCache, _: usize) -> Result<Tensor> {
+                Err(unused())
+            }
+        }
+
+        impl Model for NoExit {
+            facts!();
+        }
     }
 }

@@ -74,7 +74,7 @@ mod tests {
 
     fn propose(lengths: RangeInclusive<usize>, tokens: &[u32], max_tokens: usize) -> Vec<u32> {
         let mut out = Proposal { tokens: vec![99], probs: None };
-        let ctx = ProposalContext { sequence: 0, tokens, prompt_len: tokens.len(), max_tokens };
+        let ctx = ProposalContext { sequence: 0, tokens, prompt_len: tokens.len(), max_tokens, target: None };
         NgramProposer::new(lengths).propose(&ctx, &mut out);
         assert!(out.probs.is_none(), "prompt lookup proposes certain tokens");
         out.tokens

@@ -45,6 +45,7 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
             ("num-speculative-tokens", e.num_speculative_tokens),
             ("speculative-ngram-min", e.speculative_ngram_min),
             ("speculative-ngram-max", e.speculative_ngram_max),
+            ("self-spec-layers", e.self_spec_layers),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
             bail!("--{flag}: needs --speculative");
@@ -55,6 +56,7 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
     config.method = Method::from_name(method)?;
     config.ngram_min = e.speculative_ngram_min.unwrap_or(config.ngram_min);
     config.ngram_max = e.speculative_ngram_max.unwrap_or(config.ngram_max.max(config.ngram_min));
+    config.self_spec_layers = e.self_spec_layers;
     config.validate()?;
     Ok(Some(config))
 }
