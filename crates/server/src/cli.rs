@@ -448,7 +448,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// Print prefill and decode throughput (one JSON object on stderr): steps until the
-    /// first token count as prefill, later steps as decode.
+    /// first token count as prefill, later steps as decode; with `--speculative`, the
+    /// drafts' acceptance too (`speculative`).
     #[arg(long)]
     pub timing: bool,
 }

@@ -13,6 +13,7 @@ use met_scheduler::{Engine, EngineLimits, EngineRequest, FinishReason, RequestSt
 use met_telemetry::Metrics;
 use serde::{Deserialize, Serialize};
 
+use crate::bench::report::SpeculativeFigures;
 use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
 use crate::startup::engine::{build_engine, engine_config, random_seed};
 use crate::startup::kv_budget::kv_blocks;
@@ -74,7 +75,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     for d in &mut drafts {
         d.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
-    let mut engine = sized_engine(&args.engine, model, backend, &drafts, Arc::new(Metrics::new()))?;
+    let metrics = Arc::new(Metrics::new());
+    let mut engine = sized_engine(&args.engine, model, backend, &drafts, Arc::clone(&metrics))?;
     let prompts: Vec<Vec<u32>> = drafts.iter().map(|d| d.prompt.clone()).collect();
     let requests = Draft::make_all(drafts, &engine.limits(), "prompt")?;
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
@@ -82,7 +84,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     print(&prompts, &outputs, args, tokenizer.as_ref())?;
     if args.timing {
         let prompt_tokens = prompts.iter().map(Vec::len).sum();
-        eprintln!("{}", serde_json::to_string(&timing.summary(prompt_tokens))?);
+        let mut summary = timing.summary(prompt_tokens);
+        if args.engine.speculative.is_some() {
+            summary["speculative"] = serde_json::to_value(SpeculativeFigures::of_engine(&metrics))?;
+        }
+        eprintln!("{}", serde_json::to_string(&summary)?);
     }
     Ok(())
 }

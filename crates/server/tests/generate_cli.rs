@@ -194,6 +194,40 @@ fn engine_flags_do_not_change_greedy_output() {
 }
 
 #[test]
+fn timing_reports_speculative_acceptance() {
+    let dir = fixture("llama_tied");
+    let args = [
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "5,6,7,8,9,10,11,12,13",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--timing",
+        "--speculative",
+        "self",
+        "--self-spec-layers",
+        "1",
+    ];
+    let out = met(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().rev().find(|l| l.starts_with('{')).expect("a timing line");
+    let timing: serde_json::Value = serde_json::from_str(line).unwrap();
+    let spec = &timing["speculative"];
+    let (drafted, accepted) = (spec["draft_tokens"].as_u64().unwrap(), spec["accepted_tokens"].as_u64().unwrap());
+    assert!(drafted > 0 && accepted <= drafted, "{timing}");
+    let plain = met(&args[..args.len() - 4]);
+    let plain: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&plain.stderr).lines().rev().find(|l| l.starts_with('{')).expect("a timing line"),
+    )
+    .unwrap();
+    assert!(plain.get("speculative").is_none(), "{plain}");
+}
+
+#[test]
 fn seeded_sampling_is_reproducible_and_n_gives_choices() {
     let dir = fixture("qwen2");
     let dir = dir.to_str().unwrap();
