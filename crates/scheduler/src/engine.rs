@@ -18,7 +18,7 @@ use met_cache::KvCache;
 use met_config::EngineConfig;
 use met_kernels::{GpuBackend, SampleRow};
 use met_model_layers::Model;
-use met_speculative::{Proposer, SpeculativeConfig};
+use met_speculative::{DraftModelProposer, Proposer, SpeculativeConfig};
 use met_telemetry::{Metrics, StepStats};
 
 use crate::policy::SchedulingPolicy;
@@ -112,6 +112,26 @@ impl Engine {
             .proposer(&*self.model, Arc::clone(&self.backend))
             .map_err(|e| EngineError::Config(e.to_string()))?;
         Ok(self.with_proposer(proposer, speculative.num_tokens))
+    }
+
+    /// This engine, drafting with `draft` (`--speculative draft`), a second model of the
+    /// same vocabulary on `draft_backend`, with a KV cache of as many blocks as this
+    /// engine's, and verifying up to `speculative.num_tokens` of its tokens per step.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] naming `--draft-model` for a draft of another vocabulary or
+    /// a cache the device cannot hold, and for settings that cannot work.
+    pub fn with_draft_model(
+        self,
+        speculative: &SpeculativeConfig,
+        draft: Box<dyn Model>,
+        draft_backend: Arc<dyn GpuBackend>,
+    ) -> Result<Self, EngineError> {
+        let config = |e: met_speculative::SpeculativeError| EngineError::Config(e.to_string());
+        speculative.validate().map_err(config)?;
+        let (vocab, blocks, block_size) = (self.model.vocab_size(), self.kv.num_blocks(), self.kv.block_size());
+        let proposer = DraftModelProposer::new(draft, draft_backend, vocab, blocks, block_size).map_err(config)?;
+        Ok(self.with_proposer(Box::new(proposer), speculative.num_tokens))
     }
 
     /// This engine, verifying up to `num_tokens` tokens of `proposer` per sequence and step

@@ -11,9 +11,10 @@ mod common;
 
 use common::{Outcome, Parts, Setup, run_all};
 use met_config::SamplingParams;
+use met_kernels::CpuBackend;
 use met_scheduler::mock::MockModel;
 use met_scheduler::{Engine, EngineRequest, FinishReason, GeneratedToken};
-use met_speculative::{NgramProposer, Proposal, ProposalContext, Proposer};
+use met_speculative::{DraftModelProposer, NgramProposer, Proposal, ProposalContext, Proposer, SpeculativeConfig};
 use met_telemetry::Metrics;
 use proptest::prelude::*;
 
@@ -67,7 +68,15 @@ fn oracle(quality: Quality) -> Box<dyn Proposer> {
 }
 
 /// The proposers every equivalence test runs with.
-const PROPOSERS: [&str; 4] = ["right", "wrong", "random", "ngram"];
+const PROPOSERS: [&str; 5] = ["right", "wrong", "random", "ngram", "draft"];
+
+/// A draft model equal to the target: a second mock with its own cache, whose greedy
+/// tokens are the target's, so every draft of a greedy request is right unless the draft's
+/// own cache (catch-up after acceptance, rollback after rejection) is wrong.
+fn draft_model() -> DraftModelProposer {
+    let mock = Box::new(MockModel::new(common::VOCAB, common::MAX_CONTEXT));
+    DraftModelProposer::new(mock, std::sync::Arc::new(CpuBackend::new()), common::VOCAB, 1024, 4).unwrap()
+}
 
 fn proposer(name: &str) -> Box<dyn Proposer> {
     match name {
@@ -75,6 +84,7 @@ fn proposer(name: &str) -> Box<dyn Proposer> {
         "wrong" => oracle(Quality::Wrong),
         "random" => oracle(Quality::Random(0.6)),
         "ngram" => Box::new(NgramProposer::new(1..=4)),
+        "draft" => Box::new(draft_model()),
         _ => unreachable!("unknown test proposer {name}"),
     }
 }
@@ -153,7 +163,7 @@ fn every_proposer_leaves_the_outputs_unchanged_in_every_mode() {
                     let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
                     assert!(drafted > 0, "{what}: nothing was proposed");
                     match name {
-                        "right" => assert_eq!(accepted, drafted, "{what}: a right proposal was rejected"),
+                        "right" | "draft" => assert_eq!(accepted, drafted, "{what}: a right proposal was rejected"),
                         "wrong" => assert_eq!(accepted, 0, "{what}: a wrong proposal was accepted"),
                         _ => assert!(accepted <= drafted),
                     }
@@ -422,6 +432,84 @@ fn drafts_with_distributions_keep_the_sampling_distribution() {
     let (again, _) = run(&setup, Some((tempered(true, true), 3)), requests(0..n));
     for (x, y) in again.iter().zip(&honest) {
         assert_eq!(streams(x), streams(y), "a seeded request changed between runs");
+    }
+}
+
+/// A draft model of another vocabulary is refused, naming the flag; its pool's blocks are
+/// all free again once every request ended (the draft's sequences are forgotten).
+#[test]
+fn a_draft_model_must_share_the_vocabulary() {
+    let (engine, _) = Setup::new(64).engine();
+    let small = Box::new(MockModel::new(common::VOCAB / 2, common::MAX_CONTEXT));
+    let err = engine
+        .with_draft_model(&SpeculativeConfig::ngram(4), small, std::sync::Arc::new(CpuBackend::new()))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("--draft-model: the draft model has a vocabulary of 32 tokens, the target 64"), "{err}");
+    let (engine, metrics) = Setup::new(64).engine();
+    let same = Box::new(MockModel::new(common::VOCAB, common::MAX_CONTEXT));
+    let mut engine =
+        engine.with_draft_model(&SpeculativeConfig::ngram(4), same, std::sync::Arc::new(CpuBackend::new())).unwrap();
+    let prompt: Vec<u32> = (0..10).collect();
+    let out = run_all(&mut engine, vec![common::greedy(prompt.clone(), 20)]);
+    assert_eq!(out[0].tokens[0], MockModel::new(common::VOCAB, common::MAX_CONTEXT).reference_greedy(&prompt, 20));
+    assert_eq!(metrics.spec_accepted_tokens.get(), metrics.spec_draft_tokens.get());
+    assert!(metrics.spec_draft_tokens.get() >= 15);
+}
+
+/// The draft model's proposals, checked against what the draft (a mock like the target)
+/// proposes from scratch: its cache must track every sequence through acceptances,
+/// rejections (sampled requests reject greedy drafts often), preemption and `n > 1`.
+struct Checked {
+    inner: DraftModelProposer,
+    mock: MockModel,
+    checked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Proposer for Checked {
+    fn name(&self) -> &'static str {
+        "checked draft"
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>, out: &mut Proposal) {
+        self.inner.propose(ctx, out);
+        if !out.tokens.is_empty() {
+            assert_eq!(out.tokens, self.mock.reference_greedy(ctx.tokens, ctx.max_tokens), "for {:?}", ctx.tokens);
+            self.checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn forget(&mut self, sequence: u64) {
+        self.inner.forget(sequence);
+    }
+}
+
+#[test]
+fn the_draft_models_cache_follows_acceptance_rejection_and_preemption() {
+    let prompts = prompts();
+    let requests = || {
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Parts { n: 1 + i % 2, ..Parts::sampled(p.clone(), 1 + (i * 5) % 17, i as u64) }.make())
+            .collect::<Vec<_>>()
+    };
+    for blocks in [512, 22] {
+        let setup = Setup::new(blocks);
+        let (plain, _) = run(&setup, None, requests());
+        let checked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let proposer = Checked {
+            inner: draft_model(),
+            mock: MockModel::new(common::VOCAB, common::MAX_CONTEXT),
+            checked: std::sync::Arc::clone(&checked),
+        };
+        let (got, metrics) = run(&setup, Some((Box::new(proposer), 4)), requests());
+        assert_same(&got, &plain, &format!("{blocks} blocks"));
+        let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
+        assert!(accepted > 0 && accepted < drafted, "{blocks} blocks: {accepted} of {drafted} accepted");
+        assert!(checked.load(std::sync::atomic::Ordering::Relaxed) > 20, "{blocks} blocks: too few proposals");
+        assert_eq!(blocks == 22, metrics.preemptions.get() > 0, "{blocks} blocks: preemptions");
     }
 }
 

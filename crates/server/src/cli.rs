@@ -394,7 +394,8 @@ pub struct EngineArgs {
     pub max_seq_len_to_capture: usize,
     /// Speculative decoding: `ngram` proposes what followed the last few tokens earlier in
     /// the prompt or output (prompt lookup), `self` what the model's own first layers
-    /// predict (`--self-spec-layers`); the model verifies the proposal in the same step.
+    /// predict (`--self-spec-layers`), `draft` what a smaller model predicts
+    /// (`--draft-model`); the model verifies the proposal in the same step.
     /// Greedy output is unchanged, and so is a seeded sampled request's. Off by default.
     #[arg(long, value_name = "METHOD", value_parser = clap::builder::PossibleValuesParser::new(met_speculative::METHOD_NAMES))]
     pub speculative: Option<String>,
@@ -412,6 +413,10 @@ pub struct EngineArgs {
     /// fewer than the model has (default a quarter of them).
     #[arg(long, value_name = "L")]
     pub self_spec_layers: Option<usize>,
+    /// The draft model of `--speculative draft` (a directory, `.gguf` or hub id, as
+    /// `--model` takes), with the model's vocabulary, on the same kind of device.
+    #[arg(long, value_name = "MODEL")]
+    pub draft_model: Option<String>,
 }
 
 /// `met generate`.
@@ -496,7 +501,7 @@ fn parse_utilization(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_device(s: &str) -> Result<DeviceKind, String> {
+pub(crate) fn parse_device(s: &str) -> Result<DeviceKind, String> {
     s.parse().map_err(|e: met_kernels::Error| e.to_string())
 }
 

@@ -79,7 +79,7 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 19] = [
+    let cases: [(&[&str], &str); 21] = [
         (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
         (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
         (&["--model", llama], "no prompts"),
@@ -96,7 +96,7 @@ fn bad_input_is_a_message_and_a_failure() {
             &["--model", llama, "--prompt-ids", "1", "--attention-backend", "xformers"],
             "[possible values: flash, paged]",
         ),
-        (&["--model", llama, "--prompt-ids", "1", "--speculative", "draft"], "[possible values: ngram, self]"),
+        (&["--model", llama, "--prompt-ids", "1", "--speculative", "medusa"], "[possible values: ngram, self, draft]"),
         (
             &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--num-speculative-tokens", "0"],
             "--num-speculative-tokens: 0 is outside 1..=16",
@@ -129,6 +129,11 @@ fn bad_input_is_a_message_and_a_failure() {
             &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--self-spec-layers", "1"],
             "--self-spec-layers: needs --speculative self",
         ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "draft"],
+            "--draft-model: --speculative draft needs one",
+        ),
+        (&["--model", llama, "--prompt-ids", "1", "--draft-model", llama], "--draft-model: needs --speculative draft"),
     ];
     for (args, expected) in cases {
         let out = met(&[&["generate"], args].concat());
@@ -137,6 +142,34 @@ fn bad_input_is_a_message_and_a_failure() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// A draft model must have the target's vocabulary: a clear error, not a panic.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let llama = fixture("llama");
+    let out = met(&[
+        "generate",
+        "--model",
+        repo().join("configs/Qwen3-0.6B").to_str().unwrap(),
+        "--load-format",
+        "dummy",
+        "--hf-overrides",
+        r#"{"num_hidden_layers": 1}"#,
+        "--prompt-ids",
+        "1,2,3",
+        "--speculative",
+        "draft",
+        "--draft-model",
+        llama.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--draft-model: the draft model has a vocabulary of 512 tokens, the target 151936"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 /// `generated_ids` of every output line.
@@ -155,6 +188,8 @@ fn generated(out: &Output) -> Vec<Vec<u32>> {
 fn engine_flags_do_not_change_greedy_output() {
     let dir = fixture("llama_tied");
     let dir = dir.to_str().unwrap();
+    // Another architecture with the same vocabulary as the draft.
+    let draft = fixture("qwen2").to_str().unwrap().to_owned();
     let base = [
         "generate",
         "--model",
@@ -178,6 +213,7 @@ fn engine_flags_do_not_change_greedy_output() {
         &["--max-num-seqs", "1", "--policy", "priority"][..],
         &["--speculative", "ngram", "--speculative-ngram-min", "1"][..],
         &["--speculative", "self", "--self-spec-layers", "1", "--num-speculative-tokens", "3"][..],
+        &["--speculative", "draft", "--draft-model", &draft][..],
         &[
             "--speculative",
             "ngram",
@@ -253,8 +289,12 @@ fn seeded_sampling_is_reproducible_and_n_gives_choices() {
     assert_eq!(first.len(), 3);
     assert_eq!(generated(&met(&args)), first);
     // Speculation keeps a seeded request's tokens: its drafts are point masses.
-    for speculative in [&["--speculative", "ngram", "--speculative-ngram-min", "1"][..], &["--speculative", "self"][..]]
-    {
+    let draft = fixture("llama").to_str().unwrap().to_owned();
+    for speculative in [
+        &["--speculative", "ngram", "--speculative-ngram-min", "1"][..],
+        &["--speculative", "self"][..],
+        &["--speculative", "draft", "--draft-model", &draft][..],
+    ] {
         assert_eq!(generated(&met(&[&args[..], speculative].concat())), first, "{speculative:?}");
     }
     assert!(first[0] != first[1] || first[1] != first[2], "three samples at temperature 1 are identical: {first:?}");

@@ -18,18 +18,15 @@
 
 use std::sync::Arc;
 
-use met_config::SamplingParams;
-use met_kernels::{GpuBackend, SampleRow};
+use met_kernels::GpuBackend;
 use met_model_layers::{EarlyExit, ForwardBatch, LogitRows};
 
-use crate::{Proposal, ProposalContext, Proposer, TargetView};
+use crate::{Proposal, ProposalContext, Proposer, TargetView, greedy_token};
 
 /// Drafts with the target's first `layers` layers.
 pub struct EarlyExitProposer {
     layers: usize,
     backend: Arc<dyn GpuBackend>,
-    /// Greedy settings, to take the draft's argmax with the backend's sampler.
-    greedy: SamplingParams,
     /// Reused between passes.
     batch: ForwardBatch,
 }
@@ -37,7 +34,7 @@ pub struct EarlyExitProposer {
 impl EarlyExitProposer {
     /// Drafts with the first `layers` layers of the target, whose logits live on `backend`.
     pub fn new(layers: usize, backend: Arc<dyn GpuBackend>) -> Self {
-        Self { layers, backend, greedy: SamplingParams::greedy(), batch: ForwardBatch::default() }
+        Self { layers, backend, batch: ForwardBatch::default() }
     }
 
     /// The draft's next token after `token` at `position`, writing its K/V; `None` when the
@@ -46,17 +43,7 @@ impl EarlyExitProposer {
         self.batch.clear();
         self.batch.push(&[token], position, target.blocks, LogitRows::Last);
         let logits = exit.forward_early_exit(&self.batch, target.kv, self.layers).ok()?;
-        let row = SampleRow {
-            logits_row: 0,
-            params: &self.greedy,
-            prompt: &[],
-            output: &[],
-            seed: 0,
-            step: 0,
-            banned: &[],
-            draft: None,
-        };
-        Some(self.backend.sample(&logits, &[row]).ok()?.first()?.token)
+        greedy_token(&*self.backend, &logits)
     }
 }
 

@@ -5,29 +5,34 @@
 //! `k` tokens that may follow. The engine (`met-scheduler`) appends them to the sequence's
 //! decode row as extra query rows, gets the target's logits for every one, and keeps the
 //! longest prefix the target agrees with plus the target's own next token, so a proposer
-//! can only change how fast tokens come, never which tokens come. A wrong proposal costs
-//! the verification rows and nothing else.
+//! can only change how fast tokens come, never which tokens come (greedy requests, and
+//! sampled ones with point-mass proposals) or how they are distributed (proposals with
+//! distributions). A wrong proposal costs the verification rows and nothing else.
 //!
 //! This crate holds the seam and the proposers; verification lives in the engine, which
 //! owns the batch and the KV cache, and in the sampler, which does the rejection sampling
 //! of sampled requests (`met_kernels::DraftToken`). [`NgramProposer`] is prompt lookup: it
 //! finds the last few tokens earlier in the sequence and proposes what followed them there,
-//! which pays off on input-grounded work (code edits, quoting answers). A draft model or
-//! the target's own first layers would be further `Proposer`s: the trait hands them a
-//! stable sequence key, so they can keep per-sequence state, and [`Proposal::probs`]
-//! carries a draft's distributions, from which its tokens must have been drawn, for
-//! rejection sampling. A proposal without them is verified as a point mass, which is exact
-//! for any tokens however they were chosen.
+//! which pays off on input-grounded work (code edits, quoting answers).
+//! [`EarlyExitProposer`] drafts with the target's own first layers in the target's cache
+//! (it asks for the target, [`Proposer::uses_target`]), [`DraftModelProposer`] with a second
+//! model in a cache of its own, kept per sequence by the stable sequence key the trait
+//! hands every proposer. [`Proposal::probs`] carries a draft's distributions, from which
+//! its tokens must have been drawn, for rejection sampling. A proposal without them is
+//! verified as a point mass, which is exact for any tokens however they were chosen.
 
+mod draft_model;
 mod early_exit;
 mod ngram;
 
 use std::sync::Arc;
 
 use met_cache::{KvCache, SequenceBlocks};
-use met_kernels::GpuBackend;
+use met_config::SamplingParams;
+use met_kernels::{GpuBackend, SampleRow, Tensor};
 use met_model_layers::Model;
 
+pub use draft_model::DraftModelProposer;
 pub use early_exit::EarlyExitProposer;
 pub use ngram::NgramProposer;
 
@@ -36,7 +41,7 @@ pub use ngram::NgramProposer;
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// Proposal methods, by their command-line name (`--speculative`).
-pub const METHOD_NAMES: &[&str] = &["ngram", "self"];
+pub const METHOD_NAMES: &[&str] = &["ngram", "self", "draft"];
 
 /// One sequence, as a proposer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -126,6 +131,8 @@ pub enum Method {
     Ngram,
     /// Self-speculation, the target's first layers as the draft: [`EarlyExitProposer`].
     SelfSpec,
+    /// A second, smaller model as the draft: [`DraftModelProposer`].
+    Draft,
 }
 
 impl Method {
@@ -137,6 +144,7 @@ impl Method {
         match name {
             "ngram" => Ok(Self::Ngram),
             "self" => Ok(Self::SelfSpec),
+            "draft" => Ok(Self::Draft),
             _ => Err(SpeculativeError::Invalid {
                 flag: "speculative",
                 msg: format!("unknown method `{name}`; expected one of: {}", METHOD_NAMES.join(", ")),
@@ -224,8 +232,29 @@ impl SpeculativeConfig {
                 }
                 Box::new(EarlyExitProposer::new(layers, backend))
             }
+            Method::Draft => {
+                let msg = "--speculative draft needs the draft model (`--draft-model`)".into();
+                return Err(SpeculativeError::Invalid { flag: "draft-model", msg });
+            }
         })
     }
+}
+
+/// The argmax of logits row 0, taken by the backend's sampler (on the device, so only the
+/// token comes back); `None` when sampling fails.
+fn greedy_token(backend: &dyn GpuBackend, logits: &Tensor) -> Option<u32> {
+    let greedy = SamplingParams::greedy();
+    let row = SampleRow {
+        logits_row: 0,
+        params: &greedy,
+        prompt: &[],
+        output: &[],
+        seed: 0,
+        step: 0,
+        banned: &[],
+        draft: None,
+    };
+    Some(backend.sample(logits, &[row]).ok()?.first()?.token)
 }
 
 /// Errors of speculative settings.
@@ -293,10 +322,14 @@ mod tests {
     fn methods_are_found_by_name() {
         for name in METHOD_NAMES {
             let config = SpeculativeConfig { method: Method::from_name(name).unwrap(), ..SpeculativeConfig::ngram(3) };
-            assert_eq!(config.proposer(&mock::Layered(8), mock::backend()).unwrap().name(), *name);
+            match config.proposer(&mock::Layered(8), mock::backend()) {
+                Ok(proposer) => assert_eq!(proposer.name(), *name),
+                // The draft model is loaded by the caller (`DraftModelProposer::new`).
+                Err(e) => assert!(*name == "draft" && e.to_string().starts_with("--draft-model: "), "{name}: {e}"),
+            }
         }
-        let err = Method::from_name("draft").unwrap_err().to_string();
-        assert!(err.starts_with("--speculative: unknown method `draft`"), "{err}");
+        let err = Method::from_name("medusa").unwrap_err().to_string();
+        assert!(err.starts_with("--speculative: unknown method `medusa`"), "{err}");
     }
 
     /// Models that only answer what building a proposer asks.

@@ -12,7 +12,8 @@ use met_scheduler::{Engine, policy_by_name};
 use met_speculative::{Method, SpeculativeConfig};
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 
-use crate::cli::EngineArgs;
+use crate::cli::{EngineArgs, LoadFormat, ModelArgs, parse_device};
+use crate::startup::load::{NoProgress, Weights, load_weights};
 
 /// The engine settings of `e`, validated.
 ///
@@ -41,6 +42,9 @@ pub const DEFAULT_SPECULATIVE_TOKENS: usize = 4;
 /// A speculative flag without `--speculative`, or a value out of range, naming the flag.
 pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
     let Some(method) = &e.speculative else {
+        if e.draft_model.is_some() {
+            bail!("--draft-model: needs --speculative draft");
+        }
         let given = [
             ("num-speculative-tokens", e.num_speculative_tokens),
             ("speculative-ngram-min", e.speculative_ngram_min),
@@ -58,6 +62,11 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
     config.ngram_max = e.speculative_ngram_max.unwrap_or(config.ngram_max.max(config.ngram_min));
     config.self_spec_layers = e.self_spec_layers;
     config.validate()?;
+    match (config.method, &e.draft_model) {
+        (Method::Draft, None) => bail!("--draft-model: --speculative draft needs one"),
+        (Method::Draft, Some(_)) | (_, None) => {}
+        (_, Some(_)) => bail!("--draft-model: needs --speculative draft"),
+    }
     Ok(Some(config))
 }
 
@@ -93,11 +102,31 @@ pub fn build_engine(
     let policy = policy_by_name(&e.policy).with_context(|| {
         format!("--policy: unknown policy `{}` (one of {})", e.policy, met_scheduler::POLICY_NAMES.join(", "))
     })?;
-    let engine = Engine::new(model, backend, Box::new(kv), config, policy, metrics)?;
-    Ok(match speculative_config(e)? {
-        Some(speculative) => engine.with_speculative(&speculative)?,
-        None => engine,
+    let engine = Engine::new(model, Arc::clone(&backend), Box::new(kv), config, policy, metrics)?;
+    Ok(match (speculative_config(e)?, &e.draft_model) {
+        (Some(speculative), Some(path)) if speculative.method == Method::Draft => {
+            let Weights { backend: draft_backend, model: draft } = load_draft(path, &*backend)?;
+            engine.with_draft_model(&speculative, draft, draft_backend)?
+        }
+        (Some(speculative), _) => engine.with_speculative(&speculative)?,
+        (None, _) => engine,
     })
+}
+
+/// The draft model at `path` for `--speculative draft`, on the kind of device `target`
+/// is (startup phases 1 to 5 again, for the draft).
+fn load_draft(path: &str, target: &dyn GpuBackend) -> Result<Weights> {
+    let args = ModelArgs {
+        model: Some(path.to_owned()),
+        load_format: LoadFormat::Auto,
+        dummy_seed: 0,
+        hf_overrides: None,
+        device: parse_device(target.name()).map_err(anyhow::Error::msg)?,
+        attention_backend: met_model_layers::LoadOptions::default().attention_backend,
+    };
+    tracing::info!("loading the draft model {path}");
+    let (weights, _) = load_weights(&args, &NoProgress).with_context(|| format!("--draft-model {path}"))?;
+    Ok(weights)
 }
 
 /// A seed for a request that did not pin one: different on every call.
