@@ -111,7 +111,7 @@ impl Engine {
         let proposer = speculative
             .proposer(&*self.model, Arc::clone(&self.backend))
             .map_err(|e| EngineError::Config(e.to_string()))?;
-        Ok(self.with_proposer(proposer, speculative.num_tokens))
+        Ok(self.with_proposer_config(proposer, speculative))
     }
 
     /// This engine, drafting with `draft` (`--speculative draft`), a second model of the
@@ -131,11 +131,22 @@ impl Engine {
         speculative.validate().map_err(config)?;
         let (vocab, blocks, block_size) = (self.model.vocab_size(), self.kv.num_blocks(), self.kv.block_size());
         let proposer = DraftModelProposer::new(draft, draft_backend, vocab, blocks, block_size).map_err(config)?;
-        Ok(self.with_proposer(Box::new(proposer), speculative.num_tokens))
+        Ok(self.with_proposer_config(Box::new(proposer), speculative))
     }
 
-    /// This engine, verifying up to `num_tokens` tokens of `proposer` per sequence and step
-    /// (any proposer, including test doubles; greedy outputs do not depend on it).
+    /// This engine, verifying the tokens of `proposer` as `speculative` says: up to its `k`,
+    /// adaptive or not, and only while at most its `max_batch` sequences run (its method and
+    /// the method's own settings are the proposer's business).
+    #[must_use]
+    pub fn with_proposer_config(mut self, proposer: Box<dyn Proposer>, speculative: &SpeculativeConfig) -> Self {
+        let speculation = Speculation::new(proposer, speculative.num_tokens, self.model.vocab_size());
+        self.scheduler.speculate(speculation.with_policy(speculative.adaptive, speculative.max_batch));
+        self
+    }
+
+    /// This engine, verifying `num_tokens` tokens of `proposer` per sequence and step (any
+    /// proposer, including test doubles; greedy outputs do not depend on it), with a fixed
+    /// `k` and no batch limit.
     #[must_use]
     pub fn with_proposer(mut self, proposer: Box<dyn Proposer>, num_tokens: usize) -> Self {
         self.scheduler.speculate(Speculation::new(proposer, num_tokens, self.model.vocab_size()));

@@ -200,15 +200,16 @@ impl Scheduler {
     /// drafts in the target's cache gets the slots of a full draft first, and what it
     /// leaves unused goes back.
     fn reserve_draft(&mut self, kv: &dyn KvCache, model: &dyn Model, i: usize, room: usize) -> usize {
-        let Some(spec) = &mut self.speculation else { return 0 };
+        let running = self.running.len();
+        let Some(spec) = self.speculation.as_mut().filter(|s| s.active(running)) else { return 0 };
         let Running { seq, blocks } = &mut self.running[i];
         let generated = seq.output().len();
         // Every accepted token and the target's own one must fit the length and context.
         let room = room
             .min(seq.request.stop.max_new_tokens.saturating_sub(generated + 1))
             .min(self.max_context.saturating_sub(seq.tokens.len()));
-        let target = if spec.uses_target() && seq.to_compute() == 1 && spec.room(room) > 0 {
-            if kv.reserve(blocks, seq.tokens.len() + spec.room(room)).is_err() {
+        let target = if spec.uses_target() && seq.to_compute() == 1 && spec.room(seq, room) > 0 {
+            if kv.reserve(blocks, seq.tokens.len() + spec.room(seq, room)).is_err() {
                 return 0;
             }
             Some(TargetView { model, kv, blocks })
@@ -425,6 +426,9 @@ impl Scheduler {
                     counts.draft_tokens += e.draft;
                     counts.accepted_tokens += accepted;
                     blocks.truncate(seq.computed);
+                    if let Some(spec) = &mut self.speculation {
+                        spec.observe(seq, e.draft, accepted);
+                    }
                 }
             }
             kv.commit(blocks, &seq.tokens, seq.computed);

@@ -23,6 +23,13 @@
 //!   and otherwise draws from `max(0, p − q)`. A seeded request is reproducible for the
 //!   same drafts, but its tokens differ from speculation off's (same distribution, other
 //!   draws).
+//!
+//! How much is proposed: at most `k` tokens, or with adaptive `k` a per-sequence length that
+//! grows while drafts are accepted whole and shrinks after rejections; and nothing while
+//! more sequences run than the batch limit, where verification rows cost more than they
+//! save (measured on the CPU: `bench/results/`).
+
+use std::collections::HashMap;
 
 use met_speculative::{Proposal, ProposalContext, Proposer, TargetView};
 
@@ -37,11 +44,55 @@ pub(crate) struct Speculation {
     vocab_size: usize,
     /// Reused between calls.
     proposal: Proposal,
+    /// Whether each sequence's draft length follows its acceptance ([`Self::observe`]).
+    adaptive: bool,
+    /// Per sequence key, the draft length adaptive `k` allows next (absent: `num_tokens`).
+    k: HashMap<u64, usize>,
+    /// Speculation pauses while more sequences than this run.
+    max_batch: Option<usize>,
 }
 
 impl Speculation {
+    /// Verifies up to `num_tokens` of `proposer`'s tokens per sequence and step, always
+    /// that many (no adaptive `k`) and at any batch size.
     pub(crate) fn new(proposer: Box<dyn Proposer>, num_tokens: usize, vocab_size: usize) -> Self {
-        Self { proposer, num_tokens, vocab_size, proposal: Proposal::default() }
+        Self {
+            proposer,
+            num_tokens,
+            vocab_size,
+            proposal: Proposal::default(),
+            adaptive: false,
+            k: HashMap::new(),
+            max_batch: None,
+        }
+    }
+
+    /// This speculation with adaptive `k` on or off, pausing above `max_batch` running
+    /// sequences.
+    pub(crate) fn with_policy(self, adaptive: bool, max_batch: Option<usize>) -> Self {
+        Self { adaptive, max_batch, ..self }
+    }
+
+    /// Whether to speculate in a step with `running` sequences.
+    pub(crate) fn active(&self, running: usize) -> bool {
+        self.max_batch.is_none_or(|max| running <= max)
+    }
+
+    /// Adaptive `k` after a draft of `drafted` tokens of which `accepted` were kept: two
+    /// more when all were, one fewer otherwise, within `1..=num_tokens` (the "heuristic"
+    /// schedule of Hugging Face's assisted generation). It depends on the sequence's own
+    /// history only, so a seeded request still repeats.
+    pub(crate) fn observe(&mut self, seq: &Sequence, drafted: usize, accepted: usize) {
+        if !self.adaptive || drafted == 0 {
+            return;
+        }
+        let k = self.k_of(seq.key());
+        let next = if accepted == drafted { k + 2 } else { k.saturating_sub(1) };
+        self.k.insert(seq.key(), next.clamp(1, self.num_tokens));
+    }
+
+    fn k_of(&self, key: u64) -> usize {
+        self.k.get(&key).copied().unwrap_or(self.num_tokens)
     }
 
     /// Fills `seq.draft` with at most `room` proposed tokens (and no more than the engine's
@@ -52,7 +103,7 @@ impl Speculation {
     /// blocks must already have room for `room` tokens past `seq.tokens`.
     pub(crate) fn draft(&mut self, seq: &mut Sequence, room: usize, target: Option<TargetView<'_>>) -> usize {
         seq.clear_draft();
-        let room = self.room(room);
+        let room = self.room(seq, room);
         if room == 0 || seq.to_compute() != 1 {
             return 0;
         }
@@ -78,9 +129,9 @@ impl Speculation {
         seq.draft.len()
     }
 
-    /// The most tokens a draft may hold when `room` fit.
-    pub(crate) fn room(&self, room: usize) -> usize {
-        room.min(self.num_tokens)
+    /// The most tokens a draft of `seq` may hold when `room` fit.
+    pub(crate) fn room(&self, seq: &Sequence, room: usize) -> usize {
+        room.min(self.k_of(seq.key()))
     }
 
     /// Whether the proposer drafts in the target's cache, so its slots must be reserved
@@ -91,6 +142,7 @@ impl Speculation {
 
     /// `seq` left the running batch (finished, cancelled or preempted).
     pub(crate) fn forget(&mut self, seq: &Sequence) {
+        self.k.remove(&seq.key());
         self.proposer.forget(seq.key());
     }
 }

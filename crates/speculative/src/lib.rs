@@ -167,13 +167,27 @@ pub struct SpeculativeConfig {
     /// Self-speculation's draft depth: layers of the target before the early exit; `None`
     /// for a quarter of the target's layers.
     pub self_spec_layers: Option<usize>,
+    /// Whether each sequence's draft length adapts to its acceptance (up to `num_tokens`):
+    /// two more after a draft accepted whole, one fewer after a rejection.
+    pub adaptive: bool,
+    /// Speculation pauses while more sequences than this run (`None`: never).
+    pub max_batch: Option<usize>,
 }
 
 impl SpeculativeConfig {
     /// Prompt lookup proposing up to `num_tokens`, matching suffixes of 4 down to 2 tokens
-    /// (single-token matches are mostly coincidences that cost verification rows).
+    /// (single-token matches are mostly coincidences that cost verification rows), with
+    /// adaptive `k` and no batch limit.
     pub fn ngram(num_tokens: usize) -> Self {
-        Self { method: Method::Ngram, num_tokens, ngram_min: 2, ngram_max: 4, self_spec_layers: None }
+        Self {
+            method: Method::Ngram,
+            num_tokens,
+            ngram_min: 2,
+            ngram_max: 4,
+            self_spec_layers: None,
+            adaptive: true,
+            max_batch: None,
+        }
     }
 
     /// Self-speculation proposing up to `num_tokens` from the target's first `layers` layers
@@ -198,6 +212,9 @@ impl SpeculativeConfig {
         if self.ngram_max < self.ngram_min {
             let msg = format!("{} is below --speculative-ngram-min {}", self.ngram_max, self.ngram_min);
             return bad("speculative-ngram-max", msg);
+        }
+        if self.max_batch == Some(0) {
+            return bad("speculative-max-batch", "must be positive".into());
         }
         if self.self_spec_layers == Some(0) {
             return bad("self-spec-layers", "must be positive".into());
@@ -292,6 +309,7 @@ mod tests {
         assert!(SpeculativeConfig::ngram(1).proposer(&mock::Layered(4), mock::backend()).is_ok());
         for (config, flag) in [
             (SpeculativeConfig::self_spec(4, Some(0)), "--self-spec-layers: must be positive"),
+            (SpeculativeConfig { max_batch: Some(0), ..SpeculativeConfig::ngram(4) }, "--speculative-max-batch: must"),
             (
                 SpeculativeConfig { self_spec_layers: Some(2), ..SpeculativeConfig::ngram(4) },
                 "--self-spec-layers: needs",
