@@ -417,6 +417,14 @@ pub struct EngineArgs {
     /// `--model` takes), with the model's vocabulary, on the same kind of device.
     #[arg(long, value_name = "MODEL")]
     pub draft_model: Option<String>,
+    /// Speculate only while at most N sequences run (default on the CPU: 1, where
+    /// verifying two sequences' drafts already costs more than it saves; elsewhere no limit).
+    #[arg(long, value_name = "N")]
+    pub speculative_max_batch: Option<usize>,
+    /// Always propose `--num-speculative-tokens` tokens, instead of adapting each
+    /// sequence's draft length to its acceptance.
+    #[arg(long)]
+    pub speculative_fixed_k: bool,
 }
 
 /// `met generate`.

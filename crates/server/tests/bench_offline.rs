@@ -77,7 +77,9 @@ fn speculation_is_reported_and_keeps_every_token() {
         ["throughput", "--model", &fixture("llama"), "--num-prompts", "4", "--input-len", "24", "--output-len", "12"];
     let plain = bench(&base);
     assert!(plain["speculative"].is_null(), "no speculative figures without --speculative");
-    let r = bench(&[&base[..], &["--speculative", "ngram", "--speculative-ngram-min", "1"]].concat());
+    let ngram = ["--speculative", "ngram", "--speculative-ngram-min", "1"];
+    // The 4 requests run at once: speculation needs the CPU's batch limit raised to 4.
+    let r = bench(&[&base[..], &ngram, &["--speculative-max-batch", "4"]].concat());
     assert_eq!(num(&r, "output_tokens"), 4.0 * 12.0);
     let spec = &r["speculative"];
     let (drafts, drafted, accepted) = (num(spec, "drafts"), num(spec, "draft_tokens"), num(spec, "accepted_tokens"));
@@ -85,6 +87,11 @@ fn speculation_is_reported_and_keeps_every_token() {
     if accepted > 0.0 {
         assert!((num(spec, "tokens_per_step") - (1.0 + accepted / drafts)).abs() < 1e-9, "{spec}");
     }
+    // By default the CPU pauses speculation above one running sequence: nothing is drafted,
+    // every token still comes.
+    let paused = bench(&[&base[..], &ngram].concat());
+    assert_eq!(num(&paused, "output_tokens"), 4.0 * 12.0);
+    assert_eq!(num(&paused["speculative"], "drafts"), 0.0, "{}", paused["speculative"]);
 }
 
 #[test]

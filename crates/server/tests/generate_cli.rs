@@ -79,7 +79,7 @@ fn dummy_weights_run_from_a_real_config() {
 fn bad_input_is_a_message_and_a_failure() {
     let llama = fixture("llama");
     let llama = llama.to_str().unwrap();
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 23] = [
         (&["--model", "/nonexistent/model", "--prompt-ids", "1"], "cannot find model `/nonexistent/model`"),
         (&["--model", llama, "--chat", "hi"], "need a tokenizer"),
         (&["--model", llama], "no prompts"),
@@ -134,6 +134,14 @@ fn bad_input_is_a_message_and_a_failure() {
             "--draft-model: --speculative draft needs one",
         ),
         (&["--model", llama, "--prompt-ids", "1", "--draft-model", llama], "--draft-model: needs --speculative draft"),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative", "ngram", "--speculative-max-batch", "0"],
+            "--speculative-max-batch: must be positive",
+        ),
+        (
+            &["--model", llama, "--prompt-ids", "1", "--speculative-fixed-k"],
+            "--speculative-fixed-k: needs --speculative",
+        ),
     ];
     for (args, expected) in cases {
         let out = met(&[&["generate"], args].concat());

@@ -327,6 +327,39 @@ async fn models_health_and_metrics() {
     }
 }
 
+/// The value of the unlabelled sample `name` in a Prometheus text.
+fn sample(text: &str, name: &str) -> f64 {
+    let line = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' '));
+    line.unwrap_or_else(|| panic!("no {name} in\n{text}")).trim().parse().unwrap()
+}
+
+/// With speculation on, `/metrics` reports the drafts' counters and, consistent with them,
+/// the acceptance rate and the tokens a verifying step yields.
+#[tokio::test]
+async fn metrics_report_speculative_acceptance() {
+    // Prompt lookup of single tokens, so the mock's short-period output gets proposals.
+    let speculative =
+        met_speculative::SpeculativeConfig { ngram_min: 1, ..met_speculative::SpeculativeConfig::ngram(4) };
+    let server = TestServer::with(Options { speculative: Some(speculative), ..Options::default() });
+    let body = chat("repeat repeat repeat repeat", json!({"max_tokens": 48, "ignore_eos": true}));
+    let (status, _) = server.post("/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK);
+    server
+        .eventually("the request's totals are recorded", |s| {
+            s.metrics.render().contains("met_request_duration_seconds_count 1")
+        })
+        .await;
+    let text = server.get("/metrics").await.1;
+    let drafts = sample(&text, "met_spec_decode_drafts_total");
+    let drafted = sample(&text, "met_spec_decode_draft_tokens_total");
+    let accepted = sample(&text, "met_spec_decode_accepted_tokens_total");
+    assert!(drafts > 0.0 && drafted >= drafts && accepted <= drafted, "{text}");
+    let rate = sample(&text, "met_spec_decode_acceptance_rate");
+    let per_step = sample(&text, "met_spec_decode_tokens_per_step");
+    assert!((rate - accepted / drafted).abs() < 1e-9, "{text}");
+    assert!((per_step - (1.0 + accepted / drafts)).abs() < 1e-9, "{text}");
+}
+
 fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();

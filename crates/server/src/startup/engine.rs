@@ -36,6 +36,13 @@ pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
 /// Tokens proposed per step when `--speculative` is given without `--num-speculative-tokens`.
 pub const DEFAULT_SPECULATIVE_TOKENS: usize = 4;
 
+/// Running sequences above which the CPU stops speculating, unless
+/// `--speculative-max-batch` says otherwise. Measured on the 2-core development CPU with
+/// the default model and prompt lookup at `k` 4 (`bench/results/speculative-cpu-2026-12-01/
+/// batch-sweep`): 1.5x decode alone, 0.7-1.0x with two sequences, whose 10 verification rows
+/// leave the few-row quantised kernel (8 rows at most) for dequantise-and-GEMM.
+pub const CPU_SPECULATIVE_MAX_BATCH: usize = 1;
+
 /// The speculative decoding settings of `e`, validated; `None` without `--speculative`.
 ///
 /// # Errors
@@ -50,9 +57,13 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
             ("speculative-ngram-min", e.speculative_ngram_min),
             ("speculative-ngram-max", e.speculative_ngram_max),
             ("self-spec-layers", e.self_spec_layers),
+            ("speculative-max-batch", e.speculative_max_batch),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
             bail!("--{flag}: needs --speculative");
+        }
+        if e.speculative_fixed_k {
+            bail!("--speculative-fixed-k: needs --speculative");
         }
         return Ok(None);
     };
@@ -61,6 +72,8 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
     config.ngram_min = e.speculative_ngram_min.unwrap_or(config.ngram_min);
     config.ngram_max = e.speculative_ngram_max.unwrap_or(config.ngram_max.max(config.ngram_min));
     config.self_spec_layers = e.self_spec_layers;
+    config.max_batch = e.speculative_max_batch;
+    config.adaptive = !e.speculative_fixed_k;
     config.validate()?;
     match (config.method, &e.draft_model) {
         (Method::Draft, None) => bail!("--draft-model: --speculative draft needs one"),
@@ -103,7 +116,13 @@ pub fn build_engine(
         format!("--policy: unknown policy `{}` (one of {})", e.policy, met_scheduler::POLICY_NAMES.join(", "))
     })?;
     let engine = Engine::new(model, Arc::clone(&backend), Box::new(kv), config, policy, metrics)?;
-    Ok(match (speculative_config(e)?, &e.draft_model) {
+    let speculative = speculative_config(e)?.map(|mut s| {
+        if s.max_batch.is_none() && backend.name() == "cpu" {
+            s.max_batch = Some(CPU_SPECULATIVE_MAX_BATCH);
+        }
+        s
+    });
+    Ok(match (speculative, &e.draft_model) {
         (Some(speculative), Some(path)) if speculative.method == Method::Draft => {
             let Weights { backend: draft_backend, model: draft } = load_draft(path, &*backend)?;
             engine.with_draft_model(&speculative, draft, draft_backend)?

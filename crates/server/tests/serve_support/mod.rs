@@ -59,6 +59,8 @@ pub struct Options {
     pub priority_policy: bool,
     /// The engine's `max_num_seqs` (its default when `None`).
     pub max_num_seqs: Option<usize>,
+    /// Speculative decoding, when on.
+    pub speculative: Option<met_speculative::SpeculativeConfig>,
 }
 
 impl Default for Options {
@@ -76,6 +78,7 @@ impl Default for Options {
             no_special_tokens_in_user_content: false,
             priority_policy: false,
             max_num_seqs: None,
+            speculative: None,
         }
     }
 }
@@ -122,7 +125,10 @@ impl TestServer {
             if options.priority_policy { Box::new(Priority) } else { Box::new(Fcfs) };
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, options.kv_blocks, true).unwrap();
         let model = Box::new(MockModel::new(vocab, MAX_CONTEXT).with_faults(options.faults));
-        let engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::clone(&metrics)).unwrap();
+        let mut engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::clone(&metrics)).unwrap();
+        if let Some(speculative) = &options.speculative {
+            engine = engine.with_speculative(speculative).unwrap();
+        }
         let (handle, _thread) = met_scheduler::spawn(engine);
         let server_config = ServerConfig {
             model_name: MODEL.into(),
