@@ -375,3 +375,16 @@ extern "C" __global__ void argmax_merge(const float* part_v, const u32* part_i, 
     }
     if (lane == 0) tokens[r] = best == -MET_INF ? NO_TOKEN : best_i;
 }
+
+// Structured output: out[i, t] = logits[rows[i], t] where bit t % 32 of word t / 32 of mask
+// row i is set, else -inf (`GpuBackend::mask_logits`). Row ids are checked on the host.
+extern "C" __global__ void mask_logits_f32(const float* logits, const u32* rows, const u32* masks, float* out, u32 v,
+                                           u32 words, u64 total) {
+    pdl_enter();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / v;
+        const u32 t = (u32)(i % v);
+        const bool allowed = (masks[r * words + (t >> 5)] >> (t & 31u)) & 1u;
+        out[i] = allowed ? logits[(u64)rows[r] * v + t] : -MET_INF;
+    }
+}

@@ -484,6 +484,22 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// For a logits row out of range or non-f32 logits.
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>>;
 
+    /// Rows `rows u32 [r]` of `logits f32 [n, v]`, each with the tokens its mask does not
+    /// allow set to `-inf`: `[r, v]` f32. `masks u32 [r, ceil(v / 32)]` packs one bit per
+    /// token, bit `t % 32` of word `t / 32` of row `i` allowing token `t` in result row `i`
+    /// (llguidance's and the grammar engines' layout); bits past `v` are ignored. Sampling
+    /// the result draws only allowed tokens (structured output), and its logprobs are those
+    /// of the masked row. The default goes through the host; device backends override it.
+    ///
+    /// # Errors
+    /// For non-f32 logits, a row index `>= n`, or masks of another shape or dtype.
+    fn mask_logits(&self, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
+        let (n, v) = crate::check::token_masks(logits, rows, masks)?;
+        let (rows, masks) = (self.download_u32(rows)?, self.download_u32(masks)?);
+        let out = crate::check::masked_rows(&self.download_f32(logits)?, n, v, &rows, &masks)?;
+        self.upload(&HostTensor::from_f32(&out, &[rows.len(), v]), DType::F32)
+    }
+
     // --- attention ----------------------------------------------------------------------
 
     /// Writes `k, v [t, h_kv, d]` into the paged pools `k_cache, v_cache [blocks,

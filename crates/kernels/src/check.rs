@@ -2,9 +2,9 @@
 //! with the same messages. Each returns the sizes the op needs; dtype checks stay with the
 //! backend, which knows what it stores.
 
-use crate::Tensor;
 use crate::backend::{AttentionParams, Routing, UniformRun};
 use crate::error::{Error, Result, ensure};
+use crate::{DType, Tensor};
 
 /// `matmul`: `x [m, k]`, `w [n, k]`, `bias [n]`; returns `(m, k, n)`.
 pub(crate) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<(usize, usize, usize)> {
@@ -125,4 +125,37 @@ pub(crate) fn moe(x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor
         format!("routing {:?} does not cover {t} tokens", routing.experts.dims())
     })?;
     Ok(Moe { t, h, e, i, k })
+}
+
+/// Checks the operands of `mask_logits`: `logits f32 [n, v]`, `rows u32 [r]`, `masks u32
+/// [r, ceil(v / 32)]`. Returns `(n, v)`.
+pub(crate) fn token_masks(logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "mask_logits";
+    for (t, dtype) in [(logits, DType::F32), (rows, DType::U32), (masks, DType::U32)] {
+        if t.dtype() != dtype {
+            return Err(Error::DType { op: OP, expected: dtype, got: t.dtype() });
+        }
+    }
+    let (l, r, m) = (logits.dims(), rows.dims(), masks.dims());
+    ensure(l.len() == 2 && r.len() == 1 && m.len() == 2 && m[0] == r[0] && m[1] == l[1].div_ceil(32), OP, || {
+        format!("logits {l:?} / rows {r:?} / masks {m:?} are not [n, v] / [r] / [r, ceil(v / 32)]")
+    })?;
+    Ok((l[0], l[1]))
+}
+
+/// The host definition of `mask_logits` over `xs [n, v]`: rows `rows`, each with the tokens
+/// whose bit is clear in its mask row set to `-inf`.
+pub(crate) fn masked_rows(xs: &[f32], n: usize, v: usize, rows: &[u32], masks: &[u32]) -> Result<Vec<f32>> {
+    if let Some(bad) = rows.iter().find(|&&r| r as usize >= n) {
+        return Err(Error::InvalidArgument(format!("mask_logits: row {bad} is past the {n} logits rows")));
+    }
+    let words = v.div_ceil(32);
+    let mut out = Vec::with_capacity(rows.len() * v);
+    for (i, &r) in rows.iter().enumerate() {
+        let (row, mask) = (&xs[r as usize * v..][..v], &masks[i * words..][..words]);
+        out.extend(
+            row.iter().enumerate().map(|(t, &x)| if mask[t / 32] >> (t % 32) & 1 == 1 { x } else { f32::NEG_INFINITY }),
+        );
+    }
+    Ok(out)
 }

@@ -84,6 +84,8 @@ macro_rules! backend_tests {
                 sampling::drawn_frequencies_match_the_distribution,
                 sampling::draft_verification_keeps_the_target_distribution,
                 sampling::sample_rejects_bad_arguments,
+                sampling::mask_logits_matches_reference,
+                sampling::mask_logits_rejects_bad_operands,
             );
         }
     };

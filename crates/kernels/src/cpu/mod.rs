@@ -269,6 +269,10 @@ impl GpuBackend for CpuBackend {
         sample::sample(logits, rows)
     }
 
+    fn mask_logits(&self, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
+        sample::mask_logits(logits, rows, masks)
+    }
+
     fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
         attention::write_kv(k, v, k_cache, v_cache, slots)
     }

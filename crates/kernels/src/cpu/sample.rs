@@ -42,7 +42,7 @@
 use met_config::SamplingParams;
 use rayon::prelude::*;
 
-use super::read_f32;
+use super::{f32_tensor, read_f32, read_u32};
 use crate::backend::{DraftToken, SampleRow, Sampled};
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor, rng};
@@ -70,6 +70,14 @@ pub(super) fn sample(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Samp
         return rows.iter().map(|row| one(&mut scratch, row)).collect();
     }
     rows.par_iter().map_init(Scratch::default, one).collect()
+}
+
+/// `GpuBackend::mask_logits` on the host's own storage, without a copy of the inputs.
+pub(super) fn mask_logits(logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
+    let (n, v) = crate::check::token_masks(logits, rows, masks)?;
+    let (xs, ids, bits) = (read_f32(OP, logits)?, read_u32(OP, rows)?, read_u32(OP, masks)?);
+    let out = crate::check::masked_rows(&xs, n, v, &ids, &bits)?;
+    Ok(f32_tensor(out, &[ids.len(), v]))
 }
 
 /// Buffers one worker reuses across rows.

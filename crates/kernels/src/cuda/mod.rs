@@ -86,6 +86,7 @@ const KERNELS: &[&str] = &[
     "sample_rows",
     "argmax_parts",
     "argmax_merge",
+    "mask_logits_f32",
 ];
 
 /// Device memory of one CUDA tensor.
@@ -541,6 +542,10 @@ impl GpuBackend for CudaBackend {
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
         sample::sample(self, logits, rows)
+    }
+
+    fn mask_logits(&self, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
+        sample::mask_logits(self, logits, rows, masks)
     }
 
     fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use cudarc::driver::LaunchConfig;
 use met_config::MAX_TOP_LOGPROBS;
 
-use super::{CudaBackend, launch, ptr};
+use super::{CudaBackend, elementwise, launch, ptr};
 use crate::backend::{SampleRow, Sampled};
 use crate::cpu::sample::check_row;
 use crate::error::{Error, Result, ensure};
@@ -175,6 +175,24 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
             Ok(Sampled { token, logprob: Some(logprobs[r]), top_logprobs: top })
         })
         .collect()
+}
+
+/// `GpuBackend::mask_logits`: one elementwise kernel over the result, row ids checked on
+/// the host copy of `rows`.
+pub(super) fn mask_logits(b: &CudaBackend, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
+    const MASK: &str = "mask_logits";
+    let (n, v) = crate::check::token_masks(logits, rows, masks)?;
+    let ids = b.host_u32(MASK, rows)?;
+    if let Some(bad) = ids.iter().find(|&&r| r as usize >= n) {
+        return Err(Error::InvalidArgument(format!("{MASK}: row {bad} is past the {n} logits rows")));
+    }
+    let out = b.alloc(&[ids.len(), v], DType::F32)?;
+    let total = ids.len() * v;
+    if total > 0 {
+        let (x, r, m, o) = (ptr(MASK, logits)?, ptr(MASK, rows)?, ptr(MASK, masks)?, ptr(MASK, &out)?);
+        launch!(b, "mask_logits_f32", elementwise(total), [x, r, m, o, v as u32, v.div_ceil(32) as u32, total as u64])?;
+    }
+    Ok(out)
 }
 
 fn all_masked(row: &SampleRow<'_>) -> Error {

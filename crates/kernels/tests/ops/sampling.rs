@@ -616,3 +616,77 @@ pub fn sample_rejects_bad_arguments(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.sample(&neg_inf, &[ok.row(0, 0, 0)]), "every logit -inf");
     Ok(())
 }
+
+/// `mask_logits` gathers the listed rows (a row may appear twice, with different masks) and
+/// sets every token whose bit is clear to `-inf`, exactly, as the CPU backend does; a vocab
+/// that is not a multiple of 32 ignores the spare bits; greedy and seeded draws from the
+/// result only ever pick allowed tokens.
+pub fn mask_logits_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let cpu = met_kernels::CpuBackend::new();
+    for vocab in [1000usize, 64, 5] {
+        let (n, words) = (3, vocab.div_ceil(32));
+        let raw = random_logits(&mut Rng::new(47 + vocab as u64), n * vocab, 3.0);
+        let rows = [2u32, 0, 2, 1];
+        let mut rng = Rng::new(7);
+        let mut masks: Vec<u32> = (0..rows.len() * words).map(|_| (rng.uniform() * u32::MAX as f32) as u32).collect();
+        // Every row allows something: row 1 one token only, row 3 everything (spare bits
+        // set too), rows 0 and 2 random tokens and token 0.
+        masks[0] |= 1;
+        masks[2 * words] |= 1;
+        masks[words..2 * words].fill(0);
+        masks[words + (vocab - 1) / 32] = 1 << ((vocab - 1) % 32);
+        masks[3 * words..].fill(u32::MAX);
+        let allowed = |i: usize, t: usize| masks[i * words + t / 32] >> (t % 32) & 1 == 1;
+        let want: Vec<f64> = (0..rows.len() * vocab)
+            .map(|k| {
+                let (i, t) = (k / vocab, k % vocab);
+                if allowed(i, t) { f64::from(raw[rows[i] as usize * vocab + t]) } else { f64::NEG_INFINITY }
+            })
+            .collect();
+        let run = |be: &dyn GpuBackend| -> Result<Tensor> {
+            let logits = upload_logits(be, &raw, n)?;
+            be.mask_logits(
+                &logits,
+                &upload_u32(be, &rows, &[rows.len()])?,
+                &upload_u32(be, &masks, &[rows.len(), words])?,
+            )
+        };
+        let got_t = run(b)?;
+        assert_eq!(got_t.dims(), &[rows.len(), vocab][..]);
+        let got = b.download_f32(&got_t)?;
+        let cpu_got = cpu.download_f32(&run(&cpu)?)?;
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            cpu_got.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(f64::from(g) == w, "vocab {vocab}, element {k}: got {g}, want {w}");
+        }
+        let greedy = Req::new(SamplingParams::greedy());
+        let warm = Req::new(SamplingParams { temperature: 1.5, ..Default::default() });
+        for (i, _) in rows.iter().enumerate() {
+            for (req, seed) in [(&greedy, 0), (&warm, 11), (&warm, 12), (&warm, 13)] {
+                let t = b.sample(&got_t, &[req.row(i, seed, 0)])?[0].token as usize;
+                assert!(allowed(i, t), "vocab {vocab}, row {i}: drew masked token {t}");
+            }
+        }
+        assert_eq!(b.sample(&got_t, &[greedy.row(1, 0, 0)])?[0].token as usize, vocab - 1);
+    }
+    Ok(())
+}
+
+/// Wrong dtypes, shapes and row ids are errors, as is sampling a row that allows nothing.
+pub fn mask_logits_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
+    let vocab = 40;
+    let logits = upload_logits(b, &random_logits(&mut Rng::new(48), 2 * vocab, 1.0), 2)?;
+    let rows = upload_u32(b, &[0, 1], &[2])?;
+    let masks = upload_u32(b, &[u32::MAX; 4], &[2, 2])?;
+    expect_err(b.mask_logits(&logits, &upload_u32(b, &[0, 2], &[2])?, &masks), "row past the logits");
+    expect_err(b.mask_logits(&logits, &rows, &upload_u32(b, &[0; 6], &[2, 3])?), "too many mask words");
+    expect_err(b.mask_logits(&logits, &rows, &upload_u32(b, &[0; 2], &[1, 2])?), "one mask for two rows");
+    expect_err(b.mask_logits(&logits, &rows, &upload_f32(b, &[0.0; 4], &[2, 2])?), "f32 masks");
+    expect_err(b.mask_logits(&upload_u32(b, &[0; 80], &[2, vocab])?, &rows, &masks), "u32 logits");
+    let none = b.mask_logits(&logits, &rows, &upload_u32(b, &[0, 0, u32::MAX, 0], &[2, 2])?)?;
+    expect_err(b.sample(&none, &[Req::new(SamplingParams::greedy()).row(0, 0, 0)]), "every token masked");
+    Ok(())
+}
