@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use met_cache::KvCache;
 use met_config::EngineConfig;
-use met_kernels::{GpuBackend, SampleRow};
+use met_kernels::{DType, GpuBackend, HostTensor, SampleRow, Tensor};
 use met_model_layers::Model;
 use met_speculative::{DraftModelProposer, Proposer, SpeculativeConfig};
 use met_telemetry::{Metrics, StepStats};
@@ -233,7 +233,7 @@ impl Engine {
     /// Forwards and samples `plan`: one result per entry. When the batch fails, each
     /// sequence runs alone to find the ones that fail; only a device error is `Err`.
     fn run(&mut self, plan: &Plan) -> Result<Vec<EntryResult>, EngineError> {
-        let batch_error = match self.model.forward(&plan.batch, &mut *self.kv) {
+        let batch_error = match self.forward_and_mask(plan) {
             Ok(logits) => return self.sample(&logits, &plan.entries),
             Err(e) => EngineError::from(e),
         };
@@ -251,10 +251,42 @@ impl Engine {
         Ok(results)
     }
 
+    /// The forward pass of `plan`, with the masks of its constrained sequences computed
+    /// meanwhile on a thread of their own (the masks depend only on tokens already sampled).
+    fn forward_and_mask(&mut self, plan: &Plan) -> Result<Tensor, met_model_layers::ModelError> {
+        let (model, kv, scheduler) = (&self.model, &mut self.kv, &mut self.scheduler);
+        if !scheduler.constrains(&plan.entries) {
+            return model.forward(&plan.batch, &mut **kv);
+        }
+        let vocab = model.vocab_size();
+        std::thread::scope(|s| {
+            let masks = s.spawn(|| scheduler.compute_masks(&plan.entries, vocab));
+            let logits = model.forward(&plan.batch, &mut **kv);
+            if let Err(panic) = masks.join() {
+                std::panic::resume_unwind(panic);
+            }
+            logits
+        })
+    }
+
+    /// `logits` with every constrained row masked to the tokens its constraint allows, its
+    /// rows those of `entries`' sampler rows; `None` when no row is constrained.
+    fn masked(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Option<Tensor>, EngineError> {
+        let vocab = self.model.vocab_size();
+        let Some((rows, masks)) = self.scheduler.logit_masks(entries, vocab) else { return Ok(None) };
+        let b = &self.backend;
+        let rows_t = b.upload(&HostTensor::from_u32(&rows, &[rows.len()]), DType::U32)?;
+        let masks_t =
+            b.upload(&HostTensor::from_u32(&masks, &[rows.len(), masks.len() / rows.len().max(1)]), DType::U32)?;
+        Ok(Some(b.mask_logits(logits, &rows_t, &masks_t)?))
+    }
+
     /// Samples the rows of `entries` from `logits` (each sampling entry's rows, in order:
     /// one, or one per draft token more). When the batch fails, each row is sampled alone
     /// to find the ones that fail; an entry with a failed row fails.
-    fn sample(&self, logits: &met_kernels::Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
+    fn sample(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
+        let masked = self.masked(logits, entries)?;
+        let logits = masked.as_ref().unwrap_or(logits);
         let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
         let rows = self.scheduler.sample_rows(entries, &inputs);
         let mut sampled = match self.backend.sample(logits, &rows) {
@@ -272,6 +304,10 @@ impl Engine {
         let results = entries.iter().map(|e| {
             if !e.sample {
                 return EntryResult::Computed;
+            }
+            if let Some(msg) = self.scheduler.mask_error(e) {
+                sampled.by_ref().take(e.samples()).for_each(drop);
+                return EntryResult::Failed(msg);
             }
             // Taken in full before looking at them, so the next entry starts at its own rows.
             let mine: Vec<Result<_, String>> = sampled.by_ref().take(e.samples()).collect();

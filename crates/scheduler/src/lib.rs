@@ -15,6 +15,7 @@
 //! engine-level fault (a device error, a panic inside a step) ends every request and stops
 //! the engine, which its handles report ([`EngineHandle::fault`]).
 
+mod constraint;
 mod engine;
 mod handle;
 pub mod mock;
@@ -24,6 +25,7 @@ mod scheduler;
 mod sequence;
 mod speculate;
 
+pub use constraint::{Constraint, ConstraintState, SharedConstraint};
 pub use engine::Engine;
 pub use handle::{EngineHandle, spawn};
 pub use policy::{Fcfs, POLICY_NAMES, Priority, SchedulingPolicy, SeqInfo, policy_by_name};

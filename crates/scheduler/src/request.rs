@@ -7,6 +7,8 @@ use std::time::Instant;
 use met_config::SamplingParams;
 use tokio::sync::mpsc;
 
+use crate::constraint::SharedConstraint;
+
 /// Identifies a request for its whole life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
@@ -123,6 +125,8 @@ pub struct EngineRequest {
     pub(crate) stop: StopCriteria,
     pub(crate) n: usize,
     pub(crate) priority: i32,
+    /// What the output must match (structured output), if anything.
+    pub(crate) constraint: Option<SharedConstraint>,
     /// The limits it was checked against; an engine with other ones checks it again.
     pub(crate) limits: EngineLimits,
 }
@@ -148,7 +152,7 @@ impl EngineRequest {
         limits: &EngineLimits,
     ) -> Result<Self, RequestError> {
         check(&prompt, &sampling, &stop, n, limits)?;
-        Ok(Self { prompt, sampling, stop, n, priority: 0, limits: *limits })
+        Ok(Self { prompt, sampling, stop, n, priority: 0, constraint: None, limits: *limits })
     }
 
     /// The same request with scheduling priority `priority` (lower runs first, under the
@@ -157,6 +161,19 @@ impl EngineRequest {
     pub fn with_priority(mut self, priority: i32) -> Self {
         self.priority = priority;
         self
+    }
+
+    /// The same request with every continuation's output held to `constraint`: each
+    /// step samples only tokens it allows, and the sequence stops once it is complete.
+    #[must_use]
+    pub fn with_constraint(mut self, constraint: SharedConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The constraint its output is held to, if any.
+    pub fn constraint(&self) -> Option<&SharedConstraint> {
+        self.constraint.as_ref()
     }
 
     /// Prompt token ids.
@@ -328,6 +345,7 @@ pub(crate) struct RequestShared {
     pub(crate) sampling: SamplingParams,
     pub(crate) stop: StopCriteria,
     pub(crate) priority: i32,
+    pub(crate) constraint: Option<SharedConstraint>,
     pub(crate) arrival: u64,
     pub(crate) arrived: Instant,
     /// Set once the first continuation has computed the whole prompt: the others may then
@@ -345,6 +363,7 @@ impl RequestShared {
             sampling: req.sampling.clone(),
             stop: req.stop.clone(),
             priority: req.priority,
+            constraint: req.constraint.clone(),
             arrival,
             arrived: Instant::now(),
             prompt_ready: AtomicBool::new(false),

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
 
+use crate::constraint::Constrained;
 use crate::policy::SchedulingPolicy;
 use crate::request::{FinishReason, GeneratedToken, RequestId, TokenEvent};
 use crate::sequence::{Running, Sequence};
@@ -203,6 +204,9 @@ impl Scheduler {
         let running = self.running.len();
         let Some(spec) = self.speculation.as_mut().filter(|s| s.active(running)) else { return 0 };
         let Running { seq, blocks } = &mut self.running[i];
+        if seq.constraint.is_some() {
+            return 0; // A constraint's state must see each token once, in order.
+        }
         let generated = seq.output().len();
         // Every accepted token and the target's own one must fit the length and context.
         let room = room
@@ -386,6 +390,67 @@ impl Scheduler {
         rows
     }
 
+    /// Whether a sequence that samples in `entries` has a constraint.
+    pub(crate) fn constrains(&self, entries: &[Scheduled]) -> bool {
+        entries.iter().any(|e| e.sample && self.running[e.seq].constraint.is_some())
+    }
+
+    /// Computes the mask of every constrained sequence that samples in `entries`, over
+    /// `vocab` tokens, spread over a few threads of their own (each state is its own). Not
+    /// on rayon: the engine loop is itself a job of the rayon pool and waits for these masks,
+    /// so where no other worker is free (one core, or several engines in one process) a
+    /// rayon job of theirs would never run.
+    pub(crate) fn compute_masks(&mut self, entries: &[Scheduled], vocab: usize) {
+        const MASK_THREADS: usize = 8;
+        let mut samples = vec![false; self.running.len()];
+        entries.iter().filter(|e| e.sample).for_each(|e| samples[e.seq] = true);
+        let mut states: Vec<&mut Constrained> = (self.running.iter_mut().zip(samples))
+            .filter(|(_, sampled)| *sampled)
+            .filter_map(|(r, _)| r.seq.constraint.as_mut())
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(MASK_THREADS);
+        if states.len() < 2 || threads < 2 {
+            states.into_iter().for_each(|c| c.compute(vocab));
+            return;
+        }
+        let per_thread = states.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            for chunk in states.chunks_mut(per_thread) {
+                s.spawn(move || chunk.iter_mut().for_each(|c| c.compute(vocab)));
+            }
+        });
+    }
+
+    /// For the sampler's rows of `entries` (as [`Self::sample_rows`] orders them), the
+    /// logits row each reads and its mask over `vocab` tokens, concatenated: the computed
+    /// mask of a constrained sequence, every token for the others. `None` when no row is
+    /// constrained.
+    pub(crate) fn logit_masks(&self, entries: &[Scheduled], vocab: usize) -> Option<(Vec<u32>, Vec<u32>)> {
+        if !self.constrains(entries) {
+            return None;
+        }
+        let words = crate::constraint::mask_words(vocab);
+        let (mut rows, mut masks) = (Vec::new(), Vec::new());
+        for e in entries.iter().filter(|e| e.sample) {
+            for _ in 0..e.samples() {
+                rows.push(rows.len() as u32);
+                match &self.running[e.seq].constraint {
+                    Some(c) if c.mask.len() == words => masks.extend_from_slice(&c.mask),
+                    // A failed mask allows nothing; its entry fails (`mask_error`).
+                    Some(_) => masks.resize(masks.len() + words, 0),
+                    None => masks.resize(masks.len() + words, u32::MAX),
+                }
+            }
+        }
+        Some((rows, masks))
+    }
+
+    /// Why entry `e`'s mask could not be computed this step, if it could not.
+    pub(crate) fn mask_error(&self, e: &Scheduled) -> Option<String> {
+        let c = self.running[e.seq].constraint.as_ref()?;
+        c.error.as_ref().map(|msg| format!("structured output: {msg}"))
+    }
+
     /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
     pub(crate) fn batch_of(&self, e: &Scheduled) -> ForwardBatch {
         let mut batch = ForwardBatch::default();
@@ -550,6 +615,8 @@ fn append(seq: &mut Sequence, s: Sampled, now: Instant, metrics: &Metrics, max_c
     let stop = &seq.request.stop;
     let finish = if stop.is_stop(s.token, generated) {
         Some(FinishReason::Stop)
+    } else if let Some(reason) = seq.constraint.as_mut().and_then(|c| advance(c, s.token)) {
+        Some(reason)
     } else if generated >= stop.max_new_tokens || seq.tokens.len() >= max_context {
         Some(FinishReason::Length)
     } else {
@@ -561,6 +628,15 @@ fn append(seq: &mut Sequence, s: Sampled, now: Instant, metrics: &Metrics, max_c
     seq.finished = finish.is_some();
     seq.emit(event);
     seq.finished
+}
+
+/// Moves a sequence's constraint past `token`: how the sequence ends when the constraint
+/// is complete (`Stop`) or refuses the token (`Error`).
+fn advance(c: &mut Constrained, token: u32) -> Option<FinishReason> {
+    match c.state.accept(token) {
+        Err(msg) => Some(FinishReason::Error(format!("structured output: {msg}"))),
+        Ok(()) => c.state.is_complete().then_some(FinishReason::Stop),
+    }
 }
 
 fn event(seq: &Sequence, token: Option<GeneratedToken>, finish: Option<FinishReason>) -> TokenEvent {

@@ -13,6 +13,7 @@ use met_kernels::DraftToken;
 use met_telemetry::FinishLabel;
 use tokio::sync::mpsc::error::TrySendError;
 
+use crate::constraint::Constrained;
 use crate::policy::SeqInfo;
 use crate::request::{RequestShared, TokenEvent};
 
@@ -45,10 +46,13 @@ pub(crate) struct Sequence {
     /// The draft's distribution at each of `draft`'s tokens (`[draft.len(), vocab]`), or
     /// empty for point-mass proposals.
     pub(crate) draft_probs: Vec<f32>,
+    /// Its place in the request's constraint (structured output), if it has one.
+    pub(crate) constraint: Option<Constrained>,
 }
 
 impl Sequence {
     pub(crate) fn new(request: Arc<RequestShared>, index: usize, prompt: Vec<u32>) -> Self {
+        let constraint = request.constraint.as_ref().map(Constrained::new);
         let seed = if index == 0 { request.sampling.seed } else { continuation_seed(request.sampling.seed, index) };
         Self {
             request,
@@ -65,6 +69,7 @@ impl Sequence {
             last_token: None,
             draft: Vec::new(),
             draft_probs: Vec::new(),
+            constraint,
         }
     }
 
