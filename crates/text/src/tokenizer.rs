@@ -321,6 +321,16 @@ impl Tokenizer {
         self.inner.add_eos
     }
 
+    /// The backend pipeline as `tokenizer.json` text (model, vocabulary, added tokens,
+    /// decoder): what tools that read Hugging Face tokenizers, such as a grammar engine's
+    /// token trie, are built from, whichever source this tokenizer came from.
+    ///
+    /// # Errors
+    /// [`TextError::Tokenizer`] if the backend cannot be serialised.
+    pub fn to_json(&self) -> Result<String, TextError> {
+        self.inner.backend.to_string(false).map_err(tokenizer_error)
+    }
+
     /// The model's chat template source, if it ships one.
     #[must_use]
     pub fn chat_template(&self) -> Option<&str> {
