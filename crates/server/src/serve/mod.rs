@@ -29,6 +29,7 @@ mod router;
 mod server;
 mod state;
 mod stream;
+mod structured;
 mod validate;
 mod wire;
 

@@ -7,9 +7,10 @@
 //! Health is the ready flag and the engine's own fault record: an engine that faulted
 //! (a panic inside a step, a device error) makes `/health` answer 503 for good.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use met_grammar::{GrammarError, Grammars};
 use met_scheduler::EngineHandle;
 use met_telemetry::Metrics;
 use subtle::ConstantTimeEq;
@@ -78,6 +79,8 @@ struct Shared {
     engine: EngineHandle,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// The grammar engine over the tokenizer, built by the first structured request.
+    grammars: OnceLock<Result<Grammars, GrammarError>>,
     metrics: Arc<Metrics>,
     config: ServerConfig,
     permits: Arc<Semaphore>,
@@ -109,6 +112,7 @@ impl AppState {
             engine,
             tokenizer,
             template,
+            grammars: OnceLock::new(),
             metrics,
             config,
             permits,
@@ -141,6 +145,16 @@ impl AppState {
     /// The chat template, if the model has one.
     pub fn template(&self) -> Option<&ChatTemplate> {
         self.inner.template.as_ref()
+    }
+
+    /// The grammar engine of the served tokenizer (structured output), built on first use
+    /// (tens of milliseconds for a large vocabulary): call it on a blocking worker.
+    ///
+    /// # Errors
+    /// When the tokenizer cannot be described to the grammar engine (no end token).
+    pub fn grammars(&self) -> Result<&Grammars, GrammarError> {
+        let vocab = self.inner.engine.limits().vocab_size;
+        self.inner.grammars.get_or_init(|| Grammars::new(&self.inner.tokenizer, vocab)).as_ref().map_err(Clone::clone)
     }
 
     /// The metrics registry.

@@ -24,6 +24,7 @@ use met_scheduler::{EngineRequest, RequestError, StopCriteria};
 
 use super::error::ApiError;
 use super::state::{AppState, MAX_N};
+use super::structured::{self, GrammarRequest};
 use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
 use crate::startup::engine::random_seed;
 use met_text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
@@ -96,6 +97,7 @@ pub struct Parsed {
     stop: StopCriteria,
     max_tokens: Option<(usize, &'static str)>,
     priority: i32,
+    grammar: Option<GrammarRequest>,
     text: TextOptions,
 }
 
@@ -168,7 +170,8 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
     };
     check_sequences(&prompt, n, endpoint, state.config().max_sequences_per_request)?;
     let priority = priority(req.priority, state.config().priority_scheduling)?;
-    Ok(Parsed { prompt, sampling, stop, max_tokens, priority, text })
+    let grammar = structured::parse(req.response_format, req.structured_outputs)?;
+    Ok(Parsed { prompt, sampling, stop, max_tokens, priority, grammar, text })
 }
 
 /// `priority`: 0 unless given; another value only where the engine schedules by it (as
@@ -217,6 +220,7 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
         PromptInput::Texts(texts) => texts.iter().map(|t| encode(t, true)).collect::<Result<_, _>>()?,
         PromptInput::Ids(ids) => ids.clone(),
     };
+    let constraint = parsed.grammar.as_ref().map(|g| structured::compile(state, g)).transpose()?;
     let limits = state.engine().limits();
     let param = parsed.text.endpoint.prompt_param();
     let mut requests = Vec::with_capacity(prompts.len());
@@ -232,7 +236,11 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
         let stop = StopCriteria { max_new_tokens, ..parsed.stop.clone() };
         let request = EngineRequest::new(prompt, sampling, stop, parsed.text.n, &limits)
             .map_err(|e| api_error(e, param, parsed.max_tokens.map(|(_, name)| name)))?;
-        requests.push(request.with_priority(parsed.priority));
+        let request = request.with_priority(parsed.priority);
+        requests.push(match &constraint {
+            Some(c) => request.with_constraint(c.clone()),
+            None => request,
+        });
     }
     Ok(Validated { requests, text: parsed.text })
 }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::error::ApiError;
 use super::state::AppState;
+pub use super::structured::{ResponseFormat, StructuredOutputs};
 use met_text::ChatMessage;
 
 /// A JSON request body; malformed JSON, wrong types and oversized bodies are [`ApiError`]s.
@@ -123,6 +124,10 @@ pub struct GenerationRequest {
     pub continue_final_message: Option<bool>,
     /// Chat: extra variables for the template (`enable_thinking`).
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// OpenAI's structured output: `json_object` or `json_schema`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured output: `json`, `regex`, `choice`, `grammar` or `json_object`.
+    pub structured_outputs: Option<StructuredOutputs>,
 }
 
 /// A completions prompt.
