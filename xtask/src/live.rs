@@ -204,7 +204,10 @@ impl Server {
         std::fs::create_dir_all(log.parent().expect("has a parent"))?;
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(met);
+        // Qwen3's reasoning parser only reads answers that open with `<think>`, which the
+        // default model never writes unless a test's grammar makes it.
         cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--api-key", key])
+            .args(["--reasoning-parser", "qwen3"])
             .env("MET_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("MET_API_KEY")

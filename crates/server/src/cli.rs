@@ -243,6 +243,13 @@ pub struct ServeArgs {
     /// write control tokens; by default it becomes those tokens, as in transformers.
     #[arg(long)]
     pub no_special_tokens_in_user_content: bool,
+    /// How tool calls are found in chat answers with `tool_choice: auto` (default: the
+    /// format the chat template uses, Hermes `<tool_call>` blocks when it shows none).
+    #[arg(long, value_name = "PARSER", value_parser = clap::builder::PossibleValuesParser::new(crate::serve::PARSER_NAMES))]
+    pub tool_call_parser: Option<String>,
+    /// Split `<think>` reasoning off chat answers into `reasoning_content` (default: off).
+    #[arg(long, value_name = "PARSER", value_parser = clap::builder::PossibleValuesParser::new(crate::serve::REASONING_PARSER_NAMES))]
+    pub reasoning_parser: Option<String>,
     /// A TOML file of flags (`port = 9000`, `no-prefix-caching = true`); unknown keys are
     /// errors.
     #[arg(long, value_name = "FILE")]

@@ -14,22 +14,28 @@
 //! Modules: `server` (from the bound socket to the exit: signals, engine faults, the drain),
 //! `listen` (accepting and serving connections: cap, read timeouts, drain),
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
-//! `wire` (JSON types), `validate` (wire → engine requests), `stream` (tokens → text, stop
-//! strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
+//! `wire` (JSON types), `validate` (wire → engine requests), `structured` (response
+//! formats → grammars), `tools` and `tool_parser` (tool definitions, choices and calls),
+//! `reasoning` (`<think>` splitting), `choice_output` (a choice's text → reasoning, content
+//! and calls), `stream` (tokens → text, stop strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
 //! FILE.toml`), `progress` (the weight-loading bar) and `fault` (a fault hook for tests,
 //! off unless `MET_TEST_ENGINE_FAULT` is set).
 
+mod choice_output;
 mod config_file;
 mod error;
 mod fault;
 mod listen;
 mod openai;
 mod progress;
+mod reasoning;
 mod router;
 mod server;
 mod state;
 mod stream;
 mod structured;
+mod tool_parser;
+mod tools;
 mod validate;
 mod wire;
 
@@ -51,9 +57,11 @@ pub use config_file::{merge as merge_config_file, merge_text as merge_config_tex
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
 pub use openai::DrainCut;
+pub use reasoning::{REASONING_PARSER_NAMES, ReasoningKind};
 pub use router::{HttpOptions, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES, app, app_with};
 pub use server::Server;
 pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
+pub use tool_parser::{PARSER_NAMES, ParserKind};
 
 use crate::cli::{EngineArgs, ServeArgs};
 use crate::resolve::ModelSource;
@@ -149,6 +157,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         max_tokens_default: args.max_tokens_default,
         no_special_tokens_in_user_content: args.no_special_tokens_in_user_content,
         priority_scheduling: args.engine.policy == "priority",
+        tool_call_parser: args.tool_call_parser.as_deref().and_then(ParserKind::from_name),
+        reasoning_parser: args.reasoning_parser.as_deref().and_then(ReasoningKind::from_name),
     };
     let auth = match (&config.api_key, args.metrics_without_auth) {
         (None, _) => "no API key",

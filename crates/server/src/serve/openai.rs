@@ -28,6 +28,7 @@ use futures_util::stream;
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::choice_output::{ChoiceOutput, Piece, merge_calls};
 use super::error::ApiError;
 use super::state::{AppState, unix_now};
 use super::stream::{ChoiceDelta, Finish, Generation, TokenLogprob};
@@ -144,11 +145,18 @@ async fn collect(mut generation: Generation, meta: &Meta) -> Result<Response, Ap
     let mut texts = vec![String::new(); count];
     let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); count];
     let mut finish = vec![None; count];
+    let mut outputs: Vec<ChoiceOutput> = (0..count).map(|_| ChoiceOutput::new(&meta.text.output)).collect();
+    let mut pieces: Vec<Piece> = (0..count).map(|_| Piece::default()).collect();
     while let Some(delta) = generation.next().await {
         let delta = delta?;
-        texts[delta.index].push_str(&delta.text);
-        logprobs[delta.index].extend(delta.logprobs);
-        finish[delta.index] = delta.finish.or(finish[delta.index]);
+        let i = delta.index;
+        texts[i].push_str(&delta.text);
+        pieces[i].append(outputs[i].push(&delta.text));
+        if delta.finish.is_some() {
+            pieces[i].append(outputs[i].finish());
+        }
+        logprobs[i].extend(delta.logprobs);
+        finish[i] = delta.finish.or(finish[i]);
     }
     let usage = Some(Some(generation.usage()));
     let shape = meta.text.logprobs;
@@ -156,12 +164,13 @@ async fn collect(mut generation: Generation, meta: &Meta) -> Result<Response, Ap
     Ok(match meta.text.endpoint {
         Endpoint::Chat => {
             let choices = parts
-                .map(|(index, ((content, logprobs), finish))| ChatChoice {
+                .zip(pieces.into_iter().zip(&outputs))
+                .map(|((index, ((_, logprobs), finish)), (piece, output))| ChatChoice {
                     index,
-                    message: Some(ChatMessageOut { role: "assistant", content }),
+                    message: Some(message(piece)),
                     delta: None,
                     logprobs: chat_logprobs(shape, logprobs),
-                    finish_reason: finish.map(Finish::as_str),
+                    finish_reason: finish.map(|f| output.finish_reason(f)),
                 })
                 .collect();
             Json(chat(meta, "chat.completion", choices, usage)).into_response()
@@ -180,6 +189,18 @@ async fn collect(mut generation: Generation, meta: &Meta) -> Result<Response, Ap
     })
 }
 
+/// A whole chat answer: `content` is `null` for one that is only tool calls.
+fn message(piece: Piece) -> ChatMessageOut {
+    let calls = merge_calls(piece.calls);
+    let content = (calls.is_empty() || !piece.content.is_empty()).then_some(piece.content);
+    ChatMessageOut {
+        role: "assistant",
+        content,
+        reasoning_content: (!piece.reasoning.is_empty()).then_some(piece.reasoning),
+        tool_calls: (!calls.is_empty()).then_some(calls),
+    }
+}
+
 /// Where a stream is.
 enum Stage {
     Start,
@@ -193,11 +214,14 @@ struct EventStream {
     meta: Meta,
     stage: Stage,
     cut: DrainCut,
+    /// Each chat choice's splitter into reasoning, content and tool calls.
+    outputs: Vec<ChoiceOutput>,
     _permit: OwnedSemaphorePermit,
 }
 
 fn event_stream(generation: Generation, meta: Meta, permit: OwnedSemaphorePermit, cut: DrainCut) -> Response {
-    let state = EventStream { generation, meta, stage: Stage::Start, cut, _permit: permit };
+    let outputs = (0..generation.num_choices()).map(|_| ChoiceOutput::new(&meta.text.output)).collect();
+    let state = EventStream { generation, meta, stage: Stage::Start, cut, outputs, _permit: permit };
     let batches = stream::unfold(state, |mut s| async move {
         let batch = s.next_events().await?;
         Some((batch, s))
@@ -253,7 +277,7 @@ impl EventStream {
         let chunk = |index| ChatChoice {
             index,
             message: None,
-            delta: Some(ChatDelta { role: Some("assistant"), content: Some(String::new()) }),
+            delta: Some(ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() }),
             logprobs: None,
             finish_reason: None,
         };
@@ -263,13 +287,19 @@ impl EventStream {
     }
 
     /// A chunk with the delta's text (or logprobs), then one with its finish reason.
-    fn delta_chunks(&self, delta: ChoiceDelta) -> Vec<Event> {
+    fn delta_chunks(&mut self, delta: ChoiceDelta) -> Vec<Event> {
         let ChoiceDelta { index, text, logprobs, finish } = delta;
         let shape = self.meta.text.logprobs;
         let mut events = Vec::with_capacity(2);
         let has_content = !text.is_empty() || !logprobs.is_empty();
         match self.meta.text.endpoint {
             Endpoint::Chat => {
+                let output = &mut self.outputs[index];
+                let mut piece = output.push(&text);
+                if finish.is_some() {
+                    piece.append(output.finish());
+                }
+                let finish_reason = finish.map(|f| output.finish_reason(f));
                 let choice = |delta, logprobs, finish_reason| ChatChoice {
                     index,
                     message: None,
@@ -277,13 +307,12 @@ impl EventStream {
                     logprobs,
                     finish_reason,
                 };
-                if has_content {
-                    let delta = ChatDelta { role: None, content: Some(text) };
-                    let c = choice(delta, chat_logprobs(shape, logprobs), None);
+                if !piece.is_empty() || !logprobs.is_empty() {
+                    let c = choice(chat_delta(piece), chat_logprobs(shape, logprobs), None);
                     events.push(json_event(&chat(&self.meta, CHUNK, vec![c], self.usage_field())));
                 }
-                if let Some(finish) = finish {
-                    let c = choice(ChatDelta::default(), None, Some(finish.as_str()));
+                if let Some(reason) = finish_reason {
+                    let c = choice(ChatDelta::default(), None, Some(reason));
                     events.push(json_event(&chat(&self.meta, CHUNK, vec![c], self.usage_field())));
                 }
             }
@@ -313,6 +342,19 @@ impl EventStream {
 }
 
 const CHUNK: &str = "chat.completion.chunk";
+
+/// A chunk's delta of `piece`: its content (also when empty, for a chunk that carries only
+/// logprobs), reasoning and tool-call pieces.
+fn chat_delta(piece: Piece) -> ChatDelta {
+    let Piece { reasoning, content, calls } = piece;
+    let content_shown = !content.is_empty() || (reasoning.is_empty() && calls.is_empty());
+    ChatDelta {
+        role: None,
+        content: content_shown.then_some(content),
+        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+        tool_calls: (!calls.is_empty()).then_some(calls),
+    }
+}
 
 fn chat(meta: &Meta, object: &'static str, choices: Vec<ChatChoice>, usage: Option<Option<Usage>>) -> ChatCompletion {
     ChatCompletion { id: meta.id.clone(), object, created: meta.created, model: meta.model.clone(), choices, usage }

@@ -17,6 +17,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
+use super::reasoning::ReasoningKind;
+use super::tool_parser::ParserKind;
 use met_text::{ChatTemplate, TextError, Tokenizer};
 
 /// Largest `n` a request may ask for.
@@ -51,6 +53,10 @@ pub struct ServerConfig {
     /// The engine schedules by request priority (`--policy priority`), so requests may set
     /// `priority`.
     pub priority_scheduling: bool,
+    /// The tool-call format (`--tool-call-parser`); `None`: the chat template's own.
+    pub tool_call_parser: Option<ParserKind>,
+    /// The reasoning format (`--reasoning-parser`); `None`: reasoning stays in the content.
+    pub reasoning_parser: Option<ReasoningKind>,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +71,8 @@ impl Default for ServerConfig {
             max_tokens_default: DEFAULT_MAX_TOKENS,
             no_special_tokens_in_user_content: false,
             priority_scheduling: false,
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }

@@ -22,9 +22,13 @@
 use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
 use met_scheduler::{EngineRequest, RequestError, StopCriteria};
 
+use super::choice_output::OutputOptions;
 use super::error::ApiError;
+use super::reasoning::ReasoningKind;
 use super::state::{AppState, MAX_N};
 use super::structured::{self, GrammarRequest};
+use super::tool_parser::ToolMode;
+use super::tools::{self, ToolChoice, ToolSetup};
 use super::wire::{GenerationRequest, Logprobs, Prompt, Stop};
 use crate::startup::engine::random_seed;
 use met_text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
@@ -79,6 +83,8 @@ pub struct TextOptions {
     pub include_usage: bool,
     /// Choices per prompt.
     pub n: usize,
+    /// Chat: how each choice's text splits into reasoning, content and tool calls.
+    pub output: OutputOptions,
 }
 
 /// The prompt, before tokenization.
@@ -144,6 +150,15 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         eos_token_ids: state.config().eos_token_ids.clone(),
         ignore_eos: req.ignore_eos.unwrap_or(false),
     };
+    let setup = match endpoint {
+        Endpoint::Chat => tools::parse(req.tools, req.tool_choice, req.parallel_tool_calls)?,
+        Endpoint::Completions => None,
+    };
+    let grammar = grammar(structured::parse(req.response_format, req.structured_outputs)?, setup.as_ref())?;
+    let output = match endpoint {
+        Endpoint::Chat => output_options(state, setup.as_ref(), grammar.is_some()),
+        Endpoint::Completions => OutputOptions::default(),
+    };
     let text = TextOptions {
         endpoint,
         stop: stop_strings(req.stop)?,
@@ -152,6 +167,7 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         stream: req.stream.unwrap_or(false),
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         n,
+        output,
     };
     let prompt = match endpoint {
         Endpoint::Chat => {
@@ -161,17 +177,55 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
                 kwargs: req.chat_template_kwargs.unwrap_or_default(),
                 ..RenderOptions::default()
             };
-            if state.template().is_none() {
+            let Some(template) = state.template() else {
                 return Err(ApiError::invalid("messages", "this model has no chat template; use /v1/completions"));
+            };
+            let shown = setup.as_ref().filter(|s| s.choice != ToolChoice::None);
+            let reads_tools = tools::template_reads_tools(template.source());
+            let mut options = options;
+            if reads_tools {
+                options.tools = shown.map(|s| s.tools.clone());
             }
-            PromptInput::Chat { messages: messages(req.messages)?, options }
+            let messages = tools::prepare_messages(messages(req.messages)?, shown, reads_tools);
+            PromptInput::Chat { messages, options }
         }
         Endpoint::Completions => prompts(req.prompt)?,
     };
     check_sequences(&prompt, n, endpoint, state.config().max_sequences_per_request)?;
     let priority = priority(req.priority, state.config().priority_scheduling)?;
-    let grammar = structured::parse(req.response_format, req.structured_outputs)?;
     Ok(Parsed { prompt, sampling, stop, max_tokens, priority, grammar, text })
+}
+
+/// The grammar a request's output is held to: its `response_format` or
+/// `structured_outputs`, or the one its tool choice enforces (never both).
+fn grammar(format: Option<GrammarRequest>, setup: Option<&ToolSetup>) -> Result<Option<GrammarRequest>, ApiError> {
+    match (format, setup.and_then(ToolSetup::grammar)) {
+        (Some(_), Some(_)) => {
+            let msg = "a `required` or named tool choice already fixes the output; drop response_format";
+            Err(ApiError::invalid("tool_choice", msg))
+        }
+        (format, tools) => Ok(format.or(tools)),
+    }
+}
+
+/// How chat choices split: reasoning by `--reasoning-parser` (not DeepSeek-R1's under a
+/// grammar, which would take the whole constrained answer for reasoning; Qwen3's only
+/// reads an opening `<think>`), tool calls by the request's choice, parsed in
+/// `--tool-call-parser`'s format or the template's.
+fn output_options(state: &AppState, setup: Option<&ToolSetup>, constrained: bool) -> OutputOptions {
+    let config = state.config();
+    let parser = || {
+        let source = state.template().map(|t| t.source()).unwrap_or_default();
+        config.tool_call_parser.unwrap_or_else(|| tools::parser_for_template(source))
+    };
+    let tools = match setup.map(|s| &s.choice) {
+        None | Some(ToolChoice::None) => ToolMode::Off,
+        Some(ToolChoice::Auto) => ToolMode::Auto(parser()),
+        Some(ToolChoice::Required) => ToolMode::Required,
+        Some(ToolChoice::Named(name)) => ToolMode::Named(name.clone()),
+    };
+    let reasoning = config.reasoning_parser.filter(|&k| !constrained || k == ReasoningKind::Qwen3);
+    OutputOptions { reasoning, tools }
 }
 
 /// `priority`: 0 unless given; another value only where the engine schedules by it (as

@@ -128,6 +128,12 @@ pub struct GenerationRequest {
     pub response_format: Option<ResponseFormat>,
     /// vLLM's structured output: `json`, `regex`, `choice`, `grammar` or `json_object`.
     pub structured_outputs: Option<StructuredOutputs>,
+    /// Chat: functions the model may call (`{"type": "function", "function": {...}}`).
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Chat: `none`, `auto`, `required` or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Chat: allow several calls in one answer (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// A completions prompt.
@@ -232,8 +238,61 @@ pub struct ChatChoice {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The text; `null` for an answer that is only tool calls.
+    pub content: Option<String>,
+    /// The reasoning, split off with `--reasoning-parser`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The calls the model made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// A tool call of a message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallOut {
+    /// `call_...`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// A called function.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallOut {
+    /// Its name.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
+}
+
+/// A streamed piece of a tool call: the first of a call has its id, type and name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    /// Which call of the message.
+    pub index: usize,
+    /// `call_...`, on a call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on a call's first piece.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first piece) and a part of the arguments.
+    pub function: FunctionDelta,
+}
+
+/// A streamed piece of a called function.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    /// The name, on a call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More of the arguments' JSON text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// What a chunk adds to a message.
@@ -245,6 +304,12 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// New tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// Chat logprobs: one entry per generated token.

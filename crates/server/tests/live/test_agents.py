@@ -227,5 +227,175 @@ class TestStructuredOutput(unittest.TestCase):
         self.assertEqual(caught.exception.body["param"], "structured_outputs.regex")
 
 
+# --- tool calls -------------------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 20}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+class TestToolCalls(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.client = new_client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def create(self, **kw):
+        args = dict(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER_TOOL, TIME_TOOL], max_tokens=120, temperature=0.0)
+        args.update(kw)
+        return self.client.chat.completions.create(**args)
+
+    def assert_valid_calls(self, calls):
+        self.assertTrue(calls)
+        for call in calls:
+            self.assertEqual(call.type, "function")
+            self.assertTrue(call.id.startswith("call_"), call.id)
+            self.assertIn(call.function.name, SCHEMAS)
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+    def test_a_named_choice_calls_it_with_arguments_matching_its_schema(self):
+        out = self.create(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        message = out.choices[0].message
+        self.assertEqual(len(message.tool_calls), 1, message)
+        self.assertEqual(message.tool_calls[0].function.name, "get_weather")
+        self.assert_valid_calls(message.tool_calls)
+        self.assertIsNone(message.content)
+
+    def test_required_calls_parse_and_match_on_several_prompts(self):
+        prompts = ["What time is it in Tokyo?", "Weather in Berlin, in fahrenheit?", "Hello!", "Tell me a joke."]
+
+        def run(p):
+            return self.create(messages=[{"role": "user", "content": p}], tool_choice="required", max_tokens=200)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for out in pool.map(run, prompts):
+                self.assertEqual(out.choices[0].finish_reason, "tool_calls", out)
+                self.assert_valid_calls(out.choices[0].message.tool_calls)
+
+    def test_streamed_tool_call_deltas_assemble_into_the_call(self):
+        stream = self.create(tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+        calls, finish = {}, None
+        for chunk in stream:
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                for d in choice.delta.tool_calls or []:
+                    entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                    entry["id"] = d.id or entry["id"]
+                    if d.function and d.function.name:
+                        entry["name"] = d.function.name
+                    if d.function and d.function.arguments:
+                        entry["arguments"] += d.function.arguments
+        self.assertEqual(list(calls), [0])
+        self.assertEqual(calls[0]["name"], "get_weather")
+        self.assertTrue(calls[0]["id"].startswith("call_"))
+        jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS["get_weather"])
+        self.assertEqual(finish, "stop")
+        # The same call as the JSON answer (greedy).
+        out = self.create(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertEqual(out.choices[0].message.tool_calls[0].function.arguments, calls[0]["arguments"])
+
+    def test_auto_parses_a_hermes_call_out_of_the_text_streamed_or_not(self):
+        # A grammar makes the small model answer in the Hermes format the parser reads.
+        call = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,9}", "unit": "celsius"\}\}\n</tool_call>'
+        extra = {"structured_outputs": {"regex": call}}
+        out = self.create(extra_body=extra)
+        self.assertEqual(out.choices[0].finish_reason, "tool_calls", out)
+        self.assert_valid_calls(out.choices[0].message.tool_calls)
+        names = []
+        for chunk in self.create(extra_body=extra, stream=True):
+            for choice in chunk.choices:
+                names += [d.function.name for d in choice.delta.tool_calls or [] if d.function and d.function.name]
+        self.assertEqual(names, ["get_weather"])
+
+    def test_a_tool_result_round_trip_renders_and_answers(self):
+        first = self.create(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        call = first.choices[0].message.tool_calls[0]
+        messages = ASK_WEATHER + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+        ]
+        out = self.create(messages=messages, max_tokens=24)
+        self.assertIsInstance(out.choices[0].message.content, str)
+        self.assertTrue(out.choices[0].message.content)
+
+    def test_bad_tool_requests_are_400s_naming_the_field(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.create(tool_choice={"type": "function", "function": {"name": "missing"}})
+        self.assertEqual(caught.exception.body["param"], "tool_choice")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.create(tools=[{"type": "function", "function": {"name": "bad name"}}])
+        self.assertEqual(caught.exception.body["param"], "tools[0].function.name")
+
+
+# --- reasoning --------------------------------------------------------------------------
+
+
+class TestReasoning(unittest.TestCase):
+    """`cargo xtask test` serves with `--reasoning-parser qwen3`."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = new_client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def test_think_blocks_become_reasoning_content_streamed_or_not(self):
+        answer = r"<think>[a-z ]{5,30}</think>\n\nParis\."
+        args = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Capital of France?"}],
+            max_tokens=60,
+            temperature=0.0,
+            extra_body={"structured_outputs": {"regex": answer}, "chat_template_kwargs": {"enable_thinking": True}},
+        )
+        out = self.client.chat.completions.create(**args).choices[0].message
+        reasoning = out.model_extra.get("reasoning_content")
+        self.assertRegex(reasoning or "", r"^[a-z ]{5,30}$", out)
+        self.assertEqual(out.content, "Paris.")
+        streamed, content = "", ""
+        for chunk in self.client.chat.completions.create(stream=True, **args):
+            for choice in chunk.choices:
+                streamed += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+                content += choice.delta.content or ""
+        self.assertEqual((streamed, content), (reasoning, "Paris."))
+
+    def test_plain_answers_keep_their_content(self):
+        out = self.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8, temperature=0.0
+        )
+        self.assertTrue(out.choices[0].message.content.startswith("The capital"), out)
+        self.assertIsNone((out.choices[0].message.model_extra or {}).get("reasoning_content"))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

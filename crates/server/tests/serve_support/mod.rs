@@ -24,7 +24,7 @@ use met_config::EngineConfig;
 use met_kernels::CpuBackend;
 use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{Engine, Fcfs, Priority, SchedulingPolicy};
-use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
+use met_server::serve::{AppState, HttpOptions, ParserKind, ReasoningKind, ServerConfig, app_with};
 use met_telemetry::Metrics;
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde_json::{Value, json};
@@ -61,6 +61,14 @@ pub struct Options {
     pub max_num_seqs: Option<usize>,
     /// Speculative decoding, when on.
     pub speculative: Option<met_speculative::SpeculativeConfig>,
+    /// The chat template (the plain ChatML one above when `None`).
+    pub chat_template: Option<&'static str>,
+    /// `--tool-call-parser`.
+    pub tool_call_parser: Option<ParserKind>,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<ReasoningKind>,
+    /// The mock model's context length.
+    pub max_context: usize,
 }
 
 impl Default for Options {
@@ -79,6 +87,10 @@ impl Default for Options {
             priority_policy: false,
             max_num_seqs: None,
             speculative: None,
+            chat_template: None,
+            tool_call_parser: None,
+            reasoning_parser: None,
+            max_context: MAX_CONTEXT,
         }
     }
 }
@@ -109,7 +121,7 @@ impl TestServer {
     /// A server that is not ready yet (`/health` answers 503).
     pub fn starting(options: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        write_tokenizer(dir.path());
+        write_tokenizer(dir.path(), options.chat_template.unwrap_or(TEMPLATE));
         let tokenizer = Tokenizer::from_hf_dir(dir.path()).unwrap();
         let vocab = tokenizer.vocab_size();
         let metrics = Arc::new(Metrics::new());
@@ -124,7 +136,7 @@ impl TestServer {
         let policy: Box<dyn SchedulingPolicy> =
             if options.priority_policy { Box::new(Priority) } else { Box::new(Fcfs) };
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, options.kv_blocks, true).unwrap();
-        let model = Box::new(MockModel::new(vocab, MAX_CONTEXT).with_faults(options.faults));
+        let model = Box::new(MockModel::new(vocab, options.max_context).with_faults(options.faults));
         let mut engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::clone(&metrics)).unwrap();
         if let Some(speculative) = &options.speculative {
             engine = engine.with_speculative(speculative).unwrap();
@@ -140,6 +152,8 @@ impl TestServer {
             max_tokens_default: options.max_tokens_default,
             no_special_tokens_in_user_content: options.no_special_tokens_in_user_content,
             priority_scheduling: options.priority_policy,
+            tool_call_parser: options.tool_call_parser,
+            reasoning_parser: options.reasoning_parser,
         };
         let state = AppState::new(handle, tokenizer.clone(), Arc::clone(&metrics), server_config).unwrap();
         Self {
@@ -147,7 +161,7 @@ impl TestServer {
             state,
             metrics,
             tokenizer,
-            mock: MockModel::new(vocab, MAX_CONTEXT),
+            mock: MockModel::new(vocab, options.max_context),
             _dir: dir,
         }
     }
@@ -298,7 +312,7 @@ pub fn error_param(body: &Value) -> Option<String> {
 
 /// A byte-level BPE over printable ASCII, space and newline, with a few merges and three
 /// special tokens (`<|im_end|>` is eos), written as a Hugging Face tokenizer directory.
-fn write_tokenizer(dir: &std::path::Path) {
+fn write_tokenizer(dir: &std::path::Path, template: &str) {
     let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
     let mut tokens: Vec<String> = specials.iter().map(|s| s.to_string()).collect();
     // Byte-level spells space as U+0120 and newline as U+010A.
@@ -329,6 +343,6 @@ fn write_tokenizer(dir: &std::path::Path) {
     tokenizer.with_decoder(Some(ByteLevel::default()));
     tokenizer.add_special_tokens(specials.iter().map(|s| AddedToken::from(*s, true))).unwrap();
     tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
-    let config = json!({"eos_token": "<|im_end|>", "chat_template": TEMPLATE});
+    let config = json!({"eos_token": "<|im_end|>", "chat_template": template});
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
 }

@@ -1,0 +1,106 @@
+//! One chat choice's text as the client sees it: reasoning (`--reasoning-parser`) split off
+//! first, then tool calls found in what is left, the rest content. The same
+//! [`ChoiceOutput`] serves JSON answers (its pieces concatenated) and streams (each piece
+//! one delta), so both always agree.
+
+use super::reasoning::{ReasoningKind, ReasoningSplit, Split};
+use super::stream::Finish;
+use super::tool_parser::{ToolMode, ToolStream};
+use super::wire::{FunctionCallOut, ToolCallDelta, ToolCallOut};
+
+/// How a request's choices are split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// Split off `<think>` reasoning in this format.
+    pub reasoning: Option<ReasoningKind>,
+    /// How tool calls come out.
+    pub tools: ToolMode,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        Self { reasoning: None, tools: ToolMode::Off }
+    }
+}
+
+/// What a choice releases at once.
+#[derive(Debug, Default, PartialEq)]
+pub struct Piece {
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Content text.
+    pub content: String,
+    /// Tool-call deltas.
+    pub calls: Vec<ToolCallDelta>,
+}
+
+impl Piece {
+    /// Whether it releases nothing.
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty() && self.calls.is_empty()
+    }
+
+    /// Adds `other` after this piece.
+    pub fn append(&mut self, other: Piece) {
+        self.reasoning.push_str(&other.reasoning);
+        self.content.push_str(&other.content);
+        self.calls.extend(other.calls);
+    }
+}
+
+/// One choice's splitter.
+#[derive(Debug)]
+pub struct ChoiceOutput {
+    reasoning: Option<ReasoningSplit>,
+    tools: ToolStream,
+}
+
+impl ChoiceOutput {
+    /// A splitter for `options`.
+    pub fn new(options: &OutputOptions) -> Self {
+        Self { reasoning: options.reasoning.map(ReasoningSplit::new), tools: ToolStream::new(options.tools.clone()) }
+    }
+
+    /// Takes new text.
+    pub fn push(&mut self, text: &str) -> Piece {
+        let split = match &mut self.reasoning {
+            Some(r) => r.push(text),
+            None => Split { reasoning: String::new(), content: text.to_owned() },
+        };
+        let tools = self.tools.push(&split.content);
+        Piece { reasoning: split.reasoning, content: tools.content, calls: tools.calls }
+    }
+
+    /// Ends the choice: everything held back.
+    pub fn finish(&mut self) -> Piece {
+        let split = self.reasoning.as_mut().map(ReasoningSplit::finish).unwrap_or_default();
+        let tools = self.tools.push(&split.content);
+        let mut piece = Piece { reasoning: split.reasoning, content: tools.content, calls: tools.calls };
+        let end = self.tools.finish();
+        piece.append(Piece { reasoning: String::new(), content: end.content, calls: end.calls });
+        piece
+    }
+
+    /// OpenAI's `finish_reason`: `tool_calls` when the model chose to call (a forced named
+    /// call ends with `stop`, as OpenAI's does).
+    pub fn finish_reason(&self, finish: Finish) -> &'static str {
+        let chose = !matches!(self.tools.mode(), ToolMode::Named(_));
+        if self.tools.called() && finish == Finish::Stop && chose { "tool_calls" } else { finish.as_str() }
+    }
+}
+
+/// Whole calls from their deltas (the first piece of each carries id and name).
+pub fn merge_calls(deltas: Vec<ToolCallDelta>) -> Vec<ToolCallOut> {
+    let mut calls: Vec<ToolCallOut> = Vec::new();
+    for d in deltas {
+        if d.index >= calls.len() {
+            let function = FunctionCallOut { name: d.function.name.unwrap_or_default(), arguments: String::new() };
+            calls.push(ToolCallOut { id: d.id.unwrap_or_default(), kind: "function", function });
+        }
+        let last = calls.len() - 1;
+        if let Some(args) = d.function.arguments {
+            calls[d.index.min(last)].function.arguments.push_str(&args);
+        }
+    }
+    calls
+}
