@@ -14,6 +14,7 @@
 //! Modules: `server` (from the bound socket to the exit: signals, engine faults, the drain),
 //! `listen` (accepting and serving connections: cap, read timeouts, drain),
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
+//! `responses` (the Responses API over the chat path),
 //! `wire` (JSON types), `validate` (wire → engine requests), `structured` (response
 //! formats → grammars), `tools` and `tool_parser` (tool definitions, choices and calls),
 //! `reasoning` (`<think>` splitting), `choice_output` (a choice's text → reasoning, content
@@ -29,6 +30,7 @@ mod listen;
 mod openai;
 mod progress;
 mod reasoning;
+mod responses;
 mod router;
 mod server;
 mod state;

@@ -34,17 +34,25 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use met_telemetry::metrics::CONTENT_TYPE;
 
 use super::error::ApiError;
-use super::openai;
 use super::state::AppState;
 use super::wire::{
     ApiJson, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
+use super::{openai, responses};
 use met_text::{ChatMessage, RenderOptions};
 
 /// Every route, as the `endpoint` label of the HTTP metric (a fixed set keeps the number of
 /// series bounded).
-const ROUTES: [&str; 7] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"];
+const ROUTES: [&str; 8] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/v1/responses",
+];
 
 /// Longest request target, in bytes (hyper's own limit, answered without a body, is 64 KiB).
 pub const MAX_URI_BYTES: usize = 8 << 10;
@@ -96,6 +104,7 @@ pub fn app_with(state: AppState, options: HttpOptions) -> Router {
         .route(ROUTES[1], post(openai::completions))
         .route(ROUTES[5], post(tokenize))
         .route(ROUTES[6], post(detokenize))
+        .route(ROUTES[7], post(responses::responses))
         .route_layer(middleware::from_fn_with_state(layers.clone(), read_json_body));
     let mut open = Router::new().route(ROUTES[3], get(health));
     let mut keyed = json.route(ROUTES[2], get(models));

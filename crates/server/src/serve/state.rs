@@ -18,6 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 use super::reasoning::ReasoningKind;
+use super::responses::ResponseStore;
 use super::tool_parser::ParserKind;
 use met_text::{ChatTemplate, TextError, Tokenizer};
 
@@ -89,6 +90,8 @@ struct Shared {
     template: Option<ChatTemplate>,
     /// The grammar engine over the tokenizer, built by the first structured request.
     grammars: OnceLock<Result<Grammars, GrammarError>>,
+    /// Conversations of the Responses API, for `previous_response_id`.
+    responses: ResponseStore,
     metrics: Arc<Metrics>,
     config: ServerConfig,
     permits: Arc<Semaphore>,
@@ -121,6 +124,7 @@ impl AppState {
             tokenizer,
             template,
             grammars: OnceLock::new(),
+            responses: ResponseStore::default(),
             metrics,
             config,
             permits,
@@ -163,6 +167,11 @@ impl AppState {
     pub fn grammars(&self) -> Result<&Grammars, GrammarError> {
         let vocab = self.inner.engine.limits().vocab_size;
         self.inner.grammars.get_or_init(|| Grammars::new(&self.inner.tokenizer, vocab)).as_ref().map_err(Clone::clone)
+    }
+
+    /// The Responses API's stored conversations.
+    pub fn responses(&self) -> &ResponseStore {
+        &self.inner.responses
     }
 
     /// The metrics registry.

@@ -1,6 +1,6 @@
 """Live tests of what agents send `met serve`, with the official clients: structured output
 (`response_format` json_schema, whose output must parse and validate on 20 varied prompts),
-and, as they land, tool calls, reasoning, the Responses API and Anthropic Messages.
+tool calls, reasoning and the Responses API.
 
 `cargo xtask test` runs this file after `test_openai.py`, against the same server (the
 default model, SmolLM2-135M-Instruct). By hand:
@@ -395,6 +395,84 @@ class TestReasoning(unittest.TestCase):
         )
         self.assertTrue(out.choices[0].message.content.startswith("The capital"), out)
         self.assertIsNone((out.choices[0].message.model_extra or {}).get("reasoning_content"))
+
+
+# --- the Responses API --------------------------------------------------------------------
+
+
+class TestResponses(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.client = new_client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    QUESTION = "What is the capital of France?"
+
+    def chat_answer(self, messages, max_tokens):
+        out = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0.0)
+        return out.choices[0].message.content
+
+    def test_create_answers_as_chat_does(self):
+        resp = self.client.responses.create(model=MODEL, input=self.QUESTION, max_output_tokens=12, temperature=0.0)
+        self.assertEqual(resp.object, "response")
+        self.assertTrue(resp.id.startswith("resp_"))
+        self.assertEqual(resp.output_text, self.chat_answer([{"role": "user", "content": self.QUESTION}], 12))
+        self.assertGreater(resp.usage.input_tokens, 0)
+        self.assertGreater(resp.usage.output_tokens, 0)
+
+    def test_streaming_events_add_up_to_the_answer(self):
+        kinds, deltas, final = [], "", None
+        with self.client.responses.create(
+            model=MODEL, input=self.QUESTION, instructions="Answer in one sentence.", max_output_tokens=12,
+            temperature=0.0, stream=True,
+        ) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.output_text.delta":
+                    deltas += event.delta
+                if event.type == "response.completed":
+                    final = event.response
+        self.assertEqual(kinds[0], "response.created")
+        self.assertEqual(kinds[-1], "response.completed")
+        self.assertIn("response.output_item.added", kinds)
+        self.assertEqual(final.output_text, deltas)
+        want = self.chat_answer(
+            [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": self.QUESTION}], 12)
+        self.assertEqual(deltas, want)
+
+    def test_function_calls_and_previous_response_id(self):
+        tool = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+                "parameters": WEATHER_TOOL["function"]["parameters"]}
+        first = self.client.responses.create(
+            model=MODEL, input="What is the weather in Paris?", tools=[tool],
+            tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=80, temperature=0.0,
+        )
+        calls = [item for item in first.output if item.type == "function_call"]
+        self.assertEqual(len(calls), 1, first.output)
+        self.assertEqual(calls[0].name, "get_weather")
+        jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["get_weather"])
+        second = self.client.responses.create(
+            model=MODEL, previous_response_id=first.id, tools=[tool], max_output_tokens=16, temperature=0.0,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 degrees, clear"}],
+        )
+        self.assertTrue(second.output_text, second.output)
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.responses.create(model=MODEL, input="hi", previous_response_id="resp_missing")
+        self.assertEqual(caught.exception.body["param"], "previous_response_id")
+
+    def test_text_format_json_schema_validates(self):
+        resp = self.client.responses.create(
+            model=MODEL, input=CASES[3][0], max_output_tokens=200, temperature=0.0,
+            text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+        )
+        jsonschema.validate(json.loads(resp.output_text), CITY)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.responses.create(
+                model=MODEL, input="hi", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}})
+        self.assertEqual(caught.exception.body["param"], "text.format.schema")
 
 
 if __name__ == "__main__":
