@@ -14,7 +14,8 @@
 //! Modules: `server` (from the bound socket to the exit: signals, engine faults, the drain),
 //! `listen` (accepting and serving connections: cap, read timeouts, drain),
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
-//! `responses` (the Responses API over the chat path),
+//! `responses` (the Responses API over the chat path), `anthropic` (Anthropic Messages, the
+//! same way),
 //! `wire` (JSON types), `validate` (wire → engine requests), `structured` (response
 //! formats → grammars), `tools` and `tool_parser` (tool definitions, choices and calls),
 //! `reasoning` (`<think>` splitting), `choice_output` (a choice's text → reasoning, content
@@ -22,6 +23,7 @@
 //! FILE.toml`), `progress` (the weight-loading bar) and `fault` (a fault hook for tests,
 //! off unless `MET_TEST_ENGINE_FAULT` is set).
 
+mod anthropic;
 mod choice_output;
 mod config_file;
 mod error;

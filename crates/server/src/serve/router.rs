@@ -38,12 +38,12 @@ use super::state::AppState;
 use super::wire::{
     ApiJson, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
-use super::{openai, responses};
+use super::{anthropic, openai, responses};
 use met_text::{ChatMessage, RenderOptions};
 
 /// Every route, as the `endpoint` label of the HTTP metric (a fixed set keeps the number of
 /// series bounded).
-const ROUTES: [&str; 8] = [
+const ROUTES: [&str; 10] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/models",
@@ -52,6 +52,8 @@ const ROUTES: [&str; 8] = [
     "/tokenize",
     "/detokenize",
     "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
 ];
 
 /// Longest request target, in bytes (hyper's own limit, answered without a body, is 64 KiB).
@@ -105,6 +107,8 @@ pub fn app_with(state: AppState, options: HttpOptions) -> Router {
         .route(ROUTES[5], post(tokenize))
         .route(ROUTES[6], post(detokenize))
         .route(ROUTES[7], post(responses::responses))
+        .route(ROUTES[8], post(anthropic::messages))
+        .route(ROUTES[9], post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(layers.clone(), read_json_body));
     let mut open = Router::new().route(ROUTES[3], get(health));
     let mut keyed = json.route(ROUTES[2], get(models));
@@ -177,10 +181,15 @@ fn preflight_response(request: &HeaderMap) -> Response {
 }
 
 /// Every route but `/health` (and `/metrics` with `--metrics-without-auth`) needs
-/// `Authorization: Bearer <key>` when the server has a key.
+/// `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) when the server has a key.
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let header = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    if state.authorized(header) { next.run(req).await } else { ApiError::unauthorized().into_response() }
+    let x_api_key = req.headers().get("x-api-key").map(|v| v.as_bytes());
+    if state.authorized(header) || x_api_key.is_some_and(|k| state.key_matches(k)) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
 }
 
 /// Reads a JSON endpoint's body before its handler runs: 415 for another content type

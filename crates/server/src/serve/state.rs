@@ -224,8 +224,13 @@ impl AppState {
     /// Whether an `Authorization` header value carries the API key (always, with no key
     /// set). Compares in constant time, so response timing does not leak the key.
     pub fn authorized(&self, header: Option<&[u8]>) -> bool {
-        let Some(key) = &self.inner.config.api_key else { return true };
         let given = header.and_then(|h| h.strip_prefix(b"Bearer ")).unwrap_or_default();
+        self.key_matches(given)
+    }
+
+    /// Whether `given` is the API key (always, with no key set), compared in constant time.
+    pub fn key_matches(&self, given: &[u8]) -> bool {
+        let Some(key) = &self.inner.config.api_key else { return true };
         bool::from(given.ct_eq(key.as_bytes()))
     }
 }

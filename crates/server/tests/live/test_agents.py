@@ -1,6 +1,7 @@
 """Live tests of what agents send `met serve`, with the official clients: structured output
 (`response_format` json_schema, whose output must parse and validate on 20 varied prompts),
-tool calls, reasoning and the Responses API.
+tool calls, reasoning, the Responses API and Anthropic Messages (with the official
+`anthropic` client).
 
 `cargo xtask test` runs this file after `test_openai.py`, against the same server (the
 default model, SmolLM2-135M-Instruct). By hand:
@@ -15,6 +16,7 @@ import unittest
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import jsonschema
 import openai
 from openai import OpenAI
@@ -473,6 +475,77 @@ class TestResponses(unittest.TestCase):
             self.client.responses.create(
                 model=MODEL, input="hi", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}})
         self.assertEqual(caught.exception.body["param"], "text.format.schema")
+
+
+
+# --- Anthropic Messages -------------------------------------------------------------------
+
+
+# This client no longer takes `temperature`; greedy answers ask for it in the body.
+GREEDY = {"temperature": 0.0}
+
+
+class TestAnthropicMessages(unittest.TestCase):
+    QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = anthropic.Anthropic(base_url=BASE_URL, api_key=API_KEY, max_retries=0, timeout=TIMEOUT)
+        cls.openai = new_client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.openai.close()
+
+    def chat_answer(self, max_tokens):
+        out = self.openai.chat.completions.create(model=MODEL, messages=self.QUESTION, max_tokens=max_tokens, temperature=0.0)
+        return out.choices[0].message.content, out.usage.prompt_tokens
+
+    def test_create_answers_as_chat_does_and_counts_tokens(self):
+        msg = self.client.messages.create(model=MODEL, max_tokens=12, messages=self.QUESTION, extra_body=GREEDY)
+        self.assertEqual(msg.type, "message")
+        self.assertEqual(msg.content[0].type, "text")
+        want, prompt_tokens = self.chat_answer(12)
+        self.assertEqual(msg.content[0].text, want)
+        self.assertIn(msg.stop_reason, ("end_turn", "max_tokens"))
+        self.assertEqual(msg.usage.input_tokens, prompt_tokens)
+        counted = self.client.messages.count_tokens(model=MODEL, messages=self.QUESTION)
+        self.assertEqual(counted.input_tokens, prompt_tokens)
+
+    def test_streaming_adds_up_to_the_message(self):
+        with self.client.messages.stream(model=MODEL, max_tokens=12, messages=self.QUESTION, extra_body=GREEDY) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        self.assertEqual(final.content[0].text, text)
+        self.assertEqual(text, self.chat_answer(12)[0])
+        self.assertIn(final.stop_reason, ("end_turn", "max_tokens"))
+
+    def test_tool_use_and_tool_result(self):
+        tool = {"name": "get_weather", "description": "Current weather in a city.",
+                "input_schema": WEATHER_TOOL["function"]["parameters"]}
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        msg = self.client.messages.create(
+            model=MODEL, max_tokens=80, messages=ask, tools=[tool], tool_choice={"type": "tool", "name": "get_weather"},
+            extra_body=GREEDY,
+        )
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        self.assertEqual(len(uses), 1, msg.content)
+        self.assertEqual(uses[0].name, "get_weather")
+        jsonschema.validate(uses[0].input, SCHEMAS["get_weather"])
+        self.assertEqual(msg.stop_reason, "tool_use")
+        follow = ask + [
+            {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "18 degrees, clear"}]},
+        ]
+        out = self.client.messages.create(model=MODEL, max_tokens=16, messages=follow, tools=[tool], extra_body=GREEDY)
+        self.assertTrue(any(b.type == "text" and b.text for b in out.content), out.content)
+
+    def test_errors_are_anthropic_shaped(self):
+        with self.assertRaises(anthropic.BadRequestError) as caught:
+            self.client.messages.create(model=MODEL, max_tokens=0, messages=self.QUESTION)
+        self.assertEqual(caught.exception.body["error"]["type"], "invalid_request_error")
+        self.assertIn("max_tokens", caught.exception.body["error"]["message"])
 
 
 if __name__ == "__main__":
