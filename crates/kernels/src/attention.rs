@@ -99,8 +99,8 @@ pub const ATTENTION_BACKENDS: &[&str] = &["flash", "paged"];
 /// [`Error::InvalidArgument`] for an unknown name, listing the known ones.
 pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
     match name {
-        "flash" => Ok(Arc::new(Flash(Shared { backend }))),
-        "paged" => Ok(Arc::new(Paged(Shared { backend }))),
+        "flash" => Ok(Arc::new(DeviceOp { op: Op::Flash, shared: Shared { backend } })),
+        "paged" => Ok(Arc::new(DeviceOp { op: Op::Paged, shared: Shared { backend } })),
         other => Err(Error::InvalidArgument(format!(
             "unknown attention backend `{other}` (available: {})",
             ATTENTION_BACKENDS.join(", ")
@@ -152,50 +152,37 @@ impl Shared {
     }
 }
 
-/// Attention through the device's reference op, [`GpuBackend::paged_attention`].
-#[derive(Debug)]
-struct Paged(Shared);
-
-impl AttentionBackend for Paged {
-    fn name(&self) -> &'static str {
-        "paged"
-    }
-
-    fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata> {
-        self.0.prepare(layout)
-    }
-
-    fn refresh(&self, step: &StepMetadata, layout: &StepLayout<'_>) -> Result<()> {
-        self.0.refresh(step, layout)
-    }
-
-    fn attend(
-        &self,
-        q: &Tensor,
-        (k, v): (&Tensor, &Tensor),
-        step: &StepMetadata,
-        p: &AttentionParams,
-    ) -> Result<Tensor> {
-        self.0.backend.paged_attention(q, k, v, &step.attention, p)
-    }
+/// Which of the device's two attention ops a backend attends through.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// [`GpuBackend::paged_attention`], the reference.
+    Paged,
+    /// [`GpuBackend::flash_attention`], the device's fastest kernels. Its tiled kernel's
+    /// tile table is derived inside the op from the host copy of the layout.
+    Flash,
 }
 
-/// Attention through the device's fastest kernels, [`GpuBackend::flash_attention`]. Its
-/// tiled kernel's tile table is derived inside the op from the host copy of the layout.
+/// A backend made of one device op over the shared metadata.
 #[derive(Debug)]
-struct Flash(Shared);
+struct DeviceOp {
+    op: Op,
+    shared: Shared,
+}
 
-impl AttentionBackend for Flash {
+impl AttentionBackend for DeviceOp {
     fn name(&self) -> &'static str {
-        "flash"
+        match self.op {
+            Op::Paged => "paged",
+            Op::Flash => "flash",
+        }
     }
 
     fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata> {
-        self.0.prepare(layout)
+        self.shared.prepare(layout)
     }
 
     fn refresh(&self, step: &StepMetadata, layout: &StepLayout<'_>) -> Result<()> {
-        self.0.refresh(step, layout)
+        self.shared.refresh(step, layout)
     }
 
     fn attend(
@@ -205,6 +192,10 @@ impl AttentionBackend for Flash {
         step: &StepMetadata,
         p: &AttentionParams,
     ) -> Result<Tensor> {
-        self.0.backend.flash_attention(q, k, v, &step.attention, p)
+        let b = &self.shared.backend;
+        match self.op {
+            Op::Paged => b.paged_attention(q, k, v, &step.attention, p),
+            Op::Flash => b.flash_attention(q, k, v, &step.attention, p),
+        }
     }
 }
