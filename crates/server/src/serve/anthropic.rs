@@ -23,7 +23,7 @@ use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::choice_output::{ChoiceOutput, Piece, merge_calls};
+use super::choice_output::{Answer, ChoiceOutput};
 use super::error::ApiError;
 use super::state::AppState;
 use super::stream::{Finish, Generation};
@@ -127,7 +127,7 @@ async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiE
         streams.push(state.engine().submit(request)?);
     }
     let mut generation = Generation::new(streams, prompt_tokens, state.tokenizer(), &valid.text);
-    let answer = Answer { output: ChoiceOutput::new(&valid.text.output), piece: Piece::default(), finish: None };
+    let answer = Answer::new(ChoiceOutput::new(&valid.text.output));
     let meta = Meta {
         id: format!("msg_{:016x}{:016x}", random_seed(), random_seed()),
         model: state.config().model_name.clone(),
@@ -280,29 +280,10 @@ fn rename_fields(mut e: ApiError) -> ApiError {
     e
 }
 
-/// One answer being collected.
-struct Answer {
-    output: ChoiceOutput,
-    piece: Piece,
-    finish: Option<Finish>,
-}
-
 impl Answer {
-    fn push(&mut self, text: &str, finish: Option<Finish>) -> Piece {
-        let mut piece = self.output.push(text);
-        if finish.is_some() {
-            piece.append(self.output.finish());
-            self.finish = finish;
-        }
-        let released =
-            Piece { reasoning: piece.reasoning.clone(), content: piece.content.clone(), calls: piece.calls.clone() };
-        self.piece.append(piece);
-        released
-    }
-
     fn tool_blocks(&self) -> Vec<Value> {
         let input = |args: &str| serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({}));
-        merge_calls(self.piece.calls.clone())
+        self.calls()
             .into_iter()
             .map(|c| {
                 json!({"type": "tool_use", "id": c.id.replacen("call_", "toolu_", 1), "name": c.function.name,

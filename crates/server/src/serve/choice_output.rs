@@ -24,7 +24,7 @@ impl Default for OutputOptions {
 }
 
 /// What a choice releases at once.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Piece {
     /// Reasoning text.
     pub reasoning: String,
@@ -86,6 +86,41 @@ impl ChoiceOutput {
     pub fn finish_reason(&self, finish: Finish) -> &'static str {
         let chose = !matches!(self.tools.mode(), ToolMode::Named(_));
         if self.tools.called() && finish == Finish::Stop && chose { "tool_calls" } else { finish.as_str() }
+    }
+}
+
+/// One choice collected whole, for the wire formats that also answer in items or blocks
+/// once it ends (the Responses API, Anthropic Messages): every piece so far, and how it
+/// ended.
+#[derive(Debug)]
+pub struct Answer {
+    pub output: ChoiceOutput,
+    /// Everything released so far.
+    pub piece: Piece,
+    pub finish: Option<Finish>,
+}
+
+impl Answer {
+    /// An empty answer split by `output`.
+    pub fn new(output: ChoiceOutput) -> Self {
+        Self { output, piece: Piece::default(), finish: None }
+    }
+
+    /// Takes a delta's text (and, on the last delta, how the choice ended); returns what it
+    /// released, which is also kept.
+    pub fn push(&mut self, text: &str, finish: Option<Finish>) -> Piece {
+        let mut piece = self.output.push(text);
+        if finish.is_some() {
+            piece.append(self.output.finish());
+            self.finish = finish;
+        }
+        self.piece.append(piece.clone());
+        piece
+    }
+
+    /// The whole tool calls released so far.
+    pub fn calls(&self) -> Vec<ToolCallOut> {
+        merge_calls(self.piece.calls.clone())
     }
 }
 

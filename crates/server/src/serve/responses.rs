@@ -25,7 +25,7 @@ use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::choice_output::{ChoiceOutput, Piece, merge_calls};
+use super::choice_output::{Answer, ChoiceOutput};
 use super::error::ApiError;
 use super::state::{AppState, unix_now};
 use super::stream::{Finish, Generation};
@@ -301,35 +301,7 @@ fn rename_fields(mut e: ApiError) -> ApiError {
     e
 }
 
-/// One answer being collected.
-struct Answer {
-    output: ChoiceOutput,
-    piece: Piece,
-    finish: Option<Finish>,
-}
-
 impl Answer {
-    fn new(output: ChoiceOutput) -> Self {
-        Self { output, piece: Piece::default(), finish: None }
-    }
-
-    /// Takes a delta's text; returns what it released.
-    fn push(&mut self, text: &str, finish: Option<Finish>) -> Piece {
-        let mut piece = self.output.push(text);
-        if finish.is_some() {
-            piece.append(self.output.finish());
-            self.finish = finish;
-        }
-        let released =
-            Piece { reasoning: piece.reasoning.clone(), content: piece.content.clone(), calls: piece.calls.clone() };
-        self.piece.append(piece);
-        released
-    }
-
-    fn calls(&self) -> Vec<ToolCallOut> {
-        merge_calls(self.piece.calls.clone())
-    }
-
     /// The `output` items: reasoning, the message, then the calls.
     fn items(&self, meta: &Meta) -> Vec<Value> {
         let mut items = Vec::new();
