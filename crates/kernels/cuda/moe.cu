@@ -7,6 +7,9 @@
 // combine sums each token's k expert rows, weighted, in a fixed order (no atomics), so the
 // result is deterministic.
 
+// A slot routed to no expert (see `moe_align`).
+#define MOE_NONE 0xffffffffu
+
 // One block per token; thread 0 does the (small) selection. probs: dynamic shared [e].
 template <typename T>
 __device__ void topk_routing(const T* logits, float* weights, u32* experts, u32 e, u32 k, u32 renormalize) {
@@ -46,13 +49,17 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
     topk_routing(l, w, x, e, k, renorm);
 }
 
-// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order.
+// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order;
+// a slot with no row (MOE_NONE) adds nothing.
 template <typename W>
 __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, bf16_t* out, u32 k, u32 h) {
     const u64 t = blockIdx.x;
     for (u32 c = threadIdx.x; c < h; c += blockDim.x) {
         float acc = 0.0f;
-        for (u32 j = 0; j < k; ++j) acc += load_f(weights, t * k + j) * bf2f(y[(u64)rows[t * k + j] * h + c]);
+        for (u32 j = 0; j < k; ++j) {
+            const u32 row = rows[t * k + j];
+            if (row != MOE_NONE) acc += load_f(weights, t * k + j) * bf2f(y[(u64)row * h + c]);
+        }
         out[t * h + c] = f2bf(acc);
     }
 }
@@ -67,3 +74,191 @@ extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, co
     pdl_enter();
     moe_combine(y, rows, w, out, k, h);
 }
+
+// --- expert grouping and grouped GEMMs on the device (no host synchronisation) ---------
+//
+// `moe_align` sorts the t·k (token, choice) slots by expert into rows; `moe_gemm` then runs
+// every expert's GEMM over its rows in one launch, each block one (row tile, column tile)
+// of one expert. The grid is sized on the host from t, k and e alone (an upper bound on the
+// row tiles), so the launch shapes never depend on the routing and a CUDA graph can hold
+// the whole MLP.
+
+// One block. counts/next: dynamic shared [2 e]. Writes offsets [e + 1] (each expert's first
+// row; the total last), tiles [e + 1] (each expert's first row tile of `bm` rows; the total
+// last), token_of_row [t·k] and row_of_slot [t·k]. Rows of one expert come in no fixed order
+// (shared atomics): each row is computed on its own and the combine reads a token's slots in
+// choice order, so results do not depend on it. A slot whose expert is past `e` gets no row
+// (MOE_NONE), so a bad index never reads outside the weights.
+extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tiles, u32* token_of_row,
+                                     u32* row_of_slot, u32 tk, u32 k, u32 e, u32 bm) {
+    pdl_enter();
+    extern __shared__ u32 moe_counts[];
+    u32* next = moe_counts + e;
+    for (u32 x = threadIdx.x; x < e; x += blockDim.x) moe_counts[x] = 0;
+    __syncthreads();
+    for (u32 s = threadIdx.x; s < tk; s += blockDim.x) {
+        const u32 x = experts[s];
+        if (x < e) atomicAdd(&moe_counts[x], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 rows = 0, nt = 0;
+        for (u32 x = 0; x < e; ++x) {
+            offsets[x] = rows;
+            tiles[x] = nt;
+            next[x] = rows;
+            rows += moe_counts[x];
+            nt += (moe_counts[x] + bm - 1) / bm;
+        }
+        offsets[e] = rows;
+        tiles[e] = nt;
+    }
+    __syncthreads();
+    for (u32 s = threadIdx.x; s < tk; s += blockDim.x) {
+        const u32 x = experts[s];
+        if (x < e) {
+            const u32 row = atomicAdd(&next[x], 1u);
+            token_of_row[row] = s / k;
+            row_of_slot[s] = row;
+        } else {
+            row_of_slot[s] = MOE_NONE;
+        }
+    }
+}
+
+#define MOE_BN 64
+#define MOE_BK 64
+#define MOE_STAGES 3
+#define MOE_THREADS 128
+
+// out[r, :n] = a[src(r), :kd] · w[x]ᵀ for every row r of every expert x, where w [e, n, kd]
+// and src(r) = a_rows[r] (the token of a grouped row) or r itself when a_rows is null.
+// bf16 operands through mma.sync m16n8k16 with f32 accumulation, rounded once to bf16.
+//
+// grid (ceil(n / MOE_BN), row tiles bound), block MOE_THREADS, dynamic shared memory
+// MOE_STAGES (BM + MOE_BN) MOE_BK · 2 bytes. Block y is row tile y of the whole grouping
+// (`tiles`); blocks past the last tile return. The four warps split the BM × MOE_BN tile
+// into BM / 16 row groups and 4 / (BM / 16) column groups. With ALIGNED (kd a multiple of 8),
+// tiles are copied with cp.async through MOE_STAGES buffers; otherwise element by element.
+template <int BM, bool ALIGNED>
+__device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf16_t* out, const u32* offsets,
+                         const u32* tiles, u32 e, u32 n, u32 kd) {
+    constexpr int WM = BM / 16, WN = 4 / WM, NT = MOE_BN / WN / 8;  // n8 tiles per warp
+    constexpr u32 CH = MOE_BK / 8;                                     // 16-byte chunks per row
+    constexpr u32 STAGE = (BM + MOE_BN) * MOE_BK * 2;                  // bytes
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    const u32 base = smem_addr(moe_smem);
+    auto as = [&](u32 st) { return base + st * STAGE; };
+    auto bs = [&](u32 st) { return base + st * STAGE + BM * MOE_BK * 2; };
+
+    const u32 y = blockIdx.y;
+    if (y >= tiles[e]) return;
+    u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (tiles[mid] <= y) lo = mid; else hi = mid;
+    }
+    const u32 x = lo;
+    const u32 r0 = offsets[x] + (y - tiles[x]) * BM;
+    const u32 rows = min((u32)BM, offsets[x + 1] - r0);
+    const u32 n0 = blockIdx.x * MOE_BN;
+    const bf16_t* wx = w + (u64)x * n * kd;
+    const u32 k_tiles = (kd + MOE_BK - 1) / MOE_BK;
+
+    auto load = [&](u32 kt, u32 st) {
+        const u32 k0 = kt * MOE_BK;
+        for (u32 c = threadIdx.x; c < (BM + MOE_BN) * CH; c += MOE_THREADS) {
+            const u32 r = c / CH, ch = c % CH, col = k0 + ch * 8;
+            const bool is_a = r < BM;
+            const u32 rr = is_a ? r : r - BM;
+            const bool valid = (is_a ? rr < rows : n0 + rr < n) && col < kd;
+            const bf16_t* src;
+            if (is_a) {
+                const u32 row = r0 + (valid ? rr : 0);
+                src = a + (u64)(a_rows ? a_rows[row] : row) * kd;
+            } else {
+                src = wx + (u64)(n0 + (valid ? rr : 0)) * kd;
+            }
+            const u32 dst = (is_a ? as(st) : bs(st)) + swz<MOE_BK>(rr, ch);
+            if (ALIGNED) {
+                cp_async16(dst, src + (valid ? col : 0), valid);
+            } else {
+                u32* p = reinterpret_cast<u32*>(moe_smem + (dst - base));
+#pragma unroll
+                for (u32 j = 0; j < 8; j += 2) {
+                    const u32 v0 = valid && col + j < kd ? src[col + j] : 0u;
+                    const u32 v1 = valid && col + j + 1 < kd ? src[col + j + 1] : 0u;
+                    p[j / 2] = v0 | (v1 << 16);
+                }
+            }
+        }
+    };
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 wm = warp % WM, wn = warp / WM;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+#pragma unroll
+    for (u32 st = 0; st < MOE_STAGES - 1; ++st) {
+        if (st < k_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 st = kt % MOE_STAGES;
+        cp_async_wait<MOE_STAGES - 2>();
+        __syncthreads();
+        // Refill the buffer read one tile ago (every warp is past it after the barrier).
+        const u32 next = kt + MOE_STAGES - 1;
+        if (next < k_tiles) load(next, next % MOE_STAGES);
+        cp_async_commit();
+        if (wm * 16 < rows) {
+#pragma unroll
+            for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
+                u32 af[4];
+                ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2],
+                            af[3]);
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    const u32 r = wn * (NT * 8) + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4(bs(st) + swz<MOE_BK>(r, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                    mma_bf16(acc[j], af, b0, b1);
+                    mma_bf16(acc[j + 1], af, b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const u32 g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 r = wm * 16 + g + 8 * i;
+        if (r >= rows) continue;
+        bf16_t* dst = out + (u64)(r0 + r) * n;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
+            if (col + 1 < n && n % 2 == 0) {
+                *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
+            } else {
+                if (col < n) dst[col] = f2bf(acc[j][2 * i]);
+                if (col + 1 < n) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
+            }
+        }
+    }
+}
+
+#define MET_MOE_GEMM(BM, ALIGNED, SUFFIX)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                   \
+        moe_gemm_bf16_m##BM##SUFFIX(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf16_t* out,         \
+                                    const u32* offsets, const u32* tiles, u32 e, u32 n, u32 kd) {             \
+        pdl_enter();                                                                                            \
+        moe_gemm<BM, ALIGNED>(a, a_rows, w, out, offsets, tiles, e, n, kd);                                     \
+    }
+MET_MOE_GEMM(16, true, )
+MET_MOE_GEMM(32, true, )
+MET_MOE_GEMM(64, true, )
+MET_MOE_GEMM(16, false, _unaligned)

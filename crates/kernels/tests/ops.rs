@@ -54,6 +54,7 @@ macro_rules! backend_tests {
                 moe::topk_routing_matches_reference,
                 moe::topk_routing_rejects_bad_k,
                 moe::moe_experts_matches_reference,
+                moe::moe_experts_grouped_tiles_match_reference,
                 moe::moe_experts_rejects_bad_operands,
                 moe::moe_experts_zero_intermediate_does_not_panic,
                 attention::write_kv_places_rows_at_slots,

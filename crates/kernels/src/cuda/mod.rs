@@ -83,6 +83,11 @@ const KERNELS: &[&str] = &[
     "topk_routing_f32",
     "moe_combine_f32",
     "moe_combine_bf16",
+    "moe_align",
+    "moe_gemm_bf16_m16",
+    "moe_gemm_bf16_m32",
+    "moe_gemm_bf16_m64",
+    "moe_gemm_bf16_m16_unaligned",
     "sample_rows",
     "argmax_parts",
     "argmax_merge",
@@ -197,6 +202,12 @@ impl CudaBackend {
         self.dev.upload(&buf, data)?;
         let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
         Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32 }), DType::U32, Shape::new(dims)))
+    }
+
+    /// The host copy of an uploaded `U32` tensor, if it has one (nothing is downloaded).
+    fn host_copy_u32(&self, op: &'static str, t: &Tensor) -> Result<Option<Arc<[u32]>>> {
+        expect_dtype(op, t, &[DType::U32])?;
+        Ok(storage(op, t)?.host_u32.lock().clone())
     }
 
     /// Elements of a `U32` tensor on the host: its host copy, or a download.

@@ -1,14 +1,13 @@
 //! Mixture of experts on the GPU: top-k routing in a kernel, then the expert MLPs as
-//! per-expert GEMMs over the tokens routed to each expert.
+//! grouped GEMMs over the tokens routed to each expert.
 //!
-//! The expert choices are read on the host (a small `[t, k]` download, one synchronisation
-//! per MoE layer) to group the `t · k` (token, expert) pairs by expert with a counting
-//! sort; the grouped rows are gathered into one contiguous batch, each expert with tokens
-//! runs its gate/up GEMM, SiLU·mul and down GEMM on its slice, and a combine kernel sums
-//! each token's k outputs weighted by the router. *Planned:* device-side grouping and one
-//! grouped GEMM, without the synchronisation.
+//! Nothing is read back on the host: `moe_align` groups the `t · k` (token, choice) slots
+//! by expert on the device, one grouped GEMM (`moe_gemm`) runs the gate/up projection of
+//! every expert's rows (reading each row's token of `x` in place), SiLU·mul follows, a
+//! second grouped GEMM the down projection, and a combine kernel sums each token's k
+//! outputs weighted by the router. Launch shapes depend only on `t`, `k` and the weight
+//! shapes, so a CUDA graph can hold MoE layers.
 
-use super::gemm::Gemm;
 use super::{CudaBackend, expect_dtype, launch, ptr};
 use crate::backend::{GpuBackend, Routing};
 use crate::error::{Error, Result, ensure};
@@ -49,51 +48,68 @@ pub(super) fn moe_experts(
         expect_dtype("moe_experts", w, &[DType::BF16])?;
     }
     expect_dtype("moe_experts", &routing.weights, &[DType::F32, DType::BF16])?;
-    let ids = b.host_u32("moe_experts", &routing.experts)?;
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= e) {
+    expect_dtype("moe_experts", &routing.experts, &[DType::U32])?;
+    // Indices uploaded from the host are checked here; indices made on the device (by
+    // `topk_routing`) are in range by construction, and `moe_align` gives any that is not no
+    // row rather than read past the weights, so nothing waits for the device.
+    if let Some(ids) = b.host_copy_u32("moe_experts", &routing.experts)?
+        && let Some(bad) = ids.iter().find(|&&id| id as usize >= e)
+    {
         return Err(Error::InvalidArgument(format!("moe_experts: expert {bad} is past the {e} experts")));
     }
     if t == 0 || h == 0 || i == 0 || k == 0 {
         return b.zeros(&[t, h], DType::BF16);
     }
-    let groups = Groups::new(&ids, e, k);
+    ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let op = "moe_experts";
     let tk = t * k;
-    // [t·k, h]: the rows of x in expert order.
-    let xs = b.gather_rows_by(x, &groups.token_of_row)?;
+    let aligned = h % 8 == 0 && i % 8 == 0;
+    let bm = if aligned { tile_rows(tk, e) } else { 16 };
+    let max_tiles = tk.div_ceil(bm) + e.min(tk);
+    ensure(max_tiles <= 65_535, op, || format!("{t} tokens x {k} experts are more rows than one launch covers"))?;
+
+    let grouping = Grouping {
+        offsets: b.alloc(&[e + 1], DType::U32)?,
+        tiles: b.alloc(&[e + 1], DType::U32)?,
+        token_of_row: b.alloc(&[tk], DType::U32)?,
+        row_of_slot: b.alloc(&[tk], DType::U32)?,
+        bm,
+        max_tiles,
+        aligned,
+        e,
+    };
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: (2 * e * 4) as u32,
+    };
+    launch!(
+        b,
+        "moe_align",
+        cfg,
+        [
+            ptr(op, &routing.experts)?,
+            ptr(op, &grouping.offsets)?,
+            ptr(op, &grouping.tiles)?,
+            ptr(op, &grouping.token_of_row)?,
+            ptr(op, &grouping.row_of_slot)?,
+            tk as u32,
+            k as u32,
+            e as u32,
+            bm as u32,
+        ]
+    )?;
+    // [t·k, 2i]: gate and up of every grouped row, its token's row of x read in place.
     let hidden = b.alloc(&[tk, 2 * i], DType::BF16)?;
-    let (xs_p, hidden_p, gu_p) = (ptr(op, &xs)?, ptr(op, &hidden)?, ptr(op, gate_up)?);
-    for (expert, rows) in groups.ranges() {
-        let g = Gemm {
-            x: xs_p + (rows.start * h * 2) as u64,
-            w: gu_p + (expert * 2 * i * h * 2) as u64,
-            out: hidden_p + (rows.start * 2 * i * 2) as u64,
-            m: rows.len(),
-            n: 2 * i,
-            k: h,
-            accumulate: false,
-        };
-        b.blas.gemm(&b.dev, g)?;
-    }
+    grouping.gemm(b, x, Some(&grouping.token_of_row), gate_up, &hidden, 2 * i, h)?;
     let act = super::ops::silu_mul(b, &hidden)?;
     let y = b.alloc(&[tk, h], DType::BF16)?;
-    let (act_p, y_p, dn_p) = (ptr(op, &act)?, ptr(op, &y)?, ptr(op, down)?);
-    for (expert, rows) in groups.ranges() {
-        let g = Gemm {
-            x: act_p + (rows.start * i * 2) as u64,
-            w: dn_p + (expert * h * i * 2) as u64,
-            out: y_p + (rows.start * h * 2) as u64,
-            m: rows.len(),
-            n: h,
-            k: i,
-            accumulate: false,
-        };
-        b.blas.gemm(&b.dev, g)?;
-    }
-    let row_of_slot = b.upload_u32(&groups.row_of_slot, &[tk])?;
+    grouping.gemm(b, &act, None, down, &y, h, i)?;
+
     let out = b.alloc(&[t, h], DType::BF16)?;
     let cfg = super::per_row(t, h, 256);
-    let args = (y_p, ptr(op, &row_of_slot)?, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
+    let args =
+        (ptr(op, &y)?, ptr(op, &grouping.row_of_slot)?, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
     match routing.weights.dtype() {
         DType::F32 => launch!(b, "moe_combine_f32", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
         _ => launch!(b, "moe_combine_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
@@ -101,62 +117,98 @@ pub(super) fn moe_experts(
     Ok(out)
 }
 
-/// The `t · k` (token, choice) slots grouped by expert with a counting sort.
-struct Groups {
-    /// Start of each expert's rows, plus the total: `[e + 1]`.
-    offsets: Vec<usize>,
+/// The most shared memory `moe_align` may take (two `u32` per expert).
+const MAX_ALIGN_SHARED: usize = 48 << 10;
+
+/// Rows per GEMM tile for `tk` grouped rows over `e` experts: about the rows an expert
+/// has, so that each expert's weights are read by as few row tiles as possible while small
+/// batches do not pay for empty rows.
+fn tile_rows(tk: usize, e: usize) -> usize {
+    match tk / e.min(tk).max(1) {
+        0..=16 => 16,
+        17..=48 => 32,
+        _ => 64,
+    }
+}
+
+/// The `t · k` (token, choice) slots grouped by expert on the device (`moe_align`).
+struct Grouping {
+    /// Start of each expert's rows, then the total: `[e + 1]`.
+    offsets: Tensor,
+    /// Start of each expert's row tiles of `bm` rows, then the total: `[e + 1]`.
+    tiles: Tensor,
     /// Token of each grouped row.
-    token_of_row: Vec<u32>,
+    token_of_row: Tensor,
     /// Grouped row of each slot `token · k + choice`.
-    row_of_slot: Vec<u32>,
+    row_of_slot: Tensor,
+    /// Rows per GEMM tile.
+    bm: usize,
+    /// An upper bound on the row tiles, known on the host: the GEMMs' grid height.
+    max_tiles: usize,
+    /// Whether the GEMMs' inner sizes are multiples of 8 (16-byte rows of bf16).
+    aligned: bool,
+    e: usize,
 }
 
-impl Groups {
-    fn new(ids: &[u32], e: usize, k: usize) -> Self {
-        let mut offsets = vec![0usize; e + 1];
-        for &id in ids {
-            offsets[id as usize + 1] += 1;
-        }
-        for x in 1..=e {
-            offsets[x] += offsets[x - 1];
-        }
-        let mut next = offsets.clone();
-        let (mut token_of_row, mut row_of_slot) = (vec![0u32; ids.len()], vec![0u32; ids.len()]);
-        for (slot, &id) in ids.iter().enumerate() {
-            let row = next[id as usize];
-            next[id as usize] += 1;
-            token_of_row[row] = (slot / k) as u32;
-            row_of_slot[slot] = row as u32;
-        }
-        Self { offsets, token_of_row, row_of_slot }
-    }
-
-    /// Each expert with tokens and its range of grouped rows.
-    fn ranges(&self) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + '_ {
-        self.offsets.windows(2).enumerate().filter(|(_, w)| w[1] > w[0]).map(|(x, w)| (x, w[0]..w[1]))
-    }
-}
-
-impl CudaBackend {
-    /// Rows of `x [m, n]` at host-known indices, uploaded for the gather.
-    fn gather_rows_by(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
-        let idx = self.upload_u32(rows, &[rows.len()])?;
-        super::ops::gather_rows(self, x, &idx)
+impl Grouping {
+    /// `out [rows, n] = a[a_rows[r] or r] · w[expert]ᵀ` for every grouped row, for expert
+    /// weights `w [e, n, kd]`, in one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        b: &CudaBackend,
+        a: &Tensor,
+        a_rows: Option<&Tensor>,
+        w: &Tensor,
+        out: &Tensor,
+        n: usize,
+        kd: usize,
+    ) -> Result<()> {
+        const BN: usize = 64;
+        const BK: usize = 64;
+        const STAGES: usize = 3;
+        let op = "moe_experts";
+        let name = match (self.aligned, self.bm) {
+            (false, _) => "moe_gemm_bf16_m16_unaligned",
+            (true, 16) => "moe_gemm_bf16_m16",
+            (true, 32) => "moe_gemm_bf16_m32",
+            _ => "moe_gemm_bf16_m64",
+        };
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (n.div_ceil(BN) as u32, self.max_tiles as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: (STAGES * (self.bm + BN) * BK * 2) as u32,
+        };
+        let rows = a_rows.map_or(Ok(0), |r| ptr(op, r))?;
+        launch!(
+            b,
+            name,
+            cfg,
+            [
+                ptr(op, a)?,
+                rows,
+                ptr(op, w)?,
+                ptr(op, out)?,
+                ptr(op, &self.offsets)?,
+                ptr(op, &self.tiles)?,
+                self.e as u32,
+                n as u32,
+                kd as u32,
+            ]
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Groups;
+    use super::tile_rows;
 
     #[test]
-    fn groups_sort_slots_by_expert_stably() {
-        // Tokens 0..3 with k = 2: experts (2, 0), (0, 1), (2, 2).
-        let g = Groups::new(&[2, 0, 0, 1, 2, 2], 3, 2);
-        assert_eq!(g.offsets, [0, 2, 3, 6]);
-        assert_eq!(g.token_of_row, [0, 1, 1, 0, 2, 2]);
-        assert_eq!(g.row_of_slot, [3, 0, 1, 2, 4, 5]);
-        let ranges: Vec<_> = g.ranges().collect();
-        assert_eq!(ranges, [(0, 0..2), (1, 2..3), (2, 3..6)]);
+    fn tiles_follow_the_rows_per_expert() {
+        assert_eq!(tile_rows(8, 128), 16, "batch 1, top-8 of 128");
+        assert_eq!(tile_rows(256 * 8, 128), 16, "16 rows per expert");
+        assert_eq!(tile_rows(512 * 8, 128), 32);
+        assert_eq!(tile_rows(8192 * 8, 128), 64);
+        assert_eq!(tile_rows(3, 0), 16, "no experts does not divide by zero");
     }
 }

@@ -87,11 +87,41 @@ fn expert_reference(ex: &Experts, expert: usize, x: &[f32]) -> Vec<f64> {
 /// Routed expert MLPs against a naive loop over each token's chosen experts, with the
 /// routing taken from the backend's own `topk_routing` (downloaded for the reference).
 pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
-    let mut rng = Rng::new(21);
-    let (t, e, h, i, k) = (7, 4, 8, 5, 2);
+    check_moe(b, Case { t: 7, e: 4, h: 8, i: 5, k: 2, seed: 21, starved: None })
+}
+
+/// The same at sizes where a device groups rows into tiles: 1,200 (token, choice) slots
+/// over 8 experts (several row tiles each), one expert that no token picks, inner sizes
+/// that end part-way through a 64-wide tile (h = 128, i = 88 so 2i = 176), and a decode-like
+/// case of one token taking 8 of 16 experts.
+pub fn moe_experts_grouped_tiles_match_reference(b: &dyn GpuBackend) -> Result<()> {
+    check_moe(b, Case { t: 600, e: 8, h: 128, i: 88, k: 2, seed: 22, starved: Some(5) })?;
+    check_moe(b, Case { t: 1, e: 16, h: 128, i: 64, k: 8, seed: 23, starved: None })?;
+    check_moe(b, Case { t: 40, e: 16, h: 64, i: 96, k: 4, seed: 24, starved: None })
+}
+
+/// One `moe_experts` check: sizes, the rng seed, and an expert whose router logit is below
+/// every other's for every token (so no token picks it when `k < e`).
+struct Case {
+    t: usize,
+    e: usize,
+    h: usize,
+    i: usize,
+    k: usize,
+    seed: u64,
+    starved: Option<usize>,
+}
+
+fn check_moe(b: &dyn GpuBackend, c: Case) -> Result<()> {
+    let Case { t, e, h, i, k, seed, starved } = c;
+    let mut rng = Rng::new(seed);
     let ex = Experts { h, i, gate_up: stored(b, rng.vec(e * 2 * i * h)), down: stored(b, rng.vec(e * h * i)) };
     let x = stored(b, rng.vec(t * h));
-    let routing = b.topk_routing(&upload_f32(b, &router_logits(&mut rng, t * e), &[t, e])?, k, true)?;
+    let mut logits = router_logits(&mut rng, t * e);
+    if let Some(s) = starved {
+        logits.chunks_mut(e).for_each(|row| row[s] = -4.0);
+    }
+    let routing = b.topk_routing(&upload_f32(b, &logits, &[t, e])?, k, true)?;
     let out = b.moe_experts(
         &upload_f32(b, &x, &[t, h])?,
         &routing,
@@ -99,6 +129,9 @@ pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
         &upload_f32(b, &ex.down, &[e, h, i])?,
     )?;
     let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
+    if let Some(s) = starved {
+        assert!(!ids.contains(&(s as u32)), "expert {s} was meant to get no tokens");
+    }
     let mut want = vec![0f64; t * h];
     for tok in 0..t {
         for j in 0..k {
@@ -110,7 +143,8 @@ pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     }
     // The gate/up projection, the SiLU, its product with up, and the down projection are
     // each rounded to the float dtype before the weighted sum: four chained roundings.
-    assert_close_within(b, &out, &[t, h], &want, tolerance(b.float_dtype()).chained(4), "moe_experts")
+    let what = format!("moe_experts t={t} e={e} h={h} i={i} k={k}");
+    assert_close_within(b, &out, &[t, h], &want, tolerance(b.float_dtype()).chained(4), &what)
 }
 
 /// An expert index past `e`, routing for the wrong number of tokens, and expert weights of
