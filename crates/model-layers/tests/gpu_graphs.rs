@@ -105,11 +105,9 @@ fn contexts_past_the_graphs_run_eagerly() {
     assert!(replays < NEW_TOKENS as u64 - 1, "every step replayed, though contexts passed the tables");
 }
 
+/// MoE layers group their rows on the device, so their decode steps replay too, padded
+/// batches included.
 #[test]
-fn moe_models_skip_graphs() {
-    let backend: Arc<dyn GpuBackend> = Arc::new(CudaBackend::new().expect("these tests need a CUDA GPU"));
-    let (model, _) = load("qwen3_moe", &backend);
-    let kv = cache(&*model, &*backend);
-    let capture = model.capture_graphs(&kv, &GraphSettings::up_to(8)).unwrap();
-    assert!(matches!(capture, GraphCapture::Skipped(_)), "{capture}");
+fn moe_graphs_equal_eager() {
+    assert_eq!(check("qwen3_moe", &[14, 50, 3], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
 }

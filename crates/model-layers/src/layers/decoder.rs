@@ -137,8 +137,6 @@ pub struct DecoderModel {
     vocab_size: usize,
     kv_layout: KvLayout,
     max_context: usize,
-    /// Whether a layer routes experts (whose host-side grouping rules out graphs).
-    has_moe: bool,
     /// Decode steps recorded as graphs, once captured.
     graphs: OnceLock<DecodeGraphs>,
 }
@@ -168,7 +166,6 @@ impl DecoderModel {
         attention: Arc<dyn AttentionBackend>,
     ) -> Result<Self> {
         let b = &*backend;
-        let has_moe = cfg.moe.is_some() && (0..cfg.num_layers).any(|i| is_moe(cfg, i));
         let mut ropes = RotaryTables::default();
         let (pre_mlp, branch) = norm_names(cfg.norm_placement);
         let layers = (0..cfg.num_layers)
@@ -209,7 +206,6 @@ impl DecoderModel {
                 dtype: backend.float_dtype(),
             },
             max_context: cfg.max_position_embeddings,
-            has_moe,
             graphs: OnceLock::new(),
             backend,
             attention,
@@ -364,9 +360,6 @@ impl Model for DecoderModel {
     fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
         if !self.backend.supports_graphs() {
             return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
-        }
-        if self.has_moe {
-            return Ok(GraphCapture::Skipped("expert routing is grouped on the host; MoE models run eagerly".into()));
         }
         if kv.layout() != self.kv_layout {
             return Err(ModelError::Batch("graphs need the model's own KV cache layout".into()));
