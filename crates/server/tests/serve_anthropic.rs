@@ -112,3 +112,101 @@ async fn errors_are_anthropic_shaped() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"]["type"], "not_found_error", "{body}");
 }
+
+/// Errors raised before the handler runs (the API key, the body's type, size and JSON, the
+/// method) are Anthropic-shaped on the Anthropic routes, keep their status and headers, and
+/// stay OpenAI-shaped on the OpenAI routes.
+#[tokio::test]
+async fn errors_before_the_handler_are_anthropic_shaped_too() {
+    use axum::body::Body;
+    use axum::http::{Request, header};
+    let server = TestServer::with(Options { api_key: Some("k".into()), max_body_bytes: 1000, ..Options::default() });
+    let body = json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let keyed = |path: &str, content_type: &str, body: String| {
+        Request::post(path)
+            .header(header::AUTHORIZATION, "Bearer k")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let cases = [
+        ("no key", post("/v1/messages", body.clone()), StatusCode::UNAUTHORIZED, "authentication_error"),
+        (
+            "text/plain",
+            keyed("/v1/messages", "text/plain", body.clone()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+        ),
+        (
+            "bad JSON",
+            keyed("/v1/messages", "application/json", "{".into()),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            "too large",
+            keyed("/v1/messages/count_tokens", "application/json", "x".repeat(2000)),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+        ),
+    ];
+    for (what, req, status, kind) in cases {
+        let response = server.send(req).await;
+        assert_eq!(response.status(), status, "{what}");
+        let close = response.headers().get(header::CONNECTION).cloned();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(body["type"], "error", "{what}: {body}");
+        assert_eq!(body["error"]["type"], kind, "{what}: {body}");
+        assert!(!body["error"]["message"].as_str().unwrap().is_empty(), "{what}: {body}");
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            assert_eq!(close.as_ref().map(|v| v.as_bytes()), Some(&b"close"[..]), "{what}: Connection: close kept");
+        }
+    }
+    let get = Request::get("/v1/messages").header(header::AUTHORIZATION, "Bearer k").body(Body::empty()).unwrap();
+    let response = server.send(get).await;
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap()["type"], "error");
+    // The OpenAI routes keep OpenAI's shape.
+    let (status, body) = server.post("/v1/chat/completions", json!({"messages": []})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.get("type").is_none() && body["error"]["type"].is_string(), "{body}");
+}
+
+/// A stop sequence that ends the answer is reported as Anthropic does: `stop_reason`
+/// `stop_sequence` and the string itself, in the message and in the stream's `message_delta`.
+#[tokio::test]
+async fn a_matched_stop_sequence_is_reported() {
+    let server = server();
+    let messages = json!([{"role": "user", "content": "tell me"}]);
+    let (_, whole) =
+        server.post("/v1/messages", json!({"max_tokens": 24, "temperature": 0, "messages": messages})).await;
+    let text = text_of(&whole);
+    let chars: Vec<char> = text.chars().collect();
+    // A two-character piece whose first occurrence is past the start of the answer.
+    let (at, stop) = (1..chars.len().saturating_sub(1))
+        .map(|i| (i, chars[i..i + 2].iter().collect::<String>()))
+        .find(|(i, s)| text.find(s.as_str()) == Some(chars[..*i].iter().map(|c| c.len_utf8()).sum()))
+        .unwrap_or_else(|| panic!("no usable stop sequence in {text:?}"));
+    let prefix: String = chars[..at].iter().collect();
+    let req = json!({"max_tokens": 24, "temperature": 0, "messages": messages, "stop_sequences": ["zzzz-never", stop]});
+    let (status, resp) = server.post("/v1/messages", req.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{resp}");
+    assert_eq!(text_of(&resp), prefix, "the answer ends before the stop sequence");
+    assert_eq!(resp["stop_reason"], "stop_sequence", "{resp}");
+    assert_eq!(resp["stop_sequence"], stop, "{resp}");
+    let mut streamed = req;
+    streamed["stream"] = json!(true);
+    let events: Vec<Value> = Events::new(server.send(post("/v1/messages", streamed.to_string())).await)
+        .all()
+        .await
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let delta = events.iter().find(|e| e["type"] == "message_delta").expect("a message_delta event");
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(delta["delta"]["stop_sequence"], stop, "{delta}");
+    // Without a match the answer ends as before, with no stop sequence.
+    assert_eq!(whole["stop_sequence"], Value::Null, "{whole}");
+}

@@ -15,8 +15,9 @@
 use std::convert::Infallible;
 
 use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
@@ -83,6 +84,26 @@ fn error_response(e: &ApiError) -> Response {
     (e.status, Json(anthropic_error(e))).into_response()
 }
 
+/// Whether `path` is one of the Anthropic routes.
+fn is_anthropic_route(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// A layer over the whole router: errors answered on an Anthropic route before its handler
+/// runs (the API key, the body's type, size and JSON, the method) get Anthropic's error
+/// body, with the status and headers (`Retry-After`, `Connection: close`) they had.
+pub async fn own_error_format(req: Request, next: Next) -> Response {
+    let anthropic = is_anthropic_route(req.uri().path());
+    let mut response = next.run(req).await;
+    if anthropic && let Some(e) = response.extensions_mut().remove::<ApiError>() {
+        let (mut parts, _) = response.into_parts();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let body = Json(anthropic_error(&e)).into_response().into_body();
+        return Response::from_parts(parts, body);
+    }
+    response
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(state): State<AppState>, ApiJson(req): ApiJson<MessagesRequest>) -> Response {
     respond(state, req).await.unwrap_or_else(|e| error_response(&e))
@@ -138,12 +159,12 @@ async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiE
     let mut answer = answer;
     while let Some(delta) = generation.next().await {
         let delta = delta?;
-        answer.push(&delta.text, delta.finish);
+        answer.push(&delta);
     }
     let usage = generation.usage();
     let body = json!({
         "id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
-        "content": answer.blocks(), "stop_reason": answer.stop_reason(), "stop_sequence": null,
+        "content": answer.blocks(), "stop_reason": answer.stop_reason(), "stop_sequence": answer.stop_sequence,
         "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
                   "cache_read_input_tokens": usage.prompt_tokens_details.cached_tokens},
     });
@@ -310,6 +331,8 @@ impl Answer {
             "tool_use"
         } else if self.finish == Some(Finish::Length) {
             "max_tokens"
+        } else if self.stop_sequence.is_some() {
+            "stop_sequence"
         } else {
             "end_turn"
         }
@@ -368,7 +391,7 @@ impl EventStream {
         let mut events = Vec::new();
         match self.generation.next().await {
             Some(Ok(delta)) => {
-                let piece = self.answer.push(&delta.text, delta.finish);
+                let piece = self.answer.push(&delta);
                 if !piece.reasoning.is_empty() {
                     self.switch(Open::Thinking, &mut events);
                     let d = json!({"type": "thinking_delta", "thinking": piece.reasoning});
@@ -429,7 +452,7 @@ impl EventStream {
             self.index += 1;
         }
         let usage = self.generation.usage();
-        let delta = json!({"delta": {"stop_reason": self.answer.stop_reason(), "stop_sequence": null},
+        let delta = json!({"delta": {"stop_reason": self.answer.stop_reason(), "stop_sequence": self.answer.stop_sequence},
                            "usage": {"output_tokens": usage.completion_tokens}});
         events.push(event("message_delta", delta));
         events.push(event("message_stop", json!({})));

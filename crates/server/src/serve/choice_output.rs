@@ -4,7 +4,7 @@
 //! one delta), so both always agree.
 
 use super::reasoning::{ReasoningKind, ReasoningSplit, Split};
-use super::stream::Finish;
+use super::stream::{ChoiceDelta, Finish};
 use super::tool_parser::{ToolMode, ToolStream};
 use super::wire::{FunctionCallOut, ToolCallDelta, ToolCallOut};
 
@@ -98,21 +98,24 @@ pub struct Answer {
     /// Everything released so far.
     pub piece: Piece,
     pub finish: Option<Finish>,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 impl Answer {
     /// An empty answer split by `output`.
     pub fn new(output: ChoiceOutput) -> Self {
-        Self { output, piece: Piece::default(), finish: None }
+        Self { output, piece: Piece::default(), finish: None, stop_sequence: None }
     }
 
     /// Takes a delta's text (and, on the last delta, how the choice ended); returns what it
     /// released, which is also kept.
-    pub fn push(&mut self, text: &str, finish: Option<Finish>) -> Piece {
-        let mut piece = self.output.push(text);
-        if finish.is_some() {
+    pub fn push(&mut self, delta: &ChoiceDelta) -> Piece {
+        let mut piece = self.output.push(&delta.text);
+        if delta.finish.is_some() {
             piece.append(self.output.finish());
-            self.finish = finish;
+            self.finish = delta.finish;
+            self.stop_sequence.clone_from(&delta.stop_sequence);
         }
         self.piece.append(piece.clone());
         piece

@@ -219,6 +219,9 @@ const RETRY_AFTER_SECS: &str = "1";
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
+        // Kept beside the OpenAI-shaped body, so that a route speaking another wire format
+        // can answer the same error in its own (see `anthropic::own_error_format`).
+        response.extensions_mut().insert(self.clone());
         let headers = response.headers_mut();
         match self.status {
             StatusCode::TOO_MANY_REQUESTS => {

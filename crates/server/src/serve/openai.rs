@@ -288,7 +288,7 @@ impl EventStream {
 
     /// A chunk with the delta's text (or logprobs), then one with its finish reason.
     fn delta_chunks(&mut self, delta: ChoiceDelta) -> Vec<Event> {
-        let ChoiceDelta { index, text, logprobs, finish } = delta;
+        let ChoiceDelta { index, text, logprobs, finish, .. } = delta;
         let shape = self.meta.text.logprobs;
         let mut events = Vec::with_capacity(2);
         let has_content = !text.is_empty() || !logprobs.is_empty();

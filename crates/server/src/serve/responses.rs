@@ -151,7 +151,7 @@ async fn respond(state: AppState, req: ResponsesRequest) -> Result<Response, Api
     let mut generation = generation;
     while let Some(delta) = generation.next().await {
         let delta = delta?;
-        answer.push(&delta.text, delta.finish);
+        answer.push(&delta);
     }
     let body = answer.response(&meta, "completed", Some(generation.usage()));
     answer.store(&state, &meta);
@@ -428,7 +428,7 @@ impl EventStream {
         }
         match self.generation.next().await {
             Some(Ok(delta)) => {
-                let piece = self.answer.push(&delta.text, delta.finish);
+                let piece = self.answer.push(&delta);
                 Some(self.text_events(&piece.content))
             }
             Some(Err(e)) => {

@@ -14,7 +14,9 @@
 //!   before anything is read (so hyper sends no `100 Continue`), a body that stalls past the
 //!   read timeout a 408; the handlers get the body already read;
 //! - OpenAI-shaped 404 and 405 answers, and the `met_http_requests_total` count of every
-//!   response by route template and status.
+//!   response by route template and status;
+//! - on the Anthropic routes, every one of these errors in Anthropic's error shape instead
+//!   (`anthropic::own_error_format`).
 //!
 //! The small endpoints (health, models, metrics, tokenize, detokenize) are here too;
 //! tokenize and detokenize take a slot of the concurrency limit like generation does.
@@ -126,6 +128,7 @@ pub fn app_with(state: AppState, options: HttpOptions) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(state.max_body_bytes()))
         .layer(middleware::from_fn_with_state(layers.clone(), cors))
         .layer(middleware::from_fn(check_head))
+        .layer(middleware::from_fn(anthropic::own_error_format))
         .layer(middleware::from_fn_with_state(state.clone(), count_response))
         .with_state(state)
 }

@@ -62,6 +62,8 @@ pub struct ChoiceDelta {
     pub logprobs: Vec<TokenLogprob>,
     /// Set on the choice's last delta.
     pub finish: Option<Finish>,
+    /// The stop string that ended the choice, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// One choice's decoding state.
@@ -184,7 +186,8 @@ impl Generation {
         if self.choices[index].finished {
             return Ok(None);
         }
-        let mut delta = ChoiceDelta { index, text: String::new(), logprobs: Vec::new(), finish: None };
+        let mut delta =
+            ChoiceDelta { index, text: String::new(), logprobs: Vec::new(), finish: None, stop_sequence: None };
         if let Some(token) = &event.token {
             if self.logprobs != LogprobsShape::Off {
                 let logprob = self.token_logprob(token, self.choices[index].token_chars);
@@ -208,9 +211,12 @@ impl Generation {
             let rest = choice.detokenizer.finish().map_err(text_error)?;
             choice.held.push_str(&rest);
         }
-        if let Some(at) = self.stop.iter().filter_map(|s| choice.held.find(s.as_str())).min() {
+        // The earliest match; of two at one place, the one listed first.
+        let matched = self.stop.iter().filter_map(|s| Some((choice.held.find(s.as_str())?, s))).min_by_key(|m| m.0);
+        if let Some((at, stop)) = matched {
             choice.held.truncate(at);
             delta.finish = Some(Finish::Stop);
+            delta.stop_sequence = Some(stop.clone());
         } else {
             delta.finish = engine_finish;
         }

@@ -550,6 +550,24 @@ class TestAnthropicMessages(unittest.TestCase):
             self.client.messages.create(model=MODEL, max_tokens=0, messages=self.QUESTION)
         self.assertEqual(caught.exception.body["error"]["type"], "invalid_request_error")
         self.assertIn("max_tokens", caught.exception.body["error"]["message"])
+        # Refused before the handler runs: still Anthropic's shape, which the client reads.
+        wrong_key = anthropic.Anthropic(base_url=BASE_URL, api_key="not-the-key", max_retries=0, timeout=TIMEOUT)
+        with self.assertRaises(anthropic.AuthenticationError) as caught:
+            wrong_key.messages.create(model=MODEL, max_tokens=4, messages=self.QUESTION)
+        wrong_key.close()
+        self.assertEqual(caught.exception.body["error"]["type"], "authentication_error")
+
+    def test_a_matched_stop_sequence_is_reported(self):
+        text = self.client.messages.create(model=MODEL, max_tokens=24, messages=self.QUESTION, extra_body=GREEDY).content[0].text
+        words = text.split()
+        self.assertGreater(len(words), 2, text)
+        stop = " " + words[2]
+        cut = text[: text.find(stop)]
+        msg = self.client.messages.create(
+            model=MODEL, max_tokens=24, messages=self.QUESTION, stop_sequences=[stop], extra_body=GREEDY
+        )
+        self.assertEqual((msg.stop_reason, msg.stop_sequence), ("stop_sequence", stop))
+        self.assertEqual(msg.content[0].text, cut)
 
 
 if __name__ == "__main__":
