@@ -1,20 +1,32 @@
-//! A tiny broadcast pool whose workers spin briefly between jobs.
+//! A tiny pool whose workers spin briefly between jobs and share each job's chunks.
 //!
 //! A decode step runs a few hundred matrix-vector products of a few dozen microseconds
 //! each. Rayon parks idle workers on a futex, and waking them for every product cost a
-//! quarter of the step in system calls. Here each job is broadcast to every worker (the
-//! caller takes part 0), and a worker that finishes keeps polling for the next job for
-//! [`SPIN`] before it parks, so back-to-back jobs never touch the kernel.
+//! quarter of the step in system calls. Here a worker that finishes keeps polling for the
+//! next job for [`SPIN`] before it parks, so back-to-back jobs never touch the kernel.
 //!
-//! Invariant: `run` returns only after every worker finished the job, so the job closure
-//! (borrowed from the caller's stack) is never used after `run` returns.
+//! A job is a number of chunks that the caller and the workers claim one at a time from a
+//! shared counter. Nobody owns a fixed share, so a worker that the OS has descheduled
+//! (another process, or the server's own threads, wanting the core) delays nothing: the
+//! others take its chunks, and the caller waits only for chunks already being run. Waiting
+//! threads yield the core after a short spin, so a descheduled thread gets it back.
+//!
+//! Invariant: `run` returns only after every chunk ran and no worker is inside the job, so
+//! the job closure (borrowed from the caller's stack) is never used after `run` returns.
+//! A worker enters a job by counting itself `active` and then checking that the job is
+//! still `open`; the caller closes it and then waits for `active` to reach zero. Both sides
+//! use sequentially consistent operations, so either the worker sees the job closed and
+//! leaves it untouched, or the caller sees the worker and waits for it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long an idle worker polls before parking.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// Polls between yields of a waiting thread.
+const POLLS_PER_YIELD: u32 = 1 << 10;
 
 type Job<'a> = &'a (dyn Fn(usize) + Sync);
 
@@ -23,15 +35,49 @@ struct Shared {
     epoch: AtomicU64,
     /// The current job: a `*const Job<'_>` that lives on the caller's stack during `run`.
     job: AtomicUsize,
-    /// Workers still running the current job.
-    pending: AtomicUsize,
+    /// Whether workers may enter the current job.
+    open: AtomicBool,
+    /// Workers inside the current job.
+    active: AtomicUsize,
+    /// Chunks of the current job, the next one to claim, and those finished.
+    chunks: AtomicUsize,
+    next: AtomicUsize,
+    done: AtomicUsize,
     /// Workers parked (or about to park) on `wake`.
     sleeping: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
 
-/// The pool: `parts()` participants, the caller included.
+impl Shared {
+    /// Claims and runs chunks of `job` until none is left.
+    fn take_chunks(&self, job: Job<'_>) {
+        let chunks = self.chunks.load(Ordering::SeqCst);
+        loop {
+            let chunk = self.next.fetch_add(1, Ordering::SeqCst);
+            if chunk >= chunks {
+                return;
+            }
+            job(chunk);
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Spins on `busy` with a CPU hint, yielding the core every [`POLLS_PER_YIELD`] polls.
+fn wait_while(busy: impl Fn() -> bool) {
+    let mut polls = 0u32;
+    while busy() {
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(POLLS_PER_YIELD) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The pool: `parts()` threads, the caller included.
 pub(crate) struct SpinPool {
     shared: Arc<Shared>,
     workers: usize,
@@ -50,7 +96,11 @@ impl SpinPool {
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
             job: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            open: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            chunks: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -59,39 +109,43 @@ impl SpinPool {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("met-spin-{}", i + 1))
-                .spawn(move || work(&shared, i + 1))
+                .spawn(move || work(&shared))
                 .expect("spawning a pool worker");
         }
         Self { shared, workers, running: Mutex::new(()) }
     }
 
-    /// Participants in every job.
+    /// Threads that take part in a job, the caller included.
     pub(crate) fn parts(&self) -> usize {
         self.workers + 1
     }
 
-    /// Runs `f(part)` for every part `0..parts()` concurrently; the caller runs part 0.
-    pub(crate) fn run(&self, f: Job<'_>) {
-        if self.workers == 0 {
-            return f(0);
+    /// Runs `f(chunk)` once for every chunk `0..chunks`, spread over the caller and the
+    /// workers as each becomes free.
+    pub(crate) fn run(&self, chunks: usize, f: Job<'_>) {
+        if self.workers == 0 || chunks <= 1 {
+            return (0..chunks).for_each(f);
         }
         let _one_job = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        s.pending.store(self.workers, Ordering::SeqCst);
+        s.chunks.store(chunks, Ordering::SeqCst);
+        s.next.store(0, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
         s.job.store(std::ptr::from_ref(&f) as usize, Ordering::SeqCst);
+        s.open.store(true, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        f(0);
-        while s.pending.load(Ordering::Acquire) > 0 {
-            std::hint::spin_loop();
-        }
+        s.take_chunks(f);
+        wait_while(|| s.done.load(Ordering::Acquire) < chunks);
+        s.open.store(false, Ordering::SeqCst);
+        wait_while(|| s.active.load(Ordering::SeqCst) > 0);
     }
 }
 
-fn work(s: &Shared, part: usize) {
+fn work(s: &Shared) {
     let mut seen = 0;
     loop {
         let start = Instant::now();
@@ -99,8 +153,12 @@ fn work(s: &Shared, part: usize) {
         let mut polls = 0u32;
         // Reading the clock costs more than a poll: look at it every 256 polls.
         while epoch == seen && (!polls.is_multiple_of(256) || start.elapsed() < SPIN) {
-            std::hint::spin_loop();
             polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(POLLS_PER_YIELD) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             epoch = s.epoch.load(Ordering::Acquire);
         }
         if epoch == seen {
@@ -114,12 +172,15 @@ fn work(s: &Shared, part: usize) {
             epoch = s.epoch.load(Ordering::Acquire);
         }
         seen = epoch;
-        // SAFETY: `run` stored a pointer to a `Job` on its stack before publishing the
-        // epoch, and does not return (so the job stays alive) until `pending` reaches 0,
-        // which happens only after this call finishes.
-        let job = unsafe { *(s.job.load(Ordering::SeqCst) as *const Job<'_>) };
-        job(part);
-        s.pending.fetch_sub(1, Ordering::Release);
+        s.active.fetch_add(1, Ordering::SeqCst);
+        if s.open.load(Ordering::SeqCst) {
+            // SAFETY: the job is open and this worker is counted active, so `run` has
+            // stored a pointer to a `Job` on its stack and will not return (the job stays
+            // alive) until `active` is back to 0 (see the module's invariant).
+            let job = unsafe { *(s.job.load(Ordering::SeqCst) as *const Job<'_>) };
+            s.take_chunks(job);
+        }
+        s.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -130,18 +191,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_part_runs_once_per_job_across_many_jobs() {
+    fn every_chunk_runs_once_per_job_across_many_jobs() {
         let pool = SpinPool::new(3);
-        let counts: Vec<AtomicU32> = (0..pool.parts()).map(|_| AtomicU32::new(0)).collect();
+        let counts: Vec<AtomicU32> = (0..13).map(|_| AtomicU32::new(0)).collect();
         for round in 0..2000 {
             if round % 500 == 0 {
                 // Let the workers park, so waking them is exercised too.
                 std::thread::sleep(SPIN * 3);
             }
-            pool.run(&|part| {
-                counts[part].fetch_add(1, Ordering::Relaxed);
+            let chunks = 1 + round % counts.len();
+            pool.run(chunks, &|chunk| {
+                counts[chunk].fetch_add(1, Ordering::Relaxed);
             });
         }
-        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 2000));
+        for (chunk, c) in counts.iter().enumerate() {
+            let want = (0..2000).filter(|round| 1 + round % 13 > chunk).count() as u32;
+            assert_eq!(c.load(Ordering::Relaxed), want, "chunk {chunk}");
+        }
+    }
+
+    /// A worker that stalls inside a chunk leaves every other chunk to the caller and the
+    /// other worker: it runs that one chunk only (a fixed share would be a third of them).
+    #[test]
+    fn a_stalled_thread_leaves_its_chunks_to_the_others() {
+        let pool = SpinPool::new(2);
+        let chunks = 64;
+        let stalled: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+        let by_stalled = AtomicU32::new(0);
+        let ran: Vec<AtomicU32> = (0..chunks).map(|_| AtomicU32::new(0)).collect();
+        pool.run(chunks, &|chunk| {
+            let me = std::thread::current();
+            let first = {
+                let mut s = stalled.lock().unwrap();
+                if s.is_none() && me.name().is_some_and(|n| n.starts_with("met-spin")) {
+                    *s = Some(me.id());
+                    true
+                } else {
+                    false
+                }
+            };
+            if *stalled.lock().unwrap() == Some(me.id()) {
+                by_stalled.fetch_add(1, Ordering::SeqCst);
+            }
+            // Every chunk takes a while, so the workers join in; the first worker's first
+            // chunk takes far longer than all the others together.
+            std::thread::sleep(Duration::from_millis(if first { 300 } else { 1 }));
+            ran[chunk].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(ran.iter().all(|c| c.load(Ordering::Relaxed) == 1), "every chunk ran once");
+        assert_eq!(by_stalled.load(Ordering::SeqCst), 1, "the stalled worker's chunks went to the others");
     }
 }

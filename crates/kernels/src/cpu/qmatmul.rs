@@ -137,28 +137,36 @@ fn assemble(parts: Vec<(Range<usize>, Vec<f32>)>, m: usize, n: usize) -> Vec<f32
     out
 }
 
-/// One run of rows per participant of the spinning pool: a decode step runs hundreds of
-/// these products back to back, too short to pay for waking parked threads.
+/// Runs of output rows per pool thread in a fused product: enough that a thread which
+/// stalls leaves most of its share to the others, few enough that claiming stays cheap.
+const RUNS_PER_THREAD: usize = 4;
+
+/// The fewest output rows in one run.
+const MIN_RUN: usize = 64;
+
+/// Runs of rows shared out by the spinning pool, a few per thread: a decode step runs
+/// hundreds of these products back to back, too short to pay for waking parked threads,
+/// and a thread that loses its core for a while leaves its runs to the others.
 fn fused(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
     let (k, n) = (w.k(), w.n());
     let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
     let pool = SpinPool::global();
-    let per = n.div_ceil(pool.parts()).max(1);
-    let slots: Vec<Mutex<Vec<f32>>> = (0..pool.parts()).map(|_| Mutex::new(Vec::new())).collect();
-    pool.run(&|part| {
-        let run = (part * per).min(n)..((part + 1) * per).min(n);
+    let chunks = (pool.parts() * RUNS_PER_THREAD).min(n.div_ceil(MIN_RUN)).max(1);
+    let per = n.div_ceil(chunks).max(1);
+    let run_of = |chunk: usize| (chunk * per).min(n)..((chunk + 1) * per).min(n);
+    let slots: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(Vec::new())).collect();
+    pool.run(chunks, &|chunk| {
+        let run = run_of(chunk);
         let mut out = vec![0f32; m * run.len()];
         if !run.is_empty() {
             w.dot_rows_many(x, &sums, run.clone(), &mut out);
         }
-        *slots[part].lock().unwrap_or_else(|e| e.into_inner()) = out;
+        *slots[chunk].lock().unwrap_or_else(|e| e.into_inner()) = out;
     });
     let parts: Vec<(Range<usize>, Vec<f32>)> = slots
         .into_iter()
         .enumerate()
-        .map(|(part, slot)| {
-            ((part * per).min(n)..((part + 1) * per).min(n), slot.into_inner().unwrap_or_else(|e| e.into_inner()))
-        })
+        .map(|(chunk, slot)| (run_of(chunk), slot.into_inner().unwrap_or_else(|e| e.into_inner())))
         .collect();
     if m == 1 {
         return parts.into_iter().flat_map(|(_, p)| p).collect();
