@@ -139,7 +139,7 @@ fn assemble(parts: Vec<(Range<usize>, Vec<f32>)>, m: usize, n: usize) -> Vec<f32
 
 /// Runs of output rows per pool thread in a fused product: enough that a thread which
 /// stalls leaves most of its share to the others, few enough that claiming stays cheap.
-const RUNS_PER_THREAD: usize = 4;
+const RUNS_PER_THREAD: usize = 2;
 
 /// The fewest output rows in one run.
 const MIN_RUN: usize = 64;
