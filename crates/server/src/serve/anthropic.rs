@@ -115,18 +115,24 @@ pub async fn count_tokens(State(state): State<AppState>, ApiJson(mut req): ApiJs
     req.stream = None;
     let counted = async {
         state.check_model(req.model.as_deref())?;
-        let parsed = validate::parse(chat_request(req)?, Endpoint::Chat, &state).map_err(rename_fields)?;
-        let worker = state.clone();
-        let valid = tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
-            .map_err(rename_fields)?;
+        let valid = validated(&state, req).await?;
         Ok::<_, ApiError>(valid.requests.iter().map(|r| r.prompt().len()).sum::<usize>())
     };
     match counted.await {
         Ok(n) => Json(json!({"input_tokens": n})).into_response(),
         Err(e) => error_response(&e),
     }
+}
+
+/// `req` checked as a chat request and its prompt tokenized (off the async threads), with
+/// field names as Anthropic spells them in any error.
+async fn validated(state: &AppState, req: MessagesRequest) -> Result<validate::Validated, ApiError> {
+    let parsed = validate::parse(chat_request(req)?, Endpoint::Chat, state).map_err(rename_fields)?;
+    let worker = state.clone();
+    tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
+        .map_err(rename_fields)
 }
 
 async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiError> {
@@ -136,12 +142,7 @@ async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiE
         return Err(ApiError::invalid("max_tokens", "max_tokens: is required"));
     }
     let stream = req.stream.unwrap_or(false);
-    let parsed = validate::parse(chat_request(req)?, Endpoint::Chat, &state).map_err(rename_fields)?;
-    let worker = state.clone();
-    let valid = tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
-        .map_err(rename_fields)?;
+    let valid = validated(&state, req).await?;
     let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
