@@ -123,6 +123,17 @@ struct AttnArgs {
     u32 split_min;  // decode kernel only
 };
 
+// The pool slot of key j of a sequence with block table `table`: shifts when the block size
+// is a power of two (met's default is 16), else a division, which costs a score of
+// instructions per key in the tiled kernels' copy loops.
+__device__ __forceinline__ u64 kv_slot(const u32* table, u32 j, u32 bs) {
+    if ((bs & (bs - 1)) == 0) {
+        const u32 sh = __ffs(bs) - 1;
+        return ((u64)table[j >> sh] << sh) | (j & (bs - 1));
+    }
+    return (u64)table[j / bs] * bs + j % bs;
+}
+
 // The sequence owning query row i: the last s with cu[s] <= i.
 __device__ u32 seq_of_row(const u32* cu, u32 num_seqs, u32 i) {
     u32 lo = 0, hi = num_seqs;  // invariant: cu[lo] <= i < cu[hi]
@@ -165,7 +176,7 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
     const u32 last_key = pos;
 #endif
     for (u32 j = first + warp; j <= last_key; j += ATTN_WARPS) {
-        const u64 slot = (u64)table[j / a.block_size] * a.block_size + j % a.block_size;
+        const u64 slot = kv_slot(table, j, a.block_size);
         const u64 at = (slot * a.h_kv + kv_head) * a.d;
         float dot = 0.0f;
 #pragma unroll
@@ -360,7 +371,7 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
         auto fetch = [&](u32 j0, uint4& kv, uint4& vv) {
             const u32 j = j0 + sub;
             const u32 jj = j < end ? j : begin;
-            const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
+            const u64 slot = kv_slot(table, jj, a.block_size);
             const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
             kv = *reinterpret_cast<const uint4*>(kc + at);
             vv = *reinterpret_cast<const uint4*>(vc + at);

@@ -67,8 +67,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// Two f32 -> one register of two bf16 (lo in the low half), round to nearest even.
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+// Two f32 -> one register of two bf16 (lo in the low half), round to nearest even: one
+// instruction, equal to two `f2bf` but for a NaN's payload.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 // Byte offset of chunk `c` (16 bytes) of row `r` in a tile of rows of D bf16.
 template <int D>
@@ -91,9 +96,12 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
     const u32 kvh = blockIdx.y, G = a.h / a.h_kv;
 
     // Without `tiles` every sequence is one tile (a decode step of G <= FL_BM rows each).
-    const u32 s = tiles ? seq_of_row(tiles, a.num_seqs, blockIdx.x) : blockIdx.x;
+    // Blocks run in reverse: a sequence's last tiles see the most keys, and starting them
+    // first keeps the GPU from ending on a few long blocks.
+    const u32 bx = gridDim.x - 1 - blockIdx.x;
+    const u32 s = tiles ? seq_of_row(tiles, a.num_seqs, bx) : bx;
     const u32 q_len = cu_q[s + 1] - cu_q[s], ctx = seq_lens[s];
-    const u32 p0 = tiles ? (blockIdx.x - tiles[s]) * FL_BM : 0;  // first packed row of the tile
+    const u32 p0 = tiles ? (bx - tiles[s]) * FL_BM : 0;  // first packed row of the tile
     if (p0 >= q_len * G) return;                       // (the host sizes the grid exactly)
     const u32 rows = min((u32)FL_BM, q_len * G - p0);
     const u32 base = ctx - q_len;  // position of query index 0
@@ -119,7 +127,7 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
             const u32 j = kt * FL_BN + r;
             const bool valid = j <= pos_last;
             const u32 jj = valid ? j : pos_last;
-            const u64 slot = (u64)table[jj / a.block_size] * a.block_size + jj % a.block_size;
+            const u64 slot = kv_slot(table, jj, a.block_size);
             const u64 at = (slot * a.h_kv + kvh) * D + ch * 8;
             cp_async16(ks(buf) + swz<D>(r, ch), kc + at, valid);
             cp_async16(vs(buf) + swz<D>(r, ch), vc + at, valid);
@@ -143,7 +151,7 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-MET_INF, -MET_INF}, l[2] = {0.0f, 0.0f};
-    const float log2e = 1.4426950408889634f;
+    const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
 
     for (u32 kt = kt_begin; kt < kt_end; ++kt) {
         const u32 buf = (kt - kt_begin) & 1;
@@ -185,15 +193,15 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
                 for (int e = 0; e < 4; ++e) {
                     const int i = e >> 1;
                     const u32 j = kt * FL_BN + n * 8 + 2 * tq + (e & 1);
-                    float x = sc[n][e] * a.scale;
-                    if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+                    float x = sc[n][e] * scale2;
+                    if (a.softcap > 0.0f) x = a.softcap * tanhf(sc[n][e] * a.scale / a.softcap) * log2e;
                     bool seen = !edge || (j <= pos_r[i] && j >= first_r[i]);
 #ifdef MET_FAULT_DROP_LAST_KV_BLOCK
                     // The precision gate's deliberate bug (see `paged_attention_bf16`).
                     const u32 last_start = (ctx - 1) / a.block_size * a.block_size;
                     if (last_start > first_r[i] && j >= last_start && j <= pos_r[i]) seen = false;
 #endif
-                    x = seen ? x * log2e : -MET_INF;
+                    x = seen ? x : -MET_INF;
                     sc[n][e] = x;
                     tile_max[i] = fmaxf(tile_max[i], x);
                 }
@@ -225,12 +233,16 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
                 pf[n / 2][(n & 1) * 2] = lo2;
                 pf[n / 2][(n & 1) * 2 + 1] = hi2;
             }
+            // Once the row maxima settle, most tiles move none of the warp's: skip the
+            // multiplications by 1.
+            if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] *= corr[0];
-                o[n][1] *= corr[0];
-                o[n][2] *= corr[1];
-                o[n][3] *= corr[1];
+                for (int n = 0; n < D / 8; ++n) {
+                    o[n][0] *= corr[0];
+                    o[n][1] *= corr[0];
+                    o[n][2] *= corr[1];
+                    o[n][3] *= corr[1];
+                }
             }
             // O += P V: P's accumulator layout is the A operand's, two key tiles at a time.
 #pragma unroll
