@@ -71,9 +71,9 @@ def by_step(items):
     kinds = defaultdict(list)
     for step in steps:
         names = [name for name, _, _ in step]
-        if any(n.startswith("decode_attention") for n in names):
+        if any(n.startswith(("decode_attention", "flash_decode")) for n in names):
             kinds["decode"].append(step)
-        elif any("attention" in n for n in names):
+        elif any("attention" in n or n.startswith("flash_prefill") for n in names):
             kinds["prefill"].append(step)
     for kind in ("prefill", "decode"):
         if kinds[kind]:

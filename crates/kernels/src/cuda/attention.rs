@@ -6,9 +6,10 @@
 //! FlashAttention's. Two ops share them:
 //! - `paged_attention`, the reference: one scalar block per (query row, head), f32 throughout
 //!   (`cuda/attention.cu`);
-//! - `flash_attention`, the `flash` backend: the split-KV decode kernel for decode steps of
-//!   up to 8 sequences (`attention.cu`), tensor-core tiles for everything else
-//!   (`cuda/flash.cu`), the reference for head dims the tiles do not take.
+//! - `flash_attention`, the `flash` backend: tensor-core kernels for head dims 64 and 128,
+//!   split-KV decode (`cuda/flash_decode.cu`) for decode steps and tiles for everything else
+//!   (`cuda/flash.cu`); the scalar split-KV decode kernel (`attention.cu`) for other head
+//!   dims' decode steps, and the reference for the rest.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -252,9 +253,9 @@ fn reference(
     )
 }
 
-/// The `flash` backend: the split-KV decode kernel for decode steps, tensor-core tiles
-/// (`flash.cu`) for any other batch whose head dim they take (64 or 128), the reference
-/// for the rest.
+/// The `flash` backend: for head dims 64 and 128 the tensor-core kernels, split-KV decode
+/// for decode steps and tiles for any other batch; for other head dims the scalar split-KV
+/// kernel for decode steps and the reference for the rest.
 pub(super) fn flash_attention(
     b: &CudaBackend,
     q: &Tensor,
@@ -270,9 +271,17 @@ pub(super) fn flash_attention(
     }
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
     let decode_step = decode_applies(&call.cu, h, hkv, d);
-    if decode_step && (call.lens.len() <= SPLIT_DECODE_MAX_SEQS || prefill_kernel(d).is_none()) {
+    if let (true, Some(kernel)) = (decode_step, flash_decode_kernel(d)) {
+        let args = AttnArgs { split_min: flash_decode_split_min(call.lens.len()), ..call.args };
+        let z = decode_grid_z(&call.lens, args, b.dev.recording_here());
+        let launch = DecodeLaunch { kernel, warps: FD_WARPS, shared: flash_decode_shared_bytes(d), z };
+        decode(b, &call.out, (q, k_cache, v_cache), meta, args, launch)?;
+    } else if decode_step {
         let z = decode_grid_z(&call.lens, call.args, b.dev.recording_here());
-        decode(b, &call.out, (q, k_cache, v_cache), meta, call.args, z)?;
+        let (seqs, bucket) = (call.lens.len(), (h / hkv).next_power_of_two());
+        let launch =
+            DecodeLaunch { kernel: decode_kernel(bucket, seqs), warps: decode_warps(bucket, seqs), shared: 0, z };
+        decode(b, &call.out, (q, k_cache, v_cache), meta, call.args, launch)?;
     } else if let Some(kernel) = prefill_kernel(d) {
         prefill(b, &call, kernel, q, (k_cache, v_cache), meta)?;
     } else {
@@ -280,13 +289,6 @@ pub(super) fn flash_attention(
     }
     Ok(call.out)
 }
-
-/// Decode steps of up to this many sequences take the split-KV kernel (a few sequences need
-/// their contexts split to fill the GPU); larger ones the tiled kernel, which puts a KV
-/// group's query heads into one tensor-core operand and streams keys at several times the
-/// split kernel's rate over long contexts. A CUDA-graph batch size, so a padded replay runs
-/// the kernel of its eager step.
-const SPLIT_DECODE_MAX_SEQS: usize = 8;
 
 /// Packed rows per block of the tiled kernel (`FL_BM`), and its shared memory: the query
 /// tile and two buffers of FL_BN keys and values (`FL_BN` = 64).
@@ -307,16 +309,54 @@ fn prefill_kernel(d: usize) -> Option<&'static str> {
     }
 }
 
-/// Lets the tiled kernels use more than the default 48 KiB of dynamic shared memory.
+/// Warps per block of the tensor-core decode kernel (`FD_WARPS`, 16 keys of a tile each), and
+/// its shared memory: the query tile's 16 rows and a ring of `FD_STAGES` = 3 buffers of
+/// FL_BN keys and values.
+const FD_WARPS: u32 = 4;
+const FD_STAGES: usize = 3;
+
+fn flash_decode_shared_bytes(d: usize) -> u32 {
+    ((16 + 2 * FD_STAGES * FL_BN) * d * 2) as u32
+}
+
+/// The tensor-core decode kernel for head dim `d`, if there is one.
+fn flash_decode_kernel(d: usize) -> Option<&'static str> {
+    match d {
+        64 => Some("flash_decode_bf16_d64"),
+        128 => Some("flash_decode_bf16_d128"),
+        _ => None,
+    }
+}
+
+/// The tensor-core decode kernel's shortest split for a batch of `seqs` sequences. Its
+/// blocks stream whole tiles of 64 keys, each through a pipeline that takes a round trip
+/// to fill, so splits are longer than the scalar kernel's: 64 keys up to 8 sequences (a few
+/// sequences must still spread over the GPU), 512 up to 32, 2,048 beyond, where the batch
+/// fills the GPU by itself and each split's fill and merge are pure cost. The classes end
+/// at CUDA-graph batch sizes, as `decode_split_min`'s do.
+fn flash_decode_split_min(seqs: usize) -> u32 {
+    match seqs {
+        0..=8 => 64,
+        9..=32 => 512,
+        _ => 2048,
+    }
+}
+
+/// Lets the tensor-core kernels use more than the default 48 KiB of dynamic shared memory.
 pub(super) fn raise_shared_memory(
     kernels: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     for d in [64, 128] {
-        let name = prefill_kernel(d).expect("a tiled kernel");
-        let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
-        func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, prefill_shared_bytes(d) as i32)
-            .map_err(|e| Error::Device(format!("{name}: shared memory: {e:?}")))?;
+        let sized = [
+            (prefill_kernel(d).expect("a tiled kernel"), prefill_shared_bytes(d) as u32),
+            (flash_decode_kernel(d).expect("a decode kernel"), flash_decode_shared_bytes(d)),
+        ];
+        for (name, bytes) in sized {
+            let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
+            func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                .map_err(|e| Error::Device(format!("{name}: shared memory: {e:?}")))?;
+        }
     }
     Ok(())
 }
@@ -445,30 +485,37 @@ fn decode_applies(cu: &[u32], h: usize, hkv: usize, d: usize) -> bool {
         && h / hkv <= DEC_MAX_GROUP
 }
 
-/// The decode path: partial softmax sums per split, merged by the last split of each
+/// A decode kernel and its launch shape: warps per block, dynamic shared memory, blocks per
 /// (sequence, KV head).
+struct DecodeLaunch {
+    kernel: &'static str,
+    warps: u32,
+    shared: u32,
+    z: u32,
+}
+
+/// The decode path, either kernel: partial softmax sums per split, merged by the last split
+/// of each (sequence, KV head).
 fn decode(
     b: &CudaBackend,
     out: &Tensor,
     (q, kc, vc): (&Tensor, &Tensor, &Tensor),
     meta: &AttentionMeta,
     args: AttnArgs,
-    z: u32,
+    launch: DecodeLaunch,
 ) -> Result<()> {
     let op = "flash_attention";
     let (seqs, h, hkv, d) = (args.num_seqs as usize, args.h as usize, args.h_kv as usize, args.d as usize);
-    let bucket = (h / hkv).next_power_of_two();
     let part_acc = b.alloc(&[seqs, h, DEC_SPLITS, d], DType::F32)?;
     let part_ml = b.alloc(&[seqs, h, DEC_SPLITS, 2], DType::F32)?;
     let (acc, ml) = (ptr(op, &part_acc)?, ptr(op, &part_ml)?);
     let (lens, tables) = (ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
     let cfg = LaunchConfig {
-        grid_dim: (seqs as u32, hkv as u32, z),
-        block_dim: (32 * decode_warps(bucket, seqs), 1, 1),
-        shared_mem_bytes: 0,
+        grid_dim: (seqs as u32, hkv as u32, launch.z),
+        block_dim: (32 * launch.warps, 1, 1),
+        shared_mem_bytes: launch.shared,
     };
     let ptrs = (ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
     let (out_ptr, counters) = (ptr(op, out)?, b.decode_counters.ptr());
-    let name = decode_kernel(bucket, seqs);
-    launch!(b, name, cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
+    launch!(b, launch.kernel, cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
 }

@@ -72,6 +72,8 @@ const KERNELS: &[&str] = &[
     "paged_attention_bf16",
     "flash_prefill_bf16_d64",
     "flash_prefill_bf16_d128",
+    "flash_decode_bf16_d64",
+    "flash_decode_bf16_d128",
     "decode_attention_bf16_g1_w4",
     "decode_attention_bf16_g2_w4",
     "decode_attention_bf16_g4_w4",
