@@ -10,33 +10,50 @@
 // A slot routed to no expert (see `moe_align`).
 #define MOE_NONE 0xffffffffu
 
-// One block per token; thread 0 does the (small) selection. probs: dynamic shared [e].
+// One warp per token (block of 32). probs: dynamic shared [e]. The lanes share the
+// exponentials and each pick's arg-max; the two sums run on lane 0 in the CPU's order, so
+// both backends round them alike. A pick is the highest probability left, ties to the
+// lower index, as the CPU's sort orders them.
 template <typename T>
 __device__ void topk_routing(const T* logits, float* weights, u32* experts, u32 e, u32 k, u32 renormalize) {
     extern __shared__ float probs[];
     const T* row = logits + (u64)blockIdx.x * e;
-    if (threadIdx.x != 0) return;
+    const u32 lane = threadIdx.x;
     float max = -MET_INF;
-    for (u32 j = 0; j < e; ++j) max = fmaxf(max, load_f(row, j));
+    for (u32 j = lane; j < e; j += 32) max = fmaxf(max, load_f(row, j));
+    for (int o = 16; o > 0; o >>= 1) max = fmaxf(max, __shfl_xor_sync(0xffffffffu, max, o));
+    for (u32 j = lane; j < e; j += 32) probs[j] = expf(load_f(row, j) - max);
+    __syncwarp();
     float total = 0.0f;
-    for (u32 j = 0; j < e; ++j) {
-        probs[j] = expf(load_f(row, j) - max);
-        total += probs[j];
-    }
+    if (lane == 0 && !renormalize)
+        for (u32 j = 0; j < e; ++j) total += probs[j];
     float norm = 0.0f;
     for (u32 c = 0; c < k; ++c) {
+        // This lane's best untaken expert (ascending j keeps the lower index on ties), then
+        // the warp's; taken ones hold -1, below every probability.
+        float best_p = -2.0f;
         u32 best = 0xffffffffu;
-        for (u32 j = 0; j < e; ++j) {
-            if (probs[j] < 0.0f) continue;  // already chosen
-            if (best == 0xffffffffu || probs[j] > probs[best]) best = j;
+        for (u32 j = lane; j < e; j += 32) {
+            const float p = probs[j];
+            if (p > best_p) best_p = p, best = j;
         }
-        norm += probs[best];
-        experts[(u64)blockIdx.x * k + c] = best;
-        weights[(u64)blockIdx.x * k + c] = probs[best];
-        probs[best] = -1.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float p2 = __shfl_xor_sync(0xffffffffu, best_p, o);
+            const u32 j2 = __shfl_xor_sync(0xffffffffu, best, o);
+            if (p2 > best_p || (p2 == best_p && j2 < best)) best_p = p2, best = j2;
+        }
+        if (lane == 0) {
+            norm += best_p;
+            experts[(u64)blockIdx.x * k + c] = best;
+            weights[(u64)blockIdx.x * k + c] = best_p;
+            probs[best] = -1.0f;
+        }
+        __syncwarp();
     }
-    if (!renormalize) norm = total;
-    for (u32 c = 0; c < k; ++c) weights[(u64)blockIdx.x * k + c] /= norm;
+    if (lane == 0) {
+        if (!renormalize) norm = total;
+        for (u32 c = 0; c < k; ++c) weights[(u64)blockIdx.x * k + c] /= norm;
+    }
 }
 
 extern "C" __global__ void topk_routing_bf16(const bf16_t* l, float* w, u32* x, u32 e, u32 k, u32 renorm) {
@@ -50,18 +67,28 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
 }
 
 // out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order;
-// a slot with no row (MOE_NONE) adds nothing.
+// a slot with no row (MOE_NONE) adds nothing. grid (t, ceil(h / blockDim.x)), a column per
+// thread: the k loads of a column are issued eight at a time before they are summed, in
+// choice order, so a decode step waits for one round trip to memory, not k.
 template <typename W>
 __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, bf16_t* out, u32 k, u32 h) {
     const u64 t = blockIdx.x;
-    for (u32 c = threadIdx.x; c < h; c += blockDim.x) {
-        float acc = 0.0f;
-        for (u32 j = 0; j < k; ++j) {
-            const u32 row = rows[t * k + j];
-            if (row != MOE_NONE) acc += load_f(weights, t * k + j) * bf2f(y[(u64)row * h + c]);
+    const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= h) return;
+    float acc = 0.0f;
+    for (u32 j0 = 0; j0 < k; j0 += 8) {
+        float v[8], wt[8];
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) {
+            const u32 row = j0 + j < k ? rows[t * k + j0 + j] : MOE_NONE;
+            v[j] = row != MOE_NONE ? bf2f(y[(u64)row * h + c]) : 0.0f;
+            wt[j] = row != MOE_NONE ? load_f(weights, t * k + j0 + j) : 0.0f;
         }
-        out[t * h + c] = f2bf(acc);
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j)
+            if (j0 + j < k) acc += wt[j] * v[j];
     }
+    out[t * h + c] = f2bf(acc);
 }
 
 extern "C" __global__ void moe_combine_f32(const bf16_t* y, const u32* rows, const float* w, bf16_t* out, u32 k, u32 h) {
@@ -128,7 +155,6 @@ extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tile
 
 #define MOE_BN 64
 #define MOE_BK 64
-#define MOE_STAGES 3
 #define MOE_THREADS 128
 
 // out[r, :n] = a[src(r), :kd] · w[x]ᵀ for every row r of every expert x, where w [e, n, kd]
@@ -136,11 +162,13 @@ extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tile
 // bf16 operands through mma.sync m16n8k16 with f32 accumulation, rounded once to bf16.
 //
 // grid (ceil(n / MOE_BN), row tiles bound), block MOE_THREADS, dynamic shared memory
-// MOE_STAGES (BM + MOE_BN) MOE_BK · 2 bytes. Block y is row tile y of the whole grouping
+// STAGES (BM + MOE_BN) MOE_BK · 2 bytes. Block y is row tile y of the whole grouping
 // (`tiles`); blocks past the last tile return. The four warps split the BM × MOE_BN tile
 // into BM / 16 row groups and 4 / (BM / 16) column groups. With ALIGNED (kd a multiple of 8),
-// tiles are copied with cp.async through MOE_STAGES buffers; otherwise element by element.
-template <int BM, bool ALIGNED>
+// tiles are copied with cp.async through STAGES buffers; otherwise element by element.
+// Where a tile has only a few real rows (small batches), the kernel streams weights: there
+// the host picks a deeper STAGES, so more of them are in flight per SM.
+template <int BM, bool ALIGNED, int STAGES>
 __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf16_t* out, const u32* offsets,
                          const u32* tiles, u32 e, u32 n, u32 kd) {
     constexpr int WM = BM / 16, WN = 4 / WM, NT = MOE_BN / WN / 8;  // n8 tiles per warp
@@ -201,17 +229,17 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
 #pragma unroll
-    for (u32 st = 0; st < MOE_STAGES - 1; ++st) {
+    for (u32 st = 0; st < STAGES - 1; ++st) {
         if (st < k_tiles) load(st, st);
         cp_async_commit();
     }
     for (u32 kt = 0; kt < k_tiles; ++kt) {
-        const u32 st = kt % MOE_STAGES;
-        cp_async_wait<MOE_STAGES - 2>();
+        const u32 st = kt % STAGES;
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
         // Refill the buffer read one tile ago (every warp is past it after the barrier).
-        const u32 next = kt + MOE_STAGES - 1;
-        if (next < k_tiles) load(next, next % MOE_STAGES);
+        const u32 next = kt + STAGES - 1;
+        if (next < k_tiles) load(next, next % STAGES);
         cp_async_commit();
         if (wm * 16 < rows) {
 #pragma unroll
@@ -251,14 +279,15 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
     }
 }
 
-#define MET_MOE_GEMM(BM, ALIGNED, SUFFIX)                                                                      \
+#define MET_MOE_GEMM(BM, ALIGNED, STAGES, SUFFIX)                                                              \
     extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                   \
         moe_gemm_bf16_m##BM##SUFFIX(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf16_t* out,         \
                                     const u32* offsets, const u32* tiles, u32 e, u32 n, u32 kd) {             \
         pdl_enter();                                                                                            \
-        moe_gemm<BM, ALIGNED>(a, a_rows, w, out, offsets, tiles, e, n, kd);                                     \
+        moe_gemm<BM, ALIGNED, STAGES>(a, a_rows, w, out, offsets, tiles, e, n, kd);                             \
     }
-MET_MOE_GEMM(16, true, )
-MET_MOE_GEMM(32, true, )
-MET_MOE_GEMM(64, true, )
-MET_MOE_GEMM(16, false, _unaligned)
+MET_MOE_GEMM(16, true, 3, )
+MET_MOE_GEMM(16, true, 6, _deep)
+MET_MOE_GEMM(32, true, 3, )
+MET_MOE_GEMM(64, true, 3, )
+MET_MOE_GEMM(16, false, 3, _unaligned)

@@ -87,6 +87,7 @@ const KERNELS: &[&str] = &[
     "moe_combine_bf16",
     "moe_align",
     "moe_gemm_bf16_m16",
+    "moe_gemm_bf16_m16_deep",
     "moe_gemm_bf16_m32",
     "moe_gemm_bf16_m64",
     "moe_gemm_bf16_m16_unaligned",
@@ -178,6 +179,7 @@ impl CudaBackend {
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels)?;
+        moe::raise_shared_memory(&kernels)?;
         let blas = Blas::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
         dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;

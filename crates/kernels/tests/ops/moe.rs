@@ -55,6 +55,37 @@ pub fn topk_routing_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     }
     let tie = b.topk_routing(&logits_t, 4, true)?.experts;
     assert_eq!(b.download_u32(&tie)?[4 * 4..], [1, 2, 4, 6], "ties go to the lower index");
+    wide_topk_routing_matches_reference(b)
+}
+
+/// Qwen3-MoE's shape, top 8 of 128 experts: more experts than a warp has lanes, with ties
+/// planted between experts one lane apart (97, 66) and on one lane (5, 37, 69), so a pick
+/// that compared only within a lane or only across lanes would take the wrong one.
+fn wide_topk_routing_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    let (t, e, k) = (4, 128, 8);
+    let mut logits = router_logits(&mut Rng::new(21), t * e);
+    for j in [5, 37, 69] {
+        logits[j] = 9.0;
+    }
+    for j in [97, 66] {
+        logits[e + j] = 7.5;
+    }
+    let logits_t = upload_f32(b, &logits, &[t, e])?;
+    for renormalize in [false, true] {
+        let what = format!("topk_routing 8 of 128, renormalize={renormalize}");
+        let Routing { weights, experts } = b.topk_routing(&logits_t, k, renormalize)?;
+        let (mut want_ids, mut want_w) = (Vec::new(), Vec::new());
+        for row in logits.chunks(e) {
+            let (ids, w) = topk_reference(row, k, renormalize);
+            want_ids.extend(ids);
+            want_w.extend(w);
+        }
+        let got = b.download_u32(&experts)?;
+        assert_eq!(got[..3], [5, 37, 69], "{what}: a tie on one lane goes to the lower index");
+        assert_eq!(got[k..k + 2], [66, 97], "{what}: a tie across lanes goes to the lower index");
+        assert_eq!(got, want_ids, "{what}: experts");
+        assert_close(b, &weights, &[t, k], &want_w, &what)?;
+    }
     Ok(())
 }
 
@@ -92,12 +123,14 @@ pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 
 /// The same at sizes where a device groups rows into tiles: 1,200 (token, choice) slots
 /// over 8 experts (several row tiles each), one expert that no token picks, inner sizes
-/// that end part-way through a 64-wide tile (h = 128, i = 88 so 2i = 176), and a decode-like
-/// case of one token taking 8 of 16 experts.
+/// that end part-way through a 64-wide tile (h = 128, i = 88 so 2i = 176), a decode-like
+/// case of one token taking 8 of 16 experts, and batches of about 10 and 30 rows per expert
+/// (on CUDA: tiles of 64 rows, 16 with the deep pipeline, 16 and 32 with the shallow one).
 pub fn moe_experts_grouped_tiles_match_reference(b: &dyn GpuBackend) -> Result<()> {
     check_moe(b, Case { t: 600, e: 8, h: 128, i: 88, k: 2, seed: 22, starved: Some(5) })?;
     check_moe(b, Case { t: 1, e: 16, h: 128, i: 64, k: 8, seed: 23, starved: None })?;
-    check_moe(b, Case { t: 40, e: 16, h: 64, i: 96, k: 4, seed: 24, starved: None })
+    check_moe(b, Case { t: 40, e: 16, h: 64, i: 96, k: 4, seed: 24, starved: None })?;
+    check_moe(b, Case { t: 120, e: 16, h: 64, i: 64, k: 4, seed: 25, starved: None })
 }
 
 /// One `moe_experts` check: sizes, the rng seed, and an expert whose router logit is below
