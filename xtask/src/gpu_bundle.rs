@@ -59,7 +59,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     let bench = build_artifact(&["bench", "-p", "met-kernels", "--bench", "cuda"], "bench")?;
     strip_into(&bench, &out.join("tests").join("kernels-bench"))?;
     copy_dir(&root().join("crates/model-layers/tests/fixtures/hf"), &out.join("fixtures/hf"))?;
-    for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct"] {
+    for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct", "Qwen3-30B-A3B"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
     for script in ["gpu_compare.py", "gpu_gate.py", "ncu_summary.py"] {
