@@ -5,18 +5,25 @@
 //! map to the CPU backend untouched and compute with exactly the file's values. This
 //! module knows the block layouts: it dequantises ([`dequantize`], [`dequantize_row`]) and
 //! computes `x · row` from the blocks ([`dot_rows`]), or, for the formats the CPU repacks
-//! ([`PackedQuant`]), with AVX-512 or AVX2 kernels.
+//! ([`PackedQuant`]), with AVX-512 or AVX2 kernels: exact f32 ones, or integer ones against
+//! activations quantised to 8 bits ([`Q8Rows`], [`PackedQuant::dot_rows_q8`]).
 
 mod blocks;
 mod packed;
+mod q8;
+mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_int;
 
 use std::fmt;
 
 use rayon::prelude::*;
 
 pub use packed::PackedQuant;
+pub use q8::Q8Rows;
+pub use simd::SimdLevel;
 
 /// A block-quantised format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,3 +178,5 @@ fn dot_scalar(format: QuantFormat, x: &[f32], row: &[u8]) -> f32 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_int;

@@ -6,7 +6,7 @@ use half::f16;
 use super::*;
 
 /// A deterministic byte stream with valid (finite) f16 scales.
-fn random_row(format: QuantFormat, k: usize, seed: u32) -> Vec<u8> {
+pub(super) fn random_row(format: QuantFormat, k: usize, seed: u32) -> Vec<u8> {
     let scale_at = if format == QuantFormat::Q6_K { format.block_bytes() - 2 } else { 0 };
     let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
     let mut next = || {

@@ -8,34 +8,19 @@
 //! differ from the scalar path only by summation order.
 
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 use super::QuantFormat;
+use super::SimdLevel as Level;
 
-/// The widest SIMD level this CPU supports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
-    None,
-    Avx2,
-    Avx512,
-}
-
+/// The process's SIMD level (see [`super::SimdLevel::current`]).
 fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let avx2 =
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-        match (avx2, is_x86_feature_detected!("avx512f")) {
-            (true, true) => Level::Avx512,
-            (true, false) => Level::Avx2,
-            _ => Level::None,
-        }
-    })
+    Level::current()
 }
 
+/// The sum of the eight lanes of `v`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum256(v: __m256) -> f32 {
+pub(super) fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));

@@ -1,0 +1,166 @@
+//! Integer dot products of packed Q4_0 / Q4_1 / Q8_0 rows with activations quantised to
+//! 8 bits per 32-element block, as llama.cpp's `q8` activation blocks do.
+//!
+//! The f32 kernels ([`super::PackedQuant::dot_rows`]) widen every weight to f32 and are
+//! exact; a decode step of a model that fits in cache is bound by that arithmetic. Here
+//! each activation block becomes `dx · qx` (`dx = max|x| / 127`, `qx` an i8), so a weight
+//! block contributes `dw · dx · Σ q·qx (+ m · dx · Σ qx)` with the inner sum in exact
+//! integer arithmetic: 32 multiply-adds per instruction pair instead of 16 or 8.
+//!
+//! Invariants: the integer sums are exact at every SIMD level (no saturation: see the
+//! kernels in `x86_int`), so levels differ only in the order of the f32 scaling of the
+//! per-block sums. The one error against the exact product is the rounding of `x` to
+//! `qx`: at most `dx / 2` per element, i.e. `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|` (tested).
+//! Each activation row's result is bit for bit the same however many activation rows and
+//! weight rows run together, so speculative verification sees decode's logits.
+
+use super::packed::PackedQuant;
+use super::{QuantFormat, SimdLevel};
+
+/// Activation rows `[m, k]` quantised per 32-element block to `d · q` with i8 `q`.
+#[derive(Debug, Clone)]
+pub struct Q8Rows {
+    k: usize,
+    /// Scale of each block, `[m, k / 32]`.
+    pub(super) d: Vec<f32>,
+    /// `d · Σ q` of each block, `[m, k / 32]`: the factor of a weight block's minimum.
+    pub(super) s: Vec<f32>,
+    /// The quants, `[m, k]`.
+    pub(super) qs: Vec<i8>,
+}
+
+impl Q8Rows {
+    /// Quantises the rows of `x` (whole rows of `k`, `k` a multiple of 32).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x` not whole rows of `k`.
+    pub fn quantize(x: &[f32], k: usize) -> Self {
+        assert!(k.is_multiple_of(32), "k = {k} is not whole blocks of 32");
+        assert!(k == 0 || x.len().is_multiple_of(k), "x is not whole rows of {k}");
+        let blocks = x.len() / 32;
+        let mut rows = Self { k, d: Vec::with_capacity(blocks), s: Vec::with_capacity(blocks), qs: vec![0; x.len()] };
+        for (xb, qb) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in qb.iter_mut().zip(xb) {
+                // |v · inv| ≤ 127 up to rounding, so the clamp only guards that rounding.
+                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                sum += i32::from(*q);
+            }
+            rows.d.push(d);
+            rows.s.push(d * sum as f32);
+        }
+        rows
+    }
+
+    /// Elements per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.d.len() / (self.k / 32).max(1)
+    }
+
+    /// Row `i`'s scales, block terms and quants.
+    pub(super) fn row(&self, i: usize) -> ActRow<'_> {
+        let nb = self.k / 32;
+        ActRow {
+            d: &self.d[i * nb..(i + 1) * nb],
+            s: &self.s[i * nb..(i + 1) * nb],
+            qs: &self.qs[i * self.k..(i + 1) * self.k],
+        }
+    }
+}
+
+/// One quantised activation row.
+#[derive(Clone, Copy)]
+pub(super) struct ActRow<'a> {
+    pub(super) d: &'a [f32],
+    pub(super) s: &'a [f32],
+    pub(super) qs: &'a [i8],
+}
+
+/// One row of a packed matrix: per-block scales, minimums (Q4) and payloads.
+#[derive(Clone, Copy)]
+pub(super) struct WeightRow<'a> {
+    pub(super) d: &'a [f32],
+    pub(super) m: &'a [f32],
+    pub(super) qs: &'a [u8],
+}
+
+impl<'a> WeightRow<'a> {
+    /// Row `r` of `p` (no minimums for Q8_0).
+    pub(super) fn of(p: &'a PackedQuant, r: usize) -> Self {
+        let nb = p.blocks_per_row();
+        let q4 = p.format() != QuantFormat::Q8_0;
+        Self {
+            d: &p.d[r * nb..(r + 1) * nb],
+            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
+            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
+        }
+    }
+}
+
+/// `Σ m · s` over a row's blocks: the minimum (or Q4_0 offset, `m = −8 · d`) terms, added
+/// after the integer blocks in the same order at every level.
+pub(super) fn min_term(w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
+    w.m.iter().zip(a.s).map(|(m, s)| m * s).sum()
+}
+
+/// The exact integer sum `Σ q · qx` of block `b`: the reference the SIMD kernels match.
+pub(super) fn block_int_dot(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 {
+    let qx = &a.qs[b * 32..(b + 1) * 32];
+    if q4 {
+        let qs = &w.qs[b * 16..(b + 1) * 16];
+        (0..16).map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16])).sum()
+    } else {
+        w.qs[b * 32..(b + 1) * 32].iter().zip(qx).map(|(&q, &x)| i32::from(q.cast_signed()) * i32::from(x)).sum()
+    }
+}
+
+/// `w · a` without SIMD: each block's exact integer sum scaled by `dw · dx`, then the
+/// minimum terms.
+pub(super) fn dot_scalar(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
+    let mut acc = 0f32;
+    for b in 0..w.d.len() {
+        acc += w.d[b] * a.d[b] * block_int_dot(q4, w, a, b) as f32;
+    }
+    acc + min_term(w, a)
+}
+
+impl PackedQuant {
+    /// `out[i · rows.len() + j] = x_i · row (rows.start + j)` for every quantised
+    /// activation row `x_i` of `x`, with integer dot products at the process's SIMD level.
+    /// Each weight block is loaded once for up to eight activation rows.
+    ///
+    /// # Panics
+    /// If `x` does not have this matrix's `k`, `out` does not hold `x.rows() · rows.len()`
+    /// values, or the rows are out of range.
+    pub fn dot_rows_q8(&self, x: &Q8Rows, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        self.dot_rows_q8_at(SimdLevel::current(), x, rows, out);
+    }
+
+    /// [`Self::dot_rows_q8`] with the kernels of `level` (capped at what the CPU has).
+    pub(super) fn dot_rows_q8_at(&self, level: SimdLevel, x: &Q8Rows, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        assert_eq!(x.k(), self.k(), "activations and weights differ in k");
+        assert_eq!(out.len(), x.rows() * rows.len(), "one output per row pair");
+        assert!(rows.end <= self.rows(), "rows past the matrix");
+        #[cfg(target_arch = "x86_64")]
+        if super::x86_int::dot_rows(level.min(SimdLevel::detected()).for_int8(), self, x, rows.clone(), out) {
+            return;
+        }
+        let _ = level;
+        let q4 = self.format() != QuantFormat::Q8_0;
+        let n = rows.len();
+        for i in 0..x.rows() {
+            let a = x.row(i);
+            for (j, r) in rows.clone().enumerate() {
+                out[i * n + j] = dot_scalar(q4, &WeightRow::of(self, r), &a);
+            }
+        }
+    }
+}

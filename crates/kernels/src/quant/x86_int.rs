@@ -1,0 +1,266 @@
+//! AVX-512 VNNI and AVX2 integer kernels for packed Q4_0 / Q4_1 / Q8_0 rows against `q8`
+//! activation rows ([`super::q8`]).
+//!
+//! Register blocking: a kernel call takes `R` weight rows and `M` activation rows and keeps
+//! `R · M` accumulators live, so every weight block is loaded and unpacked once for all `M`
+//! activation rows and every activation block once for all `R` weight rows. Per block and
+//! pair of rows the exact integer sum is formed in i32 lanes, converted and scaled by
+//! `dw · dx` into f32 accumulators; the lanes are summed once at the end.
+//!
+//! Why the sums are exact (no saturation anywhere):
+//! - Q4 blocks put the unsigned nibble (0..=15) in the u8 operand and `qx` (−127..=127) in
+//!   the i8 one; `vpmaddubsw` pairs stay within ±3810 and `vpdpbusd` adds into i32.
+//! - Q8_0 weights are signed, so the u8 operand is `|w|` (≤ 128) and the i8 one is `qx`
+//!   with `w`'s sign (llama.cpp's sign trick); pairs stay within ±32 512 < 2¹⁵.
+//!
+//! Each (weight row, activation row) accumulator sees the same operations in the same
+//! order whatever `R` and `M` are, which is what makes results independent of how many
+//! rows run together.
+
+use std::arch::x86_64::*;
+
+use super::q8::{ActRow, Q8Rows, WeightRow, min_term};
+use super::{PackedQuant, QuantFormat, SimdLevel};
+
+/// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
+/// accumulators plus operands).
+const MAX_M: usize = 8;
+
+/// A kernel over `R` weight rows and `M` activation rows, without the minimum terms.
+type Kernel<const R: usize, const M: usize> = unsafe fn(&[WeightRow<'_>; R], &[ActRow<'_>; M]) -> [[f32; M]; R];
+
+/// The output of one `dot_rows` call and what every tile of it shares.
+struct Job<'a, 'p> {
+    level: SimdLevel,
+    q4: bool,
+    p: &'p PackedQuant,
+    rows: std::ops::Range<usize>,
+    out: &'a mut [f32],
+}
+
+/// `out[i · rows.len() + j] = x_i · row (rows.start + j)` with the kernels of `level`;
+/// false for a level without integer kernels here (`None`).
+pub(super) fn dot_rows(
+    level: SimdLevel,
+    p: &PackedQuant,
+    x: &Q8Rows,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> bool {
+    if level == SimdLevel::None {
+        return false;
+    }
+    let q4 = p.format() != QuantFormat::Q8_0;
+    let acts: Vec<ActRow<'_>> = (0..x.rows()).map(|i| x.row(i)).collect();
+    let mut job = Job { level, q4, p, rows, out };
+    for first in (0..acts.len()).step_by(MAX_M) {
+        let group = &acts[first..(first + MAX_M).min(acts.len())];
+        match group.len() {
+            1 => job.group::<1>(first, group),
+            2 => job.group::<2>(first, group),
+            3 => job.group::<3>(first, group),
+            4 => job.group::<4>(first, group),
+            5 => job.group::<5>(first, group),
+            6 => job.group::<6>(first, group),
+            7 => job.group::<7>(first, group),
+            _ => job.group::<8>(first, group),
+        }
+    }
+    true
+}
+
+impl Job<'_, '_> {
+    /// Activation rows `first..first + M` against every weight row, in tiles of as many
+    /// weight rows as the registers hold accumulators for.
+    fn group<const M: usize>(&mut self, first: usize, group: &[ActRow<'_>]) {
+        let acts: [ActRow<'_>; M] = std::array::from_fn(|i| group[i]);
+        let tile = match (self.level, M) {
+            (SimdLevel::Avx512, ..=4) | (_, 1) => 4,
+            (SimdLevel::Avx512, _) | (_, ..=4) => 2,
+            _ => 1,
+        };
+        let mut r = self.rows.start;
+        while r < self.rows.end {
+            let left = self.rows.end - r;
+            r += if tile >= 4 && left >= 4 {
+                self.tile::<4, M>(r, first, &acts)
+            } else if tile >= 2 && left >= 2 {
+                self.tile::<2, M>(r, first, &acts)
+            } else {
+                self.tile::<1, M>(r, first, &acts)
+            };
+        }
+    }
+
+    /// Weight rows `r..r + R` against the group; returns `R`.
+    fn tile<const R: usize, const M: usize>(&mut self, r: usize, first: usize, acts: &[ActRow<'_>; M]) -> usize {
+        let w: [WeightRow<'_>; R] = std::array::from_fn(|j| WeightRow::of(self.p, r + j));
+        let kernel: Kernel<R, M> = match (self.level, self.q4) {
+            (SimdLevel::Avx512, true) => q4_512::<R, M>,
+            (SimdLevel::Avx512, false) => q8_512::<R, M>,
+            (_, true) => q4_256::<R, M>,
+            (_, false) => q8_256::<R, M>,
+        };
+        // SAFETY: `dot_rows` runs only at a level the CPU has (the caller caps it at the
+        // detected one, and AVX-512 here implies VNNI); every row holds `nb` scales and
+        // payloads and every activation row `32 · nb` quants (checked by the caller).
+        let got = unsafe { kernel(&w, acts) };
+        let n = self.rows.len();
+        for (j, (wr, got)) in w.iter().zip(got).enumerate() {
+            for (i, (a, g)) in acts.iter().zip(got).enumerate() {
+                let min = if self.q4 { min_term(wr, a) } else { 0.0 };
+                self.out[(first + i) * n + (r - self.rows.start) + j] = g + min;
+            }
+        }
+        R
+    }
+}
+
+/// `[d[b] × 8, d[b + 1] × 8]`, or `d[b]` everywhere for the last block of an odd count
+/// (whose upper lanes multiply zero products).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_scales(d: &[f32], b: usize, pair: bool) -> __m512 {
+    let lo = _mm512_set1_ps(d[b]);
+    if pair { _mm512_mask_blend_ps(0xFF00, lo, _mm512_set1_ps(d[b + 1])) } else { lo }
+}
+
+/// Loads the quants of activation blocks `b` and `b + 1` (or `b` alone, zero-extended).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_pair(qs: *const i8, b: usize, pair: bool) -> __m512i {
+    // SAFETY: the caller guarantees block `b` (and `b + 1` when `pair`) is in bounds.
+    unsafe {
+        let p = qs.add(b * 32);
+        if pair { _mm512_loadu_si512(p.cast()) } else { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+/// Sums the lanes of every accumulator.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce_512<const R: usize, const M: usize>(acc: &[[__m512; M]; R]) -> [[f32; M]; R] {
+    std::array::from_fn(|r| std::array::from_fn(|i| _mm512_reduce_add_ps(acc[r][i])))
+}
+
+/// Q4 rows × q8 rows, two blocks (64 values) per step with `vpdpbusd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
+    let nb = w[0].d.len();
+    let (mask, mask128) = (_mm256_set1_epi8(0x0F), _mm_set1_epi8(0x0F));
+    let zero = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); M]; R];
+    for b in (0..nb).step_by(2) {
+        let pair = b + 1 < nb;
+        // SAFETY: blocks `b` (and `b + 1` when `pair`) of every row are in bounds: each
+        // weight row holds 16 payload bytes per block, each activation row 32 quants.
+        unsafe {
+            let qx: [__m512i; M] = std::array::from_fn(|i| load_pair(a[i].qs.as_ptr(), b, pair));
+            let dx: [__m512; M] = std::array::from_fn(|i| pair_scales(a[i].d, b, pair));
+            for r in 0..R {
+                let p = w[r].qs.as_ptr().add(b * 16);
+                // Lanes of 128 bits: [low nibbles of b, high nibbles of b, the same of b + 1],
+                // the element order of the activation blocks.
+                let u = if pair {
+                    let v = _mm256_loadu_si256(p.cast());
+                    let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+                    let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    _mm512_shuffle_i64x2::<0xD8>(t, t)
+                } else {
+                    let v = _mm_loadu_si128(p.cast());
+                    let (lo, hi) = (_mm_and_si128(v, mask128), _mm_and_si128(_mm_srli_epi16::<4>(v), mask128));
+                    _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
+                };
+                let dw = pair_scales(w[r].d, b, pair);
+                for i in 0..M {
+                    let dot = _mm512_dpbusd_epi32(zero, u, qx[i]);
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[i]), acc[r][i]);
+                }
+            }
+        }
+    }
+    reduce_512(&acc)
+}
+
+/// Q8_0 rows × q8 rows, two blocks per step with `vpdpbusd` and the sign trick.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
+    let nb = w[0].d.len();
+    let zero = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); M]; R];
+    for b in (0..nb).step_by(2) {
+        let pair = b + 1 < nb;
+        // SAFETY: as in `q4_512`, with 32 payload bytes per weight block.
+        unsafe {
+            let qx: [__m512i; M] = std::array::from_fn(|i| load_pair(a[i].qs.as_ptr(), b, pair));
+            let dx: [__m512; M] = std::array::from_fn(|i| pair_scales(a[i].d, b, pair));
+            for r in 0..R {
+                let wv = load_pair(w[r].qs.as_ptr().cast(), b, pair);
+                let (u, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
+                let dw = pair_scales(w[r].d, b, pair);
+                for i in 0..M {
+                    let s = _mm512_mask_sub_epi8(qx[i], neg, zero, qx[i]);
+                    let dot = _mm512_dpbusd_epi32(zero, u, s);
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[i]), acc[r][i]);
+                }
+            }
+        }
+    }
+    reduce_512(&acc)
+}
+
+/// Sums the lanes of every accumulator.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn reduce_256<const R: usize, const M: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
+    std::array::from_fn(|r| std::array::from_fn(|i| super::x86::hsum256(acc[r][i])))
+}
+
+/// Q4 rows × q8 rows, one block per step with `vpmaddubsw` + `vpmaddwd`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q4_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
+    let (mask, ones) = (_mm_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    for b in 0..w[0].d.len() {
+        // SAFETY: block `b` of every row is in bounds (16 payload bytes per weight block,
+        // 32 quants per activation block).
+        unsafe {
+            let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
+            let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
+            for r in 0..R {
+                let v = _mm_loadu_si128(w[r].qs.as_ptr().add(b * 16).cast());
+                let u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), _mm_and_si128(v, mask));
+                let dw = _mm256_set1_ps(*w[r].d.get_unchecked(b));
+                for i in 0..M {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qx[i]), ones);
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+                }
+            }
+        }
+    }
+    reduce_256(&acc)
+}
+
+/// Q8_0 rows × q8 rows, one block per step with the sign trick.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    for b in 0..w[0].d.len() {
+        // SAFETY: as in `q4_256`, with 32 payload bytes per weight block.
+        unsafe {
+            let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
+            let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
+            for r in 0..R {
+                let wv = _mm256_loadu_si256(w[r].qs.as_ptr().add(b * 32).cast());
+                let u = _mm256_sign_epi8(wv, wv);
+                let dw = _mm256_set1_ps(*w[r].d.get_unchecked(b));
+                for i in 0..M {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(qx[i], wv)), ones);
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+                }
+            }
+        }
+    }
+    reduce_256(&acc)
+}
