@@ -5,7 +5,8 @@
 //! `R · M` accumulators live, so every weight block is loaded and unpacked once for all `M`
 //! activation rows and every activation block once for all `R` weight rows. Per block and
 //! pair of rows the exact integer sum is formed in i32 lanes, converted and scaled by
-//! `dw · dx` into f32 accumulators; the lanes are summed once at the end.
+//! `dw · dx` into f32 accumulators; the Q4 minimum terms `m · dx · Σ qx` join the same
+//! accumulators 16 (or 8) blocks at a time, and the lanes are summed once at the end.
 //!
 //! Why the sums are exact (no saturation anywhere):
 //! - Q4 blocks put the unsigned nibble (0..=15) in the u8 operand and `qx` (−127..=127) in
@@ -19,14 +20,14 @@
 
 use std::arch::x86_64::*;
 
-use super::q8::{ActRow, Q8Rows, WeightRow, min_term};
+use super::q8::{ActRow, Q8Rows, WeightRow};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
 /// accumulators plus operands).
 const MAX_M: usize = 8;
 
-/// A kernel over `R` weight rows and `M` activation rows, without the minimum terms.
+/// A kernel over `R` weight rows and `M` activation rows.
 type Kernel<const R: usize, const M: usize> = unsafe fn(&[WeightRow<'_>; R], &[ActRow<'_>; M]) -> [[f32; M]; R];
 
 /// The output of one `dot_rows` call and what every tile of it shares.
@@ -106,10 +107,9 @@ impl Job<'_, '_> {
         // payloads and every activation row `32 · nb` quants (checked by the caller).
         let got = unsafe { kernel(&w, acts) };
         let n = self.rows.len();
-        for (j, (wr, got)) in w.iter().zip(got).enumerate() {
-            for (i, (a, g)) in acts.iter().zip(got).enumerate() {
-                let min = if self.q4 { min_term(wr, a) } else { 0.0 };
-                self.out[(first + i) * n + (r - self.rows.start) + j] = g + min;
+        for (j, got) in got.iter().enumerate() {
+            for (i, g) in got.iter().enumerate() {
+                self.out[(first + i) * n + (r - self.rows.start) + j] = *g;
             }
         }
         R
@@ -141,6 +141,32 @@ unsafe fn load_pair(qs: *const i8, b: usize, pair: bool) -> __m512i {
 #[target_feature(enable = "avx512f")]
 fn reduce_512<const R: usize, const M: usize>(acc: &[[__m512; M]; R]) -> [[f32; M]; R] {
     std::array::from_fn(|r| std::array::from_fn(|i| _mm512_reduce_add_ps(acc[r][i])))
+}
+
+/// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 16 blocks per
+/// step: one dependent scalar chain per pair would cost as much as the blocks themselves.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn add_min_terms_512<const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+    acc: &mut [[__m512; M]; R],
+) {
+    let nb = w[0].d.len();
+    for b in (0..nb).step_by(16) {
+        let mask: __mmask16 = if nb - b >= 16 { 0xFFFF } else { (1u16 << (nb - b)) - 1 };
+        // SAFETY: the mask covers blocks `b..nb` only, all in bounds of every row's
+        // minimums and every activation row's block terms.
+        unsafe {
+            let s: [__m512; M] = std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, a[i].s.as_ptr().add(b)));
+            for r in 0..R {
+                let m = _mm512_maskz_loadu_ps(mask, w[r].m.as_ptr().add(b));
+                for i in 0..M {
+                    acc[r][i] = _mm512_fmadd_ps(m, s[i], acc[r][i]);
+                }
+            }
+        }
+    }
 }
 
 /// Q4 rows × q8 rows, two blocks (64 values) per step with `vpdpbusd`.
@@ -179,6 +205,7 @@ unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[Ac
             }
         }
     }
+    add_min_terms_512(w, a, &mut acc);
     reduce_512(&acc)
 }
 
@@ -207,6 +234,33 @@ unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[Ac
         }
     }
     reduce_512(&acc)
+}
+
+/// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 8 blocks per
+/// step (as `add_min_terms_512`); the last partial step reads zero-padded copies.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn add_min_terms_256<const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+    acc: &mut [[__m256; M]; R],
+) {
+    let load = |v: &[f32], b: usize| {
+        let mut lanes = [0f32; 8];
+        let end = (b + 8).min(v.len());
+        lanes[..end - b].copy_from_slice(&v[b..end]);
+        // SAFETY: `lanes` holds 8 values.
+        unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+    };
+    for b in (0..w[0].d.len()).step_by(8) {
+        let s: [__m256; M] = std::array::from_fn(|i| load(a[i].s, b));
+        for r in 0..R {
+            let m = load(w[r].m, b);
+            for i in 0..M {
+                acc[r][i] = _mm256_fmadd_ps(m, s[i], acc[r][i]);
+            }
+        }
+    }
 }
 
 /// Sums the lanes of every accumulator.
@@ -238,6 +292,7 @@ unsafe fn q4_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[Ac
             }
         }
     }
+    add_min_terms_256(w, a, &mut acc);
     reduce_256(&acc)
 }
 
