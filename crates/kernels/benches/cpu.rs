@@ -6,6 +6,8 @@
 //!   1024³ square problem (the ceiling this machine gives the GEMM crate) and on the two
 //!   shapes above (so the gap to `matmul_f32` is our wrapper's overhead: output allocation,
 //!   locks, shape checks).
+//! - `matmul_quant` / `layer_q4_1`: packed Q4_1 and Q8_0 matmuls with exact and integer
+//!   dots, one MLP projection for m = 1, 5 and 64, and the seven of one layer for m = 1, 5.
 //! - `paged_attention`: 9 query heads on 3 KV heads of 64 dims in blocks of 16 (SmolLM2-135M's
 //!   attention), for 32 decode rows over 512-token contexts and for a 256-token prefill.
 //!
@@ -182,29 +184,78 @@ fn paged_attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// Random bytes with a small finite f16 scale (and minimum) in every block, packed.
+fn packed_weights(
+    format: met_kernels::quant::QuantFormat,
+    n: usize,
+    k: usize,
+    seed: u64,
+) -> met_kernels::quant::PackedQuant {
+    use met_kernels::quant::QuantFormat;
+    let row = format.bytes_for(k).expect("whole blocks");
+    let mut w: Vec<u8> = values(n * row, seed).iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    for block in w.chunks_exact_mut(format.block_bytes()) {
+        block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        if format == QuantFormat::Q4_1 {
+            block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+        }
+    }
+    met_kernels::quant::PackedQuant::from_blocks(format, &w, k).expect("a packed format")
+}
+
 /// `cpu::matmul_packed` (the CPU's quantised matmul) at the MLP projection with Q4_1 and
-/// Q8_0 weights (SmolLM2's GGUF formats), for m = 1 and m = 64: the same FLOPs as
-/// `matmul_f32`, from quantised blocks.
+/// Q8_0 weights (SmolLM2's GGUF formats), with exact and integer dots, for m = 1, 5 (a
+/// decode row and four speculative tokens) and 64: the same FLOPs as `matmul_f32`, from
+/// quantised blocks.
 fn matmul_quant(c: &mut Criterion) {
+    use met_kernels::CpuDots;
     use met_kernels::quant::QuantFormat;
     let (k, n) = (HIDDEN, INTERMEDIATE);
     let mut group = c.benchmark_group("matmul_quant");
     for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
-        let row = format.bytes_for(k).expect("whole blocks");
-        // Random bytes with a small finite f16 scale (and minimum) in every block.
-        let mut w: Vec<u8> = values(n * row, 3).iter().map(|v| (v.to_bits() >> 7) as u8).collect();
-        for block in w.chunks_exact_mut(format.block_bytes()) {
-            block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-            if format == QuantFormat::Q4_1 {
-                block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+        let packed = packed_weights(format, n, k, 3);
+        for dots in [CpuDots::Exact, CpuDots::Int8] {
+            for m in [1, 5, 64] {
+                let x = values(m * k, 2);
+                group.throughput(flops(2 * m * k * n));
+                group.bench_function(format!("{format}/{dots}/m{m}_k{k}_n{n}"), |bench| {
+                    bench.iter(|| met_kernels::cpu::matmul_packed(black_box(&x), black_box(&packed), None, m, dots));
+                });
             }
         }
-        let packed = met_kernels::quant::PackedQuant::from_blocks(format, &w, k).expect("a packed format");
-        for m in [1, 64] {
-            let x = values(m * k, 2);
-            group.throughput(flops(2 * m * k * n));
-            group.bench_function(format!("{format}/m{m}_k{k}_n{n}"), |bench| {
-                bench.iter(|| met_kernels::cpu::matmul_packed(black_box(&x), black_box(&packed), None, m));
+    }
+    group.finish();
+}
+
+/// The seven Q4_1 matmuls of one SmolLM2-135M layer (q, k, v, o, gate, up, down) for 1
+/// and 5 activation rows, with exact and integer dots: what a few-row decode step costs
+/// over a one-row step when every weight block is read once for all rows.
+fn layer_q4_1(c: &mut Criterion) {
+    use met_kernels::CpuDots;
+    use met_kernels::quant::QuantFormat;
+    let kv = 192;
+    let shapes = [
+        (HIDDEN, HIDDEN),
+        (kv, HIDDEN),
+        (kv, HIDDEN),
+        (HIDDEN, HIDDEN),
+        (INTERMEDIATE, HIDDEN),
+        (INTERMEDIATE, HIDDEN),
+        (HIDDEN, INTERMEDIATE),
+    ];
+    let weights: Vec<_> =
+        shapes.iter().enumerate().map(|(i, &(n, k))| packed_weights(QuantFormat::Q4_1, n, k, 10 + i as u64)).collect();
+    let mut group = c.benchmark_group("layer_q4_1");
+    for dots in [CpuDots::Exact, CpuDots::Int8] {
+        for m in [1, 5] {
+            let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(m * k, 4)).collect();
+            group.throughput(flops(shapes.iter().map(|&(n, k)| 2 * m * k * n).sum()));
+            group.bench_function(format!("{dots}/m{m}"), |bench| {
+                bench.iter(|| {
+                    for (w, x) in weights.iter().zip(&xs) {
+                        black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, m, dots));
+                    }
+                });
             });
         }
     }
@@ -217,6 +268,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = matmul_f32, matmul_quant, gemm_peak, paged_attention
+    targets = matmul_f32, matmul_quant, layer_q4_1, gemm_peak, paged_attention
 }
 criterion_main!(benches);

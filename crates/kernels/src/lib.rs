@@ -34,7 +34,7 @@ pub use backend::{
     AttentionMeta, AttentionParams, DraftToken, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow,
     Sampled, UniformRun,
 };
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, CpuDots};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaStorage};
 pub use dtype::DType;
@@ -68,16 +68,16 @@ impl std::str::FromStr for DeviceKind {
 }
 
 /// Opens the backend for `kind`: `Auto` is CUDA when it was compiled in and a GPU opens
-/// (its error is dropped), else the CPU.
+/// (its error is dropped), else the CPU, whose quantised few-row matmuls use `cpu_dots`.
 ///
 /// # Errors
 /// [`Error::CudaNotCompiled`] when CUDA is asked for in a build without the `cuda` feature;
 /// [`Error::Device`] when CUDA is asked for and no GPU, driver or kernel build works.
-pub fn open_backend(kind: DeviceKind) -> Result<Arc<dyn GpuBackend>> {
+pub fn open_backend(kind: DeviceKind, cpu_dots: CpuDots) -> Result<Arc<dyn GpuBackend>> {
     match kind {
-        DeviceKind::Cpu => Ok(Arc::new(CpuBackend::new())),
+        DeviceKind::Cpu => Ok(Arc::new(CpuBackend::with_dots(cpu_dots))),
         DeviceKind::Cuda => open_cuda(),
-        DeviceKind::Auto => Ok(open_cuda().unwrap_or_else(|_| Arc::new(CpuBackend::new()))),
+        DeviceKind::Auto => Ok(open_cuda().unwrap_or_else(|_| Arc::new(CpuBackend::with_dots(cpu_dots)))),
     }
 }
 

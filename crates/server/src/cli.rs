@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use met_kernels::DeviceKind;
+use met_kernels::{CpuDots, DeviceKind};
 
 /// met: an LLM inference engine.
 #[derive(Debug, Parser)]
@@ -301,6 +301,10 @@ pub struct ModelArgs {
     /// Device to run on: cpu, cuda or auto.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceKind,
+    /// CPU dot products with Q4_0/Q4_1/Q8_0 weights in decode: int8 (activations quantised
+    /// to 8 bits per block, integer SIMD; faster) or exact (f32, the reference).
+    #[arg(long, default_value = "int8", value_parser = parse_cpu_dots)]
+    pub cpu_dots: CpuDots,
     /// Attention backend: flash (the device's fastest kernels) or paged (the reference).
     #[arg(long, default_value = met_kernels::attention::ATTENTION_BACKENDS[0],
           value_parser = clap::builder::PossibleValuesParser::new(met_kernels::attention::ATTENTION_BACKENDS))]
@@ -517,6 +521,10 @@ fn parse_utilization(s: &str) -> Result<f64, String> {
 }
 
 pub(crate) fn parse_device(s: &str) -> Result<DeviceKind, String> {
+    s.parse().map_err(|e: met_kernels::Error| e.to_string())
+}
+
+fn parse_cpu_dots(s: &str) -> Result<CpuDots, String> {
     s.parse().map_err(|e: met_kernels::Error| e.to_string())
 }
 

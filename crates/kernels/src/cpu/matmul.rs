@@ -3,9 +3,9 @@
 use crate::Tensor;
 use crate::error::Result;
 
-use super::{WeightView, f32_tensor, read_f32, read_weight};
+use super::{CpuDots, WeightView, f32_tensor, read_f32, read_weight};
 
-pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, dots: CpuDots) -> Result<Tensor> {
     let (m, k, n) = crate::check::matmul(x, w, bias)?;
     let (xs, ws) = (read_f32("matmul", x)?, read_weight("matmul", w)?);
     let bs = bias.map(|b| read_f32("matmul", b)).transpose()?;
@@ -17,7 +17,7 @@ pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Te
             }
             super::matmul_quant(&xs, &blocks, bs.as_deref(), (m, k, n), q)
         }
-        WeightView::Packed(p) => super::qmatmul::matmul_packed(&xs, &p, bs.as_deref(), m),
+        WeightView::Packed(p) => super::qmatmul::matmul_packed(&xs, &p, bs.as_deref(), m, dots),
     };
     Ok(f32_tensor(out, &[m, n]))
 }

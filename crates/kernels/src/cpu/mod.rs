@@ -23,7 +23,7 @@ use crate::quant::{PackedQuant, QuantFormat};
 use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
 pub use matmul::matmul_xwt;
-pub use qmatmul::{matmul_packed, matmul_quant};
+pub use qmatmul::{CpuDots, matmul_packed, matmul_quant};
 
 /// Host memory of one CPU tensor.
 pub struct CpuStorage(RwLock<CpuData>);
@@ -39,12 +39,27 @@ enum CpuData {
 
 /// The multithreaded f32 CPU backend. Uses the global rayon pool.
 #[derive(Debug, Default, Clone)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// How few-row products with packed quantised weights are computed.
+    dots: CpuDots,
+}
 
 impl CpuBackend {
-    /// A CPU backend on the global rayon thread pool.
+    /// A CPU backend on the global rayon thread pool, with exact dots: the numerical
+    /// reference that tests compare against.
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// A CPU backend whose few-row quantised matmuls use `dots` (serving picks
+    /// [`CpuDots::Int8`] for speed).
+    pub fn with_dots(dots: CpuDots) -> Self {
+        Self { dots }
+    }
+
+    /// How this backend's few-row quantised matmuls are computed.
+    pub fn dots(&self) -> CpuDots {
+        self.dots
     }
 }
 
@@ -208,7 +223,7 @@ impl GpuBackend for CpuBackend {
     }
 
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        matmul::matmul(x, w, bias)
+        matmul::matmul(x, w, bias, self.dots)
     }
 
     fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {

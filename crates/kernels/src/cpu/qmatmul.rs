@@ -5,6 +5,12 @@
 //! scratch buffer and multiplied with the `gemm` crate, so the arithmetic runs at GEMM
 //! speed while the weights stay quantised in memory. Either way the weights are exactly
 //! the file's values.
+//!
+//! For packed matrices the few-row products come in two flavours ([`CpuDots`]): exact f32
+//! products, or integer products against activations quantised once per product to 8
+//! bits per block ([`Q8Rows`]), which are faster and differ from the exact ones by that
+//! rounding alone. The backend holds the choice; tests against exact references use the
+//! exact one.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -12,10 +18,51 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::pool::SpinPool;
-use crate::quant::{PackedQuant, QuantFormat, block_sums, dequantize_row, dot_rows};
+use crate::quant::{PackedQuant, Q8Rows, QuantFormat, block_sums, dequantize_row, dot_rows};
 
-/// At or above this many activation rows, the tiled GEMM path wins.
+/// At or above this many activation rows, the tiled GEMM path wins over exact dots.
 const GEMM_ROWS: usize = 8;
+/// At or above this many activation rows, the tiled GEMM path wins over integer dots,
+/// whose register blocking reuses each weight block for up to 8 rows at a time.
+const GEMM_ROWS_INT8: usize = 16;
+
+/// How the CPU computes few-row products with packed Q4_0 / Q4_1 / Q8_0 weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum CpuDots {
+    /// f32 products of the exact weights and activations (the reference).
+    #[default]
+    Exact,
+    /// Integer products with activations quantised to 8 bits per 32-element block.
+    Int8,
+}
+
+impl CpuDots {
+    /// The name the command line uses (`exact`, `int8`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Exact => "exact",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for CpuDots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CpuDots {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "exact" => Ok(Self::Exact),
+            "int8" => Ok(Self::Int8),
+            other => Err(crate::Error::InvalidArgument(format!("unknown CPU dots `{other}` (expected int8 or exact)"))),
+        }
+    }
+}
 /// Rows of `W` dequantised per task of the GEMM path.
 const TILE: usize = 64;
 
@@ -101,18 +148,34 @@ pub fn matmul_quant(
     matmul_rows(x, &Blocks { format, bytes: w, k, row_bytes }, bias, m)
 }
 
-/// `x [m, k] · wᵀ + bias` for a packed `w`.
+/// `x [m, k] · wᵀ + bias` for a packed `w`, with few-row products computed as `dots` says.
 ///
 /// # Panics
 /// If `x` is not `[m, k]`.
-pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize) -> Vec<f32> {
+pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize, dots: CpuDots) -> Vec<f32> {
+    let k = w.k();
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    if dots == CpuDots::Int8 && m < GEMM_ROWS_INT8 {
+        let q = Q8Rows::quantize(x, k);
+        let out = fused(w.rows(), m, &|run, out| w.dot_rows_q8(&q, run, out));
+        return add_bias(out, bias, w.rows());
+    }
     matmul_rows(x, w, bias, m)
 }
 
 fn matmul_rows(x: &[f32], w: &impl QuantRows, bias: Option<&[f32]>, m: usize) -> Vec<f32> {
-    let (k, n) = (w.k(), w.n());
+    let k = w.k();
     assert_eq!(x.len(), m * k, "x is not [m, k]");
-    let mut out = if m >= GEMM_ROWS { tiled(x, w, m) } else { fused(x, w, m) };
+    let out = if m >= GEMM_ROWS {
+        tiled(x, w, m)
+    } else {
+        let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
+        fused(w.n(), m, &|run, out| w.dot_rows_many(x, &sums, run, out))
+    };
+    add_bias(out, bias, w.n())
+}
+
+fn add_bias(mut out: Vec<f32>, bias: Option<&[f32]>, n: usize) -> Vec<f32> {
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(n.max(1)) {
             row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
@@ -144,12 +207,12 @@ const RUNS_PER_THREAD: usize = 2;
 /// The fewest output rows in one run.
 const MIN_RUN: usize = 64;
 
-/// Runs of rows shared out by the spinning pool, a few per thread: a decode step runs
-/// hundreds of these products back to back, too short to pay for waking parked threads,
-/// and a thread that loses its core for a while leaves its runs to the others.
-fn fused(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
-    let (k, n) = (w.k(), w.n());
-    let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
+/// `[m, n]` products from `dot(run, out)`, which writes `[m, run.len()]` results of the
+/// output rows `run`, over runs of rows shared out by the spinning pool, a few per thread:
+/// a decode step runs hundreds of these products back to back, too short to pay for
+/// waking parked threads, and a thread that loses its core for a while leaves its runs to
+/// the others.
+fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) -> Vec<f32> {
     let pool = SpinPool::global();
     let chunks = (pool.parts() * RUNS_PER_THREAD).min(n.div_ceil(MIN_RUN)).max(1);
     let per = n.div_ceil(chunks).max(1);
@@ -159,7 +222,7 @@ fn fused(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
         let run = run_of(chunk);
         let mut out = vec![0f32; m * run.len()];
         if !run.is_empty() {
-            w.dot_rows_many(x, &sums, run.clone(), &mut out);
+            dot(run.clone(), &mut out);
         }
         *slots[chunk].lock().unwrap_or_else(|e| e.into_inner()) = out;
     });
@@ -216,22 +279,28 @@ mod tests {
     }
 
     /// A few activation rows (a decode row and its speculative tokens) give each row
-    /// exactly its result alone, bit for bit: verification must see decode's logits.
+    /// exactly its result alone, bit for bit, with either kind of dots: verification must
+    /// see decode's logits.
     #[test]
     fn few_rows_equal_each_row_alone_bit_for_bit() {
         let (k, n) = (256, 37);
         for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             let w = weights(format, n, k);
             let packed = PackedQuant::from_blocks(format, &w, k).unwrap();
-            for m in 1..GEMM_ROWS + 2 {
-                let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-                let together = matmul_packed(&x, &packed, None, m);
-                for (i, row) in x.chunks_exact(k).enumerate() {
-                    let alone = matmul_packed(row, &packed, None, 1);
-                    if m < GEMM_ROWS {
-                        assert_eq!(&together[i * n..(i + 1) * n], &alone[..], "{format} m={m} row {i}");
+            for (dots, few) in [(CpuDots::Exact, GEMM_ROWS), (CpuDots::Int8, GEMM_ROWS_INT8)] {
+                for m in 1..few + 2 {
+                    let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+                    let together = matmul_packed(&x, &packed, None, m, dots);
+                    for (i, row) in x.chunks_exact(k).enumerate() {
+                        let alone = matmul_packed(row, &packed, None, 1, dots);
+                        if m < few {
+                            assert_eq!(&together[i * n..(i + 1) * n], &alone[..], "{format} {dots} m={m} row {i}");
+                        }
                     }
                 }
+            }
+            for m in 1..GEMM_ROWS + 2 {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
                 let sums: Vec<f32> = x.chunks_exact(k).flat_map(block_sums).collect();
                 let mut many = vec![0f32; m * 5];
                 packed.dot_rows_many(&x, &sums, 3..8, &mut many);
@@ -257,8 +326,9 @@ mod tests {
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 29 % 53) as f32 - 26.0) / 13.0).collect();
                 let mut results = vec![("blocks", matmul_quant(&x, &w, Some(&bias), (m, k, n), format))];
                 if let Some(p) = &packed {
-                    results.push(("packed", matmul_packed(&x, p, Some(&bias), m)));
+                    results.push(("packed", matmul_packed(&x, p, Some(&bias), m, CpuDots::Exact)));
                 }
+                let int8 = packed.as_ref().map(|p| matmul_packed(&x, p, Some(&bias), m, CpuDots::Int8));
                 for (path, got) in results {
                     for i in 0..m {
                         for j in 0..n {
@@ -269,6 +339,30 @@ mod tests {
                             let g = f64::from(got[i * n + j]);
                             assert!((g - want).abs() <= 1e-5 * scale, "{format} {path} m={m} ({i},{j}): {g} vs {want}");
                         }
+                    }
+                }
+                // Integer dots: within the rounding of the activations to 8 bits (at most
+                // half a step of each block's `max|x| / 127`, times the block's `Σ |w|`).
+                let Some(int8) = int8 else { continue };
+                for i in 0..m {
+                    let xi = &x[i * k..(i + 1) * k];
+                    for j in 0..n {
+                        let wj = &wf[j * k..(j + 1) * k];
+                        let want = f64::from(bias[j]) + xi.iter().zip(wj).map(|(a, b)| f64::from(a * b)).sum::<f64>();
+                        let scale: f64 = xi.iter().zip(wj).map(|(a, b)| f64::from((a * b).abs())).sum();
+                        let rounding: f64 = xi
+                            .chunks_exact(32)
+                            .zip(wj.chunks_exact(32))
+                            .map(|(xb, wb)| {
+                                let step = f64::from(xb.iter().fold(0f32, |a, v| a.max(v.abs()))) / 127.0;
+                                step / 2.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+                            })
+                            .sum();
+                        let g = f64::from(int8[i * n + j]);
+                        assert!(
+                            (g - want).abs() <= rounding + 1e-5 * scale,
+                            "{format} int8 m={m} ({i},{j}): {g} vs {want}"
+                        );
                     }
                 }
             }

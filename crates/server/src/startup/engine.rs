@@ -141,6 +141,9 @@ fn load_draft(path: &str, target: &dyn GpuBackend) -> Result<Weights> {
         dummy_seed: 0,
         hf_overrides: None,
         device: parse_device(target.name()).map_err(anyhow::Error::msg)?,
+        // A draft only proposes tokens the target verifies, so its dots trade nothing
+        // but acceptance: the fast ones.
+        cpu_dots: met_kernels::CpuDots::Int8,
         attention_backend: met_model_layers::LoadOptions::default().attention_backend,
     };
     tracing::info!("loading the draft model {path}");

@@ -161,7 +161,7 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
     timer.done(format_args!("{} with {} layers", config.model_type, config.num_layers));
 
     let timer = PhaseTimer::start(Phase::Device);
-    let backend = open_backend(args.device)?;
+    let backend = open_backend(args.device, args.cpu_dots)?;
     timer.done(backend.describe());
 
     // Tensor parallelism is planned; today every model runs on one device.
