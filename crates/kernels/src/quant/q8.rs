@@ -38,19 +38,13 @@ impl Q8Rows {
         assert!(k.is_multiple_of(32), "k = {k} is not whole blocks of 32");
         assert!(k == 0 || x.len().is_multiple_of(k), "x is not whole rows of {k}");
         let blocks = x.len() / 32;
-        let mut rows = Self { k, d: Vec::with_capacity(blocks), s: Vec::with_capacity(blocks), qs: vec![0; x.len()] };
-        for (xb, qb) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, v) in qb.iter_mut().zip(xb) {
-                // |v · inv| ≤ 127 up to rounding, so the clamp only guards that rounding.
-                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
-                sum += i32::from(*q);
-            }
-            rows.d.push(d);
-            rows.s.push(d * sum as f32);
+        let mut rows = Self { k, d: vec![0.0; blocks], s: vec![0.0; blocks], qs: vec![0; x.len()] };
+        #[cfg(target_arch = "x86_64")]
+        if super::x86_int::quantize(SimdLevel::current(), x, &mut rows) {
+            return rows;
+        }
+        for (b, (xb, qb)) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)).enumerate() {
+            (rows.d[b], rows.s[b]) = quantize_block(xb, qb);
         }
         rows
     }
@@ -74,6 +68,21 @@ impl Q8Rows {
             qs: &self.qs[i * self.k..(i + 1) * self.k],
         }
     }
+}
+
+/// Quantises one block of 32 values into `q`; returns its `d` and `d · Σ q`. Rounding is
+/// to nearest, ties to even, as the SIMD quantiser rounds, so both give the same blocks.
+pub(super) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, v) in q.iter_mut().zip(x) {
+        // |v · inv| ≤ 127 up to rounding, so the clamp only guards that rounding.
+        *q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        sum += i32::from(*q);
+    }
+    (d, d * sum as f32)
 }
 
 /// One quantised activation row.

@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use super::q8::{ActRow, WeightRow, block_int_dot, dot_scalar, min_term};
+use super::q8::{ActRow, WeightRow, block_int_dot, dot_scalar, min_term, quantize_block};
 use super::tests::random_row;
 use super::*;
 
@@ -188,6 +188,19 @@ fn few_rows_equal_one_row_at_a_time_bit_for_bit() {
                 }
             }
         }
+    }
+}
+
+/// The SIMD quantiser gives the scalar one's blocks exactly (the same rounding).
+#[test]
+fn simd_quantiser_equals_the_scalar_one() {
+    let x = activations(3, 576, 8);
+    let q = Q8Rows::quantize(&x, 576);
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        let mut qs = [0i8; 32];
+        let (d, s) = quantize_block(xb, &mut qs);
+        assert_eq!((q.d[b], q.s[b]), (d, s), "block {b}");
+        assert_eq!(&q.qs[b * 32..(b + 1) * 32], &qs[..], "block {b}");
     }
 }
 

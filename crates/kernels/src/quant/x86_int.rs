@@ -116,6 +116,50 @@ impl Job<'_, '_> {
     }
 }
 
+/// Quantises every block of `x` into `rows` with AVX2 (bit for bit what
+/// `q8::quantize_block` gives); false without AVX2.
+pub(super) fn quantize(level: SimdLevel, x: &[f32], rows: &mut Q8Rows) -> bool {
+    if level.min(SimdLevel::detected()) == SimdLevel::None {
+        return false;
+    }
+    for (b, (xb, qb)) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)).enumerate() {
+        // SAFETY: the CPU has AVX2 (checked above); both blocks hold 32 values.
+        (rows.d[b], rows.s[b]) = unsafe { quantize_block_256(xb, qb) };
+    }
+    true
+}
+
+/// One block of 32 values: `d = max|x| / 127`, `q = round(x / d)` (ties to even, as the
+/// scalar quantiser), returning `d` and `d · Σ q`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+    debug_assert!(x.len() == 32 && q.len() == 32);
+    // SAFETY: both slices hold 32 elements (one block).
+    unsafe {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let m = v.iter().fold(_mm256_setzero_ps(), |m, v| _mm256_max_ps(m, _mm256_and_ps(*v, abs)));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        let d = amax / 127.0;
+        let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let i: [__m256i; 4] = std::array::from_fn(|j| {
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[j], inv));
+            _mm256_cvtps_epi32(r)
+        });
+        let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let sum = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum)));
+        // The packs work within 128-bit lanes; the permute puts the 4-byte groups back in order.
+        let packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered);
+        (d, d * sum as f32)
+    }
+}
+
 /// `[d[b] × 8, d[b + 1] × 8]`, or `d[b]` everywhere for the last block of an odd count
 /// (whose upper lanes multiply zero products).
 #[inline]
