@@ -3,6 +3,8 @@
 //! `scripts/smollm2_reference.py`): greedy 32-token continuations of every chat case, all
 //! in one batch, and the `--chat` and `tokenize` paths from text. Skipped with a note
 //! when the model is not installed; `cargo xtask test` installs it and makes it required.
+//! Generation runs with exact CPU dots (`--cpu-dots exact`), the path that equals
+//! transformers; `default_model_int8.rs` checks the integer dots against both.
 
 use std::path::Path;
 use std::process::Command;
@@ -33,7 +35,13 @@ fn greedy_continuations_equal_transformers() {
     let Some(model) = met_config::default_model_for_test() else { return };
     let reference = reference();
     let cases = reference["chat"].as_array().unwrap();
-    let mut args = vec!["generate".to_string(), "--model".into(), model.display().to_string()];
+    let mut args = vec![
+        "generate".to_string(),
+        "--cpu-dots".into(),
+        "exact".into(),
+        "--model".into(),
+        model.display().to_string(),
+    ];
     for case in cases {
         args.extend(["--prompt-ids".into(), join(&ids(&case["prompt_ids"]))]);
     }
@@ -57,12 +65,21 @@ fn chat_from_text_renders_tokenizes_and_answers_like_transformers() {
     let case = reference["chat"].as_array().unwrap().iter().find(|c| c["name"] == "user_capital").unwrap();
     let question = case["messages"][0]["content"].as_str().unwrap();
     let model = model.display().to_string();
-    let line: Value =
-        serde_json::from_str(&met(&["generate", "--model", &model, "--chat", question, "--json"])).unwrap();
+    let line: Value = serde_json::from_str(&met(&[
+        "generate",
+        "--cpu-dots",
+        "exact",
+        "--model",
+        &model,
+        "--chat",
+        question,
+        "--json",
+    ]))
+    .unwrap();
     assert_eq!(ids(&line["prompt_ids"]), ids(&case["prompt_ids"]), "template + tokenizer");
     // Without --model, the default model answers, in plain text.
     assert_eq!(
-        met(&["generate", "--chat", question, "--max-tokens", "32"]).trim(),
+        met(&["generate", "--cpu-dots", "exact", "--chat", question, "--max-tokens", "32"]).trim(),
         case["generated_text"].as_str().unwrap()
     );
 }
