@@ -52,19 +52,18 @@ pub(super) fn dot_rows(
         return false;
     }
     let q4 = p.format() != QuantFormat::Q8_0;
-    let acts: Vec<ActRow<'_>> = (0..x.rows()).map(|i| x.row(i)).collect();
+    let m = x.rows();
     let mut job = Job { level, q4, p, rows, out };
-    for first in (0..acts.len()).step_by(MAX_M) {
-        let group = &acts[first..(first + MAX_M).min(acts.len())];
-        match group.len() {
-            1 => job.group::<1>(first, group),
-            2 => job.group::<2>(first, group),
-            3 => job.group::<3>(first, group),
-            4 => job.group::<4>(first, group),
-            5 => job.group::<5>(first, group),
-            6 => job.group::<6>(first, group),
-            7 => job.group::<7>(first, group),
-            _ => job.group::<8>(first, group),
+    for first in (0..m).step_by(MAX_M) {
+        match (m - first).min(MAX_M) {
+            1 => job.group::<1>(x, first),
+            2 => job.group::<2>(x, first),
+            3 => job.group::<3>(x, first),
+            4 => job.group::<4>(x, first),
+            5 => job.group::<5>(x, first),
+            6 => job.group::<6>(x, first),
+            7 => job.group::<7>(x, first),
+            _ => job.group::<8>(x, first),
         }
     }
     true
@@ -73,8 +72,8 @@ pub(super) fn dot_rows(
 impl Job<'_, '_> {
     /// Activation rows `first..first + M` against every weight row, in tiles of as many
     /// weight rows as the registers hold accumulators for.
-    fn group<const M: usize>(&mut self, first: usize, group: &[ActRow<'_>]) {
-        let acts: [ActRow<'_>; M] = std::array::from_fn(|i| group[i]);
+    fn group<const M: usize>(&mut self, x: &Q8Rows, first: usize) {
+        let acts: [ActRow<'_>; M] = std::array::from_fn(|i| x.row(first + i));
         let tile = match (self.level, M) {
             (SimdLevel::Avx512, ..=4) | (_, 1) => 4,
             (SimdLevel::Avx512, _) | (_, ..=4) => 2,
@@ -160,23 +159,59 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
     }
 }
 
-/// `[d[b] × 8, d[b + 1] × 8]`, or `d[b]` everywhere for the last block of an odd count
-/// (whose upper lanes multiply zero products).
+/// Raw views of a group's rows, read without bounds checks in the inner loops (the
+/// callers of `dot_rows` checked every length once).
+struct Ptrs<const R: usize, const M: usize> {
+    wq: [*const u8; R],
+    wd: [*const f32; R],
+    aq: [*const i8; M],
+    ad: [*const f32; M],
+}
+
+impl<const R: usize, const M: usize> Ptrs<R, M> {
+    fn of(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> Self {
+        Self {
+            wq: std::array::from_fn(|r| w[r].qs.as_ptr()),
+            wd: std::array::from_fn(|r| w[r].d.as_ptr()),
+            aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
+            ad: std::array::from_fn(|i| a[i].d.as_ptr()),
+        }
+    }
+}
+
+/// `[d[b] × 8, d[b + 1] × 8]`, or `d[b]` in the low half for the last block of an odd
+/// count (whose upper lanes multiply zero products).
+///
+/// # Safety
+/// `d[b]` (and `d[b + 1]` when `PAIR`) must be readable; the CPU must have AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn pair_scales(d: &[f32], b: usize, pair: bool) -> __m512 {
-    let lo = _mm512_set1_ps(d[b]);
-    if pair { _mm512_mask_blend_ps(0xFF00, lo, _mm512_set1_ps(d[b + 1])) } else { lo }
+unsafe fn pair_scales<const PAIR: bool>(d: *const f32, b: usize) -> __m512 {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        if PAIR {
+            let two = _mm_castpd_ps(_mm_load_sd(d.add(b).cast()));
+            _mm512_permutexvar_ps(
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                _mm512_castps128_ps512(two),
+            )
+        } else {
+            _mm512_set1_ps(*d.add(b))
+        }
+    }
 }
 
 /// Loads the quants of activation blocks `b` and `b + 1` (or `b` alone, zero-extended).
+///
+/// # Safety
+/// Block `b` (and `b + 1` when `PAIR`) of 32 bytes must be readable at `qs`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn load_pair(qs: *const i8, b: usize, pair: bool) -> __m512i {
-    // SAFETY: the caller guarantees block `b` (and `b + 1` when `pair`) is in bounds.
+unsafe fn load_pair<const PAIR: bool>(qs: *const i8, b: usize) -> __m512i {
+    // SAFETY: as the caller guarantees.
     unsafe {
         let p = qs.add(b * 32);
-        if pair { _mm512_loadu_si512(p.cast()) } else { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
+        if PAIR { _mm512_loadu_si512(p.cast()) } else { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
     }
 }
 
@@ -217,67 +252,108 @@ fn add_min_terms_512<const R: usize, const M: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
     let nb = w[0].d.len();
-    let (mask, mask128) = (_mm256_set1_epi8(0x0F), _mm_set1_epi8(0x0F));
-    let zero = _mm512_setzero_si512();
+    let ptrs = Ptrs::of(w, a);
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    for b in (0..nb).step_by(2) {
-        let pair = b + 1 < nb;
-        // SAFETY: blocks `b` (and `b + 1` when `pair`) of every row are in bounds: each
-        // weight row holds 16 payload bytes per block, each activation row 32 quants.
-        unsafe {
-            let qx: [__m512i; M] = std::array::from_fn(|i| load_pair(a[i].qs.as_ptr(), b, pair));
-            let dx: [__m512; M] = std::array::from_fn(|i| pair_scales(a[i].d, b, pair));
-            for r in 0..R {
-                let p = w[r].qs.as_ptr().add(b * 16);
-                // Lanes of 128 bits: [low nibbles of b, high nibbles of b, the same of b + 1],
-                // the element order of the activation blocks.
-                let u = if pair {
-                    let v = _mm256_loadu_si256(p.cast());
-                    let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-                    let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                    _mm512_shuffle_i64x2::<0xD8>(t, t)
-                } else {
-                    let v = _mm_loadu_si128(p.cast());
-                    let (lo, hi) = (_mm_and_si128(v, mask128), _mm_and_si128(_mm_srli_epi16::<4>(v), mask128));
-                    _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
-                };
-                let dw = pair_scales(w[r].d, b, pair);
-                for i in 0..M {
-                    let dot = _mm512_dpbusd_epi32(zero, u, qx[i]);
-                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[i]), acc[r][i]);
-                }
-            }
+    // SAFETY: every weight row holds `nb` scales and `16 · nb` payload bytes and every
+    // activation row `nb` scales and `32 · nb` quants; the steps read blocks below `nb`.
+    unsafe {
+        for b in (0..nb & !1).step_by(2) {
+            q4_step_512::<R, M, true>(&ptrs, b, &mut acc);
+        }
+        if nb % 2 == 1 {
+            q4_step_512::<R, M, false>(&ptrs, nb - 1, &mut acc);
         }
     }
     add_min_terms_512(w, a, &mut acc);
     reduce_512(&acc)
 }
 
+/// Blocks `b` and `b + 1` (or `b` alone) of a Q4 group into its accumulators.
+///
+/// # Safety
+/// Those blocks must be in bounds of every row behind `ptrs`; the CPU must have the
+/// features below.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn q4_step_512<const R: usize, const M: usize, const PAIR: bool>(
+    ptrs: &Ptrs<R, M>,
+    b: usize,
+    acc: &mut [[__m512; M]; R],
+) {
+    let (mask, mask128) = (_mm256_set1_epi8(0x0F), _mm_set1_epi8(0x0F));
+    let zero = _mm512_setzero_si512();
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let qx: [__m512i; M] = std::array::from_fn(|i| load_pair::<PAIR>(ptrs.aq[i], b));
+        let dx: [__m512; M] = std::array::from_fn(|i| pair_scales::<PAIR>(ptrs.ad[i], b));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = ptrs.wq[r].add(b * 16);
+            // Lanes of 128 bits: [low nibbles of b, high nibbles of b, the same of b + 1],
+            // the element order of the activation blocks.
+            let u = if PAIR {
+                let v = _mm256_loadu_si256(p.cast());
+                let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+                let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_shuffle_i64x2::<0xD8>(t, t)
+            } else {
+                let v = _mm_loadu_si128(p.cast());
+                let (lo, hi) = (_mm_and_si128(v, mask128), _mm_and_si128(_mm_srli_epi16::<4>(v), mask128));
+                _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
+            };
+            let dw = pair_scales::<PAIR>(ptrs.wd[r], b);
+            for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
+                let dot = _mm512_dpbusd_epi32(zero, u, *qx);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, *dx), *acc);
+            }
+        }
+    }
+}
+
 /// Q8_0 rows × q8 rows, two blocks per step with `vpdpbusd` and the sign trick.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
     let nb = w[0].d.len();
-    let zero = _mm512_setzero_si512();
+    let ptrs = Ptrs::of(w, a);
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    for b in (0..nb).step_by(2) {
-        let pair = b + 1 < nb;
-        // SAFETY: as in `q4_512`, with 32 payload bytes per weight block.
-        unsafe {
-            let qx: [__m512i; M] = std::array::from_fn(|i| load_pair(a[i].qs.as_ptr(), b, pair));
-            let dx: [__m512; M] = std::array::from_fn(|i| pair_scales(a[i].d, b, pair));
-            for r in 0..R {
-                let wv = load_pair(w[r].qs.as_ptr().cast(), b, pair);
-                let (u, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
-                let dw = pair_scales(w[r].d, b, pair);
-                for i in 0..M {
-                    let s = _mm512_mask_sub_epi8(qx[i], neg, zero, qx[i]);
-                    let dot = _mm512_dpbusd_epi32(zero, u, s);
-                    acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[i]), acc[r][i]);
-                }
-            }
+    // SAFETY: as in `q4_512`, with 32 payload bytes per weight block.
+    unsafe {
+        for b in (0..nb & !1).step_by(2) {
+            q8_step_512::<R, M, true>(&ptrs, b, &mut acc);
+        }
+        if nb % 2 == 1 {
+            q8_step_512::<R, M, false>(&ptrs, nb - 1, &mut acc);
         }
     }
     reduce_512(&acc)
+}
+
+/// Blocks `b` and `b + 1` (or `b` alone) of a Q8_0 group into its accumulators.
+///
+/// # Safety
+/// As `q4_step_512`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
+    ptrs: &Ptrs<R, M>,
+    b: usize,
+    acc: &mut [[__m512; M]; R],
+) {
+    let zero = _mm512_setzero_si512();
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let qx: [__m512i; M] = std::array::from_fn(|i| load_pair::<PAIR>(ptrs.aq[i], b));
+        let dx: [__m512; M] = std::array::from_fn(|i| pair_scales::<PAIR>(ptrs.ad[i], b));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let wv = load_pair::<PAIR>(ptrs.wq[r].cast(), b);
+            let (u, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
+            let dw = pair_scales::<PAIR>(ptrs.wd[r], b);
+            for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
+                let s = _mm512_mask_sub_epi8(*qx, neg, zero, *qx);
+                let dot = _mm512_dpbusd_epi32(zero, u, s);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, *dx), *acc);
+            }
+        }
+    }
 }
 
 /// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 8 blocks per
