@@ -357,7 +357,7 @@ unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
 }
 
 /// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 8 blocks per
-/// step (as `add_min_terms_512`); the last partial step reads zero-padded copies.
+/// step (as `add_min_terms_512`); the last partial step loads under a mask.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn add_min_terms_256<const R: usize, const M: usize>(
@@ -365,19 +365,19 @@ fn add_min_terms_256<const R: usize, const M: usize>(
     a: &[ActRow<'_>; M],
     acc: &mut [[__m256; M]; R],
 ) {
-    let load = |v: &[f32], b: usize| {
-        let mut lanes = [0f32; 8];
-        let end = (b + 8).min(v.len());
-        lanes[..end - b].copy_from_slice(&v[b..end]);
-        // SAFETY: `lanes` holds 8 values.
-        unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
-    };
-    for b in (0..w[0].d.len()).step_by(8) {
-        let s: [__m256; M] = std::array::from_fn(|i| load(a[i].s, b));
-        for r in 0..R {
-            let m = load(w[r].m, b);
-            for i in 0..M {
-                acc[r][i] = _mm256_fmadd_ps(m, s[i], acc[r][i]);
+    let nb = w[0].d.len();
+    for b in (0..nb).step_by(8) {
+        let left = (nb - b).min(8) as i32;
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        // SAFETY: the mask covers blocks `b..nb` only, all in bounds of every row's
+        // minimums and every activation row's block terms.
+        unsafe {
+            let s: [__m256; M] = std::array::from_fn(|i| _mm256_maskload_ps(a[i].s.as_ptr().add(b), mask));
+            for (wr, acc) in w.iter().zip(acc.iter_mut()) {
+                let m = _mm256_maskload_ps(wr.m.as_ptr().add(b), mask);
+                for (acc, s) in acc.iter_mut().zip(&s) {
+                    *acc = _mm256_fmadd_ps(m, *s, *acc);
+                }
             }
         }
     }
