@@ -215,7 +215,7 @@ fn matmul_quant(c: &mut Criterion) {
     for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
         let packed = packed_weights(format, n, k, 3);
         for dots in [CpuDots::Exact, CpuDots::Int8] {
-            for m in [1, 5, 64] {
+            for m in [1, 5, 8, 64] {
                 let x = values(m * k, 2);
                 group.throughput(flops(2 * m * k * n));
                 group.bench_function(format!("{format}/{dots}/m{m}_k{k}_n{n}"), |bench| {
