@@ -6,7 +6,8 @@
 # a time. After each measurement the same prompts are sent once more without streaming and
 # the answers saved, so the two modes' outputs can be compared token for token.
 #
-# Usage: [MET=/path/to/met] [ROUNDS=3] [K=8] bench/speculative_cpu.sh [OUT_DIR]
+# Usage: [MET=/path/to/met] [ROUNDS=3] [K=8] [SERVE_FLAGS="--cpu-dots int8"] bench/speculative_cpu.sh [OUT_DIR]
+# (SERVE_FLAGS go to both servers.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-bench/results/speculative-cpu}"
@@ -35,7 +36,8 @@ wait_ready() {  # wait_ready URL: until /health answers 200, at most 120 s
 
 run_one() {  # run_one MODE ROUND
   local mode="$1" round="$2" pid flags=()
-  [ "$mode" = ngram ] && flags=(--speculative ngram --num-speculative-tokens "$K")
+  read -r -a flags <<<"${SERVE_FLAGS:-}"
+  [ "$mode" = ngram ] && flags+=(--speculative ngram --num-speculative-tokens "$K")
   RAYON_NUM_THREADS=$THREADS "$MET" serve --device cpu --model "$GGUF" --port $PORT "${flags[@]}" \
     >"$OUT_DIR/$mode-$round.log" 2>&1 &
   pid=$!

@@ -9,7 +9,7 @@ once in a virtualenv outside the repository, it is not a dependency of met or it
     python3 -m venv ~/venvs/lcpp && ~/venvs/lcpp/bin/pip install llama-cpp-python
     ~/venvs/lcpp/bin/python scripts/bench_cpu_llamacpp.py --met target/release/met
 
-llama.cpp's figures are the wall time of `Llama.eval` over the prompt and over each
+`--cpu-dots exact,int8` runs met once per mode in every round. llama.cpp's figures are the wall time of `Llama.eval` over the prompt and over each
 generated token (its greedy pick is an argmax over the returned logits); met's come from
 `met generate --timing` (wall time of the engine steps before and after the first token).
 Model loading is excluded for both. Medians over the rounds are printed as JSON.
@@ -47,10 +47,10 @@ def bench_llamacpp(path, ids, gen, threads):
     return out
 
 
-def bench_met(met, path, ids, gen, threads):
+def bench_met(met, path, ids, gen, threads, dots):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), MET_LOG="off")
     cmd = [met, "generate", "--model", path, "--prompt-ids", ",".join(map(str, ids)),
-           "--max-tokens", str(gen + 1), "--ignore-eos", "--timing"]
+           "--max-tokens", str(gen + 1), "--ignore-eos", "--timing", "--cpu-dots", dots]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     timing = json.loads(done.stderr.strip().splitlines()[-1])
     return {"prompt_tokens_per_s": timing["prompt_tokens_per_s"],
@@ -66,18 +66,24 @@ def main():
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cpu-dots", default="exact",
+                   help="met's --cpu-dots values to run, comma-separated (each is its own engine)")
     args = p.parse_args()
     ids = prompt_ids(args.prompt)
-    runs = {"llama.cpp": [], "met": []}
+    dots = args.cpu_dots.split(",")
+    mets = {d: f"met ({d})" for d in dots}
+    runs = {"llama.cpp": [], **{name: [] for name in mets.values()}}
     for _ in range(args.rounds):
         runs["llama.cpp"].append(bench_llamacpp(args.model, ids, args.gen, args.threads))
-        runs["met"].append(bench_met(args.met, args.model, ids, args.gen, args.threads))
+        for d, name in mets.items():
+            runs[name].append(bench_met(args.met, args.model, ids, args.gen, args.threads, d))
     summary = {
         engine: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for engine, rs in runs.items()
     }
-    summary["met/llama.cpp"] = {
-        key: summary["met"][key] / summary["llama.cpp"][key] for key in summary["met"]
-    }
+    for name in mets.values():
+        summary[f"{name}/llama.cpp"] = {
+            key: summary[name][key] / summary["llama.cpp"][key] for key in summary[name]
+        }
     print(json.dumps({"rounds": args.rounds, "threads": args.threads, "prompt": args.prompt, "gen": args.gen,
                       "median": summary, "runs": runs}, indent=2))
 
