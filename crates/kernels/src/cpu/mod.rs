@@ -51,8 +51,8 @@ impl CpuBackend {
         Self::default()
     }
 
-    /// A CPU backend whose few-row quantised matmuls use `dots` (serving picks
-    /// [`CpuDots::Int8`] for speed).
+    /// A CPU backend whose few-row quantised matmuls use `dots` (`met --cpu-dots int8`
+    /// picks [`CpuDots::Int8`] for speed).
     pub fn with_dots(dots: CpuDots) -> Self {
         Self { dots }
     }
