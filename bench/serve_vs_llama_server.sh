@@ -7,7 +7,7 @@
 # first, one server up at a time, so both see the same machine. Results: one JSON per
 # server and round in OUT_DIR, a plot overlaying the medians, and a table of medians.
 #
-# Usage: LLAMA_SERVER=/path/to/llama-server [MET=/path/to/met] bench/serve_vs_llama_server.sh [OUT_DIR]
+# Usage: LLAMA_SERVER=/path/to/llama-server [MET=/path/to/met] [MET_FLAGS="--cpu-dots int8"] bench/serve_vs_llama_server.sh [OUT_DIR]
 # Build llama-server once, outside the repo, from the llama.cpp sources vendored in the
 # llama-cpp-python sdist (see bench/README.md).
 set -euo pipefail
@@ -40,9 +40,10 @@ wait_ready() {  # wait_ready URL: until /health answers 200, at most 120 s
 }
 
 run_one() {  # run_one NAME ROUND
-  local name="$1" round="$2" pid
+  local name="$1" round="$2" pid flags=()
+  read -r -a flags <<<"${MET_FLAGS:-}"
   case "$name" in
-    met) RAYON_NUM_THREADS=$THREADS "$MET" serve --device cpu --model "$GGUF" --port $PORT \
+    met) RAYON_NUM_THREADS=$THREADS "$MET" serve --device cpu --model "$GGUF" --port $PORT "${flags[@]}" \
            >"$OUT_DIR/$name-$round.log" 2>&1 & ;;
     llama-server) "$LLAMA_SERVER" -m "$GGUF" -t $THREADS -tb $THREADS --port $PORT -c 8192 -np 8 \
            --no-webui >"$OUT_DIR/$name-$round.log" 2>&1 & ;;
