@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 
 use super::QuantFormat;
 use super::SimdLevel as Level;
+use super::q8::WeightRow;
 
 /// The process's SIMD level (see [`super::SimdLevel::current`]).
 fn level() -> Level {
@@ -44,7 +45,7 @@ pub(super) fn packed_dot_rows(
     let mut j = 0;
     while j < out.len() {
         let (ra, rb) = (rows.start + j, rows.start + (j + 1).min(out.len() - 1));
-        let (a, b) = (PackedRow::of(p, ra), PackedRow::of(p, rb));
+        let (a, b) = (WeightRow::of(p, ra), WeightRow::of(p, rb));
         // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
         // each row holds `nb` scales (and minimums) and `nb` payloads, `x` holds `32 · nb`
         // values and `sums` `nb` (checked by the caller).
@@ -89,7 +90,7 @@ pub(super) fn packed_dot_rows_many(
         let xs: Vec<&[f32]> = (first..first + take).map(|i| &x[i * k..(i + 1) * k]).collect();
         let ss: Vec<&[f32]> = (first..first + take).map(|i| &sums[i * nb..(i + 1) * nb]).collect();
         for (j, r) in rows.clone().enumerate() {
-            let row = PackedRow::of(p, r);
+            let row = WeightRow::of(p, r);
             let mut got = [0f32; 4];
             // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
             // minimums and payloads, each activation row `32 · nb` values and each sums row
@@ -117,7 +118,7 @@ pub(super) fn packed_dot_rows_many(
 /// One packed Q4 row against `M` activation rows: per row, exactly the operations of
 /// `packed_q4_512` (which runs them for two weight rows instead).
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &PackedRow<'_>) -> [f32; M] {
+unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mask = _mm_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M];
     for i in 0..a.d.len() {
@@ -142,7 +143,7 @@ unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: 
 /// One packed Q8 row against `M` activation rows: per row, exactly the operations of
 /// `packed_q8_512`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &PackedRow<'_>) -> [f32; M] {
+unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mut acc = [_mm512_setzero_ps(); M];
     for i in 0..a.d.len() {
         // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
@@ -162,33 +163,13 @@ unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &PackedRow<'_>) -
     std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]))
 }
 
-/// One row of a packed matrix: per-block scales, minimums (Q4) and payloads.
-struct PackedRow<'a> {
-    d: &'a [f32],
-    m: &'a [f32],
-    qs: &'a [u8],
-}
-
-impl<'a> PackedRow<'a> {
-    /// Row `r` of `p` (no minimums for Q8_0).
-    fn of(p: &'a super::packed::PackedQuant, r: usize) -> Self {
-        let nb = p.blocks_per_row();
-        let q4 = p.format() != QuantFormat::Q8_0;
-        Self {
-            d: &p.d[r * nb..(r + 1) * nb],
-            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
-            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
-        }
-    }
-}
-
 /// `Σ m · s` over a row's blocks.
 fn min_term(m: &[f32], sums: &[f32]) -> f32 {
     m.iter().zip(sums).map(|(m, s)| m * s).sum()
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for i in 0..a.d.len() {
@@ -212,7 +193,7 @@ unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRo
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn packed_q8_512(x: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for i in 0..a.d.len() {
         // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
@@ -233,7 +214,7 @@ unsafe fn packed_q8_512(x: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for i in 0..a.d.len() {
@@ -264,7 +245,7 @@ unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &PackedRow<'_>, b: &PackedRo
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn packed_q8_256(x: &[f32], a: &PackedRow<'_>, b: &PackedRow<'_>) -> (f32, f32) {
+unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for i in 0..a.d.len() {
         // SAFETY: as in `packed_q8_512`.

@@ -25,6 +25,17 @@ fn topk_reference(row: &[f32], k: usize, renormalize: bool) -> (Vec<u32>, Vec<f6
     (order.iter().map(|&i| i as u32).collect(), order.iter().map(|&i| probs[i] / norm).collect())
 }
 
+/// [`topk_reference`] of every row of `e` logits, back to back.
+fn topk_reference_rows(logits: &[f32], e: usize, k: usize, renormalize: bool) -> (Vec<u32>, Vec<f64>) {
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for row in logits.chunks(e) {
+        let (i, w) = topk_reference(row, k, renormalize);
+        ids.extend(i);
+        weights.extend(w);
+    }
+    (ids, weights)
+}
+
 /// Top-k routing for k = 1, 3 and e, with and without renormalisation, on rows that include
 /// a three-way tie: experts come best first with ties to the lower index, weights are the
 /// softmax probabilities, and renormalised weights sum to 1.
@@ -38,12 +49,7 @@ pub fn topk_routing_matches_reference(b: &dyn GpuBackend) -> Result<()> {
         for renormalize in [false, true] {
             let what = format!("topk_routing k={k} renormalize={renormalize}");
             let Routing { weights, experts } = b.topk_routing(&logits_t, k, renormalize)?;
-            let (mut want_ids, mut want_w) = (Vec::new(), Vec::new());
-            for row in logits.chunks(e) {
-                let (ids, w) = topk_reference(row, k, renormalize);
-                want_ids.extend(ids);
-                want_w.extend(w);
-            }
+            let (want_ids, want_w) = topk_reference_rows(&logits, e, k, renormalize);
             assert_eq!(experts.dims(), [t, k], "{what}: experts shape");
             assert_eq!(b.download_u32(&experts)?, want_ids, "{what}: experts");
             assert_close(b, &weights, &[t, k], &want_w, &what)?;
@@ -74,12 +80,7 @@ fn wide_topk_routing_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     for renormalize in [false, true] {
         let what = format!("topk_routing 8 of 128, renormalize={renormalize}");
         let Routing { weights, experts } = b.topk_routing(&logits_t, k, renormalize)?;
-        let (mut want_ids, mut want_w) = (Vec::new(), Vec::new());
-        for row in logits.chunks(e) {
-            let (ids, w) = topk_reference(row, k, renormalize);
-            want_ids.extend(ids);
-            want_w.extend(w);
-        }
+        let (want_ids, want_w) = topk_reference_rows(&logits, e, k, renormalize);
         let got = b.download_u32(&experts)?;
         assert_eq!(got[..3], [5, 37, 69], "{what}: a tie on one lane goes to the lower index");
         assert_eq!(got[k..k + 2], [66, 97], "{what}: a tie across lanes goes to the lower index");
