@@ -197,7 +197,7 @@ step lib "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --te
 ops_each() {
   local bin="$HERE/tests/kernels-ops" pass=0 fail=0 t
   "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
-  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only)?::' | sed 's/: test$//'); do
+  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma)?::' | sed 's/: test$//'); do
     if "$bin" --exact "$t" --test-threads=1 --nocapture >"$LOGS/op.tmp" 2>&1; then
       pass=$((pass + 1)); echo "ok: $t"
     else

@@ -12,7 +12,8 @@
 //! - `attention`: decode steps of 1 and 64 sequences over 4,096-token contexts and a
 //!   4,096-token causal prefill, 32 query heads on 8 KV heads of 128 dims in blocks of 16,
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
-//!   the reference op beside the decode of 64.
+//!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
+//!   that GPUs before Hopper run (`flash_mma`).
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host.
 //!
@@ -63,6 +64,13 @@ fn backend() -> Option<&'static CudaBackend> {
             }
         })
         .as_ref()
+}
+
+/// A second backend on the same GPU whose `flash` op runs prefill steps on the `mma.sync`
+/// tiles (`CudaBackend::with_mma_sync_prefill`).
+fn mma_backend() -> Option<&'static CudaBackend> {
+    static BACKEND: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    BACKEND.get_or_init(|| CudaBackend::new().ok().map(CudaBackend::with_mma_sync_prefill)).as_ref()
 }
 
 /// Deterministic values in `[-1, 1)`, so runs are comparable.
@@ -235,14 +243,18 @@ fn attention(c: &mut Criterion) {
             });
         }
     }
-    let (kc, vc, meta) = attention_step(b, 1, context, context);
-    let q = upload(b, &values(context * HEADS * HEAD_DIM, 6), &[context, HEADS, HEAD_DIM]);
     // Q·Kᵀ and P·V over the visible (causal) pairs: 2 · 2 · d FLOPs per pair and head.
     let pairs = context * (context + 1) / 2;
     group.throughput(Throughput::Elements((4 * pairs * HEAD_DIM * HEADS) as u64));
-    bench_synced(&mut group, &format!("flash/prefill_{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_causal"), b, || {
-        b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
-    });
+    for (label, b) in [("flash", Some(b)), ("flash_mma", mma_backend())] {
+        let Some(b) = b else { continue };
+        let (kc, vc, meta) = attention_step(b, 1, context, context);
+        let q = upload(b, &values(context * HEADS * HEAD_DIM, 6), &[context, HEADS, HEAD_DIM]);
+        let name = format!("{label}/prefill_{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_causal");
+        bench_synced(&mut group, &name, b, || {
+            b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
+        });
+    }
     group.finish();
 }
 

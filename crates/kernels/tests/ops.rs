@@ -106,6 +106,22 @@ backend_tests!(cpu, met_kernels::CpuBackend::new());
 #[cfg(feature = "cuda")]
 backend_tests!(cuda, met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU"));
 
+/// The attention checks again on the `mma.sync` prefill tiles, the kernels of GPUs before
+/// Hopper, which a Hopper GPU otherwise never runs.
+#[cfg(feature = "cuda")]
+mod cuda_mma {
+    backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_mma_sync_prefill();
+        attention::paged_attention_gqa_mixed_batch,
+        attention::paged_attention_mha_mixed_batch,
+        attention::paged_attention_sliding_window,
+        attention::paged_attention_softcap,
+        attention::paged_attention_smollm_shape,
+        attention::paged_attention_long_contexts,
+        attention::attention_tiled_prefill_shapes,
+        props::paged_attention_property,
+    );
+}
+
 /// Checks of promises only the CUDA backend makes.
 #[cfg(feature = "cuda")]
 mod cuda_only {

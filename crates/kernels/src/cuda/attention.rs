@@ -8,8 +8,9 @@
 //!   (`cuda/attention.cu`);
 //! - `flash_attention`, the `flash` backend: tensor-core kernels for head dims 64 and 128,
 //!   split-KV decode (`cuda/flash_decode.cu`) for decode steps and tiles for everything else
-//!   (`cuda/flash.cu`); the scalar split-KV decode kernel (`attention.cu`) for other head
-//!   dims' decode steps, and the reference for the rest.
+//!   (`cuda/flash_wgmma.cu` on Hopper, warpgroup MMA fed by a producer warpgroup;
+//!   `cuda/flash.cu`, `mma.sync`, before it); the scalar split-KV decode kernel
+//!   (`attention.cu`) for other head dims' decode steps, and the reference for the rest.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -282,31 +283,65 @@ pub(super) fn flash_attention(
         let launch =
             DecodeLaunch { kernel: decode_kernel(bucket, seqs), warps: decode_warps(bucket, seqs), shared: 0, z };
         decode(b, &call.out, (q, k_cache, v_cache), meta, call.args, launch)?;
-    } else if let Some(kernel) = prefill_kernel(d) {
-        prefill(b, &call, kernel, q, (k_cache, v_cache), meta)?;
+    } else if let Some(tiled) = prefill_kernel(d, b.tiled_prefill) {
+        prefill(b, &call, tiled, q, (k_cache, v_cache), meta)?;
     } else {
         reference(b, &call, q, (k_cache, v_cache), meta)?;
     }
     Ok(call.out)
 }
 
-/// Packed rows per block of the tiled kernel (`FL_BM`), and its shared memory: the query
-/// tile and two buffers of FL_BN keys and values (`FL_BN` = 64).
-const FL_BM: usize = 64;
-const FL_BN: usize = 64;
-const FL_THREADS: u32 = 128;
-
-fn prefill_shared_bytes(d: usize) -> usize {
-    (FL_BM + 4 * FL_BN) * d * 2
+/// A tiled prefill kernel and its launch shape.
+#[derive(Debug, Clone, Copy)]
+struct Tiled {
+    kernel: &'static str,
+    /// Packed (query, head) rows per block.
+    rows: u32,
+    threads: u32,
+    shared: u32,
 }
 
-/// The tiled kernel for head dim `d`, if there is one.
-fn prefill_kernel(d: usize) -> Option<&'static str> {
-    match d {
-        64 => Some("flash_prefill_bf16_d64"),
-        128 => Some("flash_prefill_bf16_d128"),
-        _ => None,
+/// Keys per tile of both tiled kernels (`FL_BN`, `FW_BN`).
+const FL_BN: usize = 64;
+const FW_BN: usize = 128;
+/// Stages of the Hopper kernel's K/V ring (`FW_STAGES`).
+const FW_STAGES: usize = 3;
+
+/// Which tiled kernel family runs the prefill steps of the `flash` op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TiledPrefill {
+    /// Warpgroup MMA fed by a producer warpgroup (`flash_wgmma.cu`, sm_90a): Hopper's.
+    Warpgroup,
+    /// `mma.sync` tiles (`flash.cu`): every other GPU's.
+    MmaSync,
+}
+
+impl TiledPrefill {
+    /// The family a device of compute capability `cc` runs.
+    pub(crate) fn for_device(cc: (i32, i32)) -> Self {
+        if cc.0 == 9 { Self::Warpgroup } else { Self::MmaSync }
     }
+}
+
+/// The tiled kernel of `family` for head dim `d`, if there is one: the warpgroup kernel
+/// takes 128 rows a block with two consumer warpgroups and a producer (shared memory: the
+/// query tile, a ring of K/V tiles, 8-byte mbarriers, 1 KiB of alignment); the `mma.sync`
+/// kernel 64 rows with 4 warps (the query tile and two buffers of keys and values).
+fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
+    let kernel = match (d, family) {
+        (64, TiledPrefill::Warpgroup) => "flash_prefill_wg_bf16_d64",
+        (128, TiledPrefill::Warpgroup) => "flash_prefill_wg_bf16_d128",
+        (64, TiledPrefill::MmaSync) => "flash_prefill_bf16_d64",
+        (128, TiledPrefill::MmaSync) => "flash_prefill_bf16_d128",
+        _ => return None,
+    };
+    Some(match family {
+        TiledPrefill::Warpgroup => {
+            let shared = (128 + 2 * FW_STAGES * FW_BN) * d * 2 + 2 * FW_STAGES * 8 + 1024;
+            Tiled { kernel, rows: 128, threads: 384, shared: shared as u32 }
+        }
+        TiledPrefill::MmaSync => Tiled { kernel, rows: 64, threads: 128, shared: ((64 + 4 * FL_BN) * d * 2) as u32 },
+    })
 }
 
 /// Warps per block of the tensor-core decode kernel (`FD_WARPS`, 16 keys of a tile each), and
@@ -342,16 +377,24 @@ fn flash_decode_split_min(seqs: usize) -> u32 {
     }
 }
 
-/// Lets the tensor-core kernels use more than the default 48 KiB of dynamic shared memory.
+/// Lets the tensor-core kernels a device of compute capability `cc` can run use more than
+/// the default 48 KiB of dynamic shared memory.
 pub(super) fn raise_shared_memory(
     kernels: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
+    cc: (i32, i32),
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    // Every device can run the `mma.sync` tiles; the warpgroup ones only Hopper.
+    let mut families = vec![TiledPrefill::MmaSync];
+    if TiledPrefill::for_device(cc) == TiledPrefill::Warpgroup {
+        families.push(TiledPrefill::Warpgroup);
+    }
     for d in [64, 128] {
-        let sized = [
-            (prefill_kernel(d).expect("a tiled kernel"), prefill_shared_bytes(d) as u32),
-            (flash_decode_kernel(d).expect("a decode kernel"), flash_decode_shared_bytes(d)),
-        ];
+        let mut sized = vec![(flash_decode_kernel(d).expect("a decode kernel"), flash_decode_shared_bytes(d))];
+        for &family in &families {
+            let tiled = prefill_kernel(d, family).expect("a tiled kernel");
+            sized.push((tiled.kernel, tiled.shared));
+        }
         for (name, bytes) in sized {
             let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
             func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -361,13 +404,13 @@ pub(super) fn raise_shared_memory(
     Ok(())
 }
 
-/// The tiled kernel: one block per (tile of FL_BM packed (query, head) rows of one sequence,
-/// KV head). `tiles [seqs + 1]`, each sequence's first tile, is this backend's own step
-/// metadata; a step whose sequences are one tile each passes none.
+/// The tiled kernel: one block per (tile of `tiled.rows` packed (query, head) rows of one
+/// sequence, KV head). `tiles [seqs + 1]`, each sequence's first tile, is this backend's own
+/// step metadata; a step whose sequences are one tile each passes none.
 fn prefill(
     b: &CudaBackend,
     call: &Call,
-    kernel: &'static str,
+    tiled: Tiled,
     q: &Tensor,
     (kc, vc): (&Tensor, &Tensor),
     meta: &AttentionMeta,
@@ -378,7 +421,7 @@ fn prefill(
     let mut total = 0u32;
     starts.push(0);
     for w in call.cu.windows(2) {
-        total += ((w[1] - w[0]) * group).div_ceil(FL_BM as u32);
+        total += ((w[1] - w[0]) * group).div_ceil(tiled.rows);
         starts.push(total);
     }
     if total == 0 {
@@ -392,14 +435,14 @@ fn prefill(
     };
     let cfg = LaunchConfig {
         grid_dim: (total, call.args.h_kv, 1),
-        block_dim: (FL_THREADS, 1, 1),
-        shared_mem_bytes: prefill_shared_bytes(call.args.d as usize) as u32,
+        block_dim: (tiled.threads, 1, 1),
+        shared_mem_bytes: tiled.shared,
     };
     let ptrs = (ptr(op, &call.out)?, ptr(op, q)?, ptr(op, kc)?, ptr(op, vc)?);
     let meta_ptrs = (ptr(op, &meta.cu_seqlens_q)?, ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
     launch!(
         b,
-        kernel,
+        tiled.kernel,
         cfg,
         [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, tiles_ptr, call.args]
     )

@@ -19,12 +19,13 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use crate::error::{Error, Result};
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("dense.cu", include_str!("../../cuda/dense.cu")),
     ("gemv.cu", include_str!("../../cuda/gemv.cu")),
     ("attention.cu", include_str!("../../cuda/attention.cu")),
     ("flash.cu", include_str!("../../cuda/flash.cu")),
+    ("flash_wgmma.cu", include_str!("../../cuda/flash_wgmma.cu")),
     ("flash_decode.cu", include_str!("../../cuda/flash_decode.cu")),
     ("moe.cu", include_str!("../../cuda/moe.cu")),
     ("sample.cu", include_str!("../../cuda/sample.cu")),

@@ -72,6 +72,8 @@ const KERNELS: &[&str] = &[
     "paged_attention_bf16",
     "flash_prefill_bf16_d64",
     "flash_prefill_bf16_d128",
+    "flash_prefill_wg_bf16_d64",
+    "flash_prefill_wg_bf16_d128",
     "flash_decode_bf16_d64",
     "flash_decode_bf16_d128",
     "decode_attention_bf16_g1_w4",
@@ -118,6 +120,8 @@ pub struct CudaBackend {
     decode_counters: DeviceBuffer,
     /// Whether launches allow programmatic dependent launch ([`Self::launch_raw`]).
     pdl: bool,
+    /// The tiled kernels the `flash` op runs prefill steps on.
+    tiled_prefill: attention::TiledPrefill,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -178,7 +182,7 @@ impl CudaBackend {
             .chain(&gemv::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
-        attention::raise_shared_memory(&kernels)?;
+        attention::raise_shared_memory(&kernels, dev.capability)?;
         moe::raise_shared_memory(&kernels)?;
         let blas = Blas::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
@@ -186,7 +190,16 @@ impl CudaBackend {
         // `MET_CUDA_PDL=0` launches every kernel fully serialised, to measure what the
         // overlap is worth or to rule it out when chasing a race.
         let pdl = dev.capability.0 >= 9 && std::env::var_os("MET_CUDA_PDL").is_none_or(|v| v != "0");
-        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters, pdl })
+        let tiled_prefill = attention::TiledPrefill::for_device(dev.capability);
+        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters, pdl, tiled_prefill })
+    }
+
+    /// This backend with the `flash` op's prefill steps on the `mma.sync` tiles, the kernels
+    /// GPUs before Hopper run, whatever the device: for testing and measuring them on Hopper.
+    #[must_use]
+    pub fn with_mma_sync_prefill(mut self) -> Self {
+        self.tiled_prefill = attention::TiledPrefill::MmaSync;
+        self
     }
 
     fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
