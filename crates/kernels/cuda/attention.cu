@@ -257,15 +257,6 @@ __device__ __forceinline__ u32 dec_split_len(u32 visible, u32 split_min) {
     return max(split_min, (per + split_min - 1) / split_min * split_min);
 }
 
-__device__ __forceinline__ void unpack8(uint4 v, float* f) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 // Merges the `splits` partials of row `s`'s query heads `hq0 .. hq0 + group` into
 // out[s, hq0 .., :], run by the whole block (DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS
 // threads). The maxima and sums come through shared memory and each thread issues all its

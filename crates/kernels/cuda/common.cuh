@@ -25,6 +25,27 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// Two f32 -> one register of two bf16 (lo in the low half), round to nearest even: one
+// instruction, equal to two `f2bf` but for a NaN's payload.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Eight bf16 (a 16-byte load) to f32, and back with round to nearest even.
+__device__ __forceinline__ void unpack8(uint4 u, float* f) {
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+}
+
 // Rounds an f32 to the nearest bf16 value, kept as f32 (where transformers rounds an
 // intermediate to bf16, the kernels do the same so their results stay close to it).
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }

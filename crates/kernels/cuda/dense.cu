@@ -141,6 +141,112 @@ extern "C" __global__ void add_rms_norm_bf16_wf32(const bf16_t* x, const bf16_t*
     add_rms_norm(x, res, w, normed, sum, n, eps);
 }
 
+// The same two norms for rows whose length is a multiple of 8, moved in 16-byte chunks of 8
+// elements: one block per row, thread i holding chunks i, i + blockDim, ... (at most
+// NORM_VECS of them, so rows of up to NORM_VECS * 8 * 1024 elements) in registers. The
+// arithmetic and roundings are the scalar kernels'; only the order of the sum of squares
+// differs.
+#define NORM_VECS 4
+
+// The 8 weights of chunk c, as f32.
+__device__ __forceinline__ void load_w8(const bf16_t* w, u32 c, float* out) {
+    unpack8(reinterpret_cast<const uint4*>(w)[c], out);
+}
+__device__ __forceinline__ void load_w8(const float* w, u32 c, float* out) {
+    const float4 a = reinterpret_cast<const float4*>(w)[2 * c], b = reinterpret_cast<const float4*>(w)[2 * c + 1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+// `v` holds this thread's chunks of the row (rounded to bf16, zeros past its end); writes
+// the norm of the row to `out`.
+template <typename W>
+__device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], const W* w, uint4* out, u32 n,
+                                                float eps) {
+    __shared__ float scratch[32];
+    float ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NORM_VECS; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += v[r][e] * v[r][e];
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int r = 0; r < NORM_VECS; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c >= n / 8) break;
+        float wf[8], o[8];
+        load_w8(w, c, wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = norm_weighted(w, wf[e], v[r][e] * inv);
+        out[c] = pack8(o);
+    }
+}
+
+template <typename W>
+__device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps) {
+    const u64 off = (u64)blockIdx.x * n;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + off);
+    float v[NORM_VECS][8];
+#pragma unroll
+    for (int r = 0; r < NORM_VECS; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < n / 8) {
+            unpack8(xv[c], v[r]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
+        }
+    }
+    rms_norm_chunks(v, w, reinterpret_cast<uint4*>(out + off), n, eps);
+}
+
+template <typename W>
+__device__ void add_rms_norm_v(const bf16_t* x, const bf16_t* res, const W* w, bf16_t* normed, bf16_t* sum, u32 n,
+                               float eps) {
+    const u64 off = (u64)blockIdx.x * n;
+    const uint4 *xv = reinterpret_cast<const uint4*>(x + off), *rv = reinterpret_cast<const uint4*>(res + off);
+    uint4* sv = reinterpret_cast<uint4*>(sum + off);
+    float v[NORM_VECS][8];
+#pragma unroll
+    for (int r = 0; r < NORM_VECS; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < n / 8) {
+            float a[8], b[8];
+            unpack8(xv[c], a);
+            unpack8(rv[c], b);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[r][e] = round_bf(a[e] + b[e]);
+            sv[c] = pack8(v[r]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
+        }
+    }
+    rms_norm_chunks(v, w, reinterpret_cast<uint4*>(normed + off), n, eps);
+}
+
+extern "C" __global__ void rms_norm_v_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
+    pdl_enter();
+    rms_norm_v(x, w, out, n, eps);
+}
+
+extern "C" __global__ void rms_norm_v_bf16_wf32(const bf16_t* x, const float* w, bf16_t* out, u32 n, float eps) {
+    pdl_enter();
+    rms_norm_v(x, w, out, n, eps);
+}
+
+extern "C" __global__ void add_rms_norm_v_bf16(const bf16_t* x, const bf16_t* res, const bf16_t* w, bf16_t* normed,
+                                               bf16_t* sum, u32 n, float eps) {
+    pdl_enter();
+    add_rms_norm_v(x, res, w, normed, sum, n, eps);
+}
+
+extern "C" __global__ void add_rms_norm_v_bf16_wf32(const bf16_t* x, const bf16_t* res, const float* w,
+                                                    bf16_t* normed, bf16_t* sum, u32 n, float eps) {
+    pdl_enter();
+    add_rms_norm_v(x, res, w, normed, sum, n, eps);
+}
+
 // Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *
 // inv_freq[i]` in f32 as transformers computes it; cos and sin are rounded to bf16 and each
 // product rounded, as transformers' `q * cos + rotate_half(q) * sin` in bf16 does. Dims past
@@ -178,6 +284,38 @@ extern "C" __global__ void silu_mul_bf16(const bf16_t* x, bf16_t* out, u32 n, u6
         const float g = bf2f(x[row * 2 * n + col]), u = bf2f(x[row * 2 * n + n + col]);
         out[i] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
     }
+}
+
+// The gated activations' forms for n a multiple of 8: thread c of grid row y takes chunk
+// c (8 columns, 16-byte loads and stores) of rows y, y + gridDim.y, ..., so no index is
+// divided. `act` is the activation in f32; its result is rounded to bf16 before the
+// multiply, as in the scalar kernels.
+template <typename Act>
+__device__ void gated_mul_v(const bf16_t* x, bf16_t* out, u32 n, u32 rows, Act act) {
+    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n / 8) return;
+    for (u32 row = blockIdx.y; row < rows; row += gridDim.y) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + (u64)row * 2 * n);
+        float g[8], u[8], o[8];
+        unpack8(xr[c], g);
+        unpack8(xr[n / 8 + c], u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = round_bf(act(g[e])) * u[e];
+        reinterpret_cast<uint4*>(out + (u64)row * n)[c] = pack8(o);
+    }
+}
+
+extern "C" __global__ void silu_mul_v_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 rows) {
+    pdl_enter();
+    gated_mul_v(x, out, n, rows, [](float g) { return g / (1.0f + expf(-g)); });
+}
+
+extern "C" __global__ void gelu_tanh_mul_v_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 rows) {
+    pdl_enter();
+    gated_mul_v(x, out, n, rows, [](float g) {
+        const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+        return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    });
 }
 
 // gelu_tanh(x[:, :n]) * x[:, n:] (PyTorch's `gelu(approximate="tanh")`), the activation

@@ -67,14 +67,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// Two f32 -> one register of two bf16 (lo in the low half), round to nearest even: one
-// instruction, equal to two `f2bf` but for a NaN's payload.
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // Byte offset of chunk `c` (16 bytes) of row `r` in a tile of rows of D bf16.
 template <int D>
 __device__ __forceinline__ u32 swz(u32 r, u32 c) {

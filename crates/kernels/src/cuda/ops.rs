@@ -2,6 +2,8 @@
 //! the CPU backend), then one kernel or cuBLAS call each. Float operands are bf16 (the
 //! backend's float dtype); rotary frequencies are f32.
 
+use cudarc::driver::LaunchConfig;
+
 use super::gemm::Gemm;
 use super::gemv::{self, Gemv};
 use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
@@ -77,13 +79,28 @@ fn check_norm(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<usize> {
     Ok(n)
 }
 
-/// The kernel `name` for a bf16 weight, `name_wf32` for an f32 one.
-fn norm_kernel(name: &'static str, weight: &Tensor) -> &'static str {
-    match (name, weight.dtype()) {
-        ("rms_norm_bf16", DType::F32) => "rms_norm_bf16_wf32",
-        ("add_rms_norm_bf16", DType::F32) => "add_rms_norm_bf16_wf32",
-        _ => name,
-    }
+/// `NORM_VECS` of `dense.cu`: 16-byte chunks per thread of the vector norm kernels.
+const NORM_VECS: usize = 4;
+
+/// A norm's kernel and launch shape: the vector kernel (`*_v_*`: one block per row, each
+/// thread holding up to `NORM_VECS` chunks of 8) for rows of a multiple of 8 elements at
+/// 16-byte aligned addresses, else the scalar one; `_wf32` for an f32 weight.
+fn norm_launch(op: &'static str, weight: &Tensor, rows: usize, n: usize, ptrs: &[u64]) -> (&'static str, LaunchConfig) {
+    let chunks = n / 8;
+    let vector = n.is_multiple_of(8) && chunks <= NORM_VECS * 1024 && ptrs.iter().all(|p| p.is_multiple_of(16));
+    let f32_weight = weight.dtype() == DType::F32;
+    let kernel = match (op, vector, f32_weight) {
+        ("rms_norm", true, false) => "rms_norm_v_bf16",
+        ("rms_norm", true, true) => "rms_norm_v_bf16_wf32",
+        ("rms_norm", false, false) => "rms_norm_bf16",
+        ("rms_norm", false, true) => "rms_norm_bf16_wf32",
+        (_, true, false) => "add_rms_norm_v_bf16",
+        (_, true, true) => "add_rms_norm_v_bf16_wf32",
+        (_, false, false) => "add_rms_norm_bf16",
+        (_, false, true) => "add_rms_norm_bf16_wf32",
+    };
+    let cfg = if vector { per_row(rows, chunks.div_ceil(NORM_VECS), 1024) } else { per_row(rows, n, 1024) };
+    (kernel, cfg)
 }
 
 pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
@@ -92,7 +109,8 @@ pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -
     let rows = x.elem_count() / n;
     if rows > 0 {
         let (xp, wp, op) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?, ptr("rms_norm", &out)?);
-        launch!(b, norm_kernel("rms_norm_bf16", weight), per_row(rows, n, 1024), [xp, wp, op, n as u32, eps])?;
+        let (kernel, cfg) = norm_launch("rms_norm", weight, rows, n, &[xp, wp, op]);
+        launch!(b, kernel, cfg, [xp, wp, op, n as u32, eps])?;
     }
     Ok(out)
 }
@@ -114,12 +132,8 @@ pub(super) fn add_rms_norm(
     if rows > 0 {
         let op = "add_rms_norm";
         let args = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?, ptr(op, &normed)?, ptr(op, &sum)?);
-        launch!(
-            b,
-            norm_kernel("add_rms_norm_bf16", weight),
-            per_row(rows, n, 1024),
-            [args.0, args.1, args.2, args.3, args.4, n as u32, eps]
-        )?;
+        let (kernel, cfg) = norm_launch(op, weight, rows, n, &[args.0, args.1, args.2, args.3, args.4]);
+        launch!(b, kernel, cfg, [args.0, args.1, args.2, args.3, args.4, n as u32, eps])?;
     }
     Ok((normed, sum))
 }
@@ -163,16 +177,30 @@ pub(super) fn silu_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1 checked above") = n;
     let out = b.alloc(&dims, DType::BF16)?;
-    let total = rows * n;
-    if total > 0 {
-        launch!(
-            b,
-            "silu_mul_bf16",
-            elementwise(total),
-            [ptr("silu_mul", x)?, ptr("silu_mul", &out)?, n as u32, total as u64]
-        )?;
-    }
+    gated_mul(b, "silu_mul", x, &out, rows, n)?;
     Ok(out)
+}
+
+/// Launches the gated activation `op` (`silu_mul`, `gelu_tanh_mul`) of `x [rows, 2n]` into
+/// `out [rows, n]`: the vector kernel (`{op}_v_bf16`: 8 columns a thread, a grid row per
+/// token row) when `n` is a multiple of 8 and both are 16-byte aligned, else the scalar one.
+fn gated_mul(b: &CudaBackend, op: &'static str, x: &Tensor, out: &Tensor, rows: usize, n: usize) -> Result<()> {
+    let total = rows * n;
+    if total == 0 {
+        return Ok(());
+    }
+    let (xp, op_) = (ptr(op, x)?, ptr(op, out)?);
+    if n.is_multiple_of(8) && xp.is_multiple_of(16) && op_.is_multiple_of(16) && u32::try_from(rows).is_ok() {
+        let kernel = if op == "silu_mul" { "silu_mul_v_bf16" } else { "gelu_tanh_mul_v_bf16" };
+        let cfg = LaunchConfig {
+            grid_dim: ((n / 8).div_ceil(128) as u32, rows.min(65_535) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        return launch!(b, kernel, cfg, [xp, op_, n as u32, rows as u32]);
+    }
+    let kernel = if op == "silu_mul" { "silu_mul_bf16" } else { "gelu_tanh_mul_bf16" };
+    launch!(b, kernel, elementwise(total), [xp, op_, n as u32, total as u64])
 }
 
 pub(super) fn gelu_tanh_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
@@ -184,10 +212,7 @@ pub(super) fn gelu_tanh_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1 checked above") = n;
     let out = b.alloc(&dims, DType::BF16)?;
-    let total = rows * n;
-    if total > 0 {
-        launch!(b, "gelu_tanh_mul_bf16", elementwise(total), [ptr(op, x)?, ptr(op, &out)?, n as u32, total as u64])?;
-    }
+    gated_mul(b, op, x, &out, rows, n)?;
     Ok(out)
 }
 

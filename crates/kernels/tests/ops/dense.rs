@@ -125,20 +125,44 @@ pub fn rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let x = stored(b, rng.vec(t * h * d));
     let w = stored(b, norm_weight(&mut rng, d));
     let out = b.rms_norm(&upload_f32(b, &x, &[t, h, d])?, &upload_f32(b, &w, &[d])?, 1e-6)?;
-    assert_close(b, &out, &[t, h, d], &rms_norm_reference(&x, &w, 1e-6), "rms_norm per head")
+    assert_close(b, &out, &[t, h, d], &rms_norm_reference(&x, &w, 1e-6), "rms_norm per head")?;
+
+    // A row of 4,096 (vector chunks past the first of each thread) and one of 45 (no
+    // multiple of 8: the scalar kernel on CUDA).
+    for n in [4096, 45] {
+        let x = stored(b, rng.vec(t * n));
+        let w = stored(b, norm_weight(&mut rng, n));
+        let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &w, &[n])?, 1e-6)?;
+        assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, 1e-6), &format!("rms_norm [{t}, {n}]"))?;
+    }
+    Ok(())
 }
 
-/// `add_rms_norm` returns `(rms_norm(x + residual), x + residual)`.
+/// `add_rms_norm` returns `(rms_norm(x + residual), x + residual)`: rows of 32 and 4,096
+/// elements (the CUDA backend's vector kernel, one chunk and four a thread) and of 36 (its
+/// scalar one).
 pub fn add_rms_norm_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(3);
-    let (t, n) = (4, 32);
-    let (x, res, w) = (stored(b, rng.vec(t * n)), stored(b, rng.vec(t * n)), stored(b, norm_weight(&mut rng, n)));
-    let sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
-    let (normed, summed) =
-        b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &upload_f32(b, &w, &[n])?, 1e-6)?;
-    let want_sum: Vec<f64> = x.iter().zip(&res).map(|(&a, &b)| f64::from(a) + f64::from(b)).collect();
-    assert_close(b, &summed, &[t, n], &want_sum, "add_rms_norm residual")?;
-    assert_close(b, &normed, &[t, n], &rms_norm_reference(&sum, &w, 1e-6), "add_rms_norm norm")
+    for (t, n) in [(4, 32), (3, 4096), (2, 36)] {
+        let (x, res, w) = (stored(b, rng.vec(t * n)), stored(b, rng.vec(t * n)), stored(b, norm_weight(&mut rng, n)));
+        let sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+        let (normed, summed) = b.add_rms_norm(
+            &upload_f32(b, &x, &[t, n])?,
+            &upload_f32(b, &res, &[t, n])?,
+            &upload_f32(b, &w, &[n])?,
+            1e-6,
+        )?;
+        let want_sum: Vec<f64> = x.iter().zip(&res).map(|(&a, &b)| f64::from(a) + f64::from(b)).collect();
+        assert_close(b, &summed, &[t, n], &want_sum, &format!("add_rms_norm residual [{t}, {n}]"))?;
+        assert_close(
+            b,
+            &normed,
+            &[t, n],
+            &rms_norm_reference(&sum, &w, 1e-6),
+            &format!("add_rms_norm norm [{t}, {n}]"),
+        )?;
+    }
+    Ok(())
 }
 
 /// `theta^(-2i / rot_dim)` for `i < rot_dim / 2`, as Hugging Face builds `inv_freq`.
@@ -225,22 +249,26 @@ pub fn random_uniform_is_the_weight_stream(b: &dyn GpuBackend) -> Result<()> {
 }
 
 /// `silu(gate) · up` with gates up to ±20, where a naive `exp` would overflow.
+/// `silu(gate) · up`, at a width of 7 and at one of 8·37 (the CUDA backend's 16-byte
+/// vector kernel, with chunks past a 128-thread block).
 pub fn silu_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(5);
-    let (t, n) = (3, 7);
-    let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 20.0).collect());
-    let want: Vec<f64> = x
-        .chunks(2 * n)
-        .flat_map(|row| {
-            let (gate, up) = row.split_at(n);
-            gate.iter().zip(up).map(|(&g, &u)| {
-                let g = f64::from(g);
-                g / (1.0 + (-g).exp()) * f64::from(u)
+    for (t, n) in [(3, 7), (5, 8 * 37)] {
+        let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 20.0).collect());
+        let want: Vec<f64> = x
+            .chunks(2 * n)
+            .flat_map(|row| {
+                let (gate, up) = row.split_at(n);
+                gate.iter().zip(up).map(|(&g, &u)| {
+                    let g = f64::from(g);
+                    g / (1.0 + (-g).exp()) * f64::from(u)
+                })
             })
-        })
-        .collect();
-    let out = b.silu_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
-    assert_close(b, &out, &[t, n], &want, "silu_mul")
+            .collect();
+        let out = b.silu_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
+        assert_close(b, &out, &[t, n], &want, &format!("silu_mul [{t}, {n}]"))?;
+    }
+    Ok(())
 }
 
 /// Rows of `table [v, h]` picked by `ids`, in f64.
@@ -384,40 +412,46 @@ pub fn matmul_silu_mul_matches_unfused(b: &dyn GpuBackend) -> Result<()> {
 }
 
 /// An RMSNorm weight in f32 (Gemma's `1 + w`) multiplies the f32 normalised value, which is
-/// rounded once: the f64 reference with no intermediate rounding, within one rounding.
+/// rounded once: the f64 reference with no intermediate rounding, within one rounding. Rows
+/// of 40 and 44 elements: on and off the CUDA backend's 8-element vector kernel.
 pub fn rms_norm_with_f32_weight_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(31);
-    let (t, n, eps) = (4, 40, 1e-6);
-    let x = stored(b, rng.vec(t * n));
-    let res = stored(b, rng.vec(t * n));
-    let w: Vec<f32> = rng.vec(n).into_iter().map(|v| 1.0 + 0.3 * v).collect();
-    let w_t = b.upload(&HostTensor::from_f32(&w, &[n]), DType::F32)?;
-    let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &w_t, eps)?;
-    assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, eps), "rms_norm, f32 weight")?;
-    let (normed, _) = b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &w_t, eps)?;
-    let sum = stored(b, x.iter().zip(&res).map(|(a, r)| a + r).collect());
-    assert_close(b, &normed, &[t, n], &rms_norm_reference(&sum, &w, eps), "add_rms_norm, f32 weight")
+    for (t, n, eps) in [(4, 40, 1e-6), (3, 44, 1e-6)] {
+        let x = stored(b, rng.vec(t * n));
+        let res = stored(b, rng.vec(t * n));
+        let w: Vec<f32> = rng.vec(n).into_iter().map(|v| 1.0 + 0.3 * v).collect();
+        let w_t = b.upload(&HostTensor::from_f32(&w, &[n]), DType::F32)?;
+        let out = b.rms_norm(&upload_f32(b, &x, &[t, n])?, &w_t, eps)?;
+        assert_close(b, &out, &[t, n], &rms_norm_reference(&x, &w, eps), &format!("rms_norm, f32 weight, n={n}"))?;
+        let (normed, _) = b.add_rms_norm(&upload_f32(b, &x, &[t, n])?, &upload_f32(b, &res, &[t, n])?, &w_t, eps)?;
+        let sum = stored(b, x.iter().zip(&res).map(|(a, r)| a + r).collect());
+        let want = rms_norm_reference(&sum, &w, eps);
+        assert_close(b, &normed, &[t, n], &want, &format!("add_rms_norm, f32 weight, n={n}"))?;
+    }
+    Ok(())
 }
 
 /// `gelu_tanh(gate) · up` with PyTorch's tanh approximation, over a range where the
 /// approximation's curvature matters (gates in ±6).
 pub fn gelu_tanh_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(32);
-    let (t, n) = (3, 9);
-    let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 6.0).collect());
-    let want: Vec<f64> = x
-        .chunks(2 * n)
-        .flat_map(|row| {
-            let (gate, up) = row.split_at(n);
-            gate.iter().zip(up).map(|(&g, &u)| {
-                let g = f64::from(g);
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * g * (1.0 + (k * (g + 0.044_715 * g.powi(3))).tanh()) * f64::from(u)
+    // Widths off and on the CUDA backend's 8-column vector kernel.
+    for (t, n) in [(3, 9), (4, 8 * 20)] {
+        let x = stored(b, rng.vec(t * 2 * n).iter().map(|v| v * 6.0).collect());
+        let want: Vec<f64> = x
+            .chunks(2 * n)
+            .flat_map(|row| {
+                let (gate, up) = row.split_at(n);
+                gate.iter().zip(up).map(|(&g, &u)| {
+                    let g = f64::from(g);
+                    let k = (2.0 / std::f64::consts::PI).sqrt();
+                    0.5 * g * (1.0 + (k * (g + 0.044_715 * g.powi(3))).tanh()) * f64::from(u)
+                })
             })
-        })
-        .collect();
-    let out = b.gelu_tanh_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
-    assert_close(b, &out, &[t, n], &want, "gelu_tanh_mul")?;
+            .collect();
+        let out = b.gelu_tanh_mul(&upload_f32(b, &x, &[t, 2 * n])?)?;
+        assert_close(b, &out, &[t, n], &want, &format!("gelu_tanh_mul [{t}, {n}]"))?;
+    }
     expect_err(b.gelu_tanh_mul(&upload_f32(b, &[0.0; 6], &[2, 3])?), "gelu_tanh_mul of an odd width");
     Ok(())
 }
