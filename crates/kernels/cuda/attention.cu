@@ -34,7 +34,8 @@ extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_
 // before it rotates); q goes to `q_out [t, h, d]`, k and v into the pools at slots[t]
 // (a slot past the pool, as padding rows of a graph carry, writes nothing). Norm weights
 // are bf16 (Qwen3) or f32 (Gemma 3's `1 + w`), under `rms_norm_bf16`'s rule for each.
-// grid (t, ceil((h + 2 h_kv) / QKV_WARPS)), block QKV_WARPS * 32: one warp per head.
+// grid (t, ceil((h + 2 h_kv) / QKV_WARPS)), block QKV_WARPS * 32: one warp per head. The
+// block first computes its token's cos and sin, once per frequency, for all its heads.
 #define QKV_WARPS 4
 
 struct QkvArgs {
@@ -49,9 +50,20 @@ __device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_
                                  const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots,
                                  const QkvArgs& a) {
     __shared__ float head[QKV_WARPS][ATTN_MAX_DIM];
+    __shared__ float cos_sin[2][ATTN_MAX_DIM / 2];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 tok = blockIdx.x, hh = blockIdx.y * QKV_WARPS + warp;
     const u32 heads = a.h + 2 * a.h_kv;
+    if (blockIdx.y * QKV_WARPS < a.h + a.h_kv) {  // the block has a q or k head
+        const float p = (float)positions[tok];
+        for (u32 i = threadIdx.x; i < a.half; i += blockDim.x) {
+            float s, c;
+            sincosf(p * inv_freq[i], &s, &c);
+            cos_sin[0][i] = round_bf(c);
+            cos_sin[1][i] = round_bf(s);
+        }
+        __syncthreads();
+    }
     if (hh >= heads) return;
     const bf16_t* src = qkv + ((u64)tok * heads + hh) * a.d;
     const u64 slot = slots[tok];
@@ -84,15 +96,11 @@ __device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_
         if (slot >= a.capacity) return;
         dst = kc + slot * kv_row + (u64)(hh - a.h) * a.d;
     }
-    const float p = (float)positions[tok];
     for (u32 e = lane; e < a.d; e += 32) {
         float r;
         if (e < 2 * a.half) {
             const u32 i = e < a.half ? e : e - a.half;
-            float s, c;
-            sincosf(p * inv_freq[i], &s, &c);
-            c = round_bf(c);
-            s = round_bf(s);
+            const float c = cos_sin[0][i], s = cos_sin[1][i];
             const float x0 = sh[i], x1 = sh[i + a.half];
             r = e < a.half ? round_bf(x0 * c) - round_bf(x1 * s) : round_bf(x1 * c) + round_bf(x0 * s);
         } else {
