@@ -1,5 +1,5 @@
 // flash_wgmma.cu: the `flash` backend's prefill kernel on Hopper's warpgroup MMA (`wgmma`,
-// sm_90a), in the FlashAttention-3 manner: a producer warp feeds tiles to consumer
+// sm_90a), in the FlashAttention-3 manner: a producer warpgroup feeds tiles to consumer
 // warpgroups through a ring of shared-memory stages.
 //
 // Inputs, grid and the packing of rows are `flash_prefill`'s (flash.cu): the rows of a
@@ -146,8 +146,8 @@ __device__ __forceinline__ void wgmma_rs_n64(float* d, const u32* a, u64 b) {
 
 // The kernels exist on sm_90a only (wgmma and setmaxnreg); other targets compile empty
 // bodies that the host never launches (`prefill_kernel` in src/cuda/attention.rs).
-// grid (total tiles, h_kv), block FW_THREADS, dynamic shared memory fw_shared_bytes(D)
-// (src/cuda/attention.rs): the Q tile, FW_STAGES stages of a K and a V tile, the mbarriers,
+// grid (total tiles, h_kv), block FW_THREADS, dynamic shared memory as `prefill_kernel` sizes
+// it (src/cuda/attention.rs): the Q tile, FW_STAGES stages of a K and a V tile, the mbarriers,
 // and 1 KiB to align the tiles to the swizzle's 1024-byte pattern. D is 64 or 128.
 template <int D>
 __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
