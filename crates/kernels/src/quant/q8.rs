@@ -14,7 +14,7 @@
 //! Each activation row's result is bit for bit the same however many activation rows and
 //! weight rows run together, so speculative verification sees decode's logits.
 
-use super::packed::PackedQuant;
+use super::packed::{PackedQuant, f16_value};
 use super::{QuantFormat, SimdLevel};
 
 /// Activation rows `[m, k]` quantised per 32-element block to `d · q` with i8 `q`.
@@ -93,11 +93,16 @@ pub(super) struct ActRow<'a> {
     pub(super) qs: &'a [i8],
 }
 
-/// One row of a packed matrix: per-block scales, minimums (Q4) and payloads.
+/// One row of a packed matrix: its `nb` blocks' scales and minimums (Q4) as f16 bits, and
+/// payloads. `d` and `m` start at the row's first block and run on to the end of the
+/// matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`] zeros), so a vector
+/// load of 16 of them that starts at any block of the row stays in bounds; the row's own
+/// are the first `nb`.
 #[derive(Clone, Copy)]
 pub(super) struct WeightRow<'a> {
-    pub(super) d: &'a [f32],
-    pub(super) m: &'a [f32],
+    pub(super) nb: usize,
+    pub(super) d: &'a [u16],
+    pub(super) m: &'a [u16],
     pub(super) qs: &'a [u8],
 }
 
@@ -107,8 +112,9 @@ impl<'a> WeightRow<'a> {
         let nb = p.blocks_per_row();
         let q4 = p.format() != QuantFormat::Q8_0;
         Self {
-            d: &p.d[r * nb..(r + 1) * nb],
-            m: if q4 { &p.m[r * nb..(r + 1) * nb] } else { &[] },
+            nb,
+            d: &p.d[r * nb..],
+            m: if q4 { &p.m[r * nb..] } else { &[] },
             qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
         }
     }
@@ -117,7 +123,7 @@ impl<'a> WeightRow<'a> {
 /// `Σ m · s` over a row's blocks: the minimum (or Q4_0 offset, `m = −8 · d`) terms, added
 /// after the integer blocks in the same order at every level.
 pub(super) fn min_term(w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
-    w.m.iter().zip(a.s).map(|(m, s)| m * s).sum()
+    w.m.iter().take(w.nb).zip(a.s).map(|(&m, s)| f16_value(m) * s).sum()
 }
 
 /// The exact integer sum `Σ q · qx` of block `b`: the reference the SIMD kernels match.
@@ -135,8 +141,8 @@ pub(super) fn block_int_dot(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>, b: usiz
 /// minimum terms.
 pub(super) fn dot_scalar(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
     let mut acc = 0f32;
-    for b in 0..w.d.len() {
-        acc += w.d[b] * a.d[b] * block_int_dot(q4, w, a, b) as f32;
+    for b in 0..w.nb {
+        acc += f16_value(w.d[b]) * a.d[b] * block_int_dot(q4, w, a, b) as f32;
     }
     acc + min_term(w, a)
 }

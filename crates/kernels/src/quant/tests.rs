@@ -76,29 +76,43 @@ fn dot_matches_the_decoded_values_for_every_format() {
     }
 }
 
+/// Packing keeps every value, and the f32 kernels' products match the decoded values: at
+/// 4 blocks a row and at 70 (past the kernels' 64-block groups of widened scales, and no
+/// multiple of 8), over the last rows of the matrix, whose scale loads run into the padding.
 #[test]
 fn packed_matrices_keep_the_values_and_products() {
-    let k = 128;
-    let x: Vec<f32> = (0..k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
-    let sums = block_sums(&x);
-    for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
-        let rows: Vec<u8> = (0..5).flat_map(|seed| random_row(format, k, seed)).collect();
-        let packed = PackedQuant::from_blocks(format, &rows, k).expect("packable");
-        assert_eq!(packed.rows(), 5);
-        let mut want = vec![0f32; 5 * k];
-        dequantize(format, &rows, &mut want);
-        let mut got = vec![0f32; 3 * k];
-        packed.dequantize_rows(1..4, &mut got);
-        assert_eq!(got, want[k..4 * k], "{format}: values survive packing");
-        // Three rows: the kernels run rows in pairs, so the last one is unpaired.
-        let mut dots = vec![0f32; 3];
-        packed.dot_rows(&x, &sums, 1..4, &mut dots);
-        for (j, d) in dots.iter().enumerate() {
-            let w = &want[(j + 1) * k..(j + 2) * k];
-            let exact: f64 = w.iter().zip(&x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-            let scale: f64 = w.iter().zip(&x).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>() + 1e-6;
-            assert!((f64::from(*d) - exact).abs() <= 1e-5 * scale, "{format} row {}: {d} vs {exact}", j + 1);
+    for k in [128, 32 * 70] {
+        let x: Vec<f32> = (0..k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
+        let sums = block_sums(&x);
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let rows: Vec<u8> = (0..5).flat_map(|seed| random_row(format, k, seed)).collect();
+            let packed = PackedQuant::from_blocks(format, &rows, k).expect("packable");
+            assert_eq!(packed.rows(), 5);
+            let mut want = vec![0f32; 5 * k];
+            dequantize(format, &rows, &mut want);
+            let mut got = vec![0f32; 3 * k];
+            packed.dequantize_rows(2..5, &mut got);
+            assert_eq!(got, want[2 * k..], "{format} k={k}: values survive packing");
+            // Three rows: the kernels run rows in pairs, so the last one is unpaired.
+            let mut dots = vec![0f32; 3];
+            packed.dot_rows(&x, &sums, 2..5, &mut dots);
+            for (j, d) in dots.iter().enumerate() {
+                let w = &want[(j + 2) * k..(j + 3) * k];
+                let exact: f64 = w.iter().zip(&x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                let scale: f64 = w.iter().zip(&x).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>() + 1e-6;
+                assert!((f64::from(*d) - exact).abs() <= 1e-5 * scale, "{format} k={k} row {}: {d} vs {exact}", j + 2);
+            }
         }
     }
     assert!(PackedQuant::from_blocks(QuantFormat::Q6_K, &[0; 210], 256).is_none());
+}
+
+/// A Q4_0 scale whose `−8 · d` no f16 holds leaves the matrix unpacked (its blocks are
+/// then read as stored) rather than packed with a wrong offset.
+#[test]
+fn a_q4_0_offset_past_f16_is_not_packed() {
+    let mut row = random_row(QuantFormat::Q4_0, 64, 9);
+    assert!(PackedQuant::from_blocks(QuantFormat::Q4_0, &row, 64).is_some());
+    row[18..20].copy_from_slice(&f16::from_f32(9000.0).to_le_bytes());
+    assert!(PackedQuant::from_blocks(QuantFormat::Q4_0, &row, 64).is_none());
 }

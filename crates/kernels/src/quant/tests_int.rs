@@ -5,6 +5,7 @@
 
 use half::f16;
 
+use super::packed::f16_value;
 use super::q8::{ActRow, WeightRow, block_int_dot, dot_scalar, min_term, quantize_block};
 use super::tests::random_row;
 use super::*;
@@ -12,7 +13,7 @@ use super::*;
 const FORMATS: [QuantFormat; 3] = [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0];
 
 /// Block counts that are not multiples of 8 (k not a multiple of 256), odd and even.
-const KS: [usize; 4] = [32, 96, 160, 576];
+const KS: [usize; 5] = [32, 96, 160, 576, 32 * 70];
 
 /// Deterministic activations of mixed magnitude, with an all-zero block (`d = 0`).
 fn activations(m: usize, k: usize, seed: u32) -> Vec<f32> {
@@ -38,8 +39,8 @@ fn packed(format: QuantFormat, n: usize, k: usize, seed: u32) -> PackedQuant {
 /// `Σ |terms|` of the scalar reference: the scale of its f32 rounding.
 fn term_size(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>) -> f64 {
     let blocks: f64 =
-        (0..w.d.len()).map(|b| f64::from(w.d[b] * a.d[b]) * f64::from(block_int_dot(q4, w, a, b).abs())).sum();
-    blocks + w.m.iter().zip(a.s).map(|(m, s)| f64::from((m * s).abs())).sum::<f64>()
+        (0..w.nb).map(|b| f64::from(f16_value(w.d[b]) * a.d[b]) * f64::from(block_int_dot(q4, w, a, b).abs())).sum();
+    blocks + w.m.iter().take(w.nb).zip(a.s).map(|(&m, s)| f64::from((f16_value(m) * s).abs())).sum::<f64>()
 }
 
 fn int_product(level: SimdLevel, p: &PackedQuant, x: &Q8Rows, rows: std::ops::Range<usize>) -> Vec<f32> {
@@ -220,6 +221,6 @@ fn quantised_activations_keep_their_block_terms() {
     }
     // The minimum term reads the block terms of the row it is given.
     let p = packed(QuantFormat::Q4_1, 1, 96, 2);
-    let want: f32 = (0..3).map(|b| p.m[b] * q.s[3 + b]).sum();
+    let want: f32 = (0..3).map(|b| f16_value(p.m[b]) * q.s[3 + b]).sum();
     assert_eq!(min_term(&WeightRow::of(&p, 0), &q.row(1)), want);
 }

@@ -1,5 +1,6 @@
-//! AVX-512 and AVX2 (+ FMA) products of f32 activations with packed quantised rows
-//! ([`super::PackedQuant`]: scales already f32, quants without their block headers).
+//! AVX-512 and AVX2 (+ FMA, F16C) products of f32 activations with packed quantised rows
+//! ([`super::PackedQuant`]: f16 scales in arrays of their own, quants without their block
+//! headers).
 //!
 //! Per block: widen the quants to f32 vectors, multiply by the matching activations,
 //! scale the block's partial sum by `d`; the minimum terms `m · Σx` of a row come last from
@@ -12,6 +13,28 @@ use std::arch::x86_64::*;
 use super::QuantFormat;
 use super::SimdLevel as Level;
 use super::q8::WeightRow;
+
+/// Blocks whose scales a kernel widens to f32 at a time, into an array on the stack.
+pub(super) const WIDEN: usize = 64;
+
+/// Scales `c .. c + n` of a row (`n ≤ WIDEN`) as f32 into `out`, by F16C 8 at a time; the
+/// last group may read up to 7 scales past `c + n`, which are in bounds (`WeightRow`) and
+/// never used. Converting once per group of blocks keeps the inner loops' one broadcast
+/// load per block, as with f32 scales.
+///
+/// # Safety
+/// `d` must hold at least `c + n + 7` values; the CPU must have AVX and F16C.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+pub(super) unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
+    for j in (0..n).step_by(8) {
+        // SAFETY: as the caller guarantees; `j + 8 <= WIDEN` since both are multiples of 8.
+        unsafe {
+            let h = _mm_loadu_si128(d.as_ptr().add(c + j).cast());
+            _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_cvtph_ps(h));
+        }
+    }
+}
 
 /// The process's SIMD level (see [`super::SimdLevel::current`]).
 fn level() -> Level {
@@ -117,158 +140,216 @@ pub(super) fn packed_dot_rows_many(
 
 /// One packed Q4 row against `M` activation rows: per row, exactly the operations of
 /// `packed_q4_512` (which runs them for two weight rows instead).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mask = _mm_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M];
-    for i in 0..a.d.len() {
-        // SAFETY: block `i` of the row (16 payload bytes) and activations `32i..32i+32` of
-        // every row are in bounds; loads are unaligned.
-        unsafe {
-            let qs = _mm_loadu_si128(a.qs.as_ptr().add(i * 16).cast());
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-            let d = _mm512_set1_ps(*a.d.get_unchecked(i));
-            for (acc, x) in acc.iter_mut().zip(xs) {
-                let xp = x.as_ptr().add(i * 32);
-                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(d, p, *acc);
+    let mut da = [0f32; WIDEN];
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: the row's scale array runs on past its blocks (`WeightRow`).
+        unsafe { widen(a.d, c, n, &mut da) };
+        for i in c..c + n {
+            // SAFETY: block `i` of the row (16 payload bytes) and activations `32i..32i+32` of
+            // every row are in bounds; loads are unaligned.
+            unsafe {
+                let qs = _mm_loadu_si128(a.qs.as_ptr().add(i * 16).cast());
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
+                let d = _mm512_set1_ps(*da.get_unchecked(i - c));
+                for (acc, x) in acc.iter_mut().zip(xs) {
+                    let xp = x.as_ptr().add(i * 32);
+                    let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                    *acc = _mm512_fmadd_ps(d, p, *acc);
+                }
             }
         }
     }
-    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]) + min_term(a.m, sums[j]))
+    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]) + min_term(a, sums[j]))
 }
 
 /// One packed Q8 row against `M` activation rows: per row, exactly the operations of
 /// `packed_q8_512`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mut acc = [_mm512_setzero_ps(); M];
-    for i in 0..a.d.len() {
-        // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
-        unsafe {
-            let qs = a.qs.as_ptr().add(i * 32);
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
-            let d = _mm512_set1_ps(*a.d.get_unchecked(i));
-            for (acc, x) in acc.iter_mut().zip(xs) {
-                let xp = x.as_ptr().add(i * 32);
-                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(d, p, *acc);
+    let mut da = [0f32; WIDEN];
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: the row's scale array runs on past its blocks (`WeightRow`).
+        unsafe { widen(a.d, c, n, &mut da) };
+        for i in c..c + n {
+            // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
+            unsafe {
+                let qs = a.qs.as_ptr().add(i * 32);
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
+                let d = _mm512_set1_ps(*da.get_unchecked(i - c));
+                for (acc, x) in acc.iter_mut().zip(xs) {
+                    let xp = x.as_ptr().add(i * 32);
+                    let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                    *acc = _mm512_fmadd_ps(d, p, *acc);
+                }
             }
         }
     }
     std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]))
 }
 
-/// `Σ m · s` over a row's blocks.
-fn min_term(m: &[f32], sums: &[f32]) -> f32 {
-    m.iter().zip(sums).map(|(m, s)| m * s).sum()
+/// `Σ m · s` over a row's blocks, in block order (the scalar path's order).
+#[target_feature(enable = "avx,f16c")]
+fn min_term(row: &WeightRow<'_>, sums: &[f32]) -> f32 {
+    let (mut m, mut total) = ([0f32; WIDEN], 0f32);
+    for c in (0..row.nb).step_by(WIDEN) {
+        let n = (row.nb - c).min(WIDEN);
+        // SAFETY: the row's minimums run on past its blocks (`WeightRow`).
+        unsafe { widen(row.m, c, n, &mut m) };
+        for (m, s) in m[..n].iter().zip(&sums[c..c + n]) {
+            total += m * s;
+        }
+    }
+    total
 }
 
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for i in 0..a.d.len() {
-        // SAFETY: block `i` of both rows (16 payload bytes) and activations `32i..32i+32`
-        // are in bounds; loads are unaligned.
+    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
         unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-            let one = |qs: *const u8, d: f32, acc: &mut __m512| {
-                let qs = _mm_loadu_si128(qs.cast());
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-            };
-            one(a.qs.as_ptr().add(i * 16), *a.d.get_unchecked(i), &mut acc_a);
-            one(b.qs.as_ptr().add(i * 16), *b.d.get_unchecked(i), &mut acc_b);
+            widen(a.d, c, n, &mut da);
+            widen(b.d, c, n, &mut db);
+        }
+        for i in c..c + n {
+            // SAFETY: block `i` of both rows (16 payload bytes) and activations `32i..32i+32`
+            // are in bounds; loads are unaligned.
+            unsafe {
+                let xp = x.as_ptr().add(i * 32);
+                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                let one = |qs: *const u8, d: f32, acc: &mut __m512| {
+                    let qs = _mm_loadu_si128(qs.cast());
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
+                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
+                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+                };
+                one(a.qs.as_ptr().add(i * 16), *da.get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 16), *db.get_unchecked(i - c), &mut acc_b);
+            }
         }
     }
-    (_mm512_reduce_add_ps(acc_a) + min_term(a.m, sums), _mm512_reduce_add_ps(acc_b) + min_term(b.m, sums))
+    (_mm512_reduce_add_ps(acc_a) + min_term(a, sums), _mm512_reduce_add_ps(acc_b) + min_term(b, sums))
 }
 
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for i in 0..a.d.len() {
-        // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
+    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
         unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-            let one = |qs: *const u8, d: f32, acc: &mut __m512| {
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
-                let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-            };
-            one(a.qs.as_ptr().add(i * 32), *a.d.get_unchecked(i), &mut acc_a);
-            one(b.qs.as_ptr().add(i * 32), *b.d.get_unchecked(i), &mut acc_b);
+            widen(a.d, c, n, &mut da);
+            widen(b.d, c, n, &mut db);
+        }
+        for i in c..c + n {
+            // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
+            unsafe {
+                let xp = x.as_ptr().add(i * 32);
+                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                let one = |qs: *const u8, d: f32, acc: &mut __m512| {
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
+                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
+                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
+                };
+                one(a.qs.as_ptr().add(i * 32), *da.get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 32), *db.get_unchecked(i - c), &mut acc_b);
+            }
         }
     }
     (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for i in 0..a.d.len() {
-        // SAFETY: as in `packed_q4_512`.
+    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
         unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let xs = [
-                _mm256_loadu_ps(xp),
-                _mm256_loadu_ps(xp.add(8)),
-                _mm256_loadu_ps(xp.add(16)),
-                _mm256_loadu_ps(xp.add(24)),
-            ];
-            let one = |qs: *const u8, d: f32, acc: &mut __m256| {
-                let qs = _mm_loadu_si128(qs.cast());
-                let (lo, hi) = (_mm_and_si128(qs, mask), _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
-                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-            };
-            one(a.qs.as_ptr().add(i * 16), *a.d.get_unchecked(i), &mut acc_a);
-            one(b.qs.as_ptr().add(i * 16), *b.d.get_unchecked(i), &mut acc_b);
+            widen(a.d, c, n, &mut da);
+            widen(b.d, c, n, &mut db);
+        }
+        for i in c..c + n {
+            // SAFETY: as in `packed_q4_512`.
+            unsafe {
+                let xp = x.as_ptr().add(i * 32);
+                let xs = [
+                    _mm256_loadu_ps(xp),
+                    _mm256_loadu_ps(xp.add(8)),
+                    _mm256_loadu_ps(xp.add(16)),
+                    _mm256_loadu_ps(xp.add(24)),
+                ];
+                let one = |qs: *const u8, d: f32, acc: &mut __m256| {
+                    let qs = _mm_loadu_si128(qs.cast());
+                    let (lo, hi) = (_mm_and_si128(qs, mask), _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+                    let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                    let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                    p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                    p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                    p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+                };
+                one(a.qs.as_ptr().add(i * 16), *da.get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 16), *db.get_unchecked(i - c), &mut acc_b);
+            }
         }
     }
-    (hsum256(acc_a) + min_term(a.m, sums), hsum256(acc_b) + min_term(b.m, sums))
+    (hsum256(acc_a) + min_term(a, sums), hsum256(acc_b) + min_term(b, sums))
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for i in 0..a.d.len() {
-        // SAFETY: as in `packed_q8_512`.
+    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
+    for c in (0..a.nb).step_by(WIDEN) {
+        let n = (a.nb - c).min(WIDEN);
+        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
         unsafe {
-            let xp = x.as_ptr().add(i * 32);
-            let xs = [
-                _mm256_loadu_ps(xp),
-                _mm256_loadu_ps(xp.add(8)),
-                _mm256_loadu_ps(xp.add(16)),
-                _mm256_loadu_ps(xp.add(24)),
-            ];
-            let one = |qs: *const u8, d: f32, acc: &mut __m256| {
-                let q = _mm256_loadu_si256(qs.cast());
-                let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-                let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-            };
-            one(a.qs.as_ptr().add(i * 32), *a.d.get_unchecked(i), &mut acc_a);
-            one(b.qs.as_ptr().add(i * 32), *b.d.get_unchecked(i), &mut acc_b);
+            widen(a.d, c, n, &mut da);
+            widen(b.d, c, n, &mut db);
+        }
+        for i in c..c + n {
+            // SAFETY: as in `packed_q8_512`.
+            unsafe {
+                let xp = x.as_ptr().add(i * 32);
+                let xs = [
+                    _mm256_loadu_ps(xp),
+                    _mm256_loadu_ps(xp.add(8)),
+                    _mm256_loadu_ps(xp.add(16)),
+                    _mm256_loadu_ps(xp.add(24)),
+                ];
+                let one = |qs: *const u8, d: f32, acc: &mut __m256| {
+                    let q = _mm256_loadu_si256(qs.cast());
+                    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+                    let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                    let mut p = _mm256_mul_ps(w(lo), xs[0]);
+                    p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
+                    p = _mm256_fmadd_ps(w(hi), xs[2], p);
+                    p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
+                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
+                };
+                one(a.qs.as_ptr().add(i * 32), *da.get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 32), *db.get_unchecked(i - c), &mut acc_b);
+            }
         }
     }
     (hsum256(acc_a), hsum256(acc_b))

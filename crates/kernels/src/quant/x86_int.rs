@@ -21,6 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::q8::{ActRow, Q8Rows, WeightRow};
+use super::x86::{WIDEN, widen};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -164,7 +165,8 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 }
 
 /// Raw views of a group's rows, read without bounds checks in the inner loops (the
-/// callers of `dot_rows` checked every length once).
+/// callers of `dot_rows` checked every length once). `wd` are the weight rows' scales of
+/// the current group of `WIDEN` blocks, widened to f32, indexed from the group's start.
 struct Ptrs<const R: usize, const M: usize> {
     wq: [*const u8; R],
     wd: [*const f32; R],
@@ -173,13 +175,39 @@ struct Ptrs<const R: usize, const M: usize> {
 }
 
 impl<const R: usize, const M: usize> Ptrs<R, M> {
-    fn of(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> Self {
+    fn of(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M], dw: &[[f32; WIDEN]; R]) -> Self {
         Self {
             wq: std::array::from_fn(|r| w[r].qs.as_ptr()),
-            wd: std::array::from_fn(|r| w[r].d.as_ptr()),
+            wd: std::array::from_fn(|r| dw[r].as_ptr()),
             aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
             ad: std::array::from_fn(|i| a[i].d.as_ptr()),
         }
+    }
+}
+
+/// Runs `step(c, n)` over the row's blocks in groups of `WIDEN` (`c` the group's first
+/// block, `n` its length), with `dw[r]` holding weight row `r`'s scales of the group as
+/// f32. Groups start at multiples of `WIDEN` (even), so two-block steps pair the blocks
+/// as they would without groups.
+///
+/// # Safety
+/// The CPU must have AVX and F16C; every row's scale array runs on past its blocks, as
+/// `WeightRow` promises.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn scale_groups<const R: usize>(
+    w: &[WeightRow<'_>; R],
+    dw: &mut [[f32; WIDEN]; R],
+    mut step: impl FnMut(&[[f32; WIDEN]; R], usize, usize),
+) {
+    let nb = w[0].nb;
+    for c in (0..nb).step_by(WIDEN) {
+        let n = (nb - c).min(WIDEN);
+        for (row, d) in w.iter().zip(dw.iter_mut()) {
+            // SAFETY: as the caller guarantees.
+            unsafe { widen(row.d, c, n, d) };
+        }
+        step(dw, c, n);
     }
 }
 
@@ -229,21 +257,23 @@ fn reduce_512<const R: usize, const M: usize>(acc: &[[__m512; M]; R]) -> [[f32; 
 /// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 16 blocks per
 /// step: one dependent scalar chain per pair would cost as much as the blocks themselves.
 #[inline]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn add_min_terms_512<const R: usize, const M: usize>(
     w: &[WeightRow<'_>; R],
     a: &[ActRow<'_>; M],
     acc: &mut [[__m512; M]; R],
 ) {
-    let nb = w[0].d.len();
+    let nb = w[0].nb;
     for b in (0..nb).step_by(16) {
         let mask: __mmask16 = if nb - b >= 16 { 0xFFFF } else { (1u16 << (nb - b)) - 1 };
-        // SAFETY: the mask covers blocks `b..nb` only, all in bounds of every row's
-        // minimums and every activation row's block terms.
+        // SAFETY: the activation loads are masked to blocks `b..nb`; the weight rows'
+        // minimums run on past each row (`WeightRow`), so 16 of them from block `b` are in
+        // bounds, and the mask zeroes the lanes past the row.
         unsafe {
             let s: [__m512; M] = std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, a[i].s.as_ptr().add(b)));
             for r in 0..R {
-                let m = _mm512_maskz_loadu_ps(mask, w[r].m.as_ptr().add(b));
+                let m16 = _mm256_loadu_si256(w[r].m.as_ptr().add(b).cast());
+                let m = _mm512_maskz_mov_ps(mask, _mm512_cvtph_ps(m16));
                 for i in 0..M {
                     acc[r][i] = _mm512_fmadd_ps(m, s[i], acc[r][i]);
                 }
@@ -253,21 +283,27 @@ fn add_min_terms_512<const R: usize, const M: usize>(
 }
 
 /// Q4 rows × q8 rows, two blocks (64 values) per step with `vpdpbusd`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let nb = w[0].d.len();
-    let ptrs = Ptrs::of(w, a);
+    let mut dw = [[0f32; WIDEN]; R];
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    // SAFETY: every weight row holds `nb` scales and `16 · nb` payload bytes and every
-    // activation row `nb` scales and `32 · nb` quants; the steps read blocks below `nb`.
-    unsafe {
-        for b in (0..nb & !1).step_by(2) {
-            q4_step_512::<R, M, true>(&ptrs, b, &mut acc);
+    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
+        let ptrs = Ptrs::of(w, a, dw);
+        let mut b = c;
+        while b + 1 < c + n {
+            // SAFETY: blocks `b` and `b + 1` are below `c + n ≤ nb`: in bounds of every row.
+            unsafe { q4_step_512::<R, M, true>(&ptrs, b, b - c, &mut acc) };
+            b += 2;
         }
-        if nb % 2 == 1 {
-            q4_step_512::<R, M, false>(&ptrs, nb - 1, &mut acc);
+        if b < c + n {
+            // SAFETY: block `b` is below `c + n ≤ nb`: in bounds of every row.
+            unsafe { q4_step_512::<R, M, false>(&ptrs, b, b - c, &mut acc) };
         }
-    }
+    };
+    // SAFETY: every weight row holds `nb` scales (and more past them) and `16 · nb`
+    // payload bytes and every activation row `nb` scales and `32 · nb` quants; the steps
+    // read blocks below `nb`, and their weight scales from the group's widened copy.
+    unsafe { scale_groups(w, &mut dw, step) };
     add_min_terms_512(w, a, &mut acc);
     reduce_512(&acc)
 }
@@ -278,10 +314,11 @@ unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[Ac
 /// Those blocks must be in bounds of every row behind `ptrs`; the CPU must have the
 /// features below.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_step_512<const R: usize, const M: usize, const PAIR: bool>(
     ptrs: &Ptrs<R, M>,
     b: usize,
+    bw: usize,
     acc: &mut [[__m512; M]; R],
 ) {
     let (mask, mask128) = (_mm256_set1_epi8(0x0F), _mm_set1_epi8(0x0F));
@@ -304,7 +341,7 @@ unsafe fn q4_step_512<const R: usize, const M: usize, const PAIR: bool>(
                 let (lo, hi) = (_mm_and_si128(v, mask128), _mm_and_si128(_mm_srli_epi16::<4>(v), mask128));
                 _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
             };
-            let dw = pair_scales::<PAIR>(ptrs.wd[r], b);
+            let dw = pair_scales::<PAIR>(ptrs.wd[r], bw);
             for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
                 let dot = _mm512_dpbusd_epi32(zero, u, *qx);
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, *dx), *acc);
@@ -314,20 +351,25 @@ unsafe fn q4_step_512<const R: usize, const M: usize, const PAIR: bool>(
 }
 
 /// Q8_0 rows × q8 rows, two blocks per step with `vpdpbusd` and the sign trick.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let nb = w[0].d.len();
-    let ptrs = Ptrs::of(w, a);
+    let mut dw = [[0f32; WIDEN]; R];
     let mut acc = [[_mm512_setzero_ps(); M]; R];
+    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
+        let ptrs = Ptrs::of(w, a, dw);
+        let mut b = c;
+        while b + 1 < c + n {
+            // SAFETY: blocks `b` and `b + 1` are below `c + n ≤ nb`: in bounds of every row.
+            unsafe { q8_step_512::<R, M, true>(&ptrs, b, b - c, &mut acc) };
+            b += 2;
+        }
+        if b < c + n {
+            // SAFETY: block `b` is below `c + n ≤ nb`: in bounds of every row.
+            unsafe { q8_step_512::<R, M, false>(&ptrs, b, b - c, &mut acc) };
+        }
+    };
     // SAFETY: as in `q4_512`, with 32 payload bytes per weight block.
-    unsafe {
-        for b in (0..nb & !1).step_by(2) {
-            q8_step_512::<R, M, true>(&ptrs, b, &mut acc);
-        }
-        if nb % 2 == 1 {
-            q8_step_512::<R, M, false>(&ptrs, nb - 1, &mut acc);
-        }
-    }
+    unsafe { scale_groups(w, &mut dw, step) };
     reduce_512(&acc)
 }
 
@@ -336,10 +378,11 @@ unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[Ac
 /// # Safety
 /// As `q4_step_512`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
     ptrs: &Ptrs<R, M>,
     b: usize,
+    bw: usize,
     acc: &mut [[__m512; M]; R],
 ) {
     let zero = _mm512_setzero_si512();
@@ -350,7 +393,7 @@ unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
         for (r, acc) in acc.iter_mut().enumerate() {
             let wv = load_pair::<PAIR>(ptrs.wq[r].cast(), b);
             let (u, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
-            let dw = pair_scales::<PAIR>(ptrs.wd[r], b);
+            let dw = pair_scales::<PAIR>(ptrs.wd[r], bw);
             for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
                 let s = _mm512_mask_sub_epi8(*qx, neg, zero, *qx);
                 let dot = _mm512_dpbusd_epi32(zero, u, s);
@@ -361,24 +404,26 @@ unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
 }
 
 /// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 8 blocks per
-/// step (as `add_min_terms_512`); the last partial step loads under a mask.
+/// step (as `add_min_terms_512`); the last partial step masks its lanes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn add_min_terms_256<const R: usize, const M: usize>(
     w: &[WeightRow<'_>; R],
     a: &[ActRow<'_>; M],
     acc: &mut [[__m256; M]; R],
 ) {
-    let nb = w[0].d.len();
+    let nb = w[0].nb;
     for b in (0..nb).step_by(8) {
         let left = (nb - b).min(8) as i32;
         let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        // SAFETY: the mask covers blocks `b..nb` only, all in bounds of every row's
-        // minimums and every activation row's block terms.
+        // SAFETY: the activation loads are masked to blocks `b..nb`; the weight rows'
+        // minimums run on past each row (`WeightRow`), so 8 of them from block `b` are in
+        // bounds, and the mask zeroes the lanes past the row.
         unsafe {
             let s: [__m256; M] = std::array::from_fn(|i| _mm256_maskload_ps(a[i].s.as_ptr().add(b), mask));
             for (wr, acc) in w.iter().zip(acc.iter_mut()) {
-                let m = _mm256_maskload_ps(wr.m.as_ptr().add(b), mask);
+                let m8 = _mm_loadu_si128(wr.m.as_ptr().add(b).cast());
+                let m = _mm256_and_ps(_mm256_cvtph_ps(m8), _mm256_castsi256_ps(mask));
                 for (acc, s) in acc.iter_mut().zip(&s) {
                     *acc = _mm256_fmadd_ps(m, *s, *acc);
                 }
@@ -395,51 +440,61 @@ fn reduce_256<const R: usize, const M: usize>(acc: &[[__m256; M]; R]) -> [[f32; 
 }
 
 /// Q4 rows × q8 rows, one block per step with `vpmaddubsw` + `vpmaddwd`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
     let (mask, ones) = (_mm_set1_epi8(0x0F), _mm256_set1_epi16(1));
     let mut acc = [[_mm256_setzero_ps(); M]; R];
-    for b in 0..w[0].d.len() {
-        // SAFETY: block `b` of every row is in bounds (16 payload bytes per weight block,
-        // 32 quants per activation block).
-        unsafe {
-            let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
-            let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
-            for r in 0..R {
-                let v = _mm_loadu_si128(w[r].qs.as_ptr().add(b * 16).cast());
-                let u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), _mm_and_si128(v, mask));
-                let dw = _mm256_set1_ps(*w[r].d.get_unchecked(b));
-                for i in 0..M {
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qx[i]), ones);
-                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+    let mut dw = [[0f32; WIDEN]; R];
+    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
+        for b in c..c + n {
+            // SAFETY: block `b` of every row is in bounds (16 payload bytes per weight block,
+            // 32 quants per activation block).
+            unsafe {
+                let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
+                let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
+                for r in 0..R {
+                    let v = _mm_loadu_si128(w[r].qs.as_ptr().add(b * 16).cast());
+                    let u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), _mm_and_si128(v, mask));
+                    let dw = _mm256_set1_ps(*dw[r].get_unchecked(b - c));
+                    for i in 0..M {
+                        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qx[i]), ones);
+                        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+                    }
                 }
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(w, &mut dw, step) };
     add_min_terms_256(w, a, &mut acc);
     reduce_256(&acc)
 }
 
 /// Q8_0 rows × q8 rows, one block per step with the sign trick.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); M]; R];
-    for b in 0..w[0].d.len() {
-        // SAFETY: as in `q4_256`, with 32 payload bytes per weight block.
-        unsafe {
-            let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
-            let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
-            for r in 0..R {
-                let wv = _mm256_loadu_si256(w[r].qs.as_ptr().add(b * 32).cast());
-                let u = _mm256_sign_epi8(wv, wv);
-                let dw = _mm256_set1_ps(*w[r].d.get_unchecked(b));
-                for i in 0..M {
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(qx[i], wv)), ones);
-                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+    let mut dw = [[0f32; WIDEN]; R];
+    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
+        for b in c..c + n {
+            // SAFETY: as in `q4_256`, with 32 payload bytes per weight block.
+            unsafe {
+                let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
+                let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
+                for r in 0..R {
+                    let wv = _mm256_loadu_si256(w[r].qs.as_ptr().add(b * 32).cast());
+                    let u = _mm256_sign_epi8(wv, wv);
+                    let dw = _mm256_set1_ps(*dw[r].get_unchecked(b - c));
+                    for i in 0..M {
+                        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(qx[i], wv)), ones);
+                        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+                    }
                 }
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(w, &mut dw, step) };
     reduce_256(&acc)
 }
