@@ -1,6 +1,7 @@
 //! Tensors in host memory on their way to or from a device.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -77,6 +78,85 @@ impl<'a> HostTensor<'a> {
         self.shape.iter().product()
     }
 
+    /// Rows `range` of dim 0 (every row keeping its trailing dims): one rank's share of a
+    /// column-parallel weight. Borrowed bytes stay borrowed, so a shard of a memory-mapped
+    /// checkpoint is read straight from the map.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a 0-D tensor, a range past dim 0, or rows that are not
+    /// whole blocks of a quantised dtype.
+    pub fn rows(self, range: Range<usize>) -> Result<HostTensor<'a>> {
+        let Some((&rows, trailing)) = self.shape.split_first() else {
+            return Err(Error::InvalidArgument("a 0-D tensor has no rows".into()));
+        };
+        if range.start > range.end || range.end > rows {
+            return Err(Error::InvalidArgument(format!("rows {range:?} of a tensor of shape {:?}", self.shape)));
+        }
+        let row_bytes = self.row_bytes(trailing.iter().product())?;
+        let bytes = match self.bytes {
+            Cow::Borrowed(b) => Cow::Borrowed(&b[range.start * row_bytes..range.end * row_bytes]),
+            Cow::Owned(b) => Cow::Owned(b[range.start * row_bytes..range.end * row_bytes].to_vec()),
+        };
+        Ok(HostTensor { dtype: self.dtype, shape: [&[range.len()], trailing].concat(), bytes })
+    }
+
+    /// The same rows followed by zero rows, `rows` rows in all: a share of a
+    /// vocabulary-parallel table padded to the size every rank holds. Zero bytes are zero
+    /// values in every dtype (a ggml block of zeros has a zero scale).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a 0-D tensor or fewer than its rows.
+    pub fn pad_rows(self, rows: usize) -> Result<HostTensor<'a>> {
+        let Some((&have, trailing)) = self.shape.split_first() else {
+            return Err(Error::InvalidArgument("a 0-D tensor has no rows".into()));
+        };
+        if rows < have {
+            return Err(Error::InvalidArgument(format!("padding {have} rows to {rows}")));
+        }
+        if rows == have {
+            return Ok(self);
+        }
+        let row_bytes = self.row_bytes(trailing.iter().product())?;
+        let mut bytes = self.bytes.into_owned();
+        bytes.resize(rows * row_bytes, 0);
+        Ok(HostTensor { dtype: self.dtype, shape: [&[rows], trailing].concat(), bytes: Cow::Owned(bytes) })
+    }
+
+    /// Elements `range` of the last dim of every row, copied: one rank's share of a
+    /// row-parallel weight (its input columns).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a 0-D tensor, a range past the last dim, or, for a
+    /// quantised dtype, a range that does not start and end on block boundaries.
+    pub fn columns(&self, range: Range<usize>) -> Result<HostTensor<'static>> {
+        let Some(&cols) = self.shape.last() else {
+            return Err(Error::InvalidArgument("a 0-D tensor has no columns".into()));
+        };
+        let bounds = (self.dtype.bytes_for(range.start), self.dtype.bytes_for(range.end));
+        let (Some(start), Some(end)) = bounds else {
+            return Err(Error::InvalidArgument(format!(
+                "columns {range:?} of a {} tensor do not fall on whole blocks",
+                self.dtype
+            )));
+        };
+        if range.start > range.end || range.end > cols {
+            return Err(Error::InvalidArgument(format!("columns {range:?} of a tensor of shape {:?}", self.shape)));
+        }
+        let row_bytes = self.row_bytes(cols)?;
+        let bytes: Vec<u8> =
+            self.bytes.chunks_exact(row_bytes.max(1)).flat_map(|row| &row[start..end]).copied().collect();
+        let mut shape = self.shape.clone();
+        *shape.last_mut().expect("checked above") = range.len();
+        HostTensor::from_bytes(self.dtype, &shape, Cow::Owned(bytes))
+    }
+
+    /// Bytes of one run of `elems` elements.
+    fn row_bytes(&self, elems: usize) -> Result<usize> {
+        self.dtype.bytes_for(elems).ok_or_else(|| {
+            Error::InvalidArgument(format!("rows of {elems} {} elements are not whole blocks", self.dtype))
+        })
+    }
+
     /// The elements widened (or dequantised) to f32.
     ///
     /// # Errors
@@ -130,5 +210,55 @@ fn decode(bytes: &[u8], out: &mut [f32], chunk: usize, f: impl Fn(&[u8]) -> f32 
 impl std::fmt::Debug for HostTensor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "HostTensor({:?}, {})", self.shape, self.dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::QuantFormat;
+
+    fn matrix() -> Vec<f32> {
+        (0..12).map(|i| i as f32).collect()
+    }
+
+    #[test]
+    fn row_shares_borrow_the_source_bytes() {
+        let bytes = bytemuck::cast_slice::<f32, u8>(&matrix()).to_vec();
+        let t = HostTensor::from_bytes(DType::F32, &[3, 4], Cow::Borrowed(&bytes)).unwrap();
+        let rows = t.rows(1..3).unwrap();
+        assert!(matches!(rows.bytes, Cow::Borrowed(_)), "a row share of a map is not copied");
+        assert_eq!(rows.shape(), [2, 4]);
+        assert_eq!(rows.to_f32_vec().unwrap(), (4..12).map(|i| i as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn column_shares_take_every_rows_slice() {
+        let t = HostTensor::from_f32(&matrix(), &[3, 4]);
+        let cols = t.columns(1..3).unwrap();
+        assert_eq!(cols.shape(), [3, 2]);
+        assert_eq!(cols.to_f32_vec().unwrap(), [1.0, 2.0, 5.0, 6.0, 9.0, 10.0]);
+        assert!(t.columns(3..5).is_err(), "past the last dim");
+    }
+
+    #[test]
+    fn padded_rows_are_zero() {
+        let t = HostTensor::from_f32(&matrix(), &[3, 4]).rows(2..3).unwrap().pad_rows(3).unwrap();
+        assert_eq!(t.shape(), [3, 4]);
+        let v = t.to_f32_vec().unwrap();
+        assert_eq!(&v[..4], [8.0, 9.0, 10.0, 11.0]);
+        assert!(v[4..].iter().all(|&x| x == 0.0));
+        assert!(HostTensor::from_f32(&matrix(), &[3, 4]).pad_rows(2).is_err());
+    }
+
+    #[test]
+    fn quantised_columns_must_fall_on_blocks() {
+        let q = DType::Quant(QuantFormat::Q8_0);
+        let row = q.bytes_for(64).unwrap();
+        let t = HostTensor::from_bytes(q, &[2, 64], Cow::Owned(vec![0; 2 * row])).unwrap();
+        assert_eq!(t.columns(32..64).unwrap().shape(), [2, 32]);
+        let err = t.columns(16..48).unwrap_err().to_string();
+        assert!(err.contains("whole blocks"), "{err}");
+        assert!(t.clone().rows(0..1).is_ok());
     }
 }
