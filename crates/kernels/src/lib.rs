@@ -11,6 +11,10 @@
 //! with [`open_backend`], which returns a clear error rather than a missing symbol when a
 //! backend was not compiled in, so no caller needs `#[cfg]`.
 //!
+//! Tensor parallelism splits one model over several backends (ranks) that combine partial
+//! results through a [`Collective`] ([`collective`]): an in-process rendezvous for the CPU,
+//! NCCL for CUDA; [`Devices`] opens and joins them.
+//!
 //! Invariants: tensors are contiguous and row-major; a tensor's storage belongs to the
 //! backend that made it, and ops reject tensors of another device; float data on a backend
 //! is stored in that backend's [`GpuBackend::float_dtype`], index data as `u32`.
@@ -18,6 +22,7 @@
 pub mod attention;
 mod backend;
 mod check;
+pub mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -34,6 +39,7 @@ pub use backend::{
     AttentionMeta, AttentionParams, DraftToken, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow,
     Sampled, UniformRun,
 };
+pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaStorage};

@@ -19,6 +19,7 @@ mod gemm;
 mod gemv;
 mod graph;
 mod moe;
+pub(crate) mod nccl;
 mod ops;
 mod sample;
 
