@@ -5,8 +5,9 @@
 //! served under Hugging Face names ([`GgufStore`], quantised tensors dequantised to f32,
 //! see [`gguf`]), and seeded random weights for tests and benchmarks ([`DummyStore`]).
 //! Model code asks for tensors by checkpoint name and moves them to a device with
-//! [`load`] or [`load_concat`]; before that, startup runs [`preflight`] so that every
-//! missing, unexpected or mis-shaped tensor is named in one error.
+//! [`load`] or [`load_concat`] (a tensor-parallel rank takes its share with
+//! [`load_slices`]); before that, startup runs [`preflight`] so that every missing,
+//! unexpected or mis-shaped tensor is named in one error.
 //!
 //! Invariants: a store never changes after it is built; [`WeightStore::names`] is sorted
 //! and lists every tensor the store holds, loadable or not (a GGUF's `rope_freqs.weight`
@@ -27,7 +28,7 @@ use met_kernels::{DType, HostTensor};
 pub use dummy::DummyStore;
 pub use error::{PreflightReport, WeightError};
 pub use gguf::{GgmlType, GgufArch, GgufFile, GgufMeta, GgufStore, GgufTensorInfo, GgufValue, RawTensor, insert_opt};
-pub use load::{load, load_concat};
+pub use load::{Slice, load, load_concat, load_slices};
 pub use preflight::{is_ignored, preflight};
 pub use safetensors_store::SafetensorsStore;
 

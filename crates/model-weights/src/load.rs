@@ -6,11 +6,16 @@
 //! bytes, so no precision is lost; mixed dtypes are widened to f32 first, which is exact
 //! for f16 and bf16.
 //!
+//! A tensor-parallel rank loads only its share of a tensor ([`load_slices`]): rows of dim 0
+//! (borrowed straight from a memory-mapped file), optionally followed by zero rows, or a
+//! range of the last dim of every row (copied), before the same fusion and upload.
+//!
 //! Random weights skip the host: when the store describes every part as a run of its
 //! random stream ([`WeightStore::uniform_run`]), the backend generates the fused tensor in
 //! place ([`GpuBackend::random_uniform`]), with the same values.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 
@@ -43,6 +48,64 @@ pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBac
     }
     let parts = names.iter().map(|n| store.host(n)).collect::<Result<Vec<_>, _>>()?;
     let host = concat_dim0(names, parts)?;
+    Ok(backend.upload(&host, backend.float_dtype())?)
+}
+
+/// The part of a stored tensor one tensor-parallel rank loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slice {
+    /// All of it (replicated tensors, and every tensor of a single device).
+    Whole,
+    /// Rows `range` of dim 0, then zero rows up to `len` rows in all (`len == range.len()`
+    /// for no padding): a column-parallel share, or a padded vocabulary share.
+    Rows {
+        /// The rows taken from the store.
+        range: Range<usize>,
+        /// Rows of the result, the padding included.
+        len: usize,
+    },
+    /// Elements `range` of the last dim of every row: a row-parallel share.
+    Columns(Range<usize>),
+}
+
+impl Slice {
+    /// Rows `range`, unpadded.
+    pub fn rows(range: Range<usize>) -> Self {
+        let len = range.len();
+        Self::Rows { range, len }
+    }
+}
+
+/// Loads the given slices of several tensors concatenated along dim 0 as one device
+/// tensor: a rank's share of a fused projection (its q, k and v heads, its gate and up
+/// rows) or of stacked experts. With every slice [`Slice::Whole`] this is [`load_concat`].
+///
+/// # Errors
+/// [`WeightError::Concat`] when a slice falls outside its tensor or, for quantised data,
+/// off block boundaries (naming the tensor), or when the slices cannot be concatenated;
+/// otherwise as [`load`].
+pub fn load_slices(
+    store: &dyn WeightStore,
+    parts: &[(&str, Slice)],
+    backend: &dyn GpuBackend,
+) -> Result<Tensor, WeightError> {
+    let names: Vec<&str> = parts.iter().map(|(name, _)| *name).collect();
+    if parts.iter().all(|(_, slice)| *slice == Slice::Whole) {
+        return load_concat(store, &names, backend);
+    }
+    let sliced = parts
+        .iter()
+        .map(|(name, slice)| {
+            let host = store.host(name)?;
+            let part = match slice {
+                Slice::Whole => Ok(host),
+                Slice::Rows { range, len } => host.rows(range.clone()).and_then(|h| h.pad_rows(*len)),
+                Slice::Columns(range) => host.columns(range.clone()),
+            };
+            part.map_err(|e| concat_error(&[name], format!("{slice:?} of `{name}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let host = concat_dim0(&names, sliced)?;
     Ok(backend.upload(&host, backend.float_dtype())?)
 }
 

@@ -84,3 +84,26 @@ fn empty_list_and_missing_names_are_errors() {
     let err = load_concat(&store, &["q", "nope"], &cpu).unwrap_err();
     assert!(matches!(err, WeightError::Missing { ref name, .. } if name == "nope"), "{err}");
 }
+
+/// A tensor-parallel rank's share: rows of some parts, columns of others, zero padding.
+#[test]
+fn slices_take_rows_columns_and_padding() {
+    use met_model_weights::{Slice, load_slices};
+    let (_dir, store) = store();
+    let cpu = CpuBackend::new();
+    // Rank 1 of 2 of a fused q/k projection: q rows 2..4 and k row 1.
+    let qk = load_slices(&store, &[("q", Slice::rows(2..4)), ("k", Slice::rows(1..2))], &cpu).unwrap();
+    assert_eq!(qk.dims(), [3, 3]);
+    assert_eq!(cpu.download_f32(&qk).unwrap(), [seq(6.0, 6), seq(103.0, 3)].concat());
+    let cols = load_slices(&store, &[("wide", Slice::Columns(2..4))], &cpu).unwrap();
+    assert_eq!(cpu.download_f32(&cols).unwrap(), [2.0, 3.0, 6.0, 7.0]);
+    let padded = load_slices(&store, &[("k", Slice::Rows { range: 1..2, len: 3 })], &cpu).unwrap();
+    assert_eq!(cpu.download_f32(&padded).unwrap(), [seq(103.0, 3), vec![0.0; 6]].concat());
+    let whole = load_slices(&store, &[("q", Slice::Whole), ("k", Slice::Whole)], &cpu).unwrap();
+    assert_eq!(
+        cpu.download_f32(&whole).unwrap(),
+        cpu.download_f32(&load_concat(&store, &["q", "k"], &cpu).unwrap()).unwrap()
+    );
+    let err = load_slices(&store, &[("k", Slice::rows(1..3))], &cpu).unwrap_err().to_string();
+    assert!(err.contains("`k`") && err.contains("rows 1..3"), "{err}");
+}
