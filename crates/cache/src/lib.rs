@@ -12,6 +12,10 @@
 //! cached prefix, and blocks no sequence references stay cached until the pool needs them
 //! (least recently freed first).
 //!
+//! Under tensor parallelism the cache stays one: one block manager and one block table per
+//! sequence, while each rank's device holds its share of every block ([`KvPools`]: the
+//! rank's K/V heads of every layer), so a block id means the same tokens on every rank.
+//!
 //! This crate never reads tensor contents; it does bookkeeping on the host and hands the
 //! pools to the model, which writes and reads them through the backend.
 //!
@@ -28,7 +32,8 @@ use met_kernels::{DType, Tensor};
 /// Tokens per block unless configured otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// The shape of the K/V state a model keeps per token.
+/// The shape of the K/V state a model keeps per token on one device (under tensor
+/// parallelism, one rank's share: its K/V heads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     /// Attention layers, each with its own K and V pool.
@@ -68,6 +73,44 @@ pub enum CacheError {
     /// The configuration cannot make a usable cache.
     #[error("invalid KV cache configuration: {0}")]
     Config(String),
+}
+
+/// One rank's K/V pools: the key and value pool of every layer, each `[blocks, block_size,
+/// kv_heads, head_dim]` with this rank's heads.
+#[derive(Debug, Clone)]
+pub struct KvPools {
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl KvPools {
+    /// Pools from every layer's `(key, value)` pair.
+    pub fn new(layers: Vec<(Tensor, Tensor)>) -> Self {
+        Self { layers }
+    }
+
+    /// The K and V pools of `layer`.
+    ///
+    /// # Panics
+    /// If `layer` is past the pools' layers.
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
+    }
+
+    /// Layers held.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Blocks in each pool (0 without layers).
+    pub fn num_blocks(&self) -> usize {
+        self.layers.first().map_or(0, |(k, _)| k.dims()[0])
+    }
+
+    /// Tokens per block (0 without layers).
+    pub fn block_size(&self) -> usize {
+        self.layers.first().map_or(0, |(k, _)| k.dims()[1])
+    }
 }
 
 /// Paged K/V storage plus its block bookkeeping.
@@ -119,9 +162,21 @@ pub trait KvCache: Send {
     /// (refcounted, whether or not prefix caching is on): the `n` choices of one prompt.
     fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks;
 
-    /// The K and V pools of `layer`, each `[blocks, block_size, kv_heads, head_dim]`.
+    /// Tensor-parallel ranks that each hold a share of every block (1 on one device).
+    fn num_ranks(&self) -> usize;
+
+    /// Rank `rank`'s pools, laid out as [`Self::layout`] says.
+    ///
+    /// # Panics
+    /// If `rank >= num_ranks()`.
+    fn pools(&self, rank: usize) -> &KvPools;
+
+    /// The K and V pools of `layer` on rank 0 (the only rank on one device), each
+    /// `[blocks, block_size, kv_heads, head_dim]`.
     ///
     /// # Panics
     /// If `layer >= layout().num_layers`.
-    fn layer(&self, layer: usize) -> (&Tensor, &Tensor);
+    fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        self.pools(0).layer(layer)
+    }
 }

@@ -1,18 +1,21 @@
-//! `PagedKvCache`: per-layer K/V pools of fixed-size blocks.
+//! `PagedKvCache`: per-layer K/V pools of fixed-size blocks, on one device or one set per
+//! tensor-parallel rank under a single block manager.
 
 use std::sync::Arc;
 
-use met_kernels::{GpuBackend, Tensor};
+use met_kernels::GpuBackend;
 use parking_lot::Mutex;
 
 use crate::block::BlockPool;
-use crate::{CacheError, KvCache, KvLayout, OutOfBlocks, SequenceBlocks};
+use crate::{CacheError, KvCache, KvLayout, KvPools, OutOfBlocks, SequenceBlocks};
 
-/// The paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer's pools.
+/// The paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer's pools,
+/// on one device or, for a tensor-parallel model, on each rank's device.
 pub struct PagedKvCache {
     layout: KvLayout,
     block_size: usize,
-    pools: Vec<(Tensor, Tensor)>,
+    /// One set of pools per rank.
+    ranks: Vec<KvPools>,
     blocks: Arc<Mutex<BlockPool>>,
 }
 
@@ -30,17 +33,40 @@ impl PagedKvCache {
         num_blocks: usize,
         prefix_caching: bool,
     ) -> Result<Self, CacheError> {
-        if block_size == 0 || num_blocks == 0 {
-            return Err(CacheError::Config(format!("{num_blocks} blocks of {block_size} tokens hold nothing")));
+        Self::sharded(&[backend], layout, block_size, num_blocks, prefix_caching)
+    }
+
+    /// [`Self::new`] for a tensor-parallel model: pools of `layout` (one rank's heads) on
+    /// each rank's backend, in rank order, under one block manager, so that a block id and
+    /// a slot mean the same tokens on every rank.
+    ///
+    /// # Errors
+    /// As [`Self::new`], and [`CacheError::Config`] for no backend.
+    pub fn sharded(
+        backends: &[&dyn GpuBackend],
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+        prefix_caching: bool,
+    ) -> Result<Self, CacheError> {
+        if block_size == 0 || num_blocks == 0 || backends.is_empty() {
+            return Err(CacheError::Config(format!(
+                "{num_blocks} blocks of {block_size} tokens on {} ranks hold nothing",
+                backends.len()
+            )));
         }
         if u32::try_from(num_blocks * block_size).is_err() {
             return Err(CacheError::Config(format!("{num_blocks} blocks of {block_size} overflow u32 slots")));
         }
         let dims = [num_blocks, block_size, layout.num_kv_heads, layout.head_dim];
-        let pools = (0..layout.num_layers)
-            .map(|_| Ok((backend.zeros(&dims, layout.dtype)?, backend.zeros(&dims, layout.dtype)?)))
-            .collect::<Result<_, met_kernels::Error>>()?;
-        Ok(Self { layout, block_size, pools, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks, prefix_caching))) })
+        let pools = |b: &&dyn GpuBackend| {
+            let layers = (0..layout.num_layers)
+                .map(|_| Ok((b.zeros(&dims, layout.dtype)?, b.zeros(&dims, layout.dtype)?)))
+                .collect::<Result<_, met_kernels::Error>>()?;
+            Ok::<_, met_kernels::Error>(KvPools::new(layers))
+        };
+        let ranks = backends.iter().map(pools).collect::<Result<_, _>>()?;
+        Ok(Self { layout, block_size, ranks, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks, prefix_caching))) })
     }
 
     /// How many blocks fit in `bytes` of device memory.
@@ -90,9 +116,12 @@ impl KvCache for PagedKvCache {
         seq.fork(tokens)
     }
 
-    fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
-        let (k, v) = &self.pools[layer];
-        (k, v)
+    fn num_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn pools(&self, rank: usize) -> &KvPools {
+        &self.ranks[rank]
     }
 }
 
@@ -172,6 +201,25 @@ mod tests {
         assert!(!c.can_allocate(1));
         drop(a);
         assert_eq!(c.num_free_blocks(), 3);
+    }
+
+    #[test]
+    fn a_sharded_cache_holds_each_ranks_pools_under_one_block_table() {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, dtype: DType::F32 };
+        let (a, b) = (CpuBackend::new(), CpuBackend::new());
+        let c = PagedKvCache::sharded(&[&a, &b], layout, 4, 3, false).unwrap();
+        assert_eq!(c.num_ranks(), 2);
+        for rank in 0..2 {
+            let pools = c.pools(rank);
+            assert_eq!((pools.num_layers(), pools.num_blocks(), pools.block_size()), (2, 3, 4));
+            assert_eq!(pools.layer(1).0.dims(), [3, 4, 1, 4]);
+        }
+        assert!(!c.pools(0).layer(0).0.same_storage(c.pools(1).layer(0).0), "each rank has its own pools");
+        assert!(c.layer(1).0.same_storage(c.pools(0).layer(1).0), "`layer` is rank 0's");
+        let mut s = c.new_sequence();
+        c.reserve(&mut s, 9).unwrap();
+        assert_eq!(c.num_free_blocks(), 0, "one reservation covers every rank");
+        assert!(PagedKvCache::sharded(&[], layout, 4, 3, false).is_err());
     }
 
     #[test]
