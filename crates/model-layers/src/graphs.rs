@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use met_cache::KvCache;
+use met_cache::KvPools;
 use met_kernels::{DType, Graph, HostTensor, Tensor};
 
 use crate::attention::{BatchLayout, StepLayout};
@@ -121,7 +121,7 @@ impl DecodeGraphs {
     /// Records every size of `settings` that the cache can hold, largest first.
     pub(crate) fn capture(
         model: &DecoderModel,
-        kv: &dyn KvCache,
+        kv: &KvPools,
         settings: &GraphSettings,
     ) -> Result<(Self, GraphCapture)> {
         let b = &**model.backend();
@@ -153,12 +153,7 @@ impl DecodeGraphs {
 
     /// Runs `batch` from a graph when it is a decode step that one holds: `Ok(None)` when it
     /// must run eagerly.
-    pub(crate) fn replay(
-        &self,
-        model: &DecoderModel,
-        batch: &ForwardBatch,
-        kv: &dyn KvCache,
-    ) -> Result<Option<Tensor>> {
+    pub(crate) fn replay(&self, model: &DecoderModel, batch: &ForwardBatch, kv: &KvPools) -> Result<Option<Tensor>> {
         let n = batch.sequences.len();
         let Some(g) = self.graphs.iter().find(|g| g.size >= n) else { return Ok(None) };
         let decode_only = n > 0
@@ -177,7 +172,7 @@ impl DecodeGraphs {
             v
         };
         let step = &g.step;
-        b.write_u32(&step.ids, &pad(&batch.token_ids, 0))?;
+        b.write_u32(&step.ids, &model.local_ids(&pad(&batch.token_ids, 0)))?;
         b.write_u32(&step.positions, &pad(&batch.positions, 0))?;
         // Padding rows: one token each at no slot, reading block 0 (their one-token
         // context), as recorded.
@@ -198,7 +193,7 @@ impl DecodeGraphs {
 }
 
 /// Warms up and records the decode step of `size` sequences.
-fn record(model: &DecoderModel, kv: &dyn KvCache, size: usize, max_blocks: usize, vocab: usize) -> Result<DecodeGraph> {
+fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vocab: usize) -> Result<DecodeGraph> {
     let b = &**model.backend();
     let u32s = |data: &[u32], dims: &[usize]| b.upload(&HostTensor::from_u32(data, dims), DType::U32);
     // Recording-time contents: every row one token at its own slot of the (still empty)
@@ -218,6 +213,7 @@ fn record(model: &DecoderModel, kv: &dyn KvCache, size: usize, max_blocks: usize
         positions: u32s(&vec![0; size], &[size])?,
         meta,
         logit_rows: None,
+        logit_order: model.logit_order(size)?,
     };
     let logits = b.zeros(&[size, vocab], DType::F32)?;
     // One eager run first, so every kernel and library handle is loaded before recording.

@@ -7,13 +7,15 @@
 //!
 //! Architectures live one per file in [`models`], are built from the shared layers in
 //! [`layers`], and register by Hugging Face `model_type`. Attention goes through the
-//! [`attention::AttentionBackend`] seam, chosen at startup.
+//! [`attention::AttentionBackend`] seam, chosen at startup. [`parallel`] splits a model
+//! across the devices of a tensor-parallel group behind the same [`Model`] seam.
 
 pub mod attention;
 mod batch;
 pub mod graphs;
 pub mod layers;
 pub mod models;
+pub mod parallel;
 pub mod runner;
 
 use met_cache::{KvCache, KvLayout};
@@ -45,6 +47,9 @@ pub enum ModelError {
     /// The architecture or a setting is not supported.
     #[error("{0}")]
     Unsupported(String),
+    /// A tensor-parallel rank failed, or could not start.
+    #[error("tensor parallelism: {0}")]
+    Parallel(String),
 }
 
 /// `Result` with [`ModelError`].

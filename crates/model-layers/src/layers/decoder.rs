@@ -9,38 +9,45 @@
 //! The residual add is fused into the following RMSNorm (`add_rms_norm`), in the same
 //! order of operations as transformers' `LlamaDecoderLayer` / `Gemma2DecoderLayer`.
 //!
+//! Under tensor parallelism each rank runs this stack on its [`Shard`] of the weights: the
+//! embedding and head vocabulary-parallel, the layers' collectives inside their row-parallel
+//! projections ([`crate::parallel`]); the stream between layers is the same on every rank.
+//!
 //! The same stack cut after its first `L` layers (then the final norm and head) is the
 //! model's own early-exit draft ([`EarlyExit`]): the same code path, stopped early.
 
 use std::sync::{Arc, OnceLock};
 
-use met_cache::{KvCache, KvLayout};
+use met_cache::{KvCache, KvLayout, KvPools};
 use met_config::{ModelConfig, NormPlacement, RopeConfig};
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
-use met_model_weights::{TensorSpec, WeightStore, load};
+use met_model_weights::{TensorSpec, WeightStore};
 
 use super::mlp::Mlp;
 use super::norm::load_norm;
 use super::rotary::inv_freq;
 use super::self_attention::{SelfAttention, StepInputs};
-use super::spec;
+use super::{Loader, spec};
 use crate::attention::{AttentionBackend, BatchLayout, StepMetadata, widest_table};
 use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
+use crate::parallel::{Param, Reduce, Shard, Sharding};
 use crate::{EarlyExit, ForwardBatch, Model, ModelError, Result};
 
-/// Checkpoint name of the token embedding.
-pub const EMBED: &str = "model.embed_tokens.weight";
-/// Checkpoint name of the final norm.
-pub const FINAL_NORM: &str = "model.norm.weight";
-/// Checkpoint name of the output head (absent when tied to the embedding).
-pub const LM_HEAD: &str = "lm_head.weight";
-const INPUT_NORM: &str = "input_layernorm.weight";
+/// The token embedding: each rank a share of the vocabulary's rows, completed by an
+/// all-reduce.
+pub const EMBED: Param = Param::new("model.embed_tokens.weight", Sharding::Vocab);
+/// The final norm.
+pub const FINAL_NORM: Param = Param::replicated("model.norm.weight");
+/// The output head (absent when tied to the embedding): each rank the logits of its share
+/// of the vocabulary, all-gathered.
+pub const LM_HEAD: Param = Param::new("lm_head.weight", Sharding::Vocab);
+const INPUT_NORM: Param = Param::replicated("input_layernorm.weight");
 /// Llama's norm before the MLP; Gemma's norm of the attention output.
-const POST_ATTENTION_NORM: &str = "post_attention_layernorm.weight";
+const POST_ATTENTION_NORM: Param = Param::replicated("post_attention_layernorm.weight");
 /// Gemma's norm before the MLP.
-const PRE_FEEDFORWARD_NORM: &str = "pre_feedforward_layernorm.weight";
+const PRE_FEEDFORWARD_NORM: Param = Param::replicated("pre_feedforward_layernorm.weight");
 /// Gemma's norm of the MLP output.
-const POST_FEEDFORWARD_NORM: &str = "post_feedforward_layernorm.weight";
+const POST_FEEDFORWARD_NORM: Param = Param::replicated("post_feedforward_layernorm.weight");
 
 /// Checkpoint prefix of layer `i`.
 pub fn layer_prefix(i: usize) -> String {
@@ -49,7 +56,7 @@ pub fn layer_prefix(i: usize) -> String {
 
 /// The checkpoint names of a layer's norms: before attention, before the MLP, and (for
 /// the sandwich placement) on the attention and MLP outputs.
-fn norm_names(placement: NormPlacement) -> (&'static str, Option<[&'static str; 2]>) {
+fn norm_names(placement: NormPlacement) -> (Param, Option<[Param; 2]>) {
     match placement {
         NormPlacement::Pre => (POST_ATTENTION_NORM, None),
         NormPlacement::Sandwich => (PRE_FEEDFORWARD_NORM, Some([POST_ATTENTION_NORM, POST_FEEDFORWARD_NORM])),
@@ -64,16 +71,16 @@ fn is_moe(cfg: &ModelConfig, i: usize) -> bool {
 /// Every checkpoint tensor of a decoder built from `cfg`.
 pub fn tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-    let mut specs = vec![spec("", EMBED, &[v, h]), spec("", FINAL_NORM, &[h])];
+    let mut specs = vec![spec("", EMBED.name, &[v, h]), spec("", FINAL_NORM.name, &[h])];
     if !cfg.tie_word_embeddings {
-        specs.push(spec("", LM_HEAD, &[v, h]));
+        specs.push(spec("", LM_HEAD.name, &[v, h]));
     }
     let (pre_mlp, branch) = norm_names(cfg.norm_placement);
     for i in 0..cfg.num_layers {
         let prefix = layer_prefix(i);
-        specs.push(spec(&prefix, INPUT_NORM, &[h]));
-        specs.push(spec(&prefix, pre_mlp, &[h]));
-        specs.extend(branch.iter().flatten().map(|name| spec(&prefix, name, &[h])));
+        specs.push(spec(&prefix, INPUT_NORM.name, &[h]));
+        specs.push(spec(&prefix, pre_mlp.name, &[h]));
+        specs.extend(branch.iter().flatten().map(|p| spec(&prefix, p.name, &[h])));
         specs.extend(SelfAttention::tensors(cfg, &prefix, cfg.qk_norm));
         match (is_moe(cfg, i), &cfg.moe) {
             (true, Some(moe)) => specs.extend(Mlp::moe_tensors(cfg, moe, &prefix)),
@@ -129,6 +136,10 @@ pub struct DecoderModel {
     layers: Vec<DecoderLayer>,
     norm: Tensor,
     lm_head: Tensor,
+    /// This rank's share of the model (all of it on one device).
+    shard: Shard,
+    /// The all-reduce completing the vocabulary-parallel embedding.
+    embed_reduce: Reduce,
     /// `√hidden`, when embeddings are scaled (Gemma).
     embed_scale: Option<f32>,
     /// The logits' soft-cap (Gemma 2).
@@ -151,6 +162,9 @@ pub(crate) struct DeviceStep {
     pub meta: StepMetadata,
     /// `u32 [r]`: rows whose logits are returned; `None` for every row in order.
     pub logit_rows: Option<Tensor>,
+    /// Under tensor parallelism, the order of the all-gathered logits' rows
+    /// ([`Shard::logit_order`]).
+    pub logit_order: Option<Tensor>,
 }
 
 impl DecoderModel {
@@ -165,35 +179,36 @@ impl DecoderModel {
         backend: Arc<dyn GpuBackend>,
         attention: Arc<dyn AttentionBackend>,
     ) -> Result<Self> {
+        Self::load_shard(cfg, store, backend, attention, Shard::single(cfg))
+    }
+
+    /// [`Self::load`] of `shard`'s share of the model: one rank of a tensor-parallel group.
+    ///
+    /// # Errors
+    /// As [`Self::load`].
+    pub(crate) fn load_shard(
+        cfg: &ModelConfig,
+        store: &dyn WeightStore,
+        backend: Arc<dyn GpuBackend>,
+        attention: Arc<dyn AttentionBackend>,
+        shard: Shard,
+    ) -> Result<Self> {
         let b = &*backend;
-        let mut ropes = RotaryTables::default();
-        let (pre_mlp, branch) = norm_names(cfg.norm_placement);
-        let layers = (0..cfg.num_layers)
-            .map(|i| {
-                let prefix = layer_prefix(i);
-                let norm = |name: &str| load_norm(store, &format!("{prefix}{name}"), b, cfg.norm_weight);
-                let mlp = match (is_moe(cfg, i), &cfg.moe) {
-                    (true, Some(moe)) => Mlp::load_moe(cfg, moe, store, b, &prefix)?,
-                    _ => Mlp::load_dense(cfg, store, b, &prefix)?,
-                };
-                let rope = cfg.layer_rope.get(i).unwrap_or(&cfg.rope);
-                let inv_freq = ropes.get(b, rope, cfg.head_dim)?;
-                Ok(DecoderLayer {
-                    input_norm: norm(INPUT_NORM)?,
-                    attention: SelfAttention::load(cfg, store, b, &prefix, i, inv_freq)?,
-                    post_norm: norm(pre_mlp)?,
-                    mlp,
-                    branch_norms: branch.map(|[a, m]| Ok::<_, ModelError>([norm(a)?, norm(m)?])).transpose()?,
-                    eps: cfg.rms_norm_eps as f32,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let embed = load(store, EMBED, b)?;
-        let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { load(store, LM_HEAD, b)? };
+        let loader = Loader { cfg, store, backend: b, shard: &shard };
+        let layers = load_layers(&loader)?;
+        let embed = shard.load_embedding(store, b, EMBED.name)?;
+        let lm_head = match (cfg.tie_word_embeddings, shard.world_size()) {
+            (true, 1) => embed.clone(),
+            // A rank's embedding share has a zero row past its vocabulary that the head
+            // must not have: read the head's share of the tied rows again.
+            (true, _) => shard.load(store, b, EMBED.name, LM_HEAD.sharding)?,
+            (false, _) => shard.load(store, b, LM_HEAD.name, LM_HEAD.sharding)?,
+        };
         Ok(Self {
-            norm: load_norm(store, FINAL_NORM, b, cfg.norm_weight)?,
+            norm: load_norm(store, FINAL_NORM.name, b, cfg.norm_weight)?,
             embed,
             lm_head,
+            embed_reduce: shard.reduce_for(EMBED.sharding),
             embed_scale: cfg.scale_embeddings.then(|| (cfg.hidden_size as f64).sqrt() as f32),
             final_softcap: cfg.final_softcap.map(|c| c as f32),
             layers,
@@ -201,12 +216,13 @@ impl DecoderModel {
             vocab_size: cfg.vocab_size,
             kv_layout: KvLayout {
                 num_layers: cfg.num_layers,
-                num_kv_heads: cfg.num_kv_heads,
+                num_kv_heads: shard.num_kv_heads(),
                 head_dim: cfg.head_dim,
                 dtype: backend.float_dtype(),
             },
             max_context: cfg.max_position_embeddings,
             graphs: OnceLock::new(),
+            shard,
             backend,
             attention,
         })
@@ -215,7 +231,7 @@ impl DecoderModel {
     /// `ids [t] -> [t, hidden]`: the embedding rows, times `√hidden` when the recipe says
     /// (cast to the model dtype first, as transformers casts Gemma's normaliser).
     fn embed(&self, b: &dyn GpuBackend, ids: &Tensor) -> Result<Tensor> {
-        let rows = b.embedding(ids, &self.embed)?;
+        let rows = self.embed_reduce.apply(b.embedding(ids, &self.embed)?)?;
         match self.embed_scale {
             Some(s) => Ok(b.scale(&rows, s)?),
             None => Ok(rows),
@@ -224,9 +240,11 @@ impl DecoderModel {
 
     /// `x [r, hidden] -> f32 [r, vocab]`: the head in the device's float type, then f32 for
     /// sampling (as transformers computes `lm_head` in the model's dtype and upcasts),
-    /// soft-capped when the recipe says.
-    fn logits(&self, b: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
-        let logits = b.cast(&b.matmul(x, &self.lm_head, None)?, DType::F32)?;
+    /// soft-capped when the recipe says. Under tensor parallelism each rank's share of the
+    /// vocabulary is gathered (`order`: [`DeviceStep::logit_order`]) before the cast.
+    fn logits(&self, b: &dyn GpuBackend, x: &Tensor, order: Option<&Tensor>) -> Result<Tensor> {
+        let share = b.matmul(x, &self.lm_head, None)?;
+        let logits = b.cast(&self.shard.gather_logits(b, share, order, self.vocab_size)?, DType::F32)?;
         match self.final_softcap {
             Some(cap) => Ok(b.softcap(&logits, cap)?),
             None => Ok(logits),
@@ -245,24 +263,26 @@ impl DecoderModel {
             let rows = &batch.logit_rows;
             Some(b.upload(&HostTensor::from_u32(rows, &[rows.len()]), DType::U32)?)
         };
+        let logit_count = logit_rows.as_ref().map_or(t, |r| r.elem_count());
         Ok(DeviceStep {
-            ids: b.upload(&HostTensor::from_u32(&batch.token_ids, &[t]), DType::U32)?,
+            ids: b.upload(&HostTensor::from_u32(&self.shard.local_ids(&batch.token_ids), &[t]), DType::U32)?,
             positions: b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?,
             meta: self
                 .attention
                 .prepare(&BatchLayout::of(batch, widest_table(batch)).with_slots(&batch.slot_mapping))?,
             logit_rows,
+            logit_order: self.shard.logit_order(b, logit_count)?,
         })
     }
 
     /// The forward pass over inputs already on the device: only device work, no upload and
     /// no wait, so a graph can record it.
-    pub(crate) fn run(&self, step: &DeviceStep, kv: &dyn KvCache) -> Result<Tensor> {
+    pub(crate) fn run(&self, step: &DeviceStep, kv: &KvPools) -> Result<Tensor> {
         self.run_layers(step, kv, self.layers.len())
     }
 
     /// [`Self::run`] through the first `layers` layers only, then the final norm and head.
-    fn run_layers(&self, step: &DeviceStep, kv: &dyn KvCache, layers: usize) -> Result<Tensor> {
+    fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize) -> Result<Tensor> {
         let b = &*self.backend;
         let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
         // [t, hidden] throughout; `residual` carries the stream between fused norms.
@@ -286,7 +306,7 @@ impl DecoderModel {
             Some(rows) => b.gather_rows(&normed, rows)?,
             None => normed,
         };
-        self.logits(b, &last)
+        self.logits(b, &last, step.logit_order.as_ref())
     }
 
     /// The attention backend the layers attend through.
@@ -299,13 +319,7 @@ impl DecoderModel {
     }
 
     fn check(&self, batch: &ForwardBatch, kv: &dyn KvCache) -> Result<()> {
-        if kv.layout() != self.kv_layout {
-            return Err(ModelError::Batch(format!(
-                "the KV cache is laid out as {:?}, the model needs {:?}",
-                kv.layout(),
-                self.kv_layout
-            )));
-        }
+        check_cache(kv, self.kv_layout, 1)?;
         // Requests are checked against the vocabulary when they are made
         // (`met_scheduler::EngineRequest::new`), and the embedding gather refuses an id
         // past its table on every backend; here it is only asserted.
@@ -314,17 +328,92 @@ impl DecoderModel {
             "a token id outside the vocabulary of {}",
             self.vocab_size
         );
-        if let Some(s) = batch.sequences.iter().find(|s| s.context_len > self.max_context) {
-            return Err(ModelError::Batch(format!(
-                "a context of {} tokens exceeds the model's maximum of {}",
-                s.context_len, self.max_context
-            )));
-        }
-        if let Some(&r) = batch.logit_rows.iter().find(|&&r| r as usize >= batch.num_tokens()) {
-            return Err(ModelError::Batch(format!("logit row {r} is past the batch of {}", batch.num_tokens())));
-        }
-        Ok(())
+        check_batch(batch, self.max_context)
     }
+
+    /// The forward pass over `kv`'s pools of this rank, checks done: a graph replay for a
+    /// decode step that one holds, else eager.
+    pub(crate) fn forward_on(&self, batch: &ForwardBatch, kv: &KvPools) -> Result<Tensor> {
+        if let Some(graphs) = self.graphs.get()
+            && let Some(logits) = graphs.replay(self, batch, kv)?
+        {
+            return Ok(logits);
+        }
+        self.run(&self.upload_step(batch)?, kv)
+    }
+
+    /// Records decode graphs over this rank's pools ([`Model::capture_graphs`]).
+    pub(crate) fn capture_on(&self, kv: &KvPools, settings: &GraphSettings) -> Result<GraphCapture> {
+        if !self.backend.supports_graphs() {
+            return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
+        }
+        let (graphs, capture) = DecodeGraphs::capture(self, kv, settings)?;
+        self.graphs.set(graphs).map_err(|_| ModelError::Unsupported("decode graphs were already captured".into()))?;
+        Ok(capture)
+    }
+
+    /// Token ids as this rank's embedding rows (the ids themselves on one device).
+    pub(crate) fn local_ids<'a>(&self, ids: &'a [u32]) -> std::borrow::Cow<'a, [u32]> {
+        self.shard.local_ids(ids)
+    }
+
+    /// The order of gathered logits for a step of `rows` logit rows (none on one device).
+    pub(crate) fn logit_order(&self, rows: usize) -> Result<Option<Tensor>> {
+        self.shard.logit_order(&*self.backend, rows)
+    }
+}
+
+/// Checks that `kv` is laid out as `layout` on `ranks` ranks.
+pub(crate) fn check_cache(kv: &dyn KvCache, layout: KvLayout, ranks: usize) -> Result<()> {
+    if kv.layout() != layout || kv.num_ranks() != ranks {
+        return Err(ModelError::Batch(format!(
+            "the KV cache is laid out as {:?} on {} ranks, the model needs {layout:?} on {ranks}",
+            kv.layout(),
+            kv.num_ranks()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a batch's contexts against `max_context` and its logit rows against its rows.
+pub(crate) fn check_batch(batch: &ForwardBatch, max_context: usize) -> Result<()> {
+    if let Some(s) = batch.sequences.iter().find(|s| s.context_len > max_context) {
+        return Err(ModelError::Batch(format!(
+            "a context of {} tokens exceeds the model's maximum of {max_context}",
+            s.context_len
+        )));
+    }
+    if let Some(&r) = batch.logit_rows.iter().find(|&&r| r as usize >= batch.num_tokens()) {
+        return Err(ModelError::Batch(format!("logit row {r} is past the batch of {}", batch.num_tokens())));
+    }
+    Ok(())
+}
+
+/// Every layer of the loader's recipe, layers of one rotary setting sharing its table.
+fn load_layers(l: &Loader<'_>) -> Result<Vec<DecoderLayer>> {
+    let (cfg, b) = (l.cfg, l.backend);
+    let mut ropes = RotaryTables::default();
+    let (pre_mlp, branch) = norm_names(cfg.norm_placement);
+    (0..cfg.num_layers)
+        .map(|i| {
+            let prefix = layer_prefix(i);
+            let norm = |p: Param| load_norm(l.store, &p.at(&prefix, ""), b, cfg.norm_weight);
+            let mlp = match (is_moe(cfg, i), &cfg.moe) {
+                (true, Some(moe)) => Mlp::load_moe(l, moe, &prefix)?,
+                _ => Mlp::load_dense(l, &prefix)?,
+            };
+            let rope = cfg.layer_rope.get(i).unwrap_or(&cfg.rope);
+            let inv_freq = ropes.get(b, rope, cfg.head_dim)?;
+            Ok(DecoderLayer {
+                input_norm: norm(INPUT_NORM)?,
+                attention: SelfAttention::load(l, &prefix, i, inv_freq)?,
+                post_norm: norm(pre_mlp)?,
+                mlp,
+                branch_norms: branch.map(|[a, m]| Ok::<_, ModelError>([norm(a)?, norm(m)?])).transpose()?,
+                eps: cfg.rms_norm_eps as f32,
+            })
+        })
+        .collect()
 }
 
 /// One device table of rotary frequencies per distinct [`RopeConfig`], shared by the layers
@@ -349,24 +438,16 @@ impl RotaryTables {
 impl Model for DecoderModel {
     fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor> {
         self.check(batch, kv)?;
-        if let Some(graphs) = self.graphs.get()
-            && let Some(logits) = graphs.replay(self, batch, &*kv)?
-        {
-            return Ok(logits);
-        }
-        self.run(&self.upload_step(batch)?, &*kv)
+        self.forward_on(batch, kv.pools(0))
     }
 
     fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
         if !self.backend.supports_graphs() {
             return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
         }
-        if kv.layout() != self.kv_layout {
-            return Err(ModelError::Batch("graphs need the model's own KV cache layout".into()));
-        }
-        let (graphs, capture) = DecodeGraphs::capture(self, kv, settings)?;
-        self.graphs.set(graphs).map_err(|_| ModelError::Unsupported("decode graphs were already captured".into()))?;
-        Ok(capture)
+        check_cache(kv, self.kv_layout, 1)
+            .map_err(|_| ModelError::Batch("graphs need the model's own KV cache layout".into()))?;
+        self.capture_on(kv.pools(0), settings)
     }
 
     fn graph_replays(&self) -> u64 {
@@ -403,6 +484,6 @@ impl EarlyExit for DecoderModel {
             )));
         }
         self.check(batch, kv)?;
-        self.run_layers(&self.upload_step(batch)?, kv, layers)
+        self.run_layers(&self.upload_step(batch)?, kv.pools(0), layers)
     }
 }

@@ -5,21 +5,41 @@
 //! MoE (`Qwen3MoeSparseMoeBlock`): a router picks the top-k experts per token from a
 //! softmax over `gate(x)` (optionally renormalised), and the chosen experts' SwiGLU MLPs
 //! are summed with those weights. Expert weights are stacked `[experts, ...]` at load.
+//!
+//! Under tensor parallelism gate/up are column-parallel and down row-parallel, for the
+//! dense MLP and within each expert alike: every rank holds a share of every expert's
+//! intermediate rows and computes the same routing from the same (replicated) input, so
+//! its partial outputs need only the all-reduce that ends every row-parallel product.
 
 use met_config::{Activation, ModelConfig, MoeConfig};
 use met_kernels::{GpuBackend, Tensor};
-use met_model_weights::{TensorSpec, WeightStore, load, load_concat};
+use met_model_weights::TensorSpec;
 
 use super::linear::Linear;
-use super::spec;
+use super::{Loader, spec};
 use crate::Result;
+use crate::parallel::{Param, Reduce, Sharding, Unit};
 
-const GATE_UP: [&str; 2] = ["mlp.gate_proj", "mlp.up_proj"];
-const DOWN: &str = "mlp.down_proj";
-const ROUTER: &str = "mlp.gate.weight";
+/// Gate and up, fused: each rank its share of the intermediate rows.
+const GATE_UP: [Param; 2] = [
+    Param::new("mlp.gate_proj", Sharding::Column(Unit::Intermediate)),
+    Param::new("mlp.up_proj", Sharding::Column(Unit::Intermediate)),
+];
+/// Down: each rank the columns of its intermediate rows, then an all-reduce.
+const DOWN: Param = Param::new("mlp.down_proj", Sharding::Row(Unit::Intermediate));
+/// The router, which every rank runs on the whole input.
+const ROUTER: Param = Param::replicated("mlp.gate.weight");
+/// Each expert's gate and up (`mlp.experts.{e}.` prefixed), sharded like the dense MLP's.
+const EXPERT_GATE_UP: [Param; 2] = [
+    Param::new("gate_proj", Sharding::Column(Unit::ExpertIntermediate)),
+    Param::new("up_proj", Sharding::Column(Unit::ExpertIntermediate)),
+];
+/// Each expert's down.
+const EXPERT_DOWN: Param = Param::new("down_proj", Sharding::Row(Unit::ExpertIntermediate));
 
-fn expert(e: usize, part: &str) -> String {
-    format!("mlp.experts.{e}.{part}.weight")
+/// The checkpoint name of expert `e`'s `part` weight under `prefix`.
+fn expert(prefix: &str, e: usize, part: &Param) -> String {
+    part.at(&format!("{prefix}mlp.experts.{e}."), ".weight")
 }
 
 /// A layer's MLP.
@@ -45,6 +65,8 @@ pub enum Mlp {
         top_k: usize,
         /// Whether chosen weights are renormalised to sum to one.
         renormalize: bool,
+        /// The all-reduce of the experts' row-parallel output.
+        reduce: Reduce,
     },
 }
 
@@ -52,14 +74,11 @@ impl Mlp {
     /// The checkpoint tensors of a dense MLP.
     pub fn dense_tensors(cfg: &ModelConfig, prefix: &str) -> Vec<TensorSpec> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let mut specs = vec![
-            spec(prefix, &format!("{}.weight", GATE_UP[0]), &[i, h]),
-            spec(prefix, &format!("{}.weight", GATE_UP[1]), &[i, h]),
-            spec(prefix, &format!("{DOWN}.weight"), &[h, i]),
-        ];
+        let mut specs: Vec<TensorSpec> = GATE_UP.iter().map(|p| spec(prefix, &p.at("", ".weight"), &[i, h])).collect();
+        specs.push(spec(prefix, &DOWN.at("", ".weight"), &[h, i]));
         if cfg.mlp_bias {
-            specs.extend(GATE_UP.iter().map(|p| spec(prefix, &format!("{p}.bias"), &[i])));
-            specs.push(spec(prefix, &format!("{DOWN}.bias"), &[h]));
+            specs.extend(GATE_UP.iter().map(|p| spec(prefix, &p.at("", ".bias"), &[i])));
+            specs.push(spec(prefix, &DOWN.at("", ".bias"), &[h]));
         }
         specs
     }
@@ -67,59 +86,45 @@ impl Mlp {
     /// The checkpoint tensors of a mixture-of-experts MLP (per-expert names, as on the hub).
     pub fn moe_tensors(cfg: &ModelConfig, moe: &MoeConfig, prefix: &str) -> Vec<TensorSpec> {
         let (h, i) = (cfg.hidden_size, moe.expert_intermediate_size);
-        let mut specs = vec![spec(prefix, ROUTER, &[moe.num_experts, h])];
+        let mut specs = vec![spec(prefix, ROUTER.name, &[moe.num_experts, h])];
         for e in 0..moe.num_experts {
-            specs.push(spec(prefix, &expert(e, "gate_proj"), &[i, h]));
-            specs.push(spec(prefix, &expert(e, "up_proj"), &[i, h]));
-            specs.push(spec(prefix, &expert(e, "down_proj"), &[h, i]));
+            specs.extend(EXPERT_GATE_UP.iter().map(|p| spec("", &expert(prefix, e, p), &[i, h])));
+            specs.push(spec("", &expert(prefix, e, &EXPERT_DOWN), &[h, i]));
         }
         specs
     }
 
-    /// Loads a dense MLP.
+    /// Loads the loader's share of a dense MLP.
     ///
     /// # Errors
     /// When a tensor is missing or mis-shaped.
-    pub fn load_dense(
-        cfg: &ModelConfig,
-        store: &dyn WeightStore,
-        backend: &dyn GpuBackend,
-        prefix: &str,
-    ) -> Result<Self> {
+    pub fn load_dense(l: &Loader<'_>, prefix: &str) -> Result<Self> {
         Ok(Self::Dense {
-            gate_up: Linear::load_fused(store, backend, prefix, &GATE_UP, cfg.mlp_bias)?,
-            down: Linear::load_fused(store, backend, prefix, &[DOWN], cfg.mlp_bias)?,
-            activation: cfg.activation,
+            gate_up: Linear::load(l, prefix, &GATE_UP, l.cfg.mlp_bias)?,
+            down: Linear::load(l, prefix, &[DOWN], l.cfg.mlp_bias)?,
+            activation: l.cfg.activation,
         })
     }
 
-    /// Loads a mixture of experts, stacking the experts' weights.
+    /// Loads the loader's share of a mixture of experts, stacking the experts' weights.
     ///
     /// # Errors
     /// When a tensor is missing or mis-shaped.
-    pub fn load_moe(
-        cfg: &ModelConfig,
-        moe: &MoeConfig,
-        store: &dyn WeightStore,
-        backend: &dyn GpuBackend,
-        prefix: &str,
-    ) -> Result<Self> {
-        let (h, i, e) = (cfg.hidden_size, moe.expert_intermediate_size, moe.num_experts);
-        let names = |parts: &[&str]| -> Vec<String> {
-            (0..e).flat_map(|x| parts.iter().map(move |p| format!("{prefix}{}", expert(x, p)))).collect()
+    pub fn load_moe(l: &Loader<'_>, moe: &MoeConfig, prefix: &str) -> Result<Self> {
+        let (h, i, e) = (l.cfg.hidden_size, l.shard.expert_intermediate(), moe.num_experts);
+        let names = |parts: &[Param]| -> Vec<(String, Sharding)> {
+            (0..e).flat_map(|x| parts.iter().map(move |p| (expert(prefix, x, p), p.sharding))).collect()
         };
-        let stacked = |names: Vec<String>| {
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            load_concat(store, &refs, backend)
-        };
+        let stacked = |parts: &[Param]| l.shard.load_fused(l.store, l.backend, &names(parts));
         Ok(Self::Moe {
-            router: load(store, &format!("{prefix}{ROUTER}"), backend)?,
+            router: l.shard.load(l.store, l.backend, &ROUTER.at(prefix, ""), ROUTER.sharding)?,
             // Rows [gate_0; up_0; gate_1; up_1; ...] viewed as [e, 2i, h].
-            gate_up: stacked(names(&["gate_proj", "up_proj"]))?.reshape(&[e, 2 * i, h])?,
+            gate_up: stacked(&EXPERT_GATE_UP)?.reshape(&[e, 2 * i, h])?,
             // Rows [down_0; down_1; ...] viewed as [e, h, i].
-            down: stacked(names(&["down_proj"]))?.reshape(&[e, h, i])?,
+            down: stacked(&[EXPERT_DOWN])?.reshape(&[e, h, i])?,
             top_k: moe.experts_per_token,
             renormalize: moe.norm_topk_prob,
+            reduce: l.shard.reduce_for(EXPERT_DOWN.sharding),
         })
     }
 
@@ -137,10 +142,10 @@ impl Mlp {
                 };
                 down.forward(backend, &act)
             }
-            Self::Moe { router, gate_up, down, top_k, renormalize } => {
+            Self::Moe { router, gate_up, down, top_k, renormalize, reduce } => {
                 let logits = backend.matmul(x, router, None)?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
-                Ok(backend.moe_experts(x, &routing, gate_up, down)?)
+                reduce.apply(backend.moe_experts(x, &routing, gate_up, down)?)
             }
         }
     }

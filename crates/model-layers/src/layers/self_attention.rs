@@ -6,21 +6,33 @@
 //! and keys are normalised per head *before* rotary, scores are scaled by `head_dim^-0.5`
 //! (or the recipe's scale) and optionally soft-capped; each layer has its own rotary
 //! frequencies and window (Gemma 3's local and global layers differ in both).
+//!
+//! Under tensor parallelism a rank computes its share of the heads: q/k/v are
+//! column-parallel by heads, o is row-parallel and its partial outputs are summed across
+//! ranks (the rules below, next to the names).
 
 use met_config::ModelConfig;
 use met_kernels::{AttentionParams, GpuBackend, QkvPrologue, Tensor};
-use met_model_weights::{TensorSpec, WeightStore};
+use met_model_weights::TensorSpec;
 
 use super::linear::Linear;
 use super::norm::load_norm;
-use super::spec;
+use super::{Loader, spec};
 use crate::Result;
 use crate::attention::{AttentionBackend, StepMetadata};
+use crate::parallel::{Param, Sharding, Unit};
 
-const QKV: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
-const O: &str = "self_attn.o_proj";
-const Q_NORM: &str = "self_attn.q_norm.weight";
-const K_NORM: &str = "self_attn.k_norm.weight";
+/// q, k and v, fused into one projection: each rank its query heads and KV heads.
+const QKV: [Param; 3] = [
+    Param::new("self_attn.q_proj", Sharding::Column(Unit::QueryHeads)),
+    Param::new("self_attn.k_proj", Sharding::Column(Unit::KvHeads)),
+    Param::new("self_attn.v_proj", Sharding::Column(Unit::KvHeads)),
+];
+/// The output projection: each rank the columns of its query heads, then an all-reduce.
+const O: Param = Param::new("self_attn.o_proj", Sharding::Row(Unit::QueryHeads));
+/// Per-head norms of `head_dim` weights, the same for every head.
+const Q_NORM: Param = Param::replicated("self_attn.q_norm.weight");
+const K_NORM: Param = Param::replicated("self_attn.k_norm.weight");
 
 /// Per-token inputs shared by every layer of one step.
 pub struct StepInputs<'a> {
@@ -47,45 +59,40 @@ impl SelfAttention {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let outs = [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d];
         let mut specs = Vec::new();
-        for (name, out) in QKV.iter().zip(outs) {
-            specs.push(spec(prefix, &format!("{name}.weight"), &[out, h]));
+        for (param, out) in QKV.iter().zip(outs) {
+            specs.push(spec(prefix, &format!("{}.weight", param.name), &[out, h]));
             if cfg.qkv_bias {
-                specs.push(spec(prefix, &format!("{name}.bias"), &[out]));
+                specs.push(spec(prefix, &format!("{}.bias", param.name), &[out]));
             }
         }
-        specs.push(spec(prefix, &format!("{O}.weight"), &[h, outs[0]]));
+        specs.push(spec(prefix, &format!("{}.weight", O.name), &[h, outs[0]]));
         if cfg.o_bias {
-            specs.push(spec(prefix, &format!("{O}.bias"), &[h]));
+            specs.push(spec(prefix, &format!("{}.bias", O.name), &[h]));
         }
         if qk_norm {
-            specs.push(spec(prefix, Q_NORM, &[d]));
-            specs.push(spec(prefix, K_NORM, &[d]));
+            specs.push(spec(prefix, Q_NORM.name, &[d]));
+            specs.push(spec(prefix, K_NORM.name, &[d]));
         }
         specs
     }
 
-    /// Loads layer `layer` (checkpoint prefix `prefix`), rotating with `inv_freq`.
+    /// Loads the loader's share of the heads of layer `layer` (checkpoint prefix `prefix`),
+    /// rotating with `inv_freq`.
     ///
     /// # Errors
     /// When a tensor is missing or mis-shaped.
-    pub fn load(
-        cfg: &ModelConfig,
-        store: &dyn WeightStore,
-        backend: &dyn GpuBackend,
-        prefix: &str,
-        layer: usize,
-        inv_freq: Tensor,
-    ) -> Result<Self> {
-        let norm = |name: &str| load_norm(store, &format!("{prefix}{name}"), backend, cfg.norm_weight);
+    pub fn load(l: &Loader<'_>, prefix: &str, layer: usize, inv_freq: Tensor) -> Result<Self> {
+        let cfg = l.cfg;
+        let norm = |p: Param| load_norm(l.store, &p.at(prefix, ""), l.backend, cfg.norm_weight);
         let qk_norm = if cfg.qk_norm { Some((norm(Q_NORM)?, norm(K_NORM)?)) } else { None };
         Ok(Self {
-            qkv: Linear::load_fused(store, backend, prefix, &QKV, cfg.qkv_bias)?,
-            o: Linear::load_fused(store, backend, prefix, &[O], cfg.o_bias)?,
+            qkv: Linear::load(l, prefix, &QKV, cfg.qkv_bias)?,
+            o: Linear::load(l, prefix, &[O], cfg.o_bias)?,
             qk_norm,
             inv_freq,
             params: AttentionParams {
-                num_heads: cfg.num_heads,
-                num_kv_heads: cfg.num_kv_heads,
+                num_heads: l.shard.num_heads(),
+                num_kv_heads: l.shard.num_kv_heads(),
                 head_dim: cfg.head_dim,
                 scale: cfg.attention_scale.map_or((cfg.head_dim as f32).powf(-0.5), |s| s as f32),
                 sliding_window: cfg.window(layer),

@@ -167,13 +167,22 @@ pub fn load_model(
     backend: Arc<dyn GpuBackend>,
     options: &LoadOptions,
 ) -> Result<Box<dyn Model>> {
-    let mut ignored = ALWAYS_IGNORED.to_vec();
-    if cfg.tie_word_embeddings {
-        // Some tied checkpoints still store the head; it equals the embedding.
-        ignored.push(LM_HEAD);
-    }
-    preflight(store, &tensor_specs(cfg)?, &ignored)?;
+    check_store(cfg, store)?;
     let attention = attention_backend(&options.attention_backend, Arc::clone(&backend))?;
     let model = DecoderModel::load(cfg, store, backend, attention)?;
     Ok(Box::new(model))
+}
+
+/// Preflight of `store` against the recipe `cfg`: every missing, unexpected and mis-shaped
+/// tensor at once.
+///
+/// # Errors
+/// [`ModelError::Weights`] with the preflight report.
+pub(crate) fn check_store(cfg: &ModelConfig, store: &dyn WeightStore) -> Result<()> {
+    let mut ignored = ALWAYS_IGNORED.to_vec();
+    if cfg.tie_word_embeddings {
+        // Some tied checkpoints still store the head; it equals the embedding.
+        ignored.push(LM_HEAD.name);
+    }
+    Ok(preflight(store, &tensor_specs(cfg)?, &ignored)?)
 }
