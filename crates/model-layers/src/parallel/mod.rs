@@ -21,6 +21,8 @@
 //! Invariant: with one rank every rule takes the whole tensor and no collective runs, so a
 //! single-device model loads and computes exactly as it would without this module.
 
+mod model;
+
 use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
@@ -28,6 +30,8 @@ use std::sync::Arc;
 use met_config::ModelConfig;
 use met_kernels::{Collective, DType, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{Slice, WeightStore, load_slices};
+
+pub use model::{TensorParallelModel, load_tensor_parallel};
 
 use crate::{ModelError, Result};
 
