@@ -3,14 +3,16 @@
 //! all prompts batched, prefill chunks of 5, and a pool small enough to force preemption;
 //! and the same with speculative decoding on, by prompt lookup and by self-speculation
 //! (the fixture's first layer as its draft, writing into the target's own cache), for
-//! greedy requests and for seeded sampled ones, whose tokens it does not change either.
+//! greedy requests and for seeded sampled ones, whose tokens it does not change either;
+//! and split over tensor-parallel ranks, which the engine sees as one model.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use met_cache::{KvCache, PagedKvCache};
 use met_config::{EngineConfig, SamplingParams};
-use met_kernels::{CpuBackend, GpuBackend};
+use met_kernels::{Collective, CpuBackend, GpuBackend, LocalCollective};
+use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
 use met_model_layers::{LoadOptions, Model, load_model};
 use met_model_weights::SafetensorsStore;
@@ -62,6 +64,11 @@ fn run_engine(
     if let Some(speculative) = speculative {
         engine = engine.with_speculative(speculative).unwrap();
     }
+    (drive(&mut engine, &prompts, sampling), metrics)
+}
+
+/// Submits every prompt for 16 tokens and steps `engine` until all are done.
+fn drive(engine: &mut Engine, prompts: &[Vec<u32>], sampling: &SamplingParams) -> Vec<Vec<u32>> {
     let mut streams: Vec<_> = prompts
         .iter()
         .map(|p: &Vec<u32>| {
@@ -81,7 +88,60 @@ fn run_engine(
         }
     }
     assert_eq!(engine.free_blocks(), engine.total_blocks());
-    (out, metrics)
+    out
+}
+
+/// The fixture split over `world` CPU ranks (the in-process collective) through the
+/// engine, which sees one model and one cache: its outputs, with prompt-lookup speculation
+/// when `speculative` is given (verification rows gather every row's logits).
+fn run_split(
+    name: &str,
+    world: usize,
+    config: EngineConfig,
+    blocks: usize,
+    speculative: Option<&SpeculativeConfig>,
+) -> (Vec<Vec<u32>>, Arc<Metrics>) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
+    let store = SafetensorsStore::open(&dir).unwrap();
+    let backends: Vec<Arc<dyn GpuBackend>> = (0..world).map(|_| Arc::new(CpuBackend::new()) as _).collect();
+    let collectives: Vec<Arc<dyn Collective>> =
+        LocalCollective::group(&backends).into_iter().map(|c| Arc::new(c) as _).collect();
+    let model = load_tensor_parallel(&cfg, &store, &backends, &collectives, &LoadOptions::default()).unwrap();
+    let ranks: Vec<&dyn GpuBackend> = backends.iter().map(|b| &**b).collect();
+    let kv =
+        PagedKvCache::sharded(&ranks, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let lead = Arc::clone(&backends[0]);
+    let mut engine = Engine::new(model, lead, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+    if let Some(speculative) = speculative {
+        engine = engine.with_speculative(speculative).unwrap();
+    }
+    (drive(&mut engine, &load(name).prompts, &SamplingParams::greedy()), metrics)
+}
+
+/// Tensor parallelism needs nothing of the engine but a model and a cache built for it:
+/// split over 2 and 4 ranks, every fixture whose heads divide gives the transformers
+/// greedy tokens through the engine with prefix caching, chunked prefill, preemption and
+/// prompt-lookup speculation.
+#[test]
+fn engine_over_tensor_parallel_ranks_equals_transformers() {
+    let ngram = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    for (name, worlds) in [("llama", &[2, 4][..]), ("qwen2", &[2]), ("qwen3_moe", &[2, 4]), ("gemma2", &[4])] {
+        let reference = load(name).greedy;
+        for &world in worlds {
+            let what = format!("{name} TP={world}");
+            let cached = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
+            assert_eq!(run_split(name, world, cached, 64, None).0, reference, "{what}: chunks of 5, prefix caching");
+            let tight = EngineConfig { block_size: 4, prefix_caching: false, ..EngineConfig::default() };
+            let (out, metrics) = run_split(name, world, tight, 24, None);
+            assert_eq!(out, reference, "{what}: preemption");
+            assert!(metrics.preemptions.get() > 0, "{what}: the small pool did not force preemption");
+            let (out, metrics) = run_split(name, world, EngineConfig::default(), 64, Some(&ngram));
+            assert_eq!(out, reference, "{what}: prompt lookup");
+            assert!(metrics.spec_draft_tokens.get() > 0, "{what}: nothing was proposed");
+        }
+    }
 }
 
 #[test]
