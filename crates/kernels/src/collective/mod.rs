@@ -50,6 +50,14 @@ pub trait Collective: Send + Sync {
     fn abort(&self);
 }
 
+/// GPUs the CUDA driver reports (0 without the `cuda` feature, a driver, or a GPU).
+fn visible_gpus() -> usize {
+    #[cfg(feature = "cuda")]
+    return crate::cuda::nccl::visible_gpus();
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
 /// The devices of one tensor-parallel group, rank by rank, opened but not yet joined.
 pub struct Devices {
     backends: Vec<Arc<dyn GpuBackend>>,
@@ -67,7 +75,8 @@ enum Transport {
 impl Devices {
     /// Opens `world` devices of `kind` (startup phase 3): GPUs `0..world` for CUDA, `world`
     /// CPU backends (sharing the host's cores) for the CPU. `Auto` takes CUDA when it was
-    /// compiled in and `world` GPUs open, else the CPU.
+    /// compiled in and `world` GPUs open, else the CPU; for several ranks, only when no GPU
+    /// is visible at all.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for `world` 0; [`Error::CudaNotCompiled`] for CUDA in a
@@ -80,7 +89,13 @@ impl Devices {
         match kind {
             DeviceKind::Cpu => Ok(Self::cpu(cpu_dots, world)),
             DeviceKind::Cuda => Self::cuda(world),
-            DeviceKind::Auto => Ok(Self::cuda(world).unwrap_or_else(|_| Self::cpu(cpu_dots, world))),
+            DeviceKind::Auto => match Self::cuda(world) {
+                Ok(devices) => Ok(devices),
+                // With GPUs present, a group that cannot open on them is an error rather
+                // than a quiet move to the CPU.
+                Err(e) if world > 1 && visible_gpus() > 0 => Err(e),
+                Err(_) => Ok(Self::cpu(cpu_dots, world)),
+            },
         }
     }
 

@@ -26,6 +26,14 @@ use crate::collective::Collective;
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
+/// GPUs the driver reports; 0 without a driver.
+pub(crate) fn visible_gpus() -> usize {
+    if !super::driver_present() {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
+}
+
 /// Opens GPUs `0..world`, checking first that the host has that many.
 ///
 /// # Errors
