@@ -310,6 +310,10 @@ pub struct ModelArgs {
     #[arg(long, default_value = met_kernels::attention::ATTENTION_BACKENDS[0],
           value_parser = clap::builder::PossibleValuesParser::new(met_kernels::attention::ATTENTION_BACKENDS))]
     pub attention_backend: String,
+    /// Devices to split the model across (tensor parallelism): GPUs 0..N over NCCL with
+    /// CUDA, N ranks sharing the cores on the CPU. N must divide the attention heads.
+    #[arg(long, default_value_t = 1, value_parser = parse_world)]
+    pub tensor_parallel_size: usize,
 }
 
 /// How tokens are drawn (the OpenAI request fields, as flags).
@@ -523,6 +527,13 @@ fn parse_utilization(s: &str) -> Result<f64, String> {
 
 pub(crate) fn parse_device(s: &str) -> Result<DeviceKind, String> {
     s.parse().map_err(|e: met_kernels::Error| e.to_string())
+}
+
+fn parse_world(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of devices (1 or more)")),
+    }
 }
 
 fn parse_cpu_dots(s: &str) -> Result<CpuDots, String> {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use met_config::SamplingParams;
-use met_kernels::GpuBackend;
 use met_model_layers::Model;
 use met_scheduler::{Engine, EngineLimits, EngineRequest, FinishReason, RequestStream, StopCriteria};
 use met_telemetry::Metrics;
@@ -18,6 +17,7 @@ use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
 use crate::startup::engine::{build_engine, engine_config, random_seed};
 use crate::startup::kv_budget::kv_blocks;
 use crate::startup::load::{LoadedModel, load};
+use crate::startup::topology::Topology;
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 
 /// One line of `--prompts-file`.
@@ -68,7 +68,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if args.prompt.is_empty() && args.chat.is_empty() && args.prompt_ids.is_empty() && args.prompts_file.is_none() {
         bail!("no prompts: give --prompt, --chat, --prompt-ids or --prompts-file");
     }
-    let LoadedModel { model, backend, tokenizer, eos_token_ids, .. } = load(&args.model)?;
+    let LoadedModel { model, topology, tokenizer, eos_token_ids, .. } = load(&args.model)?;
     let mut drafts = text_prompts(args, tokenizer.as_ref())?;
     drafts.extend(id_prompts(args)?);
     pin_seeds(&mut drafts, args.sampling.seed);
@@ -76,7 +76,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         d.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, backend, &drafts, Arc::clone(&metrics))?;
+    let mut engine = sized_engine(&args.engine, model, &topology, &drafts, Arc::clone(&metrics))?;
     let prompts: Vec<Vec<u32>> = drafts.iter().map(|d| d.prompt.clone()).collect();
     let requests = Draft::make_all(drafts, &engine.limits(), "prompt")?;
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
@@ -98,15 +98,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 pub(crate) fn sized_engine(
     e: &EngineArgs,
     model: Box<dyn Model>,
-    backend: Arc<dyn GpuBackend>,
+    devices: &Topology,
     requests: &[Draft],
     metrics: Arc<Metrics>,
 ) -> Result<Engine> {
     let config = engine_config(e)?;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
-    let blocks = kv_blocks(e, &config, &*model, &*backend, needed)?;
-    build_engine(e, config, model, backend, blocks, metrics)
+    let blocks = kv_blocks(e, &config, &*model, devices, needed)?;
+    build_engine(e, config, model, devices, blocks, metrics)
 }
 
 /// Submits every request and steps the engine until all are done.

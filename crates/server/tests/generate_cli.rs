@@ -343,3 +343,56 @@ fn tokenize_reports_missing_tokenizers_and_bad_ids() {
     let out = met(&["tokenize", "--decode", "1,x"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`x` is not a token id"));
 }
+
+/// `--tensor-parallel-size` on the CPU: the ranks are threads joined in process, and the
+/// greedy tokens are transformers' at 2 and 4 ranks; startup reports the world size.
+#[test]
+fn tensor_parallel_ranks_give_the_transformers_tokens() {
+    let dir = fixture("qwen3_moe");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone()).unwrap();
+    let greedy: Vec<Vec<u32>> = serde_json::from_value(reference["greedy"].clone()).unwrap();
+    for world in ["2", "4"] {
+        let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--device", "cpu"];
+        args.extend(["--tensor-parallel-size", world, "--max-tokens", "16", "--json", "--max-prefill-chunk", "5"]);
+        let prompt_ids: Vec<String> = prompts.iter().map(|p| ids(p)).collect();
+        for p in &prompt_ids {
+            args.extend(["--prompt-ids", p.as_str()]);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_met")).args(&args).env("MET_LOG", "info").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains(&format!("world size {world}, ranks joined by")), "{stderr}");
+        let got: Vec<Vec<u32>> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_value(serde_json::from_str::<serde_json::Value>(l).unwrap()["generated_ids"].clone())
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(got, greedy, "TP={world}");
+    }
+}
+
+/// A world size the model or the build cannot use is refused before anything runs, with
+/// the flag named.
+#[test]
+fn bad_tensor_parallel_sizes_are_refused() {
+    let qwen3 = fixture("qwen3");
+    let model = qwen3.to_str().unwrap();
+    let fails = |args: &[&str], want: &str| {
+        let out = met(&[&["generate", "--model", model, "--prompt-ids", "1,2"], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    };
+    fails(&["--tensor-parallel-size", "3"], "--tensor-parallel-size 3");
+    fails(&["--tensor-parallel-size", "3"], "num_attention_heads (4) is not a multiple of 3");
+    fails(&["--tensor-parallel-size", "0"], "is not a number of devices");
+    fails(&["--tensor-parallel-size", "2", "--speculative", "self"], "--speculative self: not available");
+    #[cfg(not(feature = "cuda"))]
+    fails(&["--tensor-parallel-size", "2", "--device", "cuda"], "no CUDA support");
+}

@@ -174,14 +174,14 @@ struct LatencyResult {
 pub fn throughput(args: &ThroughputArgs) -> Result<()> {
     check_lengths(args.num_prompts, "--num-prompts", args.input_len, args.output_len)?;
     let start = Instant::now();
-    let LoadedModel { model, backend, .. } = load(&args.model)?;
+    let LoadedModel { model, topology, .. } = load(&args.model)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
-    let device = backend.describe();
-    let waits = Arc::clone(&backend);
+    let device = topology.describe();
+    let waits = Arc::clone(topology.lead());
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, backend, &requests, Arc::clone(&metrics))?;
+    let mut engine = sized_engine(&args.engine, model, &topology, &requests, Arc::clone(&metrics))?;
     let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
 
     let requests = Draft::make_all(requests, &engine.limits(), "request")?;
@@ -235,15 +235,15 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         bail!("--num-iters must be at least 1");
     }
     let start = Instant::now();
-    let LoadedModel { model, backend, .. } = load(&args.model)?;
+    let LoadedModel { model, topology, .. } = load(&args.model)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let batch =
         |i: usize| random_requests(args.batch_size, args.input_len, args.output_len, vocab, args.seed + i as u64);
-    let device = backend.describe();
-    let waits = Arc::clone(&backend);
+    let device = topology.describe();
+    let waits = Arc::clone(topology.lead());
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, backend, &batch(0), Arc::clone(&metrics))?;
+    let mut engine = sized_engine(&args.engine, model, &topology, &batch(0), Arc::clone(&metrics))?;
     let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
 
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

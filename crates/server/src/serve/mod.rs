@@ -69,7 +69,7 @@ pub use tool_parser::{PARSER_NAMES, ParserKind};
 
 use crate::cli::{EngineArgs, ServeArgs};
 use crate::resolve::ModelSource;
-use crate::startup::engine::{build_engine, engine_config};
+use crate::startup::engine::{build_engine, check_parallel, engine_config};
 use crate::startup::kv_budget::kv_blocks;
 use crate::startup::load::{Text, Weights, load_weights};
 use met_text::Tokenizer;
@@ -111,6 +111,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     }
     // Checked before anything loads; `--policy` clap checked when it parsed the flags.
     let engine_config = engine_config(&args.engine)?;
+    check_parallel(args.model.tensor_parallel_size, &args.engine)?;
     if args.max_concurrent_requests == 0 || args.max_body_bytes == 0 {
         bail!("--max-concurrent-requests and --max-body-bytes must be positive");
     }
@@ -195,7 +196,7 @@ fn load(
 ) -> Result<Loaded> {
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
-    let (Weights { backend, model }, text) = load_weights(model_args, &progress)?;
+    let (Weights { topology, model }, text) = load_weights(model_args, &progress)?;
     let no_tokenizer =
         || format!("{} has no tokenizer (tokenizer.json); met serve needs one", text.source().path().display());
     if !text.has_tokenizer() {
@@ -203,9 +204,9 @@ fn load(
     }
     // Every sequence the engine may run, at full context.
     let demand = engine_args.max_num_seqs.saturating_mul(model.max_context()).div_ceil(config.block_size);
-    let blocks = kv_blocks(engine_args, &config, &*model, &*backend, demand)?;
+    let blocks = kv_blocks(engine_args, &config, &*model, &topology, demand)?;
     let model = fault::inject(fault, model);
-    let engine = build_engine(engine_args, config, model, Arc::clone(&backend), blocks, metrics)?;
+    let engine = build_engine(engine_args, config, model, &topology, blocks, metrics)?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
         tracing::warn!(

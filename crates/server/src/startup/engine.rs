@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::GpuBackend;
 use met_model_layers::{GraphSettings, Model};
@@ -14,6 +13,7 @@ use met_telemetry::{Metrics, Phase, PhaseTimer};
 
 use crate::cli::{EngineArgs, LoadFormat, ModelArgs, parse_device};
 use crate::startup::load::{NoProgress, Weights, load_weights};
+use crate::startup::topology::Topology;
 
 /// The engine settings of `e`, validated.
 ///
@@ -83,8 +83,26 @@ pub fn speculative_config(e: &EngineArgs) -> Result<Option<SpeculativeConfig>> {
     Ok(Some(config))
 }
 
-/// An engine over `model` with a KV cache of `blocks` blocks (startup phase 6), recording
-/// into `metrics`. `config` is [`engine_config`] of `e`, checked once at startup.
+/// Refuses engine flags that a model split over `tensor_parallel_size` ranks cannot serve:
+/// self-speculation needs the model's first layers as a draft of its own, which a split
+/// model does not offer.
+///
+/// # Errors
+/// `--speculative self` with more than one rank, naming both flags.
+pub fn check_parallel(tensor_parallel_size: usize, e: &EngineArgs) -> Result<()> {
+    let self_spec = speculative_config(e)?.is_some_and(|s| s.method == Method::SelfSpec);
+    if self_spec && tensor_parallel_size > 1 {
+        bail!(
+            "--speculative self: not available with --tensor-parallel-size {tensor_parallel_size} (a split model \
+             cannot run its first layers as its own draft); use --speculative ngram or draft"
+        );
+    }
+    Ok(())
+}
+
+/// An engine over `model` with a KV cache of `blocks` blocks on its devices (startup phase
+/// 6; each tensor-parallel rank holds its share of every block), recording into `metrics`.
+/// `config` is [`engine_config`] of `e`, checked once at startup.
 ///
 /// # Errors
 /// An unknown `--policy` (clap has already refused it on the command line), a failed graph
@@ -93,16 +111,21 @@ pub fn build_engine(
     e: &EngineArgs,
     config: EngineConfig,
     model: Box<dyn Model>,
-    backend: Arc<dyn GpuBackend>,
+    devices: &Topology,
     blocks: usize,
     metrics: Arc<Metrics>,
 ) -> Result<Engine> {
+    check_parallel(devices.world_size(), e)?;
     let timer = PhaseTimer::start(Phase::KvCache);
     let blocks = blocks.max(1);
     let layout = model.kv_layout();
-    let kv = PagedKvCache::new(&*backend, layout, config.block_size, blocks, config.prefix_caching)?;
+    let kv = devices.kv_cache(layout, config.block_size, blocks, config.prefix_caching)?;
     let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
-    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB)", config.block_size));
+    let ranks = match devices.world_size() {
+        1 => String::new(),
+        n => format!(" on each of {n} ranks"),
+    };
+    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB{ranks})", config.block_size));
     let timer = PhaseTimer::start(Phase::Warmup);
     if e.enforce_eager {
         timer.done("no graphs (--enforce-eager)");
@@ -115,7 +138,8 @@ pub fn build_engine(
     let policy = policy_by_name(&e.policy).with_context(|| {
         format!("--policy: unknown policy `{}` (one of {})", e.policy, met_scheduler::POLICY_NAMES.join(", "))
     })?;
-    let engine = Engine::new(model, Arc::clone(&backend), Box::new(kv), config, policy, metrics)?;
+    let backend = devices.lead();
+    let engine = Engine::new(model, Arc::clone(backend), Box::new(kv), config, policy, metrics)?;
     let speculative = speculative_config(e)?.map(|mut s| {
         if s.max_batch.is_none() && backend.name() == "cpu" {
             s.max_batch = Some(CPU_SPECULATIVE_MAX_BATCH);
@@ -124,8 +148,8 @@ pub fn build_engine(
     });
     Ok(match (speculative, &e.draft_model) {
         (Some(speculative), Some(path)) if speculative.method == Method::Draft => {
-            let Weights { backend: draft_backend, model: draft } = load_draft(path, &*backend)?;
-            engine.with_draft_model(&speculative, draft, draft_backend)?
+            let Weights { topology: draft_devices, model: draft } = load_draft(path, &**backend)?;
+            engine.with_draft_model(&speculative, draft, Arc::clone(draft_devices.lead()))?
         }
         (Some(speculative), _) => engine.with_speculative(&speculative)?,
         (None, _) => engine,
@@ -145,6 +169,8 @@ fn load_draft(path: &str, target: &dyn GpuBackend) -> Result<Weights> {
         // but acceptance: the fast ones.
         cpu_dots: met_kernels::CpuDots::Int8,
         attention_backend: met_model_layers::LoadOptions::default().attention_backend,
+        // A draft is small: it runs on rank 0's device alone.
+        tensor_parallel_size: 1,
     };
     tracing::info!("loading the draft model {path}");
     let (weights, _) = load_weights(&args, &NoProgress).with_context(|| format!("--draft-model {path}"))?;

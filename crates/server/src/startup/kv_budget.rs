@@ -14,17 +14,22 @@
 //! The warm-up's own small KV cache also stays in the pool as reusable activation memory,
 //! which makes the estimate conservative by that much. Devices without memory of their own
 //! (the CPU) report no memory and get no budget: their caller keeps its own default.
+//!
+//! Under tensor parallelism every rank's device holds its share of every block
+//! (`bytes_per_block` is one rank's), so the rank with the least free memory sets the
+//! count; on the CPU the ranks share the host, whose default budget covers them all.
 
 use anyhow::{Context, Result};
-use met_cache::{KvCache, PagedKvCache};
+use met_cache::KvCache;
 use met_config::{EngineConfig, SamplingParams};
-use met_kernels::{GpuBackend, SampleRow};
+use met_kernels::SampleRow;
 use met_model_layers::{ForwardBatch, LogitRows, Model};
 
 use crate::cli::EngineArgs;
+use crate::startup::topology::Topology;
 
-/// The KV cache on a device that reports no memory of its own (the CPU), when no
-/// `--kv-blocks` says otherwise.
+/// The KV cache on a device that reports no memory of its own (the CPU), all ranks'
+/// shares together, when no `--kv-blocks` says otherwise.
 pub const CPU_KV_BYTES: usize = 1 << 30;
 
 /// The KV cache of startup phase 6, one rule for `met serve`, `met generate` and the
@@ -39,15 +44,18 @@ pub fn kv_blocks(
     e: &EngineArgs,
     config: &EngineConfig,
     model: &dyn Model,
-    backend: &dyn GpuBackend,
+    devices: &Topology,
     demand: usize,
 ) -> Result<usize> {
     if let Some(blocks) = e.kv_blocks {
         return Ok(blocks);
     }
-    let budget = match kv_blocks_after_warmup(model, backend, config, e.gpu_memory_utilization)? {
+    let budget = match kv_blocks_after_warmup(model, devices, config, e.gpu_memory_utilization)? {
         Some(blocks) => blocks,
-        None => CPU_KV_BYTES / model.kv_layout().bytes_per_block(config.block_size).max(1),
+        None => {
+            let all_ranks = model.kv_layout().bytes_per_block(config.block_size) * devices.world_size();
+            CPU_KV_BYTES / all_ranks.max(1)
+        }
     };
     Ok(budget.min(demand).max(1))
 }
@@ -63,41 +71,43 @@ pub fn blocks_for(free: usize, utilization: f64, reserve: usize, bytes_per_block
     usable.saturating_sub(reserve) / bytes_per_block.max(1)
 }
 
-/// The KV blocks the device can hold after a warm-up forward at the largest batch of
-/// `config`, with the free memory scaled by `utilization` (`--gpu-memory-utilization`);
-/// `None` on a device that reports no memory of its own.
+/// The KV blocks the devices can hold after a warm-up forward at the largest batch of
+/// `config`, with the smallest free memory of any rank scaled by `utilization`
+/// (`--gpu-memory-utilization`); `None` on devices that report no memory of their own.
 ///
 /// # Errors
 /// When the warm-up forward or sampling fails (out of memory at the largest batch, say).
 pub fn kv_blocks_after_warmup(
     model: &dyn Model,
-    backend: &dyn GpuBackend,
+    devices: &Topology,
     config: &EngineConfig,
     utilization: f64,
 ) -> Result<Option<usize>> {
-    if backend.memory_info().is_none() {
+    if devices.free_memory().is_none() {
         return Ok(None);
     }
-    warm_up(model, backend, config).context("warm-up forward at the largest batch")?;
-    let free = backend.memory_info().map_or(0, |m| m.free);
+    warm_up(model, devices, config).context("warm-up forward at the largest batch")?;
+    let free = devices.free_memory().unwrap_or(0);
     let bytes_per_block = model.kv_layout().bytes_per_block(config.block_size);
     let blocks = blocks_for(free, utilization, DEFAULT_RESERVE, bytes_per_block);
     tracing::info!(
-        "KV budget: {:.1} GiB free after a warm-up step of {} tokens; {utilization} of it holds {blocks} blocks",
+        "KV budget: {:.1} GiB free after a warm-up step of {} tokens (the least of {} ranks); {utilization} of it \
+         holds {blocks} blocks",
         free as f64 / f64::from(1 << 30),
-        config.max_batch_tokens
+        config.max_batch_tokens,
+        devices.world_size()
     );
     Ok(Some(blocks))
 }
 
 /// One step of the largest batch `config` allows, sampled, then everything it made freed.
-fn warm_up(model: &dyn Model, backend: &dyn GpuBackend, config: &EngineConfig) -> Result<()> {
+fn warm_up(model: &dyn Model, devices: &Topology, config: &EngineConfig) -> Result<()> {
     let seqs = config.max_num_seqs.min(config.max_batch_tokens).max(1);
     let per_seq = (config.max_batch_tokens / seqs).clamp(1, model.max_context().max(1));
     let extra = if per_seq < model.max_context() { config.max_batch_tokens % seqs } else { 0 };
     let lens: Vec<usize> = (0..seqs).map(|i| per_seq + usize::from(i < extra)).collect();
     let blocks: usize = lens.iter().map(|l| l.div_ceil(config.block_size)).sum();
-    let mut kv = PagedKvCache::new(backend, model.kv_layout(), config.block_size, blocks, false)?;
+    let mut kv = devices.kv_cache(model.kv_layout(), config.block_size, blocks, false)?;
     let tokens = vec![0u32; per_seq + 1];
     let mut held = Vec::with_capacity(seqs);
     let mut batch = ForwardBatch::new();
@@ -121,16 +131,16 @@ fn warm_up(model: &dyn Model, backend: &dyn GpuBackend, config: &EngineConfig) -
             draft: None,
         })
         .collect();
-    backend.sample(&logits, &rows)?;
-    backend.synchronize()?;
-    Ok(())
+    devices.lead().sample(&logits, &rows)?;
+    devices.synchronize()
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use met_kernels::CpuBackend;
+    use met_kernels::{Collective, CpuBackend, GpuBackend, LocalCollective};
+    use met_model_layers::parallel::load_tensor_parallel;
     use met_model_layers::{LoadOptions, load_model, tensor_specs};
     use met_model_weights::DummyStore;
 
@@ -153,10 +163,11 @@ mod tests {
         let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
         let store = DummyStore::new(tensor_specs(&cfg).unwrap(), 0, backend.float_dtype());
         let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+        let devices = Topology::single(backend);
         let config = EngineConfig { max_num_seqs: 3, max_batch_tokens: 100, ..EngineConfig::default() };
-        assert_eq!(kv_blocks_after_warmup(&*model, &*backend, &config, 0.9).unwrap(), None);
+        assert_eq!(kv_blocks_after_warmup(&*model, &devices, &config, 0.9).unwrap(), None);
         // The warm-up itself runs on any device: three sequences capped at the context of 64.
-        warm_up(&*model, &*backend, &config).unwrap();
+        warm_up(&*model, &devices, &config).unwrap();
 
         // The one sizing rule: the demand, within the CPU's budget, unless --kv-blocks.
         #[derive(clap::Parser)]
@@ -165,11 +176,22 @@ mod tests {
             engine: EngineArgs,
         }
         let flags = |extra: &[&str]| <Flags as clap::Parser>::parse_from(["met"].iter().chain(extra)).engine;
-        let blocks = |e: &EngineArgs, demand| kv_blocks(e, &config, &*model, &*backend, demand).unwrap();
+        let blocks = |e: &EngineArgs, demand| kv_blocks(e, &config, &*model, &devices, demand).unwrap();
         let cpu_budget = CPU_KV_BYTES / model.kv_layout().bytes_per_block(config.block_size);
         assert_eq!(blocks(&flags(&[]), 10), 10);
         assert_eq!(blocks(&flags(&[]), usize::MAX), cpu_budget);
         assert_eq!(blocks(&flags(&[]), 0), 1, "never an empty cache");
         assert_eq!(blocks(&flags(&["--kv-blocks", "7"]), 10), 7);
+
+        // Split over two ranks, each holds the one KV head (replicated): the CPU's budget
+        // covers both shares, so half as many blocks fit.
+        let ranks: Vec<Arc<dyn GpuBackend>> = (0..2).map(|_| Arc::new(CpuBackend::new()) as _).collect();
+        let group: Vec<Arc<dyn Collective>> =
+            LocalCollective::group(&ranks).into_iter().map(|c| Arc::new(c) as _).collect();
+        let split = load_tensor_parallel(&cfg, &store, &ranks, &group, &LoadOptions::default()).unwrap();
+        assert_eq!(split.kv_layout(), model.kv_layout(), "one KV head per rank, as on one device");
+        let devices = Topology::ranks(ranks);
+        let split_blocks = kv_blocks(&flags(&[]), &config, &*split, &devices, usize::MAX).unwrap();
+        assert_eq!(split_blocks, cpu_budget / 2);
     }
 }

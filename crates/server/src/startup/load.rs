@@ -10,21 +10,22 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use met_config::GenerationConfig;
 use met_kernels::HostTensor;
-use met_kernels::{GpuBackend, open_backend};
+use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, load_model, models, tensor_specs};
 use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
 use crate::cli::{LoadFormat, ModelArgs};
 use crate::resolve::{ModelSource, SearchPaths, resolve};
+use crate::startup::topology::{self, Topology};
 use met_text::Tokenizer;
 
 /// A model ready to run, with the facts commands need about it.
 pub struct LoadedModel {
     /// Its tokenizer (with the chat template), when the model ships one.
     pub tokenizer: Option<Tokenizer>,
-    /// The device it runs on.
-    pub backend: Arc<dyn GpuBackend>,
+    /// The device it runs on, or its tensor-parallel ranks' devices.
+    pub topology: Topology,
     /// The model.
     pub model: Box<dyn Model>,
     /// End-of-sequence tokens from the model's configuration.
@@ -55,15 +56,15 @@ impl WeightProgress for NoProgress {
 
 /// Runs startup phases 1 to 5 and 8 for `args`.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
-    let (Weights { backend, model }, text) = load_weights(args, &NoProgress)?;
+    let (Weights { topology, model }, text) = load_weights(args, &NoProgress)?;
     let Text { tokenizer, eos_token_ids, source } = text.load()?;
-    Ok(LoadedModel { tokenizer, backend, model, eos_token_ids, source })
+    Ok(LoadedModel { tokenizer, topology, model, eos_token_ids, source })
 }
 
 /// A model loaded without its tokenizer yet (phases 1-5 done).
 pub struct Weights {
-    /// The device it runs on.
-    pub backend: Arc<dyn GpuBackend>,
+    /// The device it runs on, or its tensor-parallel ranks' devices.
+    pub topology: Topology,
     /// The model.
     pub model: Box<dyn Model>,
 }
@@ -160,12 +161,8 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
     eos_token_ids.dedup();
     timer.done(format_args!("{} with {} layers", config.model_type, config.num_layers));
 
-    let timer = PhaseTimer::start(Phase::Device);
-    let backend = open_backend(args.device, args.cpu_dots)?;
-    timer.done(backend.describe());
-
-    // Tensor parallelism is planned; today every model runs on one device.
-    PhaseTimer::start(Phase::Topology).done("world size 1");
+    let (topology, collectives) = topology::open(args, &config)?;
+    let backend = topology.lead();
 
     let timer = PhaseTimer::start(Phase::Weights);
     let owned: Box<dyn WeightStore>;
@@ -181,14 +178,18 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
         }
     };
     let options = LoadOptions { attention_backend: args.attention_backend.clone() };
-    progress.start(tensor_specs(&config).map_or(0, |specs| specs.len()));
+    // Each rank reads its share of every tensor.
+    progress.start(tensor_specs(&config).map_or(0, |specs| specs.len() * topology.world_size()));
     let counted = Counted { inner: store, progress };
-    let model = load_model(&config, &counted, Arc::clone(&backend), &options);
+    let model = match topology.world_size() {
+        1 => load_model(&config, &counted, Arc::clone(backend), &options),
+        _ => load_tensor_parallel(&config, &counted, topology.backends(), &collectives, &options),
+    };
     progress.finish();
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
 
-    Ok((Weights { backend, model }, TextSource { source, gguf, eos_token_ids }))
+    Ok((Weights { topology, model }, TextSource { source, gguf, eos_token_ids }))
 }
 
 /// A store that reports each tensor read to a [`WeightProgress`].

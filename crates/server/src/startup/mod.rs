@@ -5,7 +5,7 @@
 //! | # | phase | where |
 //! |---|---|---|
 //! | 0 | settings: flags checked (`engine_config` once, `--policy` by clap) | `serve` |
-//! | 1–5 | resolve, config, device, topology, weights | [`load::load_weights`] |
+//! | 1–5 | resolve, config, device, topology, weights | [`load::load_weights`] ([`topology::open`] for 3–4) |
 //! | 6 | KV cache: one sizing rule, then the allocation | [`kv_budget::kv_blocks`], [`engine::build_engine`] |
 //! | 7 | warm-up: CUDA graphs of decode steps | [`engine::build_engine`] |
 //! | 8 | tokenizer, chat template, end-of-sequence tokens | [`load::TextSource::load`] |
@@ -17,3 +17,4 @@
 pub mod engine;
 pub mod kv_budget;
 pub mod load;
+pub mod topology;

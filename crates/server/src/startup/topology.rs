@@ -1,0 +1,113 @@
+//! Startup phases 3 and 4: the devices a model runs on and how they are joined. One device,
+//! or under `--tensor-parallel-size N` one per rank (GPUs 0..N over NCCL, or N CPU ranks
+//! meeting in process), which the KV cache and its sizing must both cover.
+//!
+//! Invariant: rank 0's backend is the one the engine samples with, and it holds the logits
+//! a split model returns.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use met_cache::{KvLayout, PagedKvCache};
+use met_config::ModelConfig;
+use met_kernels::{Collective, Devices, GpuBackend, open_backend};
+use met_model_layers::parallel::check_world;
+use met_telemetry::{Phase, PhaseTimer};
+
+use crate::cli::ModelArgs;
+
+/// The devices of a loaded model, rank by rank (one without tensor parallelism).
+#[derive(Clone)]
+pub struct Topology {
+    backends: Vec<Arc<dyn GpuBackend>>,
+}
+
+impl Topology {
+    /// One device.
+    pub fn single(backend: Arc<dyn GpuBackend>) -> Self {
+        Self { backends: vec![backend] }
+    }
+
+    /// The devices of ranks `0..backends.len()`, in rank order.
+    ///
+    /// # Panics
+    /// If `backends` is empty.
+    pub fn ranks(backends: Vec<Arc<dyn GpuBackend>>) -> Self {
+        assert!(!backends.is_empty(), "a topology has at least one device");
+        Self { backends }
+    }
+
+    /// Rank 0's device: it samples, and holds the logits.
+    pub fn lead(&self) -> &Arc<dyn GpuBackend> {
+        &self.backends[0]
+    }
+
+    /// Every rank's device, in rank order.
+    pub fn backends(&self) -> &[Arc<dyn GpuBackend>] {
+        &self.backends
+    }
+
+    /// Ranks (1 without tensor parallelism).
+    pub fn world_size(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// The devices, for logs and bench headers.
+    pub fn describe(&self) -> String {
+        match self.world_size() {
+            1 => self.lead().describe(),
+            n => format!("{} x {n} ranks", self.lead().describe()),
+        }
+    }
+
+    /// A KV cache of `blocks` blocks: `layout` (one rank's heads) on every rank's device,
+    /// one block manager.
+    ///
+    /// # Errors
+    /// When a device cannot hold its pools.
+    pub fn kv_cache(&self, layout: KvLayout, block_size: usize, blocks: usize, prefix: bool) -> Result<PagedKvCache> {
+        let ranks: Vec<&dyn GpuBackend> = self.backends.iter().map(|b| &**b).collect();
+        Ok(PagedKvCache::sharded(&ranks, layout, block_size, blocks, prefix)?)
+    }
+
+    /// The smallest free memory of any rank's device: each holds a share of every block,
+    /// so the tightest bounds them all. `None` on devices without memory of their own.
+    pub fn free_memory(&self) -> Option<usize> {
+        self.backends.iter().map(|b| b.memory_info().map(|m| m.free)).collect::<Option<Vec<_>>>()?.into_iter().min()
+    }
+
+    /// Waits for every rank's device.
+    ///
+    /// # Errors
+    /// When an earlier operation failed on a device.
+    pub fn synchronize(&self) -> Result<()> {
+        self.backends.iter().try_for_each(|b| b.synchronize()).map_err(Into::into)
+    }
+}
+
+/// Phases 3 and 4 for `args` and the model `config`: opens the device (or one per rank) and
+/// joins the ranks, returning their collectives (none for one device).
+///
+/// # Errors
+/// `--tensor-parallel-size` that does not divide the model or cannot run on the devices
+/// (too few GPUs, no NCCL, CUDA not compiled in), named with the flag; a device that fails
+/// to open.
+pub fn open(args: &ModelArgs, config: &ModelConfig) -> Result<(Topology, Vec<Arc<dyn Collective>>)> {
+    let n = args.tensor_parallel_size;
+    let flag = || format!("--tensor-parallel-size {n}");
+    check_world(config, n).with_context(flag)?;
+    let timer = PhaseTimer::start(Phase::Device);
+    if n == 1 {
+        let backend = open_backend(args.device, args.cpu_dots)?;
+        timer.done(backend.describe());
+        PhaseTimer::start(Phase::Topology).done("world size 1");
+        return Ok((Topology::single(backend), Vec::new()));
+    }
+    let devices = Devices::open(args.device, args.cpu_dots, n).with_context(flag)?;
+    let topology = Topology::ranks(devices.backends().to_vec());
+    timer.done(topology.describe());
+    let timer = PhaseTimer::start(Phase::Topology);
+    let collectives = devices.connect().with_context(flag)?;
+    timer.done(format_args!("world size {n}, ranks joined by {}", devices.transport()));
+    Ok((topology, collectives))
+}
