@@ -10,8 +10,8 @@
 //! fails. Checked by hand once: with the all-reduce after row-parallel products removed
 //! (`Linear::forward` returning its rank's bare matmul), every fixture's logits at 2 ranks
 //! differ from one device's by 12 to 54 (against `TP_TOLERANCE`'s 2e-4), the
-//! argmax of the first position already differs, and 18 of these tests fail (all but the
-//! refusals and the failing-rank test).
+//! argmax of the first position already differs, and 18 of these 21 tests fail (all but
+//! the refusals, the failing rank and the one-rank model, which has no all-reduce).
 //!
 //! Fixtures whose heads do not divide are covered where they can be: `qwen2` (6 query
 //! heads) at 2 ranks only; at 4 its configuration is refused (`refuses_models_that_do_not_divide`).

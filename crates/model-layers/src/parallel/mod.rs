@@ -257,8 +257,8 @@ impl Shard {
         Ok(load_slices(store, &[(name, self.slice(s))], b)?)
     }
 
-    /// Loads this rank's shares of several tensors fused along dim 0 (`.weight`s of a fused
-    /// projection, or stacked experts), `suffix` appended to each name.
+    /// Loads this rank's shares of several tensors (full checkpoint names, each with its
+    /// rule) fused along dim 0: the weights of a fused projection, or stacked experts.
     pub(crate) fn load_fused(
         &self,
         store: &dyn WeightStore,

@@ -15,7 +15,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use met_cache::{KvCache, KvLayout, KvPools};
@@ -69,6 +69,9 @@ pub fn load_tensor_parallel(
 
 /// Work for one rank's thread.
 type Task = Box<dyn FnOnce(&DecoderModel) + Send>;
+
+/// What every rank runs in a step, given its rank and its shard.
+type Work<T> = dyn Fn(usize, &DecoderModel) -> Result<T> + Send + Sync;
 
 /// A rank's result, or its panic.
 type Outcome<T> = thread::Result<Result<T>>;
@@ -127,31 +130,20 @@ impl TensorParallelModel {
         &self,
         work: impl Fn(usize, &DecoderModel) -> Result<T> + Send + Sync + 'static,
     ) -> Result<T> {
-        let _one_step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((rank, why)) = self.failure.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+        let _one_step = lock(&self.step);
+        if let Some((rank, why)) = lock(&self.failure).clone() {
             return Err(stopped(rank, &why));
         }
-        let work = Arc::new(work);
+        let work: Arc<Work<T>> = Arc::new(work);
         let (results, outcomes) = mpsc::channel();
         for (rank, worker) in self.workers.iter().enumerate() {
-            let (work, results, failure) = (Arc::clone(&work), results.clone(), Arc::clone(&self.failure));
-            let collective = Arc::clone(&self.group[rank]);
-            let task: Task = Box::new(move |model| {
-                let outcome = catch_unwind(AssertUnwindSafe(|| work(rank, model)));
-                if let Some(why) = failure_of(&outcome) {
-                    // Recorded before the abort, so the rank that failed first is the one
-                    // named, not a rank the abort woke.
-                    failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert((rank, why));
-                    collective.abort();
-                }
-                // The receiver waits for every rank, so it is still there.
-                let _ = results.send((rank, outcome));
-            });
+            let task = self.task(rank, Arc::clone(&work), results.clone());
             if worker.tasks.as_ref().is_none_or(|t| t.send(task).is_err()) {
+                // The ranks already sent this step wait in a collective: wake them.
                 self.group[rank].abort();
-                let why = "its worker thread has stopped".to_string();
-                self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert((rank, why.clone()));
-                return Err(stopped(rank, &why));
+                let why = "its worker thread has stopped";
+                lock(&self.failure).get_or_insert((rank, why.into()));
+                return Err(stopped(rank, why));
             }
         }
         drop(results);
@@ -162,10 +154,32 @@ impl TensorParallelModel {
         self.rank_zero(by_rank)
     }
 
+    /// Rank `rank`'s share of a step: runs `work`, and on failure records it and aborts the
+    /// group before reporting its outcome to `results`.
+    fn task<T: Send + 'static>(
+        &self,
+        rank: usize,
+        work: Arc<Work<T>>,
+        results: mpsc::Sender<(usize, Outcome<T>)>,
+    ) -> Task {
+        let (failure, collective) = (Arc::clone(&self.failure), Arc::clone(&self.group[rank]));
+        Box::new(move |model| {
+            let outcome = catch_unwind(AssertUnwindSafe(|| work(rank, model)));
+            if let Some(why) = failure_of(&outcome) {
+                // Recorded before the abort, so the rank that failed first is the one named,
+                // not a rank the abort woke.
+                lock(&failure).get_or_insert((rank, why));
+                collective.abort();
+            }
+            // The step waits for every rank's outcome, so the receiver is still there.
+            let _ = results.send((rank, outcome));
+        })
+    }
+
     /// Rank 0's result when every rank succeeded; else the first failing rank's error (or
     /// its panic, resumed here so the engine sees a panicking step).
     fn rank_zero<T>(&self, by_rank: Vec<Option<Outcome<T>>>) -> Result<T> {
-        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut failure = lock(&self.failure);
         if let Some(rank) = by_rank.iter().position(Option::is_none) {
             let why = "its worker thread has stopped".to_string();
             failure.get_or_insert((rank, why.clone()));
@@ -179,6 +193,11 @@ impl TensorParallelModel {
             Err(panic) => resume_unwind(panic),
         }
     }
+}
+
+/// `m` locked; a panic while it was held (a rank's, caught) leaves nothing half-done in it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Why an outcome failed, if it did.
