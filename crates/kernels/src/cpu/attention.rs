@@ -28,6 +28,11 @@ pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tenso
     Ok(())
 }
 
+/// Key elements seen by a step (keys × heads × head dim, summed over its rows) below which
+/// it is computed on the calling thread: half a million multiply-adds, about the cost of
+/// handing the job to rayon's workers and waiting for them.
+const SERIAL_KEY_ELEMS: usize = 1 << 19;
+
 /// Per-query facts shared by the heads of one token.
 #[derive(Clone, Copy)]
 pub(crate) struct QueryRow {
@@ -54,7 +59,8 @@ pub(super) fn paged_attention(
         (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
-    out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+    let visible: usize = rows.iter().map(|r| r.pos + 1).sum::<usize>() * h * d;
+    let each = |(i, o): (usize, &mut [f32])| {
         let (row, head) = (rows[i / h], i % h);
         let kv_head = head / group;
         let table = &tables[row.seq * max_blocks..(row.seq + 1) * max_blocks];
@@ -85,7 +91,14 @@ pub(super) fn paged_attention(
         }
         let inv = 1.0 / sum;
         o.iter_mut().for_each(|x| *x *= inv);
-    });
+    };
+    // A step whose rows see few keys in all (a decode step of a few short sequences) runs
+    // on this thread, for the reason `ops::for_each_row` gives; larger ones on rayon.
+    if visible < SERIAL_KEY_ELEMS {
+        out.chunks_mut(d).enumerate().for_each(each);
+    } else {
+        out.par_chunks_mut(d).enumerate().for_each(each);
+    }
     Ok(f32_tensor(out, &[t, h, d]))
 }
 

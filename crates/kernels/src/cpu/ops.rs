@@ -10,8 +10,25 @@ use super::{f32_tensor, read_f32, read_u32, read_weight};
 /// Rows below this many elements are processed in groups, so rayon tasks stay worthwhile.
 const MIN_TASK_ELEMS: usize = 1 << 12;
 
+/// Outputs below this many elements are computed on the calling thread. The engine thread
+/// is not one of rayon's: its parallel loops hand the job to rayon's workers and sleep
+/// until they finish, a wake-up and a sleep that cost more than a decode step's norms,
+/// activations and rotations themselves (a few thousand elements each, ~200 a token).
+pub(super) const SERIAL_ELEMS: usize = 1 << 16;
+
 fn rows_per_task(cols: usize) -> usize {
     (MIN_TASK_ELEMS / cols.max(1)).max(1)
+}
+
+/// `f(i, row i of out)` for the rows of `n` elements of `out`: on rayon's workers when the
+/// output is large, else on this thread ([`SERIAL_ELEMS`]).
+pub(super) fn for_each_row(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let n = n.max(1);
+    if out.len() < SERIAL_ELEMS {
+        out.chunks_mut(n).enumerate().for_each(|(i, o)| f(i, o));
+    } else {
+        out.par_chunks_mut(n).enumerate().with_min_len(rows_per_task(n)).for_each(|(i, o)| f(i, o));
+    }
 }
 
 pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
@@ -21,7 +38,8 @@ pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> 
     })?;
     let (xs, ws) = (read_f32("rms_norm", x)?, read_f32("rms_norm", weight)?);
     let mut out = vec![0f32; xs.len()];
-    out.par_chunks_mut(n).zip(xs.par_chunks(n)).with_min_len(rows_per_task(n)).for_each(|(o, r)| {
+    for_each_row(&mut out, n, |i, o| {
+        let r = &xs[i * n..(i + 1) * n];
         let mean_sq = r.iter().map(|v| v * v).sum::<f32>() / n as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         for ((o, v), w) in o.iter_mut().zip(r).zip(ws.iter()) {
@@ -35,10 +53,12 @@ pub(super) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     ensure(a.dims() == b.dims(), "add", || format!("{:?} + {:?}", a.dims(), b.dims()))?;
     let (xa, xb) = (read_f32("add", a)?, read_f32("add", b)?);
     let mut out = vec![0f32; xa.len()];
-    out.par_iter_mut()
-        .zip(xa.par_iter().zip(xb.par_iter()))
-        .with_min_len(MIN_TASK_ELEMS)
-        .for_each(|(o, (a, b))| *o = a + b);
+    for_each_row(&mut out, MIN_TASK_ELEMS, |i, o| {
+        let at = i * MIN_TASK_ELEMS;
+        for ((o, a), b) in o.iter_mut().zip(&xa[at..]).zip(&xb[at..]) {
+            *o = a + b;
+        }
+    });
     Ok(f32_tensor(out, a.dims()))
 }
 
@@ -47,7 +67,8 @@ pub(super) fn rotary(x: &Tensor, positions: &Tensor, inv_freq: &Tensor) -> Resul
     let (_, h, d, half) = crate::check::rotary(x, positions, inv_freq)?;
     let (xs, pos, freq) = (read_f32("rotary", x)?, read_u32("rotary", positions)?, read_f32("rotary", inv_freq)?);
     let mut out = xs.to_vec();
-    out.par_chunks_mut(h * d).zip(pos.par_iter()).for_each(|(row, &p)| {
+    for_each_row(&mut out, h * d, |i, row| {
+        let p = pos[i];
         let (cos, sin): (Vec<f32>, Vec<f32>) =
             freq.iter().map(|f| (p as f32 * f).sin_cos()).map(|(s, c)| (c, s)).unzip();
         for head in row.chunks_mut(d) {
@@ -82,8 +103,8 @@ fn gated(x: &Tensor, op: &'static str, act: impl Fn(f32) -> f32 + Sync) -> Resul
     let n = n2 / 2;
     let xs = read_f32(op, x)?;
     let mut out = vec![0f32; rows * n];
-    out.par_chunks_mut(n.max(1)).zip(xs.par_chunks(n2.max(1))).with_min_len(rows_per_task(n)).for_each(|(o, r)| {
-        let (gate, up) = r.split_at(n);
+    for_each_row(&mut out, n, |i, o| {
+        let (gate, up) = xs[i * n2..(i + 1) * n2].split_at(n);
         for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
             *o = act(*g) * u;
         }
@@ -97,7 +118,11 @@ fn gated(x: &Tensor, op: &'static str, act: impl Fn(f32) -> f32 + Sync) -> Resul
 pub(super) fn map(x: &Tensor, op: &'static str, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
     let xs = read_f32(op, x)?;
     let mut out = vec![0f32; xs.len()];
-    out.par_iter_mut().zip(xs.par_iter()).with_min_len(MIN_TASK_ELEMS).for_each(|(o, &v)| *o = f(v));
+    for_each_row(&mut out, MIN_TASK_ELEMS, |i, o| {
+        for (o, &v) in o.iter_mut().zip(&xs[i * MIN_TASK_ELEMS..]) {
+            *o = f(v);
+        }
+    });
     Ok(f32_tensor(out, x.dims()))
 }
 
@@ -123,8 +148,9 @@ fn gather(idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
         return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
     }
     let mut out = vec![0f32; ids.len() * h];
-    out.par_chunks_mut(h.max(1)).zip(ids.par_iter()).for_each(|(o, &i)| {
-        o.copy_from_slice(&tab.rows_f32(i as usize..i as usize + 1, h));
+    for_each_row(&mut out, h, |r, o| {
+        let i = ids[r] as usize;
+        o.copy_from_slice(&tab.rows_f32(i..i + 1, h));
     });
     Ok(f32_tensor(out, &[ids.len(), h]))
 }
