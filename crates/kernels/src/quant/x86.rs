@@ -26,13 +26,39 @@ pub(super) const WIDEN: usize = 64;
 /// `d` must hold at least `c + n + 7` values; the CPU must have AVX and F16C.
 #[inline]
 #[target_feature(enable = "avx,f16c")]
-pub(super) unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
+unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
     for j in (0..n).step_by(8) {
         // SAFETY: as the caller guarantees; `j + 8 <= WIDEN` since both are multiples of 8.
         unsafe {
             let h = _mm_loadu_si128(d.as_ptr().add(c + j).cast());
             _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_cvtph_ps(h));
         }
+    }
+}
+
+/// Runs `step(dw, c, n)` over the rows' blocks in groups of `WIDEN` (`c` the group's first
+/// block, `n` its length), with `dw[r]` holding row `r`'s scales of the group as f32. Groups
+/// start at multiples of `WIDEN` (even), so two-block steps pair the blocks as they would
+/// without groups.
+///
+/// # Safety
+/// The CPU must have AVX and F16C; every row's scale array runs on past its blocks, as
+/// `WeightRow` promises.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+pub(super) unsafe fn scale_groups<const R: usize>(
+    w: &[WeightRow<'_>; R],
+    dw: &mut [[f32; WIDEN]; R],
+    mut step: impl FnMut(&[[f32; WIDEN]; R], usize, usize),
+) {
+    let nb = w[0].nb;
+    for c in (0..nb).step_by(WIDEN) {
+        let n = (nb - c).min(WIDEN);
+        for (row, d) in w.iter().zip(dw.iter_mut()) {
+            // SAFETY: as the caller guarantees.
+            unsafe { widen(row.d, c, n, d) };
+        }
+        step(dw, c, n);
     }
 }
 
@@ -144,11 +170,8 @@ pub(super) fn packed_dot_rows_many(
 unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mask = _mm_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M];
-    let mut da = [0f32; WIDEN];
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: the row's scale array runs on past its blocks (`WeightRow`).
-        unsafe { widen(a.d, c, n, &mut da) };
+    let mut dw = [[0f32; WIDEN]; 1];
+    let step = |dw: &[[f32; WIDEN]; 1], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: block `i` of the row (16 payload bytes) and activations `32i..32i+32` of
             // every row are in bounds; loads are unaligned.
@@ -156,7 +179,7 @@ unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: 
                 let qs = _mm_loadu_si128(a.qs.as_ptr().add(i * 16).cast());
                 let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
                 let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-                let d = _mm512_set1_ps(*da.get_unchecked(i - c));
+                let d = _mm512_set1_ps(*dw[0].get_unchecked(i - c));
                 for (acc, x) in acc.iter_mut().zip(xs) {
                     let xp = x.as_ptr().add(i * 32);
                     let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
@@ -165,7 +188,9 @@ unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: 
                 }
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a], &mut dw, step) };
     std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]) + min_term(a, sums[j]))
 }
 
@@ -174,18 +199,15 @@ unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
     let mut acc = [_mm512_setzero_ps(); M];
-    let mut da = [0f32; WIDEN];
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: the row's scale array runs on past its blocks (`WeightRow`).
-        unsafe { widen(a.d, c, n, &mut da) };
+    let mut dw = [[0f32; WIDEN]; 1];
+    let step = |dw: &[[f32; WIDEN]; 1], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
             unsafe {
                 let qs = a.qs.as_ptr().add(i * 32);
                 let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
                 let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
-                let d = _mm512_set1_ps(*da.get_unchecked(i - c));
+                let d = _mm512_set1_ps(*dw[0].get_unchecked(i - c));
                 for (acc, x) in acc.iter_mut().zip(xs) {
                     let xp = x.as_ptr().add(i * 32);
                     let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
@@ -194,7 +216,9 @@ unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &WeightRow<'_>) -
                 }
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a], &mut dw, step) };
     std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]))
 }
 
@@ -217,14 +241,8 @@ fn min_term(row: &WeightRow<'_>, sums: &[f32]) -> f32 {
 unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
-        unsafe {
-            widen(a.d, c, n, &mut da);
-            widen(b.d, c, n, &mut db);
-        }
+    let mut dw = [[0f32; WIDEN]; 2];
+    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: block `i` of both rows (16 payload bytes) and activations `32i..32i+32`
             // are in bounds; loads are unaligned.
@@ -238,25 +256,21 @@ unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRo
                     let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
                     *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
                 };
-                one(a.qs.as_ptr().add(i * 16), *da.get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 16), *db.get_unchecked(i - c), &mut acc_b);
+                one(a.qs.as_ptr().add(i * 16), *dw[0].get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 16), *dw[1].get_unchecked(i - c), &mut acc_b);
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
     (_mm512_reduce_add_ps(acc_a) + min_term(a, sums), _mm512_reduce_add_ps(acc_b) + min_term(b, sums))
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
-        unsafe {
-            widen(a.d, c, n, &mut da);
-            widen(b.d, c, n, &mut db);
-        }
+    let mut dw = [[0f32; WIDEN]; 2];
+    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
             unsafe {
@@ -268,11 +282,13 @@ unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32
                     let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
                     *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
                 };
-                one(a.qs.as_ptr().add(i * 32), *da.get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 32), *db.get_unchecked(i - c), &mut acc_b);
+                one(a.qs.as_ptr().add(i * 32), *dw[0].get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 32), *dw[1].get_unchecked(i - c), &mut acc_b);
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
     (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
 }
 
@@ -280,14 +296,8 @@ unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32
 unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let mask = _mm_set1_epi8(0x0F);
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
-        unsafe {
-            widen(a.d, c, n, &mut da);
-            widen(b.d, c, n, &mut db);
-        }
+    let mut dw = [[0f32; WIDEN]; 2];
+    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: as in `packed_q4_512`.
             unsafe {
@@ -308,25 +318,21 @@ unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRo
                     p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
                     *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
                 };
-                one(a.qs.as_ptr().add(i * 16), *da.get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 16), *db.get_unchecked(i - c), &mut acc_b);
+                one(a.qs.as_ptr().add(i * 16), *dw[0].get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 16), *dw[1].get_unchecked(i - c), &mut acc_b);
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
     (hsum256(acc_a) + min_term(a, sums), hsum256(acc_b) + min_term(b, sums))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
     let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut da, mut db) = ([0f32; WIDEN], [0f32; WIDEN]);
-    for c in (0..a.nb).step_by(WIDEN) {
-        let n = (a.nb - c).min(WIDEN);
-        // SAFETY: each row's scale array runs on past its blocks (`WeightRow`).
-        unsafe {
-            widen(a.d, c, n, &mut da);
-            widen(b.d, c, n, &mut db);
-        }
+    let mut dw = [[0f32; WIDEN]; 2];
+    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
         for i in c..c + n {
             // SAFETY: as in `packed_q8_512`.
             unsafe {
@@ -347,10 +353,12 @@ unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32
                     p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
                     *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
                 };
-                one(a.qs.as_ptr().add(i * 32), *da.get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 32), *db.get_unchecked(i - c), &mut acc_b);
+                one(a.qs.as_ptr().add(i * 32), *dw[0].get_unchecked(i - c), &mut acc_a);
+                one(b.qs.as_ptr().add(i * 32), *dw[1].get_unchecked(i - c), &mut acc_b);
             }
         }
-    }
+    };
+    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
     (hsum256(acc_a), hsum256(acc_b))
 }

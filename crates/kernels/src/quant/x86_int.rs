@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::q8::{ActRow, Q8Rows, WeightRow};
-use super::x86::{WIDEN, widen};
+use super::x86::{WIDEN, scale_groups};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -182,32 +182,6 @@ impl<const R: usize, const M: usize> Ptrs<R, M> {
             aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
             ad: std::array::from_fn(|i| a[i].d.as_ptr()),
         }
-    }
-}
-
-/// Runs `step(c, n)` over the row's blocks in groups of `WIDEN` (`c` the group's first
-/// block, `n` its length), with `dw[r]` holding weight row `r`'s scales of the group as
-/// f32. Groups start at multiples of `WIDEN` (even), so two-block steps pair the blocks
-/// as they would without groups.
-///
-/// # Safety
-/// The CPU must have AVX and F16C; every row's scale array runs on past its blocks, as
-/// `WeightRow` promises.
-#[inline]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn scale_groups<const R: usize>(
-    w: &[WeightRow<'_>; R],
-    dw: &mut [[f32; WIDEN]; R],
-    mut step: impl FnMut(&[[f32; WIDEN]; R], usize, usize),
-) {
-    let nb = w[0].nb;
-    for c in (0..nb).step_by(WIDEN) {
-        let n = (nb - c).min(WIDEN);
-        for (row, d) in w.iter().zip(dw.iter_mut()) {
-            // SAFETY: as the caller guarantees.
-            unsafe { widen(row.d, c, n, d) };
-        }
-        step(dw, c, n);
     }
 }
 
