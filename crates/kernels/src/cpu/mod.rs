@@ -3,7 +3,9 @@
 //! Floats are stored and computed in f32 (f16/bf16 weights are widened at upload);
 //! block-quantised weights stay in their blocks and matmuls read them directly
 //! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
-//! through the `gemm` crate, everything else is a rayon-parallel loop over rows. Storage sits
+//! through the `gemm` crate, everything else is a loop over rows: on rayon's workers when
+//! the output is large, on the calling thread when it is small (a decode step's norms,
+//! activations and attention; `ops::for_each_row` says why). Storage sits
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
