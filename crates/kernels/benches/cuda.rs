@@ -9,8 +9,8 @@
 //!   `x [m, 4096] · W[14336, 4096]ᵀ`, the MLP gate/up projection, for a decode batch of 64
 //!   rows and a 2,048-token prefill chunk.
 //! - `rms_norm`: `[t, 4096]` bf16 rows for the same two batches.
-//! - `attention`: decode steps of 1 and 64 sequences over 4,096-token contexts and a
-//!   4,096-token causal prefill, 32 query heads on 8 KV heads of 128 dims in blocks of 16,
+//! - `attention`: decode steps of 1 and 64 sequences over 4,096-token contexts, of 256
+//!   over 136 and 384, and a 4,096-token causal prefill, 32 query heads on 8 KV heads of 128 dims in blocks of 16,
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
@@ -228,7 +228,9 @@ fn attention(c: &mut Criterion) {
     let params = attention_params();
     let context = 4096;
     let mut group = c.benchmark_group("cuda_attention");
-    for seqs in [1, DECODE_BATCH] {
+    // Long contexts at batches 1 and 64; a throughput run's batch of 256 short ones (128
+    // prompt tokens, 8 and 256 generated).
+    for (seqs, context) in [(1, context), (DECODE_BATCH, context), (256, 136), (256, 384)] {
         let (kc, vc, meta) = attention_step(b, seqs, context, 1);
         let q = upload(b, &values(seqs * HEADS * HEAD_DIM, 5), &[seqs, HEADS, HEAD_DIM]);
         // Every sequence reads its whole context of K and V once, in bf16.
@@ -237,7 +239,7 @@ fn attention(c: &mut Criterion) {
         bench_synced(&mut group, &format!("flash/{name}"), b, || {
             b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
         });
-        if seqs == DECODE_BATCH {
+        if seqs == DECODE_BATCH && context == 4096 {
             bench_synced(&mut group, &format!("paged/{name}"), b, || {
                 b.paged_attention(&q, &kc, &vc, &meta, &params).expect("paged_attention")
             });

@@ -266,19 +266,21 @@ __device__ __forceinline__ u32 dec_split_len(u32 visible, u32 split_min) {
 }
 
 // Merges the `splits` partials of row `s`'s query heads `hq0 .. hq0 + group` into
-// out[s, hq0 .., :], run by the whole block (DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS
-// threads). The maxima and sums come through shared memory and each thread issues all its
+// out[s, hq0 .., :], run by the whole block (at least DEC_MAX_GROUP threads). The maxima and sums come through shared memory and each thread issues all its
 // numerator loads before it sums them, so the merge costs a few round trips to L2, not one
 // per split. The sums run over the splits in order, so the result does not depend on which
 // block merges. Reads bypass L1: other blocks wrote the partials.
 __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_ml, u32 s, u32 hq0, u32 group,
                           u32 splits, const AttnArgs& a) {
-    __shared__ float sm_m[DEC_MAX_GROUP][DEC_SPLITS], sm_l[DEC_MAX_GROUP][DEC_SPLITS];
-    __shared__ float sm_f[DEC_MAX_GROUP][DEC_SPLITS], sm_den[DEC_MAX_GROUP];
+    // sm_m's maxima become the splits' weights in place (each row is one thread's), which
+    // keeps the tensor-core decode kernel's static shared memory small enough for four
+    // blocks of two warps an SM.
+    __shared__ float sm_m[DEC_MAX_GROUP][DEC_SPLITS], sm_l[DEC_MAX_GROUP][DEC_SPLITS], sm_den[DEC_MAX_GROUP];
     const u32 t = threadIdx.x;
     const u64 head0 = (u64)s * a.h + hq0;
-    if (t < group * DEC_SPLITS && t % DEC_SPLITS < splits) {
-        const u32 g = t / DEC_SPLITS, i = t % DEC_SPLITS;
+    for (u32 idx = t; idx < group * DEC_SPLITS; idx += blockDim.x) {
+        const u32 g = idx / DEC_SPLITS, i = idx % DEC_SPLITS;
+        if (i >= splits) continue;
         const float* ml = part_ml + ((head0 + g) * DEC_SPLITS + i) * 2;
         sm_m[g][i] = __ldcg(ml);
         sm_l[g][i] = __ldcg(ml + 1);
@@ -290,7 +292,7 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
         float den = 0.0f;
         for (u32 i = 0; i < splits; ++i) {
             const float f = sm_m[t][i] == -MET_INF ? 0.0f : expf(sm_m[t][i] - big);
-            sm_f[t][i] = f;
+            sm_m[t][i] = f;
             den += sm_l[t][i] * f;
         }
         sm_den[t] = den;
@@ -305,7 +307,7 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
         float num = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < DEC_SPLITS; ++i)
-            if (i < splits) num += v[i] * sm_f[g][i];
+            if (i < splits) num += v[i] * sm_m[g][i];
         out[(head0 + g) * a.d + e] = f2bf(num / sm_den[g]);
     }
 }
@@ -318,7 +320,6 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
 // over 8 warps, which halves the serial work of each; larger batches fill the SMs better
 // with 4-warp blocks. W only changes which warp sums which keys, and the host picks it by the
 // same batch class as `split_min`, so a padded graph replay still equals the eager step.
-static_assert(DEC_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS, "dec_merge needs a thread per (head, split)");
 template <int GM, int W>
 __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,
                                  const bf16_t* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,

@@ -10,31 +10,26 @@
 // split kernel's (`dec_split_len` of the visible keys and `a.split_min`), so which block
 // takes a split changes no result.
 //
-// A block of FD_WARPS warps works for the G = h / h_kv query heads of one KV head: they are
+// A block of W warps works for the G = h / h_kv query heads of one KV head: they are
 // the first G of the 16 rows of one mma operand (the rest are zeros), so each key is read
-// once for the group. The block streams its split's keys in tiles of FL_BN through a ring of
-// FD_STAGES shared-memory buffers filled by cp.async, FD_STAGES - 1 tiles ahead of the
-// compute: decode is bound by the bytes of K and V, and the ring keeps enough of them in
-// flight. Warp w takes keys 16w .. 16w + 15 of every tile (S = Q Kᵀ and O += P V as
-// mma.sync m16n8k16, P rounded to bf16 as in the prefill kernel) with its own online
-// softmax, and the warps' sums are merged through shared memory at the split's end.
+// once for the group. The block streams its split's keys in tiles of BN = 16 W keys through
+// a ring of S shared-memory buffers filled by cp.async, S - 1 tiles ahead of the compute:
+// decode is bound by the bytes of K and V, and the ring keeps enough of them in flight.
+// Warp w takes keys 16w .. 16w + 15 of every tile (scores Q Kᵀ and O += P V as mma.sync
+// m16n8k16, P rounded to bf16 as in the prefill kernel) with its own online softmax, and
+// the warps' sums are merged through shared memory at the split's end.
 
-#define FD_WARPS 4
-#define FD_STAGES 3
-static_assert(FD_WARPS * 16 == FL_BN, "each warp takes 16 keys of a tile");
-static_assert(FD_WARPS * 32 >= DEC_MAX_GROUP * DEC_SPLITS, "dec_merge needs a thread per (head, split)");
-
-// grid (seqs, h_kv, z <= DEC_SPLITS), block FD_WARPS * 32, dynamic shared memory
-// (16 + 2 FD_STAGES FL_BN) D * 2 bytes. D is 64 or 128; G <= DEC_MAX_GROUP (checked on the
-// host).
-template <int D>
+// grid (seqs, h_kv, z <= DEC_SPLITS), block W * 32, dynamic shared memory
+// (16 + 2 S BN) D * 2 bytes. D is 64 or 128; G <= DEC_MAX_GROUP (checked on the host).
+template <int D, int W, int S>
 __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
                              const u32* seq_lens, const u32* tables, const AttnArgs& a, bf16_t* out, u32* counters) {
     extern __shared__ __align__(128) unsigned char fd_smem[];
     constexpr u32 CH = D / 8;  // 16-byte chunks per row
+    constexpr u32 BN = W * 16;  // keys per tile: each warp takes 16
     const u32 qs = smem_addr(fd_smem);
-    auto ks = [&](u32 st) { return qs + (16 + 2 * st * FL_BN) * D * 2; };
-    auto vs = [&](u32 st) { return qs + (16 + (2 * st + 1) * FL_BN) * D * 2; };
+    auto ks = [&](u32 st) { return qs + (16 + 2 * st * BN) * D * 2; };
+    auto vs = [&](u32 st) { return qs + (16 + (2 * st + 1) * BN) * D * 2; };
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 s = blockIdx.x, kvh = blockIdx.y, G = a.h / a.h_kv;
     const u32 pos = seq_lens[s] - 1;
@@ -66,15 +61,15 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
 
     const u32 g = lane >> 2, tq = lane & 3;
     const float log2e = 1.4426950408889634f;
-    __shared__ float fd_ml[FD_WARPS][16][2];
+    __shared__ float fd_ml[W][16][2];
     for (u32 split = blockIdx.z; split < splits_used; split += gridDim.z) {
         const u32 begin = first + split * len;
         const u32 end = min(first + visible, begin + len);  // exclusive
-        const u32 tiles = end > begin ? (end - begin + FL_BN - 1) / FL_BN : 0;
+        const u32 tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
         auto load_tile = [&](u32 t, u32 st) {
-            for (u32 c = threadIdx.x; c < FL_BN * CH; c += blockDim.x) {
+            for (u32 c = threadIdx.x; c < BN * CH; c += blockDim.x) {
                 const u32 r = c / CH, ch = c % CH;
-                const u32 j = begin + t * FL_BN + r;
+                const u32 j = begin + t * BN + r;
                 const bool valid = j < end;
                 const u32 jj = valid ? j : begin;
                 const u64 slot = kv_slot(table, jj, a.block_size);
@@ -85,7 +80,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
         };
         // One commit group per ring slot, empty ones included, so `wait` counts stay exact.
 #pragma unroll
-        for (u32 st = 0; st + 1 < FD_STAGES; ++st) {
+        for (u32 st = 0; st + 1 < S; ++st) {
             if (st < tiles) load_tile(st, st);
             cp_async_commit();
         }
@@ -95,7 +90,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
         for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         float m[2] = {-MET_INF, -MET_INF}, l[2] = {0.0f, 0.0f};
         for (u32 t = 0; t < tiles; ++t) {
-            cp_async_wait<FD_STAGES - 2>();
+            cp_async_wait<S - 2>();
             // Tile t is in; every warp is done with the slot refilled next (tile t - 1's).
             __syncthreads();
             if (!have_q) {
@@ -106,11 +101,11 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
                 }
                 have_q = true;
             }
-            if (t + FD_STAGES - 1 < tiles) load_tile(t + FD_STAGES - 1, (t + FD_STAGES - 1) % FD_STAGES);
+            if (t + S - 1 < tiles) load_tile(t + S - 1, (t + S - 1) % S);
             cp_async_commit();
-            const u32 st = t % FD_STAGES;
+            const u32 st = t % S;
 
-            // S = Q Kᵀ for the warp's 16 keys: two n-tiles of 8.
+            // Scores Q Kᵀ for the warp's 16 keys: two n-tiles of 8.
             float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
@@ -125,7 +120,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
             for (int n = 0; n < 2; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const u32 j = begin + t * FL_BN + warp * 16 + n * 8 + 2 * tq + (e & 1);
+                    const u32 j = begin + t * BN + warp * 16 + n * 8 + 2 * tq + (e & 1);
                     float x = sc[n][e] * a.scale;
                     if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
                     x = j < end ? x * log2e : -MET_INF;
@@ -177,7 +172,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
 
         // Each warp's rows (only the first G are real), its max and sum; then the block's
         // threads merge the warps, one (row, dim) each.
-        // [FD_WARPS][16][D] past the query rows, which a split without keys leaves unread.
+        // [W][16][D] past the query rows, which a split without keys leaves unread.
         float* fd_o = reinterpret_cast<float*>(fd_smem + 16 * D * 2);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -201,10 +196,10 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
             const u32 r = idx / D, e = idx % D;
             float big = -MET_INF;
 #pragma unroll
-            for (int w = 0; w < FD_WARPS; ++w) big = fmaxf(big, fd_ml[w][r][0]);
+            for (int w = 0; w < W; ++w) big = fmaxf(big, fd_ml[w][r][0]);
             float num = 0.0f, den = 0.0f;
 #pragma unroll
-            for (int w = 0; w < FD_WARPS; ++w) {
+            for (int w = 0; w < W; ++w) {
                 const float mw = fd_ml[w][r][0];
                 const float f = mw == -MET_INF ? 0.0f : fast_exp2(mw - big);
                 num += fd_o[(w * 16 + r) * D + e] * f;
@@ -240,13 +235,18 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
     }
 }
 
-#define MET_FLASH_DECODE(D)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(FD_WARPS * 32)                                                \
-        flash_decode_bf16_d##D(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,            \
-                               const bf16_t* vc, const u32* seq_lens, const u32* tables, AttnArgs a,          \
-                               bf16_t* out, u32* counters) {                                                   \
+#define MET_FLASH_DECODE(D, W, S)                                                                              \
+    extern "C" __global__ void __launch_bounds__(W * 32)                                                       \
+        flash_decode_bf16_d##D##_w##W(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,      \
+                                      const bf16_t* vc, const u32* seq_lens, const u32* tables, AttnArgs a,    \
+                                      bf16_t* out, u32* counters) {                                            \
         pdl_enter();                                                                                           \
-        flash_decode<D>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);                     \
+        flash_decode<D, W, S>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);               \
     }
-MET_FLASH_DECODE(64)
-MET_FLASH_DECODE(128)
+// Both shapes keep three tiles in the ring: four warps for small batches, whose few blocks
+// must each stream fast; two for large ones, whose short contexts are bound by each block's
+// round trips, so more blocks an SM (four at d = 128, not two) serve more of them at once.
+MET_FLASH_DECODE(64, 4, 3)
+MET_FLASH_DECODE(128, 4, 3)
+MET_FLASH_DECODE(64, 2, 3)
+MET_FLASH_DECODE(128, 2, 3)

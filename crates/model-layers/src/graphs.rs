@@ -244,12 +244,13 @@ mod tests {
         assert_eq!(GraphSettings::up_to(8).max_context, DEFAULT_MAX_CONTEXT);
     }
 
-    /// The CUDA decode attention changes its warps per block at 2 sequences and its split
-    /// length at 8 and 32 (`decode_warps`, `decode_split_min` in met-kernels): a padded
-    /// replay computes as its eager step only while those are capture sizes.
+    /// The CUDA decode attention changes its warps per block at 2 and 32 sequences, its
+    /// split length at 8 and 32 and its blocks per split at 32 and 64 (`decode_warps`,
+    /// `FlashDecode::for_batch`, `decode_split_min`, `decode_grid_z` in met-kernels): a
+    /// padded replay computes as its eager step only while those are capture sizes.
     #[test]
     fn the_decode_attention_classes_end_at_capture_sizes() {
-        for class_end in [2, 8, 32] {
+        for class_end in [2, 8, 32, 64] {
             assert!(DEFAULT_BATCH_SIZES.contains(&class_end), "{class_end}");
         }
     }

@@ -272,10 +272,11 @@ pub(super) fn flash_attention(
     }
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
     let decode_step = decode_applies(&call.cu, h, hkv, d);
-    if let (true, Some(kernel)) = (decode_step, flash_decode_kernel(d)) {
+    let shape = FlashDecode::for_batch(call.lens.len());
+    if let (true, Some(kernel)) = (decode_step, shape.kernel(d)) {
         let args = AttnArgs { split_min: flash_decode_split_min(call.lens.len()), ..call.args };
         let z = decode_grid_z(&call.lens, args, b.dev.recording_here());
-        let launch = DecodeLaunch { kernel, warps: FD_WARPS, shared: flash_decode_shared_bytes(d), z };
+        let launch = DecodeLaunch { kernel, warps: shape.warps, shared: shape.shared_bytes(d), z };
         decode(b, &call.out, (q, k_cache, v_cache), meta, args, launch)?;
     } else if decode_step {
         let z = decode_grid_z(&call.lens, call.args, b.dev.recording_here());
@@ -344,22 +345,45 @@ fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
     })
 }
 
-/// Warps per block of the tensor-core decode kernel (`FD_WARPS`, 16 keys of a tile each), and
-/// its shared memory: the query tile's 16 rows and a ring of `FD_STAGES` = 3 buffers of
-/// FL_BN keys and values.
-const FD_WARPS: u32 = 4;
-const FD_STAGES: usize = 3;
-
-fn flash_decode_shared_bytes(d: usize) -> u32 {
-    ((16 + 2 * FD_STAGES * FL_BN) * d * 2) as u32
+/// A shape of the tensor-core decode kernel (`flash_decode.cu`): warps per block, each
+/// taking 16 keys of a tile, with a ring of three tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlashDecode {
+    warps: u32,
 }
 
-/// The tensor-core decode kernel for head dim `d`, if there is one.
-fn flash_decode_kernel(d: usize) -> Option<&'static str> {
-    match d {
-        64 => Some("flash_decode_bf16_d64"),
-        128 => Some("flash_decode_bf16_d128"),
-        _ => None,
+/// Ring stages of both shapes (`S` of `flash_decode.cu`).
+const FD_STAGES: usize = 3;
+const FLASH_DECODE_SHAPES: [FlashDecode; 2] = [FlashDecode { warps: 4 }, FlashDecode { warps: 2 }];
+
+impl FlashDecode {
+    /// The shape for a batch of `seqs` sequences: four warps up to 32 sequences, two
+    /// beyond. A large batch of short contexts is bound by each block's round trips (length,
+    /// block table, then the keys) more than by the bytes; two-warp blocks take half the
+    /// shared memory, so four of them fit an SM where two four-warp ones did. Measured on
+    /// the H200 (`bench/results/gpu-decode-shapes-2026-12-02`): 256 sequences of 136 keys
+    /// 61.4 → 50.1 µs a layer, of 384 keys 111.3 → 106.3; 64 of 4,096 unchanged (272 → 270);
+    /// one of 4,096 25 µs against 15, hence four warps for small batches. The class ends at a
+    /// CUDA-graph batch size (32), so a padded replay runs the shape its eager step runs.
+    fn for_batch(seqs: usize) -> Self {
+        FLASH_DECODE_SHAPES[usize::from(seqs > 32)]
+    }
+
+    /// Dynamic shared memory: the query tile's 16 rows and the ring of `FD_STAGES` buffers of
+    /// 16 `warps` keys and values.
+    fn shared_bytes(self, d: usize) -> u32 {
+        ((16 + 2 * FD_STAGES * 16 * self.warps as usize) * d * 2) as u32
+    }
+
+    /// The kernel for head dim `d`, if there is one.
+    fn kernel(self, d: usize) -> Option<&'static str> {
+        Some(match (d, self.warps) {
+            (64, 4) => "flash_decode_bf16_d64_w4",
+            (128, 4) => "flash_decode_bf16_d128_w4",
+            (64, 2) => "flash_decode_bf16_d64_w2",
+            (128, 2) => "flash_decode_bf16_d128_w2",
+            _ => return None,
+        })
     }
 }
 
@@ -390,7 +414,10 @@ pub(super) fn raise_shared_memory(
         families.push(TiledPrefill::Warpgroup);
     }
     for d in [64, 128] {
-        let mut sized = vec![(flash_decode_kernel(d).expect("a decode kernel"), flash_decode_shared_bytes(d))];
+        let mut sized: Vec<(&str, u32)> = FLASH_DECODE_SHAPES
+            .iter()
+            .map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d)))
+            .collect();
         for &family in &families {
             let tiled = prefill_kernel(d, family).expect("a tiled kernel");
             sized.push((tiled.kernel, tiled.shared));
@@ -490,14 +517,18 @@ fn decode_kernel(group_bucket: usize, seqs: usize) -> &'static str {
 
 /// Split blocks per (sequence, KV head) of a decode launch: each takes every `z`-th split of
 /// its pair. Up to 32 sequences a block per split (16), so a few sequences spread over the
-/// GPU; beyond, 2, so the blocks of a large batch are not mostly empty ones (with one
-/// block per split, 256 sequences of short contexts queued 32k blocks, 15 of 16 with
-/// nothing to do, and the launch took as long as the block scheduler needed for them).
-/// An eager step lowers it to the most splits any of its sequences needs; a graph
+/// GPU; up to 64, 2; beyond, 1: the (sequence, KV head) pairs of a large batch fill the GPU
+/// by themselves, and its blocks should not be mostly empty ones (with one block per
+/// split, 256 sequences of short contexts queued 32k blocks, 15 of 16 with nothing to do,
+/// and the launch took as long as the block scheduler needed for them). An eager step lowers it to the most splits any of its sequences needs; a graph
 /// recording keeps the class's figure, as its replays see other contexts. Which block
 /// computes a split changes no result.
 fn decode_grid_z(lens: &[u32], args: AttnArgs, recording: bool) -> u32 {
-    let class = if lens.len() <= 32 { DEC_SPLITS as u32 } else { 2 };
+    let class = match lens.len() {
+        0..=32 => DEC_SPLITS as u32,
+        33..=64 => 2,
+        _ => 1,
+    };
     if recording {
         return class;
     }

@@ -542,12 +542,16 @@ pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     assert_option_matters(&with, &without, "the decode soft-cap");
     // CUDA's flash op splits longer past 8 and past 32 sequences (its tensor-core kernel for
     // head dims 64 and 128, the scalar split kernel for others, whose blocks past 32
-    // sequences take several splits each): 20 sequences with groups of 3 and 8 query heads,
-    // 40 with splits of 2,048 keys crossed.
+    // sequences take several splits each), and its tensor-core kernel narrows its blocks
+    // past 32 and gives each (sequence, KV head) one block past 64: 20 sequences with
+    // groups of 3 and 8 query heads, 40 and 80 with splits of 2,048 keys crossed.
     let some: Vec<Seq> = (0..20).map(|i| Seq { context: [1, 70, 513, 1_100, 3_000][i % 5] + i, q_len: 1 }).collect();
     check_case(b, &Layout::new(9, 3, 64, 16), &some, 6.0, 73, "decode, 20 sequences, 9/3 heads d=64").map(drop)?;
     check_case(b, &Layout::new(8, 1, 128, 16), &some, 6.0, 74, "decode, 20 sequences, 8/1 heads d=128").map(drop)?;
     let many: Vec<Seq> = (0..40).map(|i| Seq { context: [3, 200, 700, 2_100, 4_097][i % 5] + i, q_len: 1 }).collect();
     check_case(b, &Layout::new(8, 2, 128, 16), &many, 6.0, 71, "decode, 40 sequences, d=128").map(drop)?;
-    check_case(b, &Layout::new(6, 2, 96, 16), &many, 6.0, 72, "decode, 40 sequences, d=96").map(drop)
+    check_case(b, &Layout::new(6, 2, 96, 16), &many, 6.0, 72, "decode, 40 sequences, d=96").map(drop)?;
+    let more: Vec<Seq> = (0..80).map(|i| Seq { context: [2, 130, 900, 2_049, 4_500][i % 5] + i, q_len: 1 }).collect();
+    check_case(b, &Layout::new(16, 8, 128, 16), &more, 6.0, 75, "decode, 80 sequences, 16/8 heads d=128").map(drop)?;
+    check_case(b, &Layout::new(4, 4, 64, 16), &more, 6.0, 76, "decode, 80 sequences, MHA d=64").map(drop)
 }
