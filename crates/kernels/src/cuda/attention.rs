@@ -414,10 +414,8 @@ pub(super) fn raise_shared_memory(
         families.push(TiledPrefill::Warpgroup);
     }
     for d in [64, 128] {
-        let mut sized: Vec<(&str, u32)> = FLASH_DECODE_SHAPES
-            .iter()
-            .map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d)))
-            .collect();
+        let mut sized: Vec<(&str, u32)> =
+            FLASH_DECODE_SHAPES.iter().map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d))).collect();
         for &family in &families {
             let tiled = prefill_kernel(d, family).expect("a tiled kernel");
             sized.push((tiled.kernel, tiled.shared));
