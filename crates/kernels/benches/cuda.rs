@@ -15,7 +15,7 @@
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
-//!   tokens back on the host.
+//!   tokens back on the host; greedy also from bf16 logits, as the model's head writes them.
 //!
 //! Every measurement is `iter_custom`: the device is synchronised before the clock starts
 //! and again before it stops, so the time is the device's, not the launch queue's.
@@ -264,7 +264,9 @@ fn attention(c: &mut Criterion) {
 fn sample(c: &mut Criterion) {
     let Some(b) = backend() else { return };
     let rows = DECODE_BATCH;
-    let logits = b.upload(&HostTensor::from_f32(&values(rows * VOCAB, 6), &[rows, VOCAB]), DType::F32).expect("upload");
+    let host = HostTensor::from_f32(&values(rows * VOCAB, 6), &[rows, VOCAB]);
+    let logits = b.upload(&host, DType::F32).expect("upload");
+    let logits_bf16 = b.upload(&host, DType::BF16).expect("upload");
     let greedy = SamplingParams::greedy();
     let nucleus = SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, ..SamplingParams::default() };
     let mut group = c.benchmark_group("cuda_sample");
@@ -285,6 +287,11 @@ fn sample(c: &mut Criterion) {
         bench_synced(&mut group, &format!("{name}/rows{rows}_vocab{VOCAB}"), b, || {
             b.sample(&logits, &batch).expect("sample")
         });
+        if name == "greedy" {
+            bench_synced(&mut group, &format!("{name}_bf16/rows{rows}_vocab{VOCAB}"), b, || {
+                b.sample(&logits_bf16, &batch).expect("sample")
+            });
+        }
     }
     group.finish();
 }

@@ -147,14 +147,15 @@ __device__ RowParams read_row(const u32* w) {
 // Steps 2-5 of the CPU's rules into `s`: a sanitized copy of the raw row, then each listed
 // token recomputed from its raw logit (bias values in order, repetition, frequency and
 // presence, sanitize, ban).
-__device__ void apply_penalties(const float* raw, float* s, u32 vocab, const RowParams& p, const u32* pens,
+template <typename T>
+__device__ void apply_penalties(const T* raw, float* s, u32 vocab, const RowParams& p, const u32* pens,
                                 const float* biases) {
-    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) s[i] = sanitize(raw[i]);
+    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) s[i] = sanitize(load_f(raw, i));
     __syncthreads();
     for (u32 e = threadIdx.x; e < p.pen_count; e += blockDim.x) {
         const u32* pe = pens + (u64)(p.pen_start + e) * PEN_WORDS;
         const u32 t = pe[0], flags = pe[1], count = pe[2], bias_start = pe[3], bias_count = pe[4];
-        float v = raw[t];
+        float v = load_f(raw, t);
         for (u32 b = 0; b < bias_count; ++b) v += biases[bias_start + b];
         if (flags & 1u) v = v > 0.0f ? v / p.repetition : v * p.repetition;
         if (count > 0) v -= p.frequency * (float)count + p.presence;
@@ -166,11 +167,12 @@ __device__ void apply_penalties(const float* raw, float* s, u32 vocab, const Row
 }
 
 // The first largest value (ties to the lower id), or NO_TOKEN when every value is -inf.
-__device__ u32 argmax_row(const float* x, u32 vocab, bool raw, SelectShared* sh) {
+template <typename T>
+__device__ u32 argmax_row(const T* x, u32 vocab, bool raw, SelectShared* sh) {
     float best = -MET_INF;
     u32 best_i = NO_TOKEN;
     for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = raw ? sanitize(x[i]) : x[i];
+        const float v = raw ? sanitize(load_f(x, i)) : load_f(x, i);
         if (v > best) {
             best = v;
             best_i = i;
@@ -231,20 +233,22 @@ __device__ u32 draw_row(float* s, u32 vocab, const RowParams& p, SelectShared* s
 }
 
 // log-sum-exp of the sanitized raw row: max, then an f64 sum of f32 exps (as the CPU).
-__device__ float log_sum_exp(const float* raw, u32 vocab, SelectShared* sh) {
+template <typename T>
+__device__ float log_sum_exp(const T* raw, u32 vocab, SelectShared* sh) {
     float m = -MET_INF;
-    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, sanitize(raw[i]));
+    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, sanitize(load_f(raw, i)));
     m = block_max(m, sh->scratch_f);
     double sum = 0.0;
-    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) sum += (double)expf(sanitize(raw[i]) - m);
+    for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) sum += (double)expf(sanitize(load_f(raw, i)) - m);
     sum = block_sum_d(sum, sh->scratch_d);
     return m + (float)log(sum);
 }
 
 // The `k` best raw logits as keys, best first, into sh->top_keys.
-__device__ void top_keys(const float* raw, u32 vocab, u32 k, SelectShared* sh) {
+template <typename T>
+__device__ void top_keys(const T* raw, u32 vocab, u32 k, SelectShared* sh) {
     auto any = [&](u32 i, u64* key, u64* w) {
-        *key = cand_key(sanitize(raw[i]), i);
+        *key = cand_key(sanitize(load_f(raw, i)), i);
         *w = 0;
         return true;
     };
@@ -253,7 +257,7 @@ __device__ void top_keys(const float* raw, u32 vocab, u32 k, SelectShared* sh) {
     if (threadIdx.x == 0) sh->top_count = 0;
     __syncthreads();
     for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const u64 key = cand_key(sanitize(raw[i]), i);
+        const u64 key = cand_key(sanitize(load_f(raw, i)), i);
         if (key <= kth) {
             const u32 at = atomicAdd(&sh->top_count, 1u);
             if (at < MAX_TOP) sh->top_keys[at] = key;
@@ -275,13 +279,13 @@ __device__ void top_keys(const float* raw, u32 vocab, u32 k, SelectShared* sh) {
 // rows [n, ROW_WORDS] (see `RowParams`), pens [*, PEN_WORDS], scratch [*, vocab].
 // Outputs per row: tokens (NO_TOKEN when every token is banned or masked), the logprob of
 // the token and the top logprobs [n, MAX_TOP] (ids and values), when asked.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, const float* biases, float* scratch,
-            u32* tokens, float* logprobs, u32* top_ids, float* top_vals) {
-    pdl_enter();
+// The logits are f32 or bf16 (`T`), read as f32.
+template <typename T>
+__device__ void sample_rows(const T* logits, u32 vocab, const u32* rows, const u32* pens, const float* biases,
+                            float* scratch, u32* tokens, float* logprobs, u32* top_ids, float* top_vals) {
     __shared__ SelectShared sh;
     const RowParams p = read_row(rows + (u64)blockIdx.x * ROW_WORDS);
-    const float* raw = logits + (u64)p.logits_row * vocab;
+    const T* raw = logits + (u64)p.logits_row * vocab;
     float* s = scratch + (u64)p.scratch_row * vocab;
     u32 token;
     if (p.flags & FLAG_SCRATCH) {
@@ -293,15 +297,25 @@ sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, co
     if (threadIdx.x == 0) tokens[blockIdx.x] = token;
     if (p.n_top == 0xffffffffu || token == NO_TOKEN) return;  // no logprobs asked
     const float lse = log_sum_exp(raw, vocab, &sh);
-    if (threadIdx.x == 0) logprobs[blockIdx.x] = sanitize(raw[token]) - lse;
+    if (threadIdx.x == 0) logprobs[blockIdx.x] = sanitize(load_f(raw, token)) - lse;
     if (p.n_top == 0) return;
     top_keys(raw, vocab, p.n_top, &sh);
     for (u32 j = threadIdx.x; j < p.n_top; j += blockDim.x) {
         const u32 id = (u32)sh.top_keys[j];
         top_ids[(u64)blockIdx.x * MAX_TOP + j] = id;
-        top_vals[(u64)blockIdx.x * MAX_TOP + j] = sanitize(raw[id]) - lse;
+        top_vals[(u64)blockIdx.x * MAX_TOP + j] = sanitize(load_f(raw, id)) - lse;
     }
 }
+
+#define MET_SAMPLE_ROWS(NAME, T)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)                                                 \
+        NAME(const T* logits, u32 vocab, const u32* rows, const u32* pens, const float* biases, float* scratch,   \
+             u32* tokens, float* logprobs, u32* top_ids, float* top_vals) {                                      \
+        pdl_enter();                                                                                             \
+        sample_rows(logits, vocab, rows, pens, biases, scratch, tokens, logprobs, top_ids, top_vals);            \
+    }
+MET_SAMPLE_ROWS(sample_rows_f32, float)
+MET_SAMPLE_ROWS(sample_rows_bf16, bf16_t)
 
 // ---- greedy rows without penalties or logprobs ----------------------------------------------
 //
@@ -313,25 +327,47 @@ sample_rows(const float* logits, u32 vocab, const u32* rows, const u32* pens, co
 #define ARGMAX_PARTS 32
 #define ARGMAX_THREADS 256
 
-// grid (rows, ARGMAX_PARTS), block ARGMAX_THREADS. `rows[r]` is the logits row of row r.
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_parts(const float* logits, u32 vocab, const u32* rows, float* part_v, u32* part_i) {
-    pdl_enter();
-    __shared__ float sv[ARGMAX_THREADS / 32];
-    __shared__ u32 si[ARGMAX_THREADS / 32];
-    const u32 r = blockIdx.x, p = blockIdx.y;
-    const float* x = logits + (u64)rows[r] * vocab;
-    const u32 per = (vocab + ARGMAX_PARTS - 1) / ARGMAX_PARTS;
-    const u32 lo = p * per, hi = min(vocab, lo + per);
-    float best = -MET_INF;
-    u32 best_i = NO_TOKEN;
-    for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        const float v = sanitize(x[i]);
+// The first largest sanitized value of x[lo, hi) among this thread's elements, visited in
+// increasing order. bf16 rows are read 8 values (16 bytes) at a time from the first aligned
+// element: the scalar head and tail hold the rest.
+template <typename T>
+__device__ void argmax_span(const T* x, u32 lo, u32 hi, float& best, u32& best_i) {
+    auto take = [&](float v, u32 i) {
+        v = sanitize(v);
         if (v > best) {
             best = v;
             best_i = i;
         }
+    };
+    u32 body = lo;
+    if constexpr (sizeof(T) == 2) {
+        while (body < hi && (reinterpret_cast<u64>(x + body) & 15)) ++body;
+        for (u32 i = lo + threadIdx.x; i < body; i += blockDim.x) take(load_f(x, i), i);
+        const u32 chunks = (hi - body) / 8;
+        const uint4* xv = reinterpret_cast<const uint4*>(x + body);
+        for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) {
+            float v[8];
+            unpack8(xv[c], v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) take(v[e], body + 8 * c + e);
+        }
+        body += 8 * chunks;
     }
+    for (u32 i = body + threadIdx.x; i < hi; i += blockDim.x) take(load_f(x, i), i);
+}
+
+// grid (rows, ARGMAX_PARTS), block ARGMAX_THREADS. `rows[r]` is the logits row of row r.
+template <typename T>
+__device__ void argmax_parts(const T* logits, u32 vocab, const u32* rows, float* part_v, u32* part_i) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ u32 si[ARGMAX_THREADS / 32];
+    const u32 r = blockIdx.x, p = blockIdx.y;
+    const T* x = logits + (u64)rows[r] * vocab;
+    const u32 per = (vocab + ARGMAX_PARTS - 1) / ARGMAX_PARTS;
+    const u32 lo = min(vocab, p * per), hi = min(vocab, lo + per);
+    float best = -MET_INF;
+    u32 best_i = NO_TOKEN;
+    argmax_span(x, lo, hi, best, best_i);
     // (value, id) pairs: the larger value wins, then the lower id.
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, best, o);
@@ -359,6 +395,16 @@ argmax_parts(const float* logits, u32 vocab, const u32* rows, float* part_v, u32
     }
 }
 
+
+#define MET_ARGMAX_PARTS(NAME, T)                                                                                \
+    extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)                                                 \
+        NAME(const T* logits, u32 vocab, const u32* rows, float* part_v, u32* part_i) {                          \
+        pdl_enter();                                                                                             \
+        argmax_parts(logits, vocab, rows, part_v, part_i);                                                       \
+    }
+MET_ARGMAX_PARTS(argmax_parts_f32, float)
+MET_ARGMAX_PARTS(argmax_parts_bf16, bf16_t)
+
 // grid (rows), block 32 (one lane per part).
 extern "C" __global__ void argmax_merge(const float* part_v, const u32* part_i, u32* tokens) {
     pdl_enter();
@@ -378,13 +424,22 @@ extern "C" __global__ void argmax_merge(const float* part_v, const u32* part_i, 
 
 // Structured output: out[i, t] = logits[rows[i], t] where bit t % 32 of word t / 32 of mask
 // row i is set, else -inf (`GpuBackend::mask_logits`). Row ids are checked on the host.
-extern "C" __global__ void mask_logits_f32(const float* logits, const u32* rows, const u32* masks, float* out, u32 v,
-                                           u32 words, u64 total) {
-    pdl_enter();
+template <typename T>
+__device__ void mask_logits(const T* logits, const u32* rows, const u32* masks, float* out, u32 v, u32 words,
+                            u64 total) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / v;
         const u32 t = (u32)(i % v);
         const bool allowed = (masks[r * words + (t >> 5)] >> (t & 31u)) & 1u;
-        out[i] = allowed ? logits[(u64)rows[r] * v + t] : -MET_INF;
+        out[i] = allowed ? load_f(logits, (u64)rows[r] * v + t) : -MET_INF;
     }
 }
+
+#define MET_MASK_LOGITS(NAME, T)                                                                                 \
+    extern "C" __global__ void NAME(const T* logits, const u32* rows, const u32* masks, float* out, u32 v,        \
+                                    u32 words, u64 total) {                                                      \
+        pdl_enter();                                                                                             \
+        mask_logits(logits, rows, masks, out, v, words, total);                                                  \
+    }
+MET_MASK_LOGITS(mask_logits_f32, float)
+MET_MASK_LOGITS(mask_logits_bf16, bf16_t)

@@ -471,7 +471,8 @@ pub trait GpuBackend: Send + Sync + Debug {
 
     // --- sampling -----------------------------------------------------------------------
 
-    /// Draws one token per row from `logits f32 [rows, vocab]`. Per row, in order: add
+    /// Draws one token per row from `logits [rows, vocab]`, f32 or the backend's float
+    /// type, read as f32. Per row, in order: add
     /// `logit_bias`; apply the repetition (prompt and output), frequency and presence
     /// (output) penalties; ban `banned`; then greedy argmax if `temperature == 0`, else
     /// divide by the temperature, softmax, keep tokens within `min_p` of the best, the
@@ -481,10 +482,11 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// logits.
     ///
     /// # Errors
-    /// For a logits row out of range or non-f32 logits.
+    /// For a logits row out of range or logits of another dtype.
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>>;
 
-    /// Rows `rows u32 [r]` of `logits f32 [n, v]`, each with the tokens its mask does not
+    /// Rows `rows u32 [r]` of `logits [n, v]` (f32, or bf16 where the backend samples bf16),
+    /// each with the tokens its mask does not
     /// allow set to `-inf`: `[r, v]` f32. `masks u32 [r, ceil(v / 32)]` packs one bit per
     /// token, bit `t % 32` of word `t / 32` of row `i` allowing token `t` in result row `i`
     /// (llguidance's and the grammar engines' layout); bits past `v` are ignored. Sampling
@@ -492,7 +494,7 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// of the masked row. The default goes through the host; device backends override it.
     ///
     /// # Errors
-    /// For non-f32 logits, a row index `>= n`, or masks of another shape or dtype.
+    /// For logits of another dtype, a row index `>= n`, or masks of another shape or dtype.
     fn mask_logits(&self, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
         let (n, v) = crate::check::token_masks(logits, rows, masks)?;
         let (rows, masks) = (self.download_u32(rows)?, self.download_u32(masks)?);

@@ -127,11 +127,14 @@ pub(crate) fn moe(x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor
     Ok(Moe { t, h, e, i, k })
 }
 
-/// Checks the operands of `mask_logits`: `logits f32 [n, v]`, `rows u32 [r]`, `masks u32
-/// [r, ceil(v / 32)]`. Returns `(n, v)`.
+/// Checks the operands of `mask_logits`: `logits f32 or bf16 [n, v]`, `rows u32 [r]`,
+/// `masks u32 [r, ceil(v / 32)]`. Returns `(n, v)`.
 pub(crate) fn token_masks(logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<(usize, usize)> {
     const OP: &str = "mask_logits";
-    for (t, dtype) in [(logits, DType::F32), (rows, DType::U32), (masks, DType::U32)] {
+    if !matches!(logits.dtype(), DType::F32 | DType::BF16) {
+        return Err(Error::DType { op: OP, expected: DType::F32, got: logits.dtype() });
+    }
+    for (t, dtype) in [(rows, DType::U32), (masks, DType::U32)] {
         if t.dtype() != dtype {
             return Err(Error::DType { op: OP, expected: dtype, got: t.dtype() });
         }

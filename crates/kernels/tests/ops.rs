@@ -130,4 +130,10 @@ mod cuda_only {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::dense::matmul_rows_do_not_depend_on_the_batch(&backend)
     }
+
+    #[test]
+    fn bf16_logits_sample_as_their_f32_values() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::sampling::bf16_logits_sample_as_their_f32_values(&backend)
+    }
 }

@@ -97,7 +97,7 @@ struct DecodeGraph {
     /// Every input the recording reads (the graph holds their addresses, so they live as
     /// long as it does); block tables are `u32 [size, max_blocks]`.
     step: DeviceStep,
-    /// `f32 [size, vocab]`, written by the replay.
+    /// `[size, vocab]` in the model's logits dtype, written by the replay.
     logits: Tensor,
     graph: Box<dyn Graph>,
 }
@@ -215,9 +215,10 @@ fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vo
         logit_rows: None,
         logit_order: model.logit_order(size)?,
     };
-    let logits = b.zeros(&[size, vocab], DType::F32)?;
     // One eager run first, so every kernel and library handle is loaded before recording.
-    b.copy_into(&model.run(&step, kv)?, &logits)?;
+    let eager = model.run(&step, kv)?;
+    let logits = b.zeros(&[size, vocab], eager.dtype())?;
+    b.copy_into(&eager, &logits)?;
     b.synchronize()?;
     let graph = b.capture(&mut || b.copy_into(&model.run(&step, kv).map_err(into_kernels)?, &logits))?;
     Ok(DecodeGraph { size, step, logits, graph })

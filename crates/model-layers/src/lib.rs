@@ -57,8 +57,10 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// A decoder-only language model.
 pub trait Model: Send + Sync {
-    /// Runs the batch: writes its K/V into `kv` at the batch's slots and returns f32
-    /// logits `[batch.logit_rows.len(), vocab]`, one row per requested row, in order.
+    /// Runs the batch: writes its K/V into `kv` at the batch's slots and returns logits
+    /// `[batch.logit_rows.len(), vocab]`, one row per requested row, in order: in the
+    /// backend's float type (bf16 on CUDA, f32 on the CPU), or f32 where a final soft-cap
+    /// applies. [`GpuBackend::sample`](met_kernels::GpuBackend::sample) reads either.
     ///
     /// # Errors
     /// [`ModelError::Batch`] for a malformed batch; device errors otherwise.
@@ -109,7 +111,7 @@ pub trait EarlyExit: Send + Sync {
     fn num_layers(&self) -> usize;
 
     /// Runs `batch` through the first `layers` layers only, then the final norm and head:
-    /// writes those layers' K/V into `kv` at the batch's slots and returns f32 logits as
+    /// writes those layers' K/V into `kv` at the batch's slots and returns logits as
     /// [`Model::forward`] does. Always eager (no captured graph).
     ///
     /// # Errors

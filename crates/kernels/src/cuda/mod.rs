@@ -1,4 +1,5 @@
-//! `CudaBackend`: bf16 storage, f32 accumulation, f32 logits, on one NVIDIA GPU.
+//! `CudaBackend`: bf16 storage, f32 accumulation, bf16 logits sampled in f32, on one NVIDIA
+//! GPU.
 //!
 //! Built on cudarc with the driver, NVRTC and cuBLAS loaded at run time, so building needs
 //! no CUDA toolkit and a binary built without a GPU runs wherever CUDA is installed.
@@ -102,10 +103,13 @@ const KERNELS: &[&str] = &[
     "moe_gemm_bf16_m32",
     "moe_gemm_bf16_m64",
     "moe_gemm_bf16_m16_unaligned",
-    "sample_rows",
-    "argmax_parts",
+    "sample_rows_f32",
+    "sample_rows_bf16",
+    "argmax_parts_f32",
+    "argmax_parts_bf16",
     "argmax_merge",
     "mask_logits_f32",
+    "mask_logits_bf16",
 ];
 
 /// Device memory of one CUDA tensor.

@@ -1,6 +1,8 @@
 //! Host side of sampling on the GPU: validate every row as the CPU does, describe each row
 //! and its penalised tokens in small arrays, run `sample_rows` (one block per row, see
-//! `cuda/sample.cu`), and download only the drawn tokens and logprobs.
+//! `cuda/sample.cu`), and download only the drawn tokens and logprobs. Logits are f32 or
+//! bf16 (the model's head writes bf16 unless a soft-cap asks for f32); the kernels read
+//! either as f32, so a row's result does not depend on which.
 //!
 //! The penalty lists are built here from the request's token lists (uploaded per call):
 //! each token that a bias, the repetition penalty, the frequency/presence penalties or a
@@ -126,10 +128,22 @@ fn touches(row: &SampleRow<'_>) -> BTreeMap<u32, Touch> {
     touched
 }
 
+/// The kernel `name` for logits of `dtype` (`name_f32` or `name_bf16`), or the error of
+/// op `op` for another dtype.
+fn for_logits(op: &'static str, name: &str, dtype: DType) -> Result<&'static str> {
+    Ok(match (name, dtype) {
+        ("sample_rows", DType::F32) => "sample_rows_f32",
+        ("sample_rows", DType::BF16) => "sample_rows_bf16",
+        ("argmax_parts", DType::F32) => "argmax_parts_f32",
+        ("argmax_parts", DType::BF16) => "argmax_parts_bf16",
+        ("mask_logits", DType::F32) => "mask_logits_f32",
+        ("mask_logits", DType::BF16) => "mask_logits_bf16",
+        _ => return Err(Error::DType { op, expected: DType::F32, got: dtype }),
+    })
+}
+
 pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
-    if logits.dtype() != DType::F32 {
-        return Err(Error::DType { op: OP, expected: DType::F32, got: logits.dtype() });
-    }
+    for_logits(OP, "sample_rows", logits.dtype())?;
     let d = logits.dims();
     ensure(d.len() == 2, OP, || format!("logits {d:?} are not [rows, vocab]"))?;
     let (n, vocab) = (d[0], d[1]);
@@ -190,7 +204,8 @@ pub(super) fn mask_logits(b: &CudaBackend, logits: &Tensor, rows: &Tensor, masks
     let total = ids.len() * v;
     if total > 0 {
         let (x, r, m, o) = (ptr(MASK, logits)?, ptr(MASK, rows)?, ptr(MASK, masks)?, ptr(MASK, &out)?);
-        launch!(b, "mask_logits_f32", elementwise(total), [x, r, m, o, v as u32, v.div_ceil(32) as u32, total as u64])?;
+        let kernel = for_logits(MASK, "mask_logits", logits.dtype())?;
+        launch!(b, kernel, elementwise(total), [x, r, m, o, v as u32, v.div_ceil(32) as u32, total as u64])?;
     }
     Ok(out)
 }
@@ -224,7 +239,8 @@ fn argmax(b: &CudaBackend, logits: &Tensor, vocab: usize, rows: &[SampleRow<'_>]
         block_dim: (ARGMAX_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(b, "argmax_parts", cfg, [ptr(OP, logits)?, vocab as u32, ptr(OP, &rows_t)?, parts.0, parts.1])?;
+    let kernel = for_logits(OP, "argmax_parts", logits.dtype())?;
+    launch!(b, kernel, cfg, [ptr(OP, logits)?, vocab as u32, ptr(OP, &rows_t)?, parts.0, parts.1])?;
     let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
     launch!(b, "argmax_merge", cfg, [parts.0, parts.1, ptr(OP, &tokens)?])?;
     crate::GpuBackend::download_u32(b, &tokens)
@@ -249,7 +265,7 @@ fn run(b: &CudaBackend, logits: &Tensor, vocab: usize, plan: &Plan, n: usize) ->
     let outputs = (ptr(OP, &scratch)?, ptr(OP, &tokens)?, ptr(OP, &logprobs)?, ptr(OP, &top_ids)?, ptr(OP, &top_vals)?);
     launch!(
         b,
-        "sample_rows",
+        for_logits(OP, "sample_rows", logits.dtype())?,
         cfg,
         [inputs.0, inputs.1, inputs.2, inputs.3, inputs.4, outputs.0, outputs.1, outputs.2, outputs.3, outputs.4]
     )?;

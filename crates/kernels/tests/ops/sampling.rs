@@ -690,3 +690,54 @@ pub fn mask_logits_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.sample(&none, &[Req::new(SamplingParams::greedy()).row(0, 0, 0)]), "every token masked");
     Ok(())
 }
+
+/// `x` rounded to the nearest bf16 value (ties to even), as f32.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn bf16_value(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+/// bf16 logits (what the CUDA head writes) sample as their f32 values: the same tokens,
+/// logprobs and top logprobs, bit for bit, and the same masked rows, for the argmax split
+/// over blocks (a 128,256-token vocabulary, rows 16-byte aligned, the winner in the last
+/// element of one row, a tie across a part boundary in another), odd vocabularies whose rows
+/// start unaligned, and the block-per-row path (penalties, draws, logprobs). CUDA only: the
+/// CPU backend's logits are f32.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn bf16_logits_sample_as_their_f32_values(b: &dyn GpuBackend) -> Result<()> {
+    let greedy = Req::new(SamplingParams::greedy());
+    let mut penalised = Req::new(SamplingParams { repetition_penalty: 1.3, ..SamplingParams::greedy() });
+    penalised.output = vec![1, 2, 3];
+    let warm = Req::new(SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.9, ..Default::default() });
+    let logprobs = Req::new(SamplingParams { logprobs: Some(5), ..SamplingParams::greedy() });
+    for (vocab, seed) in [(128_256usize, 90u64), (1001, 91), (5, 92)] {
+        let rows = 4;
+        let mut raw: Vec<f32> =
+            random_logits(&mut Rng::new(seed), rows * vocab, 3.0).into_iter().map(bf16_value).collect();
+        raw[vocab - 1] = 8.0;
+        if vocab > 2 {
+            // Equal maxima on either side of a boundary: the lower id must win.
+            let (lo, hi) = (vocab / 2 - 1, vocab / 2 + 1);
+            raw[vocab + lo] = 7.5;
+            raw[vocab + hi] = 7.5;
+        }
+        let f32_t = upload_logits(b, &raw, rows)?;
+        let bf16_t = b.upload(&HostTensor::from_f32(&raw, &[rows, vocab]), DType::BF16)?;
+        assert_eq!(bf16_t.dtype(), DType::BF16);
+        for (name, req) in [("greedy", &greedy), ("penalised", &penalised), ("warm", &warm), ("logprobs", &logprobs)] {
+            let batch: Vec<SampleRow<'_>> = (0..rows).map(|r| req.row(r, 5 + r as u64, 3)).collect();
+            let want = b.sample(&f32_t, &batch)?;
+            let got = b.sample(&bf16_t, &batch)?;
+            assert_eq!(got, want, "vocab {vocab}, {name}");
+        }
+        assert_eq!(b.sample(&bf16_t, &[greedy.row(0, 0, 0)])?[0].token as usize, vocab - 1);
+        let words = vocab.div_ceil(32);
+        let masks: Vec<u32> = (0..2 * words).map(|i| 0x9249_2492u32.rotate_left(i as u32) | 1).collect();
+        let (sel, masks_t) = (upload_u32(b, &[3, 1], &[2])?, upload_u32(b, &masks, &[2, words])?);
+        let want = b.download_f32(&b.mask_logits(&f32_t, &sel, &masks_t)?)?;
+        let got = b.download_f32(&b.mask_logits(&bf16_t, &sel, &masks_t)?)?;
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "vocab {vocab}: masked rows");
+    }
+    Ok(())
+}
