@@ -1,16 +1,18 @@
 //! Paged attention on the CPU: the reference for every device implementation.
 //!
-//! One task per (query token, head) walks its visible keys once with an online softmax,
-//! so no score matrix is materialised. Keys are found through the block table:
+//! One task per (query token, KV head) walks its visible keys once for the group's query
+//! heads with an online softmax over short runs of keys, so no score matrix is
+//! materialised. Keys are found through the block table:
 //! position `j` of sequence `s` lives in block `tables[s][j / block_size]` at offset
 //! `j % block_size`.
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use crate::Tensor;
 use crate::backend::{AttentionMeta, AttentionParams};
 use crate::error::{Error, Result, ensure};
 
+use super::pool::SpinPool;
 use super::{f32_tensor, read_f32, read_u32, write_f32};
 
 pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
@@ -29,9 +31,12 @@ pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tenso
 }
 
 /// Key elements seen by a step (keys × heads × head dim, summed over its rows) below which
-/// it is computed on the calling thread: half a million multiply-adds, about the cost of
-/// handing the job to rayon's workers and waiting for them.
-const SERIAL_KEY_ELEMS: usize = 1 << 19;
+/// it is computed on the calling thread: too little work to be worth handing out.
+const SERIAL_KEY_ELEMS: usize = 1 << 14;
+
+/// Keys scored together: each head's running maximum and sum are updated once per run of
+/// this many keys, and their weights are exponentiated as one slice.
+const KEY_RUN: usize = 16;
 
 /// Per-query facts shared by the heads of one token.
 #[derive(Clone, Copy)]
@@ -60,46 +65,114 @@ pub(super) fn paged_attention(
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
     let visible: usize = rows.iter().map(|r| r.pos + 1).sum::<usize>() * h * d;
-    let each = |(i, o): (usize, &mut [f32])| {
-        let (row, head) = (rows[i / h], i % h);
-        let kv_head = head / group;
+    // One task per (query row, KV head): the group's query heads (consecutive in `q` and
+    // `out`) walk the row's keys together, so each key and value is read once for them.
+    let task = |i: usize, o: &mut [f32]| {
+        let (row, kv_head) = (rows[i / hkv], i % hkv);
         let table = &tables[row.seq * max_blocks..(row.seq + 1) * max_blocks];
         let first = p.sliding_window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
-        let query = &qs[i * d..(i + 1) * d];
+        let queries = &qs[i * group * d..(i + 1) * group * d];
         let key_at = |j: usize| {
             let slot = table[j / block_size] as usize * block_size + j % block_size;
             (slot * hkv + kv_head) * d
         };
-        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-        for j in first..=row.pos {
-            let at = key_at(j);
-            let mut score = p.scale * dot(query, &ks[at..at + d]);
-            if let Some(cap) = p.softcap {
-                score = cap * (score / cap).tanh();
-            }
-            if score > max {
-                let rescale = (max - score).exp();
-                sum *= rescale;
-                o.iter_mut().for_each(|x| *x *= rescale);
-                max = score;
-            }
-            let w = (score - max).exp();
-            sum += w;
-            for (x, v) in o.iter_mut().zip(&vs[at..at + d]) {
-                *x += w * v;
-            }
-        }
-        let inv = 1.0 / sum;
-        o.iter_mut().for_each(|x| *x *= inv);
+        attend_group(queries, o, (first, row.pos + 1), &key_at, (&ks, &vs), p);
     };
-    // A step whose rows see few keys in all (a decode step of a few short sequences) runs
-    // on this thread, for the reason `ops::for_each_row` gives; larger ones on rayon.
-    if visible < SERIAL_KEY_ELEMS {
-        out.chunks_mut(d).enumerate().for_each(each);
+    // A step whose rows see few keys in all runs on this thread; larger ones share the
+    // tasks out over the spinning pool (a decode step's attention is one of its serial
+    // parts otherwise, with the pool's other threads waiting).
+    let slices = out.chunks_mut(group * d);
+    if visible < SERIAL_KEY_ELEMS || t * hkv < 2 {
+        slices.enumerate().for_each(|(i, o)| task(i, o));
     } else {
-        out.par_chunks_mut(d).enumerate().for_each(each);
+        let slots: Vec<Mutex<&mut [f32]>> = slices.map(Mutex::new).collect();
+        SpinPool::global().run(slots.len(), &|i| {
+            let mut o = slots[i].lock().unwrap_or_else(|e| e.into_inner());
+            task(i, &mut o);
+        });
     }
     Ok(f32_tensor(out, &[t, h, d]))
+}
+
+/// Attention of the query heads `queries [g, d]` over keys `keys.0 .. keys.1` (found by
+/// `key_at` in the pools `kv`) into `out [g, d]`, with an online softmax over runs of
+/// [`KEY_RUN`] keys: scores of a run for every head, then each head's maximum, the
+/// rescale of its sum and output, and the run's weights.
+fn attend_group(
+    queries: &[f32],
+    out: &mut [f32],
+    keys: (usize, usize),
+    key_at: &dyn Fn(usize) -> usize,
+    (ks, vs): (&[f32], &[f32]),
+    p: &AttentionParams,
+) {
+    let d = p.head_dim;
+    let g = queries.len() / d.max(1);
+    let mut max = vec![f32::NEG_INFINITY; g];
+    let mut sum = vec![0f32; g];
+    let mut w = vec![0f32; g * KEY_RUN];
+    let mut at = [0usize; KEY_RUN];
+    let mut start = keys.0;
+    while start < keys.1 {
+        let n = KEY_RUN.min(keys.1 - start);
+        for (j, a) in at[..n].iter_mut().enumerate() {
+            *a = key_at(start + j);
+        }
+        for head in 0..g {
+            let query = &queries[head * d..(head + 1) * d];
+            let scores = &mut w[head * KEY_RUN..head * KEY_RUN + n];
+            for (s, &a) in scores.iter_mut().zip(&at[..n]) {
+                let x = p.scale * dot(query, &ks[a..a + d]);
+                *s = p.softcap.map_or(x, |cap| cap * (x / cap).tanh());
+            }
+            let run_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let o = &mut out[head * d..(head + 1) * d];
+            if run_max > max[head] {
+                if max[head] > f32::NEG_INFINITY {
+                    let rescale = (max[head] - run_max).exp();
+                    sum[head] *= rescale;
+                    o.iter_mut().for_each(|x| *x *= rescale);
+                }
+                max[head] = run_max;
+            }
+            scores.iter_mut().for_each(|s| *s -= max[head]);
+            exp_in_place(scores);
+            sum[head] += scores.iter().sum::<f32>();
+            for (&weight, &a) in scores.iter().zip(&at[..n]) {
+                for (x, v) in o.iter_mut().zip(&vs[a..a + d]) {
+                    *x += weight * v;
+                }
+            }
+        }
+        start += n;
+    }
+    for (o, s) in out.chunks_mut(d.max(1)).zip(&sum) {
+        let inv = 1.0 / s;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// `e^x` for every `x <= 0` of `xs` (softmax weights after the maximum is subtracted),
+/// within 2 ulp, in plain arithmetic the compiler vectorises: `x = n ln 2 + r` with `n` an
+/// integer and `|r| <= ln 2 / 2`, `e^r` by its Taylor polynomial to degree 7, scaled by `2^n`
+/// through the exponent bits. Arguments below -87 give 0.
+fn exp_in_place(xs: &mut [f32]) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding 1.5 · 2^23 rounds to an integer in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    for x in xs.iter_mut() {
+        let v = x.max(-87.0);
+        let t = v * LOG2E + ROUND;
+        let n = t - ROUND;
+        let r = (v - n * LN2_HI) - n * LN2_LO;
+        let poly = 1.0
+            + r * (1.0
+                + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+        let scale = f32::from_bits(((t.to_bits() as i32 - ROUND.to_bits() as i32 + 127) << 23) as u32);
+        *x = if *x < -87.0 { 0.0 } else { poly * scale };
+    }
 }
 
 /// The varlen metadata of a step, read on the host.
@@ -158,4 +231,26 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_in_place;
+
+    /// The softmax weights' exponential is within 2 ulp of libm's over every argument a
+    /// weight takes (scores minus their maximum: 0 down to -87), and 0 below.
+    #[test]
+    fn exp_in_place_matches_libm_within_two_ulp() {
+        let xs: Vec<f32> = (0..=2_000_000).map(|i| -87.0 * i as f32 / 2_000_000.0).collect();
+        let mut got = xs.clone();
+        exp_in_place(&mut got);
+        for (&x, &g) in xs.iter().zip(&got) {
+            let want = x.exp();
+            let ulp = f32::from_bits(want.to_bits() + 1) - want;
+            assert!((g - want).abs() <= 2.0 * ulp, "e^{x}: {g} against {want}");
+        }
+        let mut low = [-87.5f32, -100.0, -1e30, f32::NEG_INFINITY];
+        exp_in_place(&mut low);
+        assert_eq!(low, [0.0; 4]);
+    }
 }
