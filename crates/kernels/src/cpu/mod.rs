@@ -4,8 +4,10 @@
 //! block-quantised weights stay in their blocks and matmuls read them directly
 //! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
 //! through the `gemm` crate, everything else is a loop over rows: on rayon's workers when
-//! the output is large, on the calling thread when it is small (a decode step's norms,
-//! activations and attention; `ops::for_each_row` says why). Storage sits
+//! the output is large, on the calling thread when it is small (a decode step's norms and
+//! activations; `ops::for_each_row` says why). Attention takes one task per (query row,
+//! KV head), its group's heads together, shared over the spinning pool unless the step
+//! sees only a few thousand key elements (`attention.rs`). Storage sits
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
