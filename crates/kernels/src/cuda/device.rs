@@ -331,17 +331,22 @@ impl Device {
             None => src.as_ptr().cast(),
         };
         let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
             srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
             srcHost: host.cast(),
+            srcDevice: 0,
+            srcArray: std::ptr::null_mut(),
             srcPitch: width * elem,
+            dstXInBytes: 0,
+            dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
             dstDevice: dst.ptr,
+            dstArray: std::ptr::null_mut(),
             dstPitch: pitch * elem,
             WidthInBytes: width * elem,
             Height: rows,
-            // SAFETY: the remaining fields (offsets, arrays) are plain data for which zero
-            // means unused.
-            ..unsafe { std::mem::zeroed() }
         };
         // SAFETY: the source holds `rows` rows of `width * elem` bytes (pinned staging, kept
         // until the stream is synchronised, or `src`, which the call stages before it
