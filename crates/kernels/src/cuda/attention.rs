@@ -518,9 +518,10 @@ fn decode_kernel(group_bucket: usize, seqs: usize) -> &'static str {
 /// GPU; up to 64, 2; beyond, 1: the (sequence, KV head) pairs of a large batch fill the GPU
 /// by themselves, and its blocks should not be mostly empty ones (with one block per
 /// split, 256 sequences of short contexts queued 32k blocks, 15 of 16 with nothing to do,
-/// and the launch took as long as the block scheduler needed for them). An eager step lowers it to the most splits any of its sequences needs; a graph
-/// recording keeps the class's figure, as its replays see other contexts. Which block
-/// computes a split changes no result.
+/// and the launch took as long as the block scheduler needed for them). An eager step
+/// lowers it to the most splits any of its sequences needs; a graph recording keeps the
+/// class's figure, as its replays see other contexts. Which block computes a split changes
+/// no result.
 fn decode_grid_z(lens: &[u32], args: AttnArgs, recording: bool) -> u32 {
     let class = match lens.len() {
         0..=32 => DEC_SPLITS as u32,
