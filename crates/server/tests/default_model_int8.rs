@@ -22,10 +22,15 @@ use serde_json::Value;
 /// 0.605 with AVX2 (`MET_CPU_SIMD=avx2`), 0.466 with the scalar ones (each level leaves the
 /// exact path at other steps, so it measures other steps); the top-1 minus top-2 margin
 /// itself moved by 0.34 at most and 0.18 at the median step. Every divergence then was at
-/// a step whose exact margin was at most 0.088 (seven of nine prompts diverge with the
-/// AVX-512 and AVX2 kernels, six with the scalar ones, at steps 0 to 24). The bound leaves
-/// 20 % headroom over the largest measurement.
-const NOISE: f64 = 0.75;
+/// a step whose exact margin was at most 0.088.
+///
+/// The largest move is chaotic in the model's other numerics: on an Intel Xeon (AVX-512
+/// VNNI, 2026-12-02) it was 0.547 with the per-key CPU attention, 0.711 with the grouped
+/// attention of `69b17e4` and libm's `expf`, and 1.020 with that attention's own
+/// exponential (within 2 ulp of libm's), all at late steps of the `code` case, which none
+/// of them left the exact path on; the other cases stayed under 0.54. Divergences were at
+/// margins of at most 0.20. The bound leaves 20 % headroom over the largest measurement.
+const NOISE: f64 = 1.25;
 
 fn reference() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/reference.json");
