@@ -8,7 +8,7 @@
 //! step the continuations legitimately differ. The test measures the movement (the
 //! largest change of any difference between two top-5 logits while the contexts still
 //! agree), requires it to stay under [`NOISE`], and allows a divergence only at a step
-//! whose margin is inside it. Skipped with a note when the model is not installed, like
+//! whose margin is under [`DIVERGENCE_MARGIN`]. Skipped with a note when the model is not installed, like
 //! `default_model.rs`.
 
 use std::collections::HashMap;
@@ -28,9 +28,15 @@ use serde_json::Value;
 /// VNNI, 2026-12-02) it was 0.547 with the per-key CPU attention, 0.711 with the grouped
 /// attention of `69b17e4` and libm's `expf`, and 1.020 with that attention's own
 /// exponential (within 2 ulp of libm's), all at late steps of the `code` case, which none
-/// of them left the exact path on; the other cases stayed under 0.54. Divergences were at
-/// margins of at most 0.20. The bound leaves 20 % headroom over the largest measurement.
+/// of them left the exact path on; the other cases stayed under 0.54. The bound leaves
+/// 20 % headroom over the largest measurement.
 const NOISE: f64 = 1.25;
+
+/// Bound on the exact top-1 minus top-2 margin of a step where int8 leaves the exact path
+/// (or transformers'). The measurements above found every divergence at a margin of at
+/// most 0.20 (`multi_turn`, step 2; most at 0.09 or less); the bound is the one the test
+/// held before its noise bound was restated.
+const DIVERGENCE_MARGIN: f64 = 0.75;
 
 fn reference() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/reference.json");
@@ -103,14 +109,17 @@ fn int8_dots_agree_with_exact_and_transformers_within_the_measured_noise() {
         if let Some(s) = divergence(&eg, &ig) {
             let m = margin(e, i, s);
             println!("{name}: int8 leaves the exact path at step {s}, exact margin {m:.4}");
-            assert!(m <= NOISE, "{name}: int8 differs from exact at step {s}, whose margin {m} is above {NOISE}");
+            assert!(
+                m <= DIVERGENCE_MARGIN,
+                "{name}: int8 differs from exact at step {s}, whose margin {m} is above {DIVERGENCE_MARGIN}"
+            );
         }
         if let Some(s) = divergence(&hf, &ig) {
             let m = case["step_margins"][s].as_f64().unwrap_or(0.0);
             println!("{name}: int8 leaves transformers at step {s}, transformers margin {m:.4}");
             assert!(
-                m <= NOISE,
-                "{name}: int8 differs from transformers at step {s}, whose margin {m} is above {NOISE}"
+                m <= DIVERGENCE_MARGIN,
+                "{name}: int8 differs from transformers at step {s}, whose margin {m} is above {DIVERGENCE_MARGIN}"
             );
         }
     }
