@@ -206,8 +206,10 @@ impl Server {
         let mut cmd = Command::new(met);
         // Qwen3's reasoning parser only reads answers that open with `<think>`, which the
         // default model never writes unless a test's grammar makes it.
+        // Exact CPU dots: the suites compare answers with transformers' text, which the
+        // default int8 dots may leave at near-tied steps (`default_model_int8.rs`).
         cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--api-key", key])
-            .args(["--reasoning-parser", "qwen3"])
+            .args(["--reasoning-parser", "qwen3", "--cpu-dots", "exact"])
             .env("MET_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("MET_API_KEY")

@@ -1,5 +1,5 @@
 //! The default model's greedy output with integer CPU dots (`--cpu-dots int8`, the
-//! opt-in fast path) against the exact path and against transformers, on the reference
+//! default) against the exact path and against transformers, on the reference
 //! prompts of `tests/fixtures/smollm2/reference.json` (made by
 //! `scripts/smollm2_reference.py`).
 //!
