@@ -221,6 +221,18 @@ fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) ->
     let chunks = (pool.parts() * RUNS_PER_THREAD).min(n.div_ceil(MIN_RUN)).max(1);
     let per = n.div_ceil(chunks).max(1);
     let run_of = |chunk: usize| (chunk * per).min(n)..((chunk + 1) * per).min(n);
+    if m == 1 {
+        // One activation row: each run's results are a contiguous slice of the output, so
+        // they are written in place.
+        let mut out = vec![0f32; n];
+        let slices: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
+        pool.run(slices.len(), &|chunk| {
+            let mut o = slices[chunk].lock().unwrap_or_else(|e| e.into_inner());
+            dot(run_of(chunk), &mut o);
+        });
+        drop(slices);
+        return out;
+    }
     let slots: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(Vec::new())).collect();
     pool.run(chunks, &|chunk| {
         let run = run_of(chunk);
