@@ -6,8 +6,6 @@
 //! position `j` of sequence `s` lives in block `tables[s][j / block_size]` at offset
 //! `j % block_size`.
 
-use std::sync::Mutex;
-
 use crate::Tensor;
 use crate::backend::{AttentionMeta, AttentionParams};
 use crate::error::{Error, Result, ensure};
@@ -81,15 +79,10 @@ pub(super) fn paged_attention(
     // A step whose rows see few keys in all runs on this thread; larger ones share the
     // tasks out over the spinning pool (a decode step's attention is one of its serial
     // parts otherwise, with the pool's other threads waiting).
-    let slices = out.chunks_mut(group * d);
     if visible < SERIAL_KEY_ELEMS || t * hkv < 2 {
-        slices.enumerate().for_each(|(i, o)| task(i, o));
+        out.chunks_mut(group * d).enumerate().for_each(|(i, o)| task(i, o));
     } else {
-        let slots: Vec<Mutex<&mut [f32]>> = slices.map(Mutex::new).collect();
-        SpinPool::global().run(slots.len(), &|i| {
-            let mut o = slots[i].lock().unwrap_or_else(|e| e.into_inner());
-            task(i, &mut o);
-        });
+        SpinPool::global().run_pieces(&mut out, group * d, &task);
     }
     Ok(f32_tensor(out, &[t, h, d]))
 }
@@ -143,7 +136,7 @@ fn attend_group_body(
     let g = queries.len() / d.max(1);
     let mut max = vec![f32::NEG_INFINITY; g];
     let mut sum = vec![0f32; g];
-    let mut w = vec![0f32; g * KEY_RUN];
+    let mut run = [0f32; KEY_RUN];
     let mut at = [0usize; KEY_RUN];
     let mut start = keys.0;
     while start < keys.1 {
@@ -153,7 +146,7 @@ fn attend_group_body(
         }
         for head in 0..g {
             let query = &queries[head * d..(head + 1) * d];
-            let scores = &mut w[head * KEY_RUN..head * KEY_RUN + n];
+            let scores = &mut run[..n];
             for (s, &a) in scores.iter_mut().zip(&at[..n]) {
                 let x = p.scale * dot(query, &ks[a..a + d]);
                 *s = p.softcap.map_or(x, |cap| cap * (x / cap).tanh());

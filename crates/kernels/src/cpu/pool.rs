@@ -143,6 +143,13 @@ impl SpinPool {
         s.open.store(false, Ordering::SeqCst);
         wait_while(|| s.active.load(Ordering::SeqCst) > 0);
     }
+
+    /// Runs `f(i, piece)` for every piece `i` of `out` cut into runs of `len` (the last one
+    /// shorter), spread over the pool as [`Self::run`] does: each call writes its own piece.
+    pub(crate) fn run_pieces(&self, out: &mut [f32], len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let pieces: Vec<Mutex<&mut [f32]>> = out.chunks_mut(len.max(1)).map(Mutex::new).collect();
+        self.run(pieces.len(), &|i| f(i, &mut pieces[i].lock().unwrap_or_else(|e| e.into_inner())));
+    }
 }
 
 fn work(s: &Shared) {

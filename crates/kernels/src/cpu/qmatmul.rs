@@ -225,12 +225,7 @@ fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) ->
         // One activation row: each run's results are a contiguous slice of the output, so
         // they are written in place.
         let mut out = vec![0f32; n];
-        let slices: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
-        pool.run(slices.len(), &|chunk| {
-            let mut o = slices[chunk].lock().unwrap_or_else(|e| e.into_inner());
-            dot(run_of(chunk), &mut o);
-        });
-        drop(slices);
+        pool.run_pieces(&mut out, per, &|chunk, o| dot(run_of(chunk), o));
         return out;
     }
     let slots: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(Vec::new())).collect();
