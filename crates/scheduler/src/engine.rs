@@ -38,6 +38,7 @@ pub struct Engine {
     health: Arc<Health>,
     arrivals: u64,
     next_id: u64,
+    last_step: StepStats,
 }
 
 /// An engine-level fault, once one happened: shared by the engine and its handles.
@@ -97,7 +98,17 @@ impl Engine {
         metrics.set_kv_capacity(kv.num_blocks());
         let scheduler = Scheduler::new(config, model.max_context(), policy, Arc::clone(&metrics));
         let health = Arc::new(Health::default());
-        Ok(Self { model, backend, kv, scheduler, metrics, health, arrivals: 0, next_id: 0 })
+        Ok(Self {
+            model,
+            backend,
+            kv,
+            scheduler,
+            metrics,
+            health,
+            arrivals: 0,
+            next_id: 0,
+            last_step: StepStats::default(),
+        })
     }
 
     /// This engine, verifying the proposals of `speculative`'s proposer for every decoding
@@ -204,14 +215,24 @@ impl Engine {
         self.scheduler.reap();
         let mut counts = StepStats::default();
         let plan = self.scheduler.schedule(&*self.kv, &*self.model, &mut counts);
+        counts.phases.schedule = start.elapsed();
         if !plan.entries.is_empty() {
-            match self.run(&plan) {
-                Ok(results) => self.scheduler.postprocess(&plan, results, &*self.kv, &mut counts),
+            match self.run(&plan, &mut counts) {
+                Ok(results) => {
+                    let begun = Instant::now();
+                    self.scheduler.postprocess(&plan, results, &*self.kv, &mut counts);
+                    counts.phases.postprocess = begun.elapsed();
+                }
                 Err(fault) => self.fail(&fault.to_string()),
             }
         }
         self.scheduler.recycle(plan);
         self.record(counts, start);
+    }
+
+    /// What the last step did and where its time went.
+    pub fn last_step(&self) -> &StepStats {
+        &self.last_step
     }
 
     /// The engine-level fault (a device error, a panic inside a step) that ended every
@@ -232,9 +253,17 @@ impl Engine {
 
     /// Forwards and samples `plan`: one result per entry. When the batch fails, each
     /// sequence runs alone to find the ones that fail; only a device error is `Err`.
-    fn run(&mut self, plan: &Plan) -> Result<Vec<EntryResult>, EngineError> {
-        let batch_error = match self.forward_and_mask(plan) {
-            Ok(logits) => return self.sample(&logits, &plan.entries),
+    fn run(&mut self, plan: &Plan, counts: &mut StepStats) -> Result<Vec<EntryResult>, EngineError> {
+        let begun = Instant::now();
+        let forward = self.forward_and_mask(plan);
+        counts.phases.forward = begun.elapsed();
+        let batch_error = match forward {
+            Ok(logits) => {
+                let begun = Instant::now();
+                let results = self.sample(&logits, &plan.entries);
+                counts.phases.sample = begun.elapsed();
+                return results;
+            }
             Err(e) => EngineError::from(e),
         };
         blame(batch_error)?;
@@ -316,12 +345,13 @@ impl Engine {
         Ok(results.collect())
     }
 
-    fn record(&self, mut stats: StepStats, start: Instant) {
+    fn record(&mut self, mut stats: StepStats, start: Instant) {
         stats.duration = start.elapsed();
         stats.waiting = self.scheduler.num_waiting();
         stats.running = self.scheduler.num_running();
         stats.kv_blocks_used = self.kv.num_blocks() - self.kv.num_free_blocks();
         self.metrics.step(&stats);
+        self.last_step = stats;
     }
 
     /// Distinct KV blocks held by running sequences.

@@ -219,3 +219,20 @@ fn the_threaded_handle_serves_concurrent_clients() {
     std::thread::spawn(move || tx.send(thread.join().is_ok()).unwrap());
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(true), "the engine thread ends with its handles");
 }
+
+#[test]
+fn a_step_reports_where_its_time_went() {
+    let (mut engine, _) = Setup::new(64).engine();
+    let _stream = engine.submit(greedy(vec![1, 2, 3], 4)).unwrap();
+    engine.step();
+    let last = *engine.last_step();
+    let p = last.phases;
+    // The step ran every phase; together they fit in its wall time.
+    assert_eq!(last.generated_tokens, 1);
+    assert!(p.forward > Duration::ZERO && p.sample > Duration::ZERO && p.postprocess > Duration::ZERO, "{p:?}");
+    assert!(p.schedule + p.forward + p.sample + p.postprocess <= last.duration, "{p:?} in {:?}", last.duration);
+    // A step with nothing to run spends nothing on the model.
+    let (mut idle, _) = Setup::new(64).engine();
+    idle.step();
+    assert_eq!(idle.last_step().phases.forward, Duration::ZERO);
+}

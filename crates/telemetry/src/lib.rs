@@ -8,7 +8,7 @@
 pub mod metrics;
 mod phase;
 
-pub use metrics::{FinishLabel, Metrics, RequestStats, StepStats};
+pub use metrics::{FinishLabel, Metrics, RequestStats, StepPhases, StepStats};
 pub use phase::{Phase, PhaseTimer};
 
 /// Installs the global tracing subscriber (stderr, `MET_LOG` filter). Safe to call twice:

@@ -182,6 +182,23 @@ pub struct StepStats {
     pub running: usize,
     /// KV blocks in use once the step is done.
     pub kv_blocks_used: usize,
+    /// Where the step's wall time went, on the engine thread.
+    pub phases: StepPhases,
+}
+
+/// The engine thread's wall time in each phase of a step. The forward pass's time is its
+/// host work (a device backend only queues its kernels); the sampler's includes waiting
+/// for the device to finish the step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepPhases {
+    /// Choosing the batch.
+    pub schedule: Duration,
+    /// The forward pass (and the logit masks of constrained rows).
+    pub forward: Duration,
+    /// Sampling, the device wait included.
+    pub sample: Duration,
+    /// Appending the tokens, stop checks and events.
+    pub postprocess: Duration,
 }
 
 /// A finished request's totals, recorded with [`Metrics::finished`].

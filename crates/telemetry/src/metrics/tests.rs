@@ -82,6 +82,7 @@ fn step_moves_counters_gauges_and_histograms() {
         waiting: 7,
         running: 4,
         kv_blocks_used: 90,
+        ..StepStats::default()
     };
     metrics.step(&stats);
     metrics.step(&stats);
