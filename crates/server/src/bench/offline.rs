@@ -28,7 +28,7 @@ use clap::Args;
 use met_config::SamplingParams;
 use met_kernels::GpuBackend;
 use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
-use met_telemetry::Metrics;
+use met_telemetry::{Metrics, StepPhases};
 use serde::Serialize;
 
 use super::metrics::Summary;
@@ -133,6 +133,8 @@ struct ThroughputResult {
     /// Share of the decode phase the host spent outside waits for the device (`None` on a
     /// device that runs synchronously).
     decode_host_share: Option<f64>,
+    /// Medians over decode steps of the engine thread's time per phase (ms).
+    decode_phases_ms: Option<PhaseMedians>,
     /// With `--speculative`: drafts, acceptance and tokens per verifying step over the run.
     speculative: Option<SpeculativeFigures>,
 }
@@ -156,6 +158,8 @@ struct LatencyResult {
     /// Host time of each decode step (ms): the step's time less the time it waited for the
     /// device. `None` on a device that runs synchronously (the CPU).
     decode_host_ms: Option<Summary>,
+    /// Medians over decode steps of the engine thread's time per phase (ms).
+    decode_phases_ms: Option<PhaseMedians>,
     /// The whole batch, per iteration (ms).
     batch_ms: Summary,
     /// Output tokens per second of the batch during decode, from the median step: one
@@ -165,6 +169,46 @@ struct LatencyResult {
     /// With `--speculative`: drafts, acceptance and tokens per verifying step over every
     /// iteration, warm-ups included.
     speculative: Option<SpeculativeFigures>,
+}
+
+/// Medians over decode steps of where the engine thread's time went (ms).
+#[derive(Debug, Clone, Copy, Serialize)]
+struct PhaseMedians {
+    schedule: f64,
+    /// Host work of the forward pass (a device backend queues its kernels and returns).
+    forward: f64,
+    /// Sampling, including the wait for the device.
+    sample: f64,
+    /// Of `sample`, the wait for the device, where the device says.
+    device_wait: Option<f64>,
+    postprocess: f64,
+}
+
+impl PhaseMedians {
+    fn of(steps: &[&Step]) -> Option<Self> {
+        let p50 = |f: &dyn Fn(&Step) -> f64| {
+            let xs: Vec<f64> = steps.iter().map(|s| f(s)).collect();
+            Summary::of_seconds(&xs).map(|s| s.p50)
+        };
+        let waits: Vec<f64> = steps.iter().filter_map(|s| s.wait_seconds).collect();
+        Some(Self {
+            schedule: p50(&|s| s.phases.schedule.as_secs_f64())?,
+            forward: p50(&|s| s.phases.forward.as_secs_f64())?,
+            sample: p50(&|s| s.phases.sample.as_secs_f64())?,
+            device_wait: Summary::of_seconds(&waits).map(|s| s.p50),
+            postprocess: p50(&|s| s.phases.postprocess.as_secs_f64())?,
+        })
+    }
+}
+
+impl std::fmt::Display for PhaseMedians {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "schedule {:.3} ms, forward {:.3}, sample {:.3}", self.schedule, self.forward, self.sample)?;
+        if let Some(w) = self.device_wait {
+            write!(f, " (device wait {w:.3})")?;
+        }
+        write!(f, ", postprocess {:.3}", self.postprocess)
+    }
 }
 
 /// Runs `met bench throughput`.
@@ -208,6 +252,7 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
         decode_tokens_per_s: (decode_s > 0.0).then(|| decode_tokens as f64 / decode_s),
         decode_steps: decode.len(),
         decode_host_share: decode_host.filter(|_| decode_s > 0.0).map(|h| h / decode_s),
+        decode_phases_ms: PhaseMedians::of(&decode),
         speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
     };
     let host = result.decode_host_share.map(|h| format!(", host {:.1}% of it", 100.0 * h)).unwrap_or_default();
@@ -222,6 +267,9 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
         result.total_tokens_per_s,
         result.decode_tokens_per_s.map(|t| format!(", decode phase {t:.1} tok/s")).unwrap_or_default()
     );
+    if let Some(p) = result.decode_phases_ms {
+        println!("decode step phases (p50): {p}");
+    }
     write(args.output.as_ref(), &result)
 }
 
@@ -247,6 +295,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
     let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
 
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut decode_steps: Vec<Step> = Vec::new();
     for i in 0..args.num_warmup + args.num_iters {
         let requests = Draft::make_all(batch(i), &engine.limits(), "request")?;
         let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
@@ -256,6 +305,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         prefill.push(run.steps.iter().filter(|s| !s.all_started_before).map(|s| s.seconds).sum::<f64>());
         steps.extend(run.steps.iter().filter(|s| s.all_started_before).map(|s| s.seconds));
         host.extend(run.steps.iter().filter(|s| s.all_started_before).filter_map(|s| s.host_seconds));
+        decode_steps.extend(run.steps.iter().filter(|s| s.all_started_before).copied());
         whole.push(run.steps.iter().map(|s| s.seconds).sum::<f64>());
     }
     let summary = |xs: &[f64], what: &str| Summary::of_seconds(xs).with_context(|| format!("no {what} was timed"));
@@ -271,6 +321,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         decode_steps: steps.len(),
         decode_step_ms,
         decode_host_ms: Summary::of_seconds(&host),
+        decode_phases_ms: PhaseMedians::of(&decode_steps.iter().collect::<Vec<_>>()),
         batch_ms: summary(&whole, "batch")?,
         decode_tokens_per_s: decode_step_ms.map(|d| args.batch_size as f64 * 1e3 / d.p50),
         speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
@@ -294,6 +345,9 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         result.prefill_ms.p50,
         result.batch_ms.p50
     );
+    if let Some(p) = result.decode_phases_ms {
+        println!("decode step phases (p50): {p}");
+    }
     write(args.output.as_ref(), &result)
 }
 
@@ -354,6 +408,10 @@ struct Step {
     all_started_before: bool,
     /// The step's time less the time it waited for the device, where the device says.
     host_seconds: Option<f64>,
+    /// The engine thread's time per phase.
+    phases: StepPhases,
+    /// The time the step waited for the device, where the device says.
+    wait_seconds: Option<f64>,
 }
 
 /// Every step of one run.
@@ -378,7 +436,9 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBack
         let (clock, waited) = (Instant::now(), device.device_wait());
         engine.step();
         let seconds = clock.elapsed().as_secs_f64();
-        let host_seconds = waited.zip(device.device_wait()).map(|(a, b)| seconds - (b - a).as_secs_f64());
+        let wait_seconds = waited.zip(device.device_wait()).map(|(a, b)| (b - a).as_secs_f64());
+        let host_seconds = wait_seconds.map(|w| seconds - w);
+        let phases = engine.last_step().phases;
         let mut made = 0;
         for (s, stream) in streams.iter_mut().enumerate() {
             while let Some(event) = stream.try_next() {
@@ -395,7 +455,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBack
             }
         }
         tokens += made;
-        steps.push(Step { seconds, tokens: made, all_started_before, host_seconds });
+        steps.push(Step { seconds, tokens: made, all_started_before, host_seconds, phases, wait_seconds });
     }
     if tokens != expected {
         bail!("the engine produced {tokens} tokens, {expected} expected (was the KV cache too small?)");
