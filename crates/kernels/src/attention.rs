@@ -69,8 +69,10 @@ pub trait AttentionBackend: Send + Sync + std::fmt::Debug {
     /// When the upload fails.
     fn prepare(&self, layout: &StepLayout<'_>) -> Result<StepMetadata>;
 
-    /// Rewrites `step`, prepared for a layout of the same shape (sequences, rows, table
-    /// width), to hold `layout`, in place: what a CUDA graph reads when it replays.
+    /// Rewrites `step`, prepared for a layout of the same shape (sequences, rows), to hold
+    /// `layout`, in place: what a CUDA graph reads when it replays. The layout's block
+    /// tables may be narrower than the prepared ones: they fill the first columns, and the
+    /// others, past every sequence's blocks, are never read.
     ///
     /// # Errors
     /// On a layout of another shape, or when the writes fail.
@@ -138,16 +140,22 @@ impl Shared {
         let b = &self.backend;
         let m = &step.attention;
         let shape = |t: &Tensor| t.dims().iter().product::<usize>();
+        let width = m.block_tables.dims().get(1).copied().unwrap_or(0);
         if shape(&m.cu_seqlens_q) != l.cu_seqlens_q.len()
             || shape(&m.seq_lens) != l.seq_lens.len()
-            || shape(&m.block_tables) != l.block_tables.len()
+            || l.max_blocks > width
+            || l.block_tables.len() != l.seqs() * l.max_blocks
             || shape(&step.slots) != l.slots.len()
         {
             return Err(Error::InvalidArgument("a step refreshed with a layout of another shape".into()));
         }
         b.write_u32(&m.cu_seqlens_q, l.cu_seqlens_q)?;
         b.write_u32(&m.seq_lens, l.seq_lens)?;
-        b.write_u32(&m.block_tables, l.block_tables)?;
+        if l.max_blocks == width {
+            b.write_u32(&m.block_tables, l.block_tables)?;
+        } else {
+            b.write_u32_columns(&m.block_tables, l.block_tables, l.max_blocks)?;
+        }
         b.write_u32(&step.slots, l.slots)
     }
 }

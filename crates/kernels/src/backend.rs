@@ -302,6 +302,19 @@ pub trait GpuBackend: Send + Sync + Debug {
         Err(crate::Error::Device(format!("the {} backend does not write into tensors", self.name())))
     }
 
+    /// Overwrites the first `width` columns of the `U32` matrix `dst [rows, cols]` with
+    /// `data [rows, width]`, leaving the other columns as they are, in order with the
+    /// backend's other work (a graph's block tables, as wide as its longest context, of
+    /// which a step fills only the first columns).
+    ///
+    /// # Errors
+    /// For a non-`U32` or non-matrix `dst`, `width > cols`, or `data` not `rows` rows of
+    /// `width`; on a backend without graphs.
+    fn write_u32_columns(&self, dst: &Tensor, data: &[u32], width: usize) -> Result<()> {
+        let _ = (dst, data, width);
+        Err(crate::Error::Device(format!("the {} backend does not write into tensors", self.name())))
+    }
+
     /// Copies `src` into `dst`, of the same dtype and element count (graph outputs).
     ///
     /// # Errors

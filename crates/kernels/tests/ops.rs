@@ -132,6 +132,12 @@ mod cuda_only {
     }
 
     #[test]
+    fn write_u32_columns_keeps_the_other_columns() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::dense::write_u32_columns_keeps_the_other_columns(&backend)
+    }
+
+    #[test]
     fn bf16_logits_sample_as_their_f32_values() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::sampling::bf16_logits_sample_as_their_f32_values(&backend)

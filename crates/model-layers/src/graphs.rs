@@ -24,7 +24,7 @@ use std::time::Instant;
 use met_cache::KvPools;
 use met_kernels::{DType, Graph, HostTensor, Tensor};
 
-use crate::attention::{BatchLayout, StepLayout};
+use crate::attention::{BatchLayout, StepLayout, widest_table};
 use crate::layers::decoder::{DecoderModel, DeviceStep};
 use crate::{ForwardBatch, Model, Result};
 
@@ -175,11 +175,14 @@ impl DecodeGraphs {
         b.write_u32(&step.ids, &model.local_ids(&pad(&batch.token_ids, 0)))?;
         b.write_u32(&step.positions, &pad(&batch.positions, 0))?;
         // Padding rows: one token each at no slot, reading block 0 (their one-token
-        // context), as recorded.
-        let mut layout = BatchLayout::of(batch, self.max_blocks);
+        // context), as recorded. Only the batch's widest table of columns is written: the
+        // recorded tables are `max_blocks` wide, and a step's sequences read only their own
+        // blocks (at 256 sequences, 24 KiB a step instead of 512).
+        let width = widest_table(batch);
+        let mut layout = BatchLayout::of(batch, width);
         layout.cu_seqlens_q = (0..=g.size as u32).collect();
         layout.seq_lens = pad(&layout.seq_lens, 1);
-        layout.block_tables.resize(g.size * self.max_blocks, 0);
+        layout.block_tables.resize(g.size * width, 0);
         model.attention().refresh(&step.meta, &layout.with_slots(&pad(&batch.slot_mapping, NO_SLOT)))?;
         g.graph.replay()?;
         self.replays.fetch_add(1, Ordering::Relaxed);

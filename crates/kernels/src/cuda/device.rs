@@ -290,30 +290,100 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
-        if bytes <= STAGED_MAX && !self.recording_here() {
-            let mut s = self.staging.lock();
-            let at = s.used.next_multiple_of(64);
-            if at + bytes <= STAGING_BYTES {
-                if s.up.is_null() {
-                    // SAFETY: a plain pinned allocation, freed with the device.
-                    s.up = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(drv)?.cast();
-                }
-                // SAFETY: `at + bytes` is inside the buffer, whose bytes from `used` on are
-                // not read by any queued copy; `src` is `bytes` long and does not overlap it.
-                let staged = unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), s.up.add(at), bytes);
-                    std::slice::from_raw_parts(s.up.add(at), bytes)
-                };
-                // SAFETY: `dst` is a live allocation of at least `bytes`; the staged bytes stay
-                // untouched until the stream is synchronised (see `Staging`).
-                unsafe { result::memcpy_htod_async(dst.ptr, staged, self.cu_stream()) }.map_err(drv)?;
-                s.used = at + bytes;
-                return Ok(());
-            }
+        let staged = self.staged(src, |staged| {
+            // SAFETY: `dst` is a live allocation of at least `bytes`; the `bytes` staged bytes
+            // stay untouched until the stream is synchronised (see `Staging`).
+            unsafe { result::memcpy_htod_async(dst.ptr, std::slice::from_raw_parts(staged, bytes), self.cu_stream()) }
+                .map_err(drv)
+        })?;
+        if staged {
+            return Ok(());
         }
         // SAFETY: `dst` is a live allocation of at least `bytes`; from pageable memory the
         // call returns once `src` has been staged, so `src` may be freed afterwards.
         unsafe { result::memcpy_htod_async(dst.ptr, src, self.cu_stream()) }.map_err(drv)
+    }
+
+    /// Copies `src`, rows of `width` elements, into the first `width` columns of the rows of
+    /// `dst`, `pitch` elements apart, ordered on the stream; the other columns keep their
+    /// values. One 2-D copy: a CUDA graph's block tables are as wide as its longest
+    /// context, while a step's sequences fill only their first columns.
+    pub(crate) fn upload_columns<T: Copy>(
+        &self,
+        dst: &DeviceBuffer,
+        pitch: usize,
+        src: &[T],
+        width: usize,
+    ) -> Result<()> {
+        let rows = src.len().checked_div(width).unwrap_or(0);
+        let elem = size_of::<T>();
+        assert!(
+            rows * width == src.len() && width <= pitch && rows * pitch * elem <= dst.bytes,
+            "{} elements in rows of {width} into a buffer of {} bytes at a pitch of {pitch}",
+            src.len(),
+            dst.bytes
+        );
+        if rows == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let copy = |host: *const u8| {
+            let copy = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                srcHost: host.cast(),
+                srcDevice: 0,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: width * elem,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: dst.ptr,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: pitch * elem,
+                WidthInBytes: width * elem,
+                Height: rows,
+            };
+            // SAFETY: the source holds `rows` rows of `width * elem` bytes (pinned staging, kept
+            // until the stream is synchronised, or `src`, which the call stages before it
+            // returns); the destination rows lie inside `dst` (checked above).
+            unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.cu_stream()) }.result().map_err(drv)
+        };
+        if self.staged(src, copy)? {
+            return Ok(());
+        }
+        copy(src.as_ptr().cast())
+    }
+
+    /// Copies `src` into pinned staging memory and calls `enqueue` with its address there,
+    /// under the staging lock, so no synchronisation can release the staged bytes before
+    /// the copy that reads them is queued; false (and nothing done) when `src` must take
+    /// the pageable path instead (too large, the buffer full, or a graph recording).
+    fn staged<T: Copy>(&self, src: &[T], enqueue: impl FnOnce(*const u8) -> Result<()>) -> Result<bool> {
+        let bytes = size_of_val(src);
+        if bytes > STAGED_MAX || self.recording_here() {
+            return Ok(false);
+        }
+        let mut s = self.staging.lock();
+        let at = s.used.next_multiple_of(64);
+        if at + bytes > STAGING_BYTES {
+            return Ok(false);
+        }
+        if s.up.is_null() {
+            // SAFETY: a plain pinned allocation, freed with the device.
+            s.up = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(drv)?.cast();
+        }
+        // SAFETY: `at + bytes` is inside the buffer, whose bytes from `used` on are not read
+        // by any queued copy; `src` is `bytes` long and does not overlap it.
+        let staged = unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), s.up.add(at), bytes);
+            s.up.add(at).cast_const()
+        };
+        enqueue(staged)?;
+        s.used = at + bytes;
+        Ok(true)
     }
 
     /// Copies the first `dst.len()` elements of `src` to the host, waiting for them.

@@ -485,6 +485,22 @@ impl GpuBackend for CudaBackend {
         self.dev.upload(&s.buf, data)
     }
 
+    fn write_u32_columns(&self, dst: &Tensor, data: &[u32], width: usize) -> Result<()> {
+        const OP: &str = "write_u32_columns";
+        expect_dtype(OP, dst, &[DType::U32])?;
+        let (rows, cols) = match dst.dims() {
+            &[rows, cols] => (rows, cols),
+            d => return Err(Error::Shape { op: OP, msg: format!("{d:?} is not a matrix") }),
+        };
+        if width > cols || data.len() != rows * width {
+            let msg = format!("{} values in rows of {width} into {:?}", data.len(), dst.dims());
+            return Err(Error::Shape { op: OP, msg });
+        }
+        let s = storage(OP, dst)?;
+        *s.host_u32.lock() = None;
+        self.dev.upload_columns(&s.buf, cols, data, width)
+    }
+
     fn copy_into(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         if src.dtype() != dst.dtype() || src.elem_count() != dst.elem_count() {
             return Err(Error::Shape { op: "copy_into", msg: format!("{src:?} into {dst:?}") });

@@ -489,3 +489,30 @@ pub fn softcap_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.softcap(&logits, 0.0), "softcap with a zero cap");
     Ok(())
 }
+
+/// `write_u32_columns` fills the first columns of each row and leaves the rest as they
+/// were, small (staged) and large (pageable) writes alike; a width past the matrix, data
+/// that are not whole rows, and a non-`U32` or non-matrix tensor are errors.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn write_u32_columns_keeps_the_other_columns(b: &dyn GpuBackend) -> Result<()> {
+    for (rows, cols, width) in [(5, 7, 3), (256, 512, 24), (300, 512, 512), (4, 9, 0)] {
+        let before: Vec<u32> = (0..rows * cols).map(|i| 1_000_000 + i as u32).collect();
+        let t = upload_u32(b, &before, &[rows, cols])?;
+        let data: Vec<u32> = (0..rows * width).map(|i| 7 + 3 * i as u32).collect();
+        b.write_u32_columns(&t, &data, width)?;
+        let got = b.download_u32(&t)?;
+        for r in 0..rows {
+            for c in 0..cols {
+                let want = if c < width { data[r * width + c] } else { before[r * cols + c] };
+                assert_eq!(got[r * cols + c], want, "{rows}x{cols} width {width}: ({r}, {c})");
+            }
+        }
+    }
+    let t = upload_u32(b, &[0; 12], &[3, 4])?;
+    expect_err(b.write_u32_columns(&t, &[0; 15], 5), "a width past the matrix");
+    expect_err(b.write_u32_columns(&t, &[0; 7], 2), "data that are not whole rows");
+    expect_err(b.write_u32_columns(&upload_u32(b, &[0; 12], &[12])?, &[0; 4], 1), "a vector");
+    let floats = b.upload(&HostTensor::from_f32(&[0.0; 12], &[3, 4]), DType::F32)?;
+    expect_err(b.write_u32_columns(&floats, &[0; 6], 2), "f32 values");
+    Ok(())
+}
