@@ -163,6 +163,13 @@ template <typename W>
 __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], const W* w, uint4* out, u32 n,
                                                 float eps) {
     __shared__ float scratch[32];
+    // The weights are read before the block's reduction, so their round trip overlaps it.
+    float wf[NORM_VECS][8];
+#pragma unroll
+    for (int r = 0; r < NORM_VECS; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < n / 8) load_w8(w, c, wf[r]);
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int r = 0; r < NORM_VECS; ++r)
@@ -174,10 +181,9 @@ __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], 
     for (int r = 0; r < NORM_VECS; ++r) {
         const u32 c = threadIdx.x + r * blockDim.x;
         if (c >= n / 8) break;
-        float wf[8], o[8];
-        load_w8(w, c, wf);
+        float o[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = norm_weighted(w, wf[e], v[r][e] * inv);
+        for (int e = 0; e < 8; ++e) o[e] = norm_weighted(w, wf[r][e], v[r][e] * inv);
         out[c] = pack8(o);
     }
 }
