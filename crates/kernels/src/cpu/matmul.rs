@@ -31,10 +31,51 @@ pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize
     gemm_xwt(x, w, bias, (m, k, n), gemm::Parallelism::Rayon(0))
 }
 
-/// [`matmul_xwt`] on the calling thread only (no bias), for callers that parallelise
-/// over independent products themselves.
-pub(crate) fn gemm_xwt_serial(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    gemm_xwt(x, w, None, (m, k, n), gemm::Parallelism::None)
+/// `x [m, k] · wᵀ` for row-major `w [n, k]` (one tile of a larger weight) written into
+/// the columns `col..col + n` of the row-major `out [m, width]`, on the calling thread.
+///
+/// # Safety
+/// `out` must point to `m * width` f32s with `col + n <= width`, and no other thread may
+/// read or write those `n` columns during the call.
+pub(crate) unsafe fn gemm_xwt_into(
+    x: &[f32],
+    w: &[f32],
+    (m, k, n): (usize, usize, usize),
+    out: *mut f32,
+    (col, width): (usize, usize),
+) {
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    assert_eq!(w.len(), n * k, "w is not [n, k]");
+    assert!(col + n <= width, "columns {col}..{} past a width of {width}", col + n);
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    // SAFETY: as the caller guarantees for `out` (rows `width` apart, the tile's columns
+    // from `col`); x is row-major `[m, k]` and wᵀ is read column-major from w's rows, as in
+    // `gemm_xwt`. The destination is not read (`read_dst` false) and aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.add(col),
+            1,
+            width as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 fn gemm_xwt(

@@ -248,19 +248,37 @@ fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) ->
     assemble(parts, m, n)
 }
 
+/// The output of a tiled product, shared by the tasks that each write their own columns.
+struct Columns(*mut f32);
+
+// SAFETY: the tasks of `tiled` write disjoint column ranges of the buffer, which outlives
+// them (the scope of `into_par_iter().for_each`).
+unsafe impl Send for Columns {}
+// SAFETY: as for `Send`: no two tasks touch the same element.
+unsafe impl Sync for Columns {}
+
+thread_local! {
+    /// A tile of dequantised weights, kept per thread so prefill products do not allocate
+    /// (and fault in) a fresh tile for every task.
+    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn tiled(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
     let (k, n) = (w.k(), w.n());
-    let tiles: Vec<Range<usize>> = (0..n).step_by(TILE).map(|s| s..(s + TILE).min(n)).collect();
-    let parts = tiles
-        .into_par_iter()
-        .map(|tile| {
-            let mut wf = vec![0f32; tile.len() * k];
-            w.dequantize_rows(tile.clone(), &mut wf);
-            let part = super::matmul::gemm_xwt_serial(x, &wf, m, k, tile.len());
-            (tile, part)
-        })
-        .collect();
-    assemble(parts, m, n)
+    let mut out = vec![0f32; m * n];
+    let dst = Columns(out.as_mut_ptr());
+    (0..n.div_ceil(TILE)).into_par_iter().for_each(|t| {
+        let tile = t * TILE..((t + 1) * TILE).min(n);
+        TILE_SCRATCH.with_borrow_mut(|wf| {
+            wf.resize(tile.len() * k, 0.0);
+            w.dequantize_rows(tile.clone(), wf);
+            let dst = &dst;
+            // SAFETY: `out` holds `m * n` f32s and outlives the loop; this task alone
+            // writes the columns of `tile`.
+            unsafe { super::matmul::gemm_xwt_into(x, wf, (m, k, tile.len()), dst.0, (tile.start, n)) };
+        });
+    });
+    out
 }
 
 #[cfg(test)]

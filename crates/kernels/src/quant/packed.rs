@@ -122,6 +122,10 @@ impl PackedQuant {
     pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len() * self.k, "output does not hold the rows");
         let (nb, p) = (self.blocks_per_row(), self.payload());
+        #[cfg(target_arch = "x86_64")]
+        if super::x86::dequantize_blocks(self.format, &self.d, &self.m, &self.qs, rows.start * nb, out) {
+            return;
+        }
         for (i, o) in (rows.start * nb..rows.end * nb).zip(out.chunks_exact_mut(32)) {
             let (d, qs) = (f16_value(self.d[i]), &self.qs[i * p..(i + 1) * p]);
             match self.format {

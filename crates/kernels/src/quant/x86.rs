@@ -362,3 +362,66 @@ unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32
     unsafe { scale_groups(&[*a, *b], &mut dw, step) };
     (hsum256(acc_a), hsum256(acc_b))
 }
+
+/// Dequantises `blocks` consecutive blocks of a packed matrix into `out` (32 values each)
+/// with AVX2, by the scalar formulas term for term (a multiply, then an add, each rounded
+/// as the scalar code rounds them), so the values are bit for bit the scalar ones; false
+/// without AVX2.
+pub(super) fn dequantize_blocks(
+    format: QuantFormat,
+    d: &[u16],
+    m: &[u16],
+    qs: &[u8],
+    first: usize,
+    out: &mut [f32],
+) -> bool {
+    if level() == Level::None || !matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0) {
+        return false;
+    }
+    let blocks = out.len() / 32;
+    let payload = if format == QuantFormat::Q8_0 { 32 } else { 16 };
+    assert!(d.len() >= first + blocks && qs.len() >= (first + blocks) * payload, "blocks past the matrix");
+    assert!(format != QuantFormat::Q4_1 || m.len() >= first + blocks, "Q4_1 blocks without minimums");
+    // SAFETY: the CPU has AVX2, FMA and F16C (`level`); the slices hold every block read
+    // and written (asserted above).
+    unsafe { dequantize_blocks_256(format, d, m, qs, first, out) };
+    true
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_blocks_256(format: QuantFormat, d: &[u16], m: &[u16], qs: &[u8], first: usize, out: &mut [f32]) {
+    let mask = _mm_set1_epi8(0x0F);
+    for (b, o) in out.chunks_exact_mut(32).enumerate() {
+        let i = first + b;
+        let dv = _mm256_set1_ps(super::packed::f16_value(d[i]));
+        // SAFETY: block `i`'s payload and `o`'s 32 values are in bounds (see the caller).
+        unsafe {
+            let op = o.as_mut_ptr();
+            match format {
+                QuantFormat::Q8_0 => {
+                    for j in 0..4 {
+                        let q = _mm_loadl_epi64(qs.as_ptr().add(i * 32 + 8 * j).cast());
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                        _mm256_storeu_ps(op.add(8 * j), _mm256_mul_ps(dv, v));
+                    }
+                }
+                _ => {
+                    let v = _mm_loadu_si128(qs.as_ptr().add(i * 16).cast());
+                    let nibbles = [_mm_and_si128(v, mask), _mm_and_si128(_mm_srli_epi16::<4>(v), mask)];
+                    // Q4_0 centres its quants on 8; Q4_1 adds its block's minimum.
+                    let mv = (format == QuantFormat::Q4_1).then(|| _mm256_set1_ps(super::packed::f16_value(m[i])));
+                    for (half, n) in nibbles.into_iter().enumerate() {
+                        for (j, eight) in [n, _mm_srli_si128::<8>(n)].into_iter().enumerate() {
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
+                            let x = match mv {
+                                Some(mv) => _mm256_add_ps(_mm256_mul_ps(dv, q), mv),
+                                None => _mm256_mul_ps(dv, _mm256_sub_ps(q, _mm256_set1_ps(8.0))),
+                            };
+                            _mm256_storeu_ps(op.add(16 * half + 8 * j), x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
