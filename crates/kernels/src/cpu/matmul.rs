@@ -44,38 +44,10 @@ pub(crate) unsafe fn gemm_xwt_into(
     out: *mut f32,
     (col, width): (usize, usize),
 ) {
-    assert_eq!(x.len(), m * k, "x is not [m, k]");
-    assert_eq!(w.len(), n * k, "w is not [n, k]");
     assert!(col + n <= width, "columns {col}..{} past a width of {width}", col + n);
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
     // SAFETY: as the caller guarantees for `out` (rows `width` apart, the tile's columns
-    // from `col`); x is row-major `[m, k]` and wᵀ is read column-major from w's rows, as in
-    // `gemm_xwt`. The destination is not read (`read_dst` false) and aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.add(col),
-            1,
-            width as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    // from `col`).
+    unsafe { gemm_xwt_raw(x, w, (m, k, n), out.wrapping_add(col), width, false, gemm::Parallelism::None) };
 }
 
 fn gemm_xwt(
@@ -85,8 +57,6 @@ fn gemm_xwt(
     (m, k, n): (usize, usize, usize),
     parallelism: gemm::Parallelism,
 ) -> Vec<f32> {
-    assert_eq!(x.len(), m * k, "x is not [m, k]");
-    assert_eq!(w.len(), n * k, "w is not [n, k]");
     let mut out = match bias {
         Some(b) => {
             assert_eq!(b.len(), n, "bias is not [n]");
@@ -94,23 +64,44 @@ fn gemm_xwt(
         }
         None => vec![0f32; m * n],
     };
+    // SAFETY: `out` holds `m * n` f32s, rows `n` apart, and is this call's own. With a
+    // bias it starts as the bias rows and the product is added to it.
+    unsafe { gemm_xwt_raw(x, w, (m, k, n), out.as_mut_ptr(), n, bias.is_some(), parallelism) };
+    out
+}
+
+/// `out (+)= x [m, k] · wᵀ` for row-major `w [n, k]`, into rows of `out` that are
+/// `row_stride` elements apart (added to what they hold when `accumulate`).
+///
+/// # Safety
+/// `out` must address `m` rows of `n` f32s, `row_stride` apart, that nothing else reads or
+/// writes during the call and that alias neither input.
+unsafe fn gemm_xwt_raw(
+    x: &[f32],
+    w: &[f32],
+    (m, k, n): (usize, usize, usize),
+    out: *mut f32,
+    row_stride: usize,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    assert_eq!(w.len(), n * k, "w is not [n, k]");
     if m == 0 || n == 0 || k == 0 {
-        return out;
+        return;
     }
-    // SAFETY: the pointers address `m*n`, `m*k` and `n*k` initialised f32s, as asserted
-    // above, with the strides below staying inside them: out and x are row-major
-    // (column stride 1, row stride n / k); wᵀ is read column-major from w's rows (its
-    // column stride is k, its row stride 1). `out` does not alias the inputs. With a bias
-    // the output starts as the bias rows and the product is added to it.
+    // SAFETY: `out` as the caller guarantees; x is row-major `[m, k]` (column stride 1,
+    // row stride k) and wᵀ is read column-major from w's rows (its column stride is k, its
+    // row stride 1), both inside the slices asserted above.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
+            out,
             1,
-            n as isize,
-            bias.is_some(),
+            row_stride as isize,
+            accumulate,
             x.as_ptr(),
             1,
             k as isize,
@@ -125,7 +116,6 @@ fn gemm_xwt(
             parallelism,
         );
     }
-    out
 }
 
 #[cfg(test)]
