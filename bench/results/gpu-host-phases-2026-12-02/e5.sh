@@ -1,0 +1,21 @@
+#!/bin/bash
+# Call e5: served c = 256 (and c = 64) on the 8B, base (1768065) and final binaries alternating.
+set -u
+B=gpu-bundle; L=$OUT/e5; mkdir -p $L
+export MET_HOME=/tmp/met-home; mkdir -p $MET_HOME
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used,driver_version --format=csv,noheader | tee $L/gpu.txt
+python3 .dev/dummy_tokenizer.py $B/configs/Llama-3.1-8B-Instruct /tmp/llama-dummy > $L/tok.log 2>&1
+r=0
+for bin in met-base met met-base met; do
+  r=$((r+1))
+  $B/$bin serve --model /tmp/llama-dummy --load-format dummy --port 8899 > $L/serve-$r-$bin.log 2>&1 &
+  SP=$!
+  for i in $(seq 1 90); do curl -sf http://127.0.0.1:8899/v1/models >/dev/null 2>&1 && break; sleep 1; done
+  for cn in 64:128 256:256; do
+    c=${cn%%:*}; n=${cn##*:}
+    timeout 45 $B/met bench serve --base-url http://127.0.0.1:8899 --dataset random --input-len 128 --output-len 256 --num-prompts $n --concurrency $c --num-warmup 2 --output $L/r$r-$bin-c$c.json > $L/r$r-$bin-c$c.log 2>&1
+    echo "r$r $bin c=$c: $(tail -1 $L/r$r-$bin-c$c.log | cut -c1-200)"
+  done
+  kill $SP 2>/dev/null; wait $SP 2>/dev/null
+done
+tar czf $OUT/e5.tgz -C $OUT e5
