@@ -13,7 +13,7 @@
 //! Both arrays end with [`SCALE_PAD`] zeros, so a kernel may load a whole vector of scales
 //! that starts at any block of the matrix (lanes past a row's end are masked or unused).
 
-use super::QuantFormat;
+use super::{QuantFormat, SimdLevel};
 
 /// Zero scales after the last block's, for vector loads of up to 16 f16 values that start
 /// at any block.
@@ -120,12 +120,19 @@ impl PackedQuant {
     /// Rows `rows` as f32, equal to dequantising the original blocks (the same
     /// formulas as the block decoders, term for term).
     pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        self.dequantize_rows_at(SimdLevel::current(), rows, out);
+    }
+
+    /// [`Self::dequantize_rows`] with the kernels of `level` (capped at what the CPU has);
+    /// every level gives the same values.
+    pub(super) fn dequantize_rows_at(&self, level: SimdLevel, rows: std::ops::Range<usize>, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len() * self.k, "output does not hold the rows");
         let (nb, p) = (self.blocks_per_row(), self.payload());
         #[cfg(target_arch = "x86_64")]
-        if super::x86::dequantize_blocks(self.format, &self.d, &self.m, &self.qs, rows.start * nb, out) {
+        if super::x86::dequantize_blocks(level, self.format, (&self.d, &self.m, &self.qs), rows.start * nb, out) {
             return;
         }
+        let _ = level;
         for (i, o) in (rows.start * nb..rows.end * nb).zip(out.chunks_exact_mut(32)) {
             let (d, qs) = (f16_value(self.d[i]), &self.qs[i * p..(i + 1) * p]);
             match self.format {

@@ -90,9 +90,11 @@ fn packed_matrices_keep_the_values_and_products() {
             assert_eq!(packed.rows(), 5);
             let mut want = vec![0f32; 5 * k];
             dequantize(format, &rows, &mut want);
-            let mut got = vec![0f32; 3 * k];
-            packed.dequantize_rows(2..5, &mut got);
-            assert_eq!(got, want[2 * k..], "{format} k={k}: values survive packing");
+            for level in SimdLevel::available() {
+                let mut got = vec![0f32; 3 * k];
+                packed.dequantize_rows_at(level, 2..5, &mut got);
+                assert_eq!(got, want[2 * k..], "{format} k={k} {level:?}: values survive packing");
+            }
             // Three rows: the kernels run rows in pairs, so the last one is unpaired.
             let mut dots = vec![0f32; 3];
             packed.dot_rows(&x, &sums, 2..5, &mut dots);

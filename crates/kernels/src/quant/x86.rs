@@ -363,32 +363,33 @@ unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32
     (hsum256(acc_a), hsum256(acc_b))
 }
 
-/// Dequantises `blocks` consecutive blocks of a packed matrix into `out` (32 values each)
-/// with AVX2, by the scalar formulas term for term (a multiply, then an add, each rounded
-/// as the scalar code rounds them), so the values are bit for bit the scalar ones; false
-/// without AVX2.
+/// Dequantises the `out.len() / 32` blocks of a packed matrix from block `first` on (its
+/// scales `d`, minimums `m` and quants `qs`) into `out` with AVX2, by the scalar formulas
+/// term for term (a multiply, then an add, each rounded as the scalar code rounds them), so
+/// the values are bit for bit the scalar ones; false at a `level` without AVX2 (capped at
+/// what the CPU has).
 pub(super) fn dequantize_blocks(
+    level: Level,
     format: QuantFormat,
-    d: &[u16],
-    m: &[u16],
-    qs: &[u8],
+    (d, m, qs): (&[u16], &[u16], &[u8]),
     first: usize,
     out: &mut [f32],
 ) -> bool {
-    if level() == Level::None || !matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0) {
+    let level = level.min(Level::detected());
+    if level == Level::None || !matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0) {
         return false;
     }
     let blocks = out.len() / 32;
     let payload = if format == QuantFormat::Q8_0 { 32 } else { 16 };
     assert!(d.len() >= first + blocks && qs.len() >= (first + blocks) * payload, "blocks past the matrix");
     assert!(format != QuantFormat::Q4_1 || m.len() >= first + blocks, "Q4_1 blocks without minimums");
-    // SAFETY: the CPU has AVX2, FMA and F16C (`level`); the slices hold every block read
-    // and written (asserted above).
+    // SAFETY: the CPU has AVX2 and F16C (`level`, capped at the detected one); the slices
+    // hold every block read and written (asserted above).
     unsafe { dequantize_blocks_256(format, d, m, qs, first, out) };
     true
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn dequantize_blocks_256(format: QuantFormat, d: &[u16], m: &[u16], qs: &[u8], first: usize, out: &mut [f32]) {
     let mask = _mm_set1_epi8(0x0F);
     for (b, o) in out.chunks_exact_mut(32).enumerate() {
