@@ -392,6 +392,13 @@ extern "C" __global__ void gather_rows_f32(const float* t, const u32* ids, float
     gather_rows(t, ids, out, v, h, total);
 }
 
+// out[i] = src[rows[i]] for i < n, u32 (a decode step's ids from the tokens the step before
+// drew on the device); the host checked every row against src's length.
+extern "C" __global__ void gather_u32(const u32* src, const u32* rows, u32* out, u32 n) {
+    pdl_enter();
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = src[rows[i]];
+}
+
 // out [m, w] = x[:, start .. start + w] for x [m, n].
 extern "C" __global__ void copy_cols_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 start, u32 w, u64 total) {
     pdl_enter();

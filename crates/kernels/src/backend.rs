@@ -121,6 +121,36 @@ pub struct Sampled {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// The draws of [`GpuBackend::sample_later`]: the tokens on the device at once, the whole
+/// results once waited for.
+pub struct LaterSample {
+    /// `u32 [rows]`: the drawn tokens, on the backend that drew them, for later ops to read.
+    pub tokens: Tensor,
+    results: Box<dyn FnOnce() -> Result<Vec<Sampled>> + Send>,
+}
+
+impl LaterSample {
+    /// Draws whose `tokens` are on the device, and whose results `results` returns once
+    /// they reach the host.
+    pub fn new(tokens: Tensor, results: impl FnOnce() -> Result<Vec<Sampled>> + Send + 'static) -> Self {
+        Self { tokens, results: Box::new(results) }
+    }
+
+    /// Waits for the draws: what [`GpuBackend::sample`] would have returned.
+    ///
+    /// # Errors
+    /// As [`GpuBackend::sample`]'s, and a device error that happened meanwhile.
+    pub fn wait(self) -> Result<Vec<Sampled>> {
+        (self.results)()
+    }
+}
+
+impl Debug for LaterSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaterSample").field("tokens", &self.tokens).finish_non_exhaustive()
+    }
+}
+
 /// Device memory, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {
@@ -271,6 +301,13 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// it is host time the device may have sat idle through.
     fn device_wait(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// Whether ops return before the device has run them, so that the host's work can
+    /// overlap the device's: the engine then queues each decode step before reading the
+    /// tokens of the one before ([`Self::sample_later`]).
+    fn queues_work(&self) -> bool {
+        false
     }
 
     // --- graphs -------------------------------------------------------------------------
@@ -497,6 +534,33 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// # Errors
     /// For a logits row out of range or logits of another dtype.
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>>;
+
+    /// [`Self::sample`] without waiting for the draws: the tokens stay on the device as
+    /// `u32 [rows]`, where later ops may read them (the next decode step's ids, through
+    /// [`Self::gather_u32`]), while they travel to the host. A backend that runs each op as
+    /// it is called draws at once, as this default does.
+    ///
+    /// # Errors
+    /// As [`Self::sample`], for what can be checked before the draw.
+    fn sample_later(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<LaterSample> {
+        let sampled = self.sample(logits, rows)?;
+        let ids: Vec<u32> = sampled.iter().map(|s| s.token).collect();
+        let tokens = self.upload(&HostTensor::from_u32(&ids, &[ids.len()]), DType::U32)?;
+        Ok(LaterSample::new(tokens, move || Ok(sampled)))
+    }
+
+    /// `u32 [r]`: element `rows[i]` of the `U32` vector `src` at `i`, read where `src` is,
+    /// without a wait on a device backend (a decode step's ids from the tokens drawn by the
+    /// step before, [`Self::sample_later`]). The default goes through the host.
+    ///
+    /// # Errors
+    /// For a `src` that is not a `U32` vector, or an index past it.
+    fn gather_u32(&self, src: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        crate::check::gather_u32(src, rows)?;
+        let values = self.download_u32(src)?;
+        let picked: Vec<u32> = rows.iter().map(|&r| values[r as usize]).collect();
+        self.upload(&HostTensor::from_u32(&picked, &[picked.len()]), DType::U32)
+    }
 
     /// Rows `rows u32 [r]` of `logits [n, v]` (f32, or bf16 where the backend samples bf16),
     /// each with the tokens its mask does not

@@ -162,3 +162,17 @@ pub(crate) fn masked_rows(xs: &[f32], n: usize, v: usize, rows: &[u32], masks: &
     }
     Ok(out)
 }
+
+/// Checks the operands of `gather_u32`: `src u32 [m]` and indices below `m`. Returns `m`.
+pub(crate) fn gather_u32(src: &Tensor, rows: &[u32]) -> Result<usize> {
+    const OP: &str = "gather_u32";
+    if src.dtype() != DType::U32 {
+        return Err(Error::DType { op: OP, expected: DType::U32, got: src.dtype() });
+    }
+    let d = src.dims();
+    ensure(d.len() == 1, OP, || format!("src {d:?} is not a vector"))?;
+    if let Some(bad) = rows.iter().find(|&&r| r as usize >= d[0]) {
+        return Err(Error::InvalidArgument(format!("{OP}: index {bad} is past the {} values", d[0])));
+    }
+    Ok(d[0])
+}

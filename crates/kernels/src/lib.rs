@@ -36,8 +36,8 @@ mod tensor;
 use std::sync::Arc;
 
 pub use backend::{
-    AttentionMeta, AttentionParams, DraftToken, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow,
-    Sampled, UniformRun,
+    AttentionMeta, AttentionParams, DraftToken, GpuBackend, Graph, LaterSample, MemoryInfo, QkvPrologue, Routing,
+    SampleRow, Sampled, UniformRun,
 };
 pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};

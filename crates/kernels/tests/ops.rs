@@ -87,6 +87,8 @@ macro_rules! backend_tests {
                 sampling::sample_rejects_bad_arguments,
                 sampling::mask_logits_matches_reference,
                 sampling::mask_logits_rejects_bad_operands,
+                sampling::sample_later_equals_sample,
+                sampling::gather_u32_picks_elements,
             );
         }
     };

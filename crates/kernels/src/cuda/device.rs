@@ -53,18 +53,40 @@ pub(crate) struct Device {
     waited_ns: AtomicU64,
     graph_memory: Mutex<GraphMemory>,
     staging: Mutex<Staging>,
+    /// Landing buffers of [`LaterCopy`]s that are not in use.
+    landings: Mutex<Vec<Landing>>,
 }
 
-/// Pinned host memory for small copies. An upload is copied into `up` at `used` and
-/// queued from there, so the host returns at once; the bytes must stay until the copy has
-/// run, so `used` only grows until the stream is next synchronised (every download
-/// synchronises it), which frees the whole buffer. A download lands in `down`, is waited
-/// for, then copied out. Both are allocated on first use; copies that do not fit take the
-/// pageable path.
+/// Pinned host memory for small copies. `up` is a ring: an upload is copied into it at
+/// `head` and queued from there, so the host returns at once. Its bytes must stay until the
+/// copy has run: they are reused only once `tail` has passed them, which a synchronisation
+/// of the stream does (every plain download synchronises it) and so does the wait for a
+/// [`LaterCopy`], for the bytes staged before it was queued. A plain download lands in
+/// `down`, is waited for, then copied out. Both are allocated on first use; copies that do
+/// not fit take the pageable path.
 struct Staging {
     up: *mut u8,
-    used: usize,
+    /// Bytes staged since the buffer was made, gaps at the end of a lap included: the next
+    /// upload goes at `head % STAGING_BYTES`, or at the next lap's start when it would not
+    /// fit before the end.
+    head: u64,
+    /// Staged bytes before this count have been copied to the device.
+    tail: u64,
     down: *mut u8,
+}
+
+impl Staging {
+    /// Every staged byte has been copied: the stream was synchronised.
+    fn drained(&mut self) {
+        self.tail = self.head;
+    }
+}
+
+/// A pinned landing buffer of [`STAGED_MAX`] bytes for a [`LaterCopy`], with the event
+/// that marks the copy's end; kept for the next copy once waited for.
+struct Landing {
+    host: *mut u8,
+    event: sys::CUevent,
 }
 
 /// Bytes of each staging buffer, and the largest copy staged.
@@ -141,7 +163,8 @@ impl Device {
             ordinal,
             waited_ns: AtomicU64::new(0),
             graph_memory: Mutex::new(GraphMemory::default()),
-            staging: Mutex::new(Staging { up: std::ptr::null_mut(), used: 0, down: std::ptr::null_mut() }),
+            staging: Mutex::new(Staging { up: std::ptr::null_mut(), head: 0, tail: 0, down: std::ptr::null_mut() }),
+            landings: Mutex::new(Vec::new()),
         }))
     }
 
@@ -367,22 +390,27 @@ impl Device {
             return Ok(false);
         }
         let mut s = self.staging.lock();
-        let at = s.used.next_multiple_of(64);
-        if at + bytes > STAGING_BYTES {
+        let lap = STAGING_BYTES as u64;
+        let mut at = s.head.next_multiple_of(64);
+        if (at % lap) as usize + bytes > STAGING_BYTES {
+            at = at.next_multiple_of(lap);
+        }
+        if at + bytes as u64 - s.tail > lap {
             return Ok(false);
         }
         if s.up.is_null() {
             // SAFETY: a plain pinned allocation, freed with the device.
             s.up = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(drv)?.cast();
         }
-        // SAFETY: `at + bytes` is inside the buffer, whose bytes from `used` on are not read
-        // by any queued copy; `src` is `bytes` long and does not overlap it.
+        let offset = (at % lap) as usize;
+        // SAFETY: `offset + bytes` is inside the buffer, and no queued copy reads those bytes
+        // (they lie within one lap past `tail`); `src` is `bytes` long and does not overlap.
         let staged = unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), s.up.add(at), bytes);
-            s.up.add(at).cast_const()
+            std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), s.up.add(offset), bytes);
+            s.up.add(offset).cast_const()
         };
         enqueue(staged)?;
-        s.used = at + bytes;
+        s.head = at + bytes as u64;
         Ok(true)
     }
 
@@ -412,7 +440,7 @@ impl Device {
             }
             .and_then(|()| self.stream.synchronize().map_err(drv));
             if done.is_ok() {
-                s.used = 0;
+                s.drained();
                 // SAFETY: the copy has finished; `dst` is `bytes` long and does not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(s.down, dst.as_mut_ptr().cast::<u8>(), bytes) };
             }
@@ -424,10 +452,52 @@ impl Device {
         let copied = unsafe { result::memcpy_dtoh_async(dst, src.ptr, self.cu_stream()) }.map_err(drv);
         let done = copied.and_then(|()| self.stream.synchronize().map_err(drv));
         if done.is_ok() {
-            s.used = 0;
+            s.drained();
         }
         self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         done
+    }
+
+    /// Queues a copy of the first `bytes` bytes of `src` to pinned host memory and returns
+    /// at once, without waiting for the device; [`LaterCopy::wait`] waits for the copy (and
+    /// so for everything queued before it). `None` for more than [`STAGED_MAX`] bytes or
+    /// inside a recording.
+    pub(crate) fn download_later(self: &Arc<Self>, src: &DeviceBuffer, bytes: usize) -> Result<Option<LaterCopy>> {
+        assert!(bytes <= src.bytes, "download of {bytes} bytes from a buffer of {}", src.bytes);
+        if bytes > STAGED_MAX || self.recording_here() {
+            return Ok(None);
+        }
+        self.bind()?;
+        let landing = match self.landings.lock().pop() {
+            Some(l) => l,
+            None => {
+                // SAFETY: a plain pinned allocation and a plain event, both freed with the device.
+                let host = unsafe { result::malloc_host(STAGED_MAX, 0) }.map_err(drv)?.cast();
+                let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+                match event {
+                    Ok(event) => Landing { host, event },
+                    Err(e) => {
+                        // SAFETY: just allocated above and not used.
+                        self.ctx.record_err(unsafe { result::free_host(host.cast()) });
+                        return Err(drv(e));
+                    }
+                }
+            }
+        };
+        let mut copy = LaterCopy { device: Arc::clone(self), landing: Some(landing), bytes, mark: 0 };
+        let l = copy.landing.as_ref().expect("set above");
+        // The staging lock orders the mark with every staged upload: those staged before it
+        // are queued before the event.
+        let s = self.staging.lock();
+        // SAFETY: `src` holds `bytes`, and the landing buffer `STAGED_MAX >= bytes`; nothing
+        // else touches the buffer until the copy is waited for or dropped.
+        unsafe {
+            let host = std::slice::from_raw_parts_mut(l.host, bytes);
+            result::memcpy_dtoh_async(host, src.ptr, self.cu_stream()).map_err(drv)?;
+            result::event::record(l.event, self.cu_stream()).map_err(drv)?;
+        }
+        copy.mark = s.head;
+        Ok(Some(copy))
     }
 
     /// Sets the first `bytes` bytes of `dst` to zero.
@@ -459,7 +529,7 @@ impl Device {
         let mut s = self.staging.lock();
         let done = self.stream.synchronize().map_err(drv);
         if done.is_ok() {
-            s.used = 0;
+            s.drained();
         }
         self.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         done
@@ -483,10 +553,15 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.ctx.record_err(self.ctx.bind_to_thread());
         let s = self.staging.get_mut();
-        for host in [s.up, s.down].into_iter().filter(|p| !p.is_null()) {
+        let landings = std::mem::take(self.landings.get_mut());
+        for host in [s.up, s.down].into_iter().chain(landings.iter().map(|l| l.host)).filter(|p| !p.is_null()) {
             // SAFETY: allocated by `malloc_host` and freed once, after every copy (the
             // stream is idle once every buffer and graph is gone).
             self.ctx.record_err(unsafe { result::free_host(host.cast()) });
+        }
+        for l in &landings {
+            // SAFETY: created by `event::create`, destroyed once; no copy waits for it.
+            self.ctx.record_err(unsafe { result::event::destroy(l.event) });
         }
         let g = self.graph_memory.get_mut();
         for ptr in g.retired.drain(..).chain((g.base != 0).then_some(g.base)) {
@@ -531,5 +606,58 @@ impl Drop for DeviceBuffer {
         // SAFETY: the pointer came from `cuMemAllocAsync` and is freed once; work queued
         // earlier on the stream that reads it finishes before the free takes effect.
         ctx.record_err(unsafe { result::free_async(self.ptr, self.device.cu_stream()) });
+    }
+}
+
+/// A copy to the host queued by [`Device::download_later`].
+pub(crate) struct LaterCopy {
+    device: Arc<Device>,
+    /// `None` once handed back.
+    landing: Option<Landing>,
+    bytes: usize,
+    /// The staging head when the copy was queued: staged bytes before it are copied once
+    /// this copy is.
+    mark: u64,
+}
+
+// SAFETY: the landing buffer and event belong to this copy alone until it is handed back;
+// the driver calls on them work from any thread once the context is bound.
+unsafe impl Send for LaterCopy {}
+
+impl LaterCopy {
+    /// Waits for the copy and returns its bytes as `u32`s (the host waits counted as the
+    /// device's, as a download's).
+    pub(crate) fn wait_u32(self) -> Result<Vec<u32>> {
+        let d = &self.device;
+        d.bind()?;
+        let start = Instant::now();
+        let l = self.landing.as_ref().expect("a copy is waited for once");
+        // SAFETY: the event was recorded after the copy on the device's stream.
+        let done = unsafe { result::event::synchronize(l.event) }.map_err(drv);
+        d.waited_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        done?;
+        {
+            let mut s = d.staging.lock();
+            s.tail = s.tail.max(self.mark);
+        }
+        let mut out = vec![0u32; self.bytes / 4];
+        // SAFETY: the copy has finished; the landing buffer holds `bytes` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(l.host, out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
+        Ok(out)
+    }
+}
+
+impl Drop for LaterCopy {
+    fn drop(&mut self) {
+        let Some(landing) = self.landing.take() else { return };
+        let d = &self.device;
+        // The buffer is reused only once the copy into it is over.
+        let over = d.bind().and_then(|()| {
+            // SAFETY: the event was recorded after the copy on the device's stream.
+            unsafe { result::event::synchronize(landing.event) }.map_err(drv)
+        });
+        if over.is_ok() {
+            d.landings.lock().push(landing);
+        }
     }
 }

@@ -72,6 +72,7 @@ const KERNELS: &[&str] = &[
     "softcap_f32",
     "gather_rows_bf16",
     "gather_rows_f32",
+    "gather_u32",
     "copy_cols_bf16",
     "fill_rows_bf16",
     "write_kv_bf16",
@@ -467,6 +468,10 @@ impl GpuBackend for CudaBackend {
         Some(self.dev.waited())
     }
 
+    fn queues_work(&self) -> bool {
+        true
+    }
+
     fn supports_graphs(&self) -> bool {
         true
     }
@@ -599,6 +604,14 @@ impl GpuBackend for CudaBackend {
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
         sample::sample(self, logits, rows)
+    }
+
+    fn sample_later(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<crate::LaterSample> {
+        sample::sample_later(self, logits, rows)
+    }
+
+    fn gather_u32(&self, src: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        ops::gather_u32(self, src, rows)
     }
 
     fn mask_logits(&self, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {

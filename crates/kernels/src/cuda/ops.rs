@@ -259,6 +259,19 @@ pub(super) fn gather_rows(b: &CudaBackend, x: &Tensor, rows: &Tensor) -> Result<
     gather(b, rows, x, "gather_rows")
 }
 
+/// `GpuBackend::gather_u32`: one elementwise kernel; `src` is read on the device only.
+pub(super) fn gather_u32(b: &CudaBackend, src: &Tensor, rows: &[u32]) -> Result<Tensor> {
+    const OP: &str = "gather_u32";
+    crate::check::gather_u32(src, rows)?;
+    let out = b.alloc(&[rows.len()], DType::U32)?;
+    if !rows.is_empty() {
+        let rows_t = b.upload_u32(rows, &[rows.len()])?;
+        let n = rows.len() as u32;
+        launch!(b, OP, elementwise(rows.len()), [ptr(OP, src)?, ptr(OP, &rows_t)?, ptr(OP, &out)?, n])?;
+    }
+    Ok(out)
+}
+
 fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
     let (v, h) = (table.dims()[0], table.dims()[1]);
     expect_dtype(op, table, &[DType::BF16, DType::F32])?;

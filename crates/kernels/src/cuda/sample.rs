@@ -15,7 +15,7 @@ use cudarc::driver::LaunchConfig;
 use met_config::MAX_TOP_LOGPROBS;
 
 use super::{CudaBackend, elementwise, launch, ptr};
-use crate::backend::{SampleRow, Sampled};
+use crate::backend::{LaterSample, SampleRow, Sampled};
 use crate::cpu::sample::check_row;
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor};
@@ -142,7 +142,8 @@ fn for_logits(op: &'static str, name: &str, dtype: DType) -> Result<&'static str
     })
 }
 
-pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
+/// Checks `logits` and every row as the CPU does; returns the vocabulary.
+fn check(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<usize> {
     for_logits(OP, "sample_rows", logits.dtype())?;
     let d = logits.dims();
     ensure(d.len() == 2, OP, || format!("logits {d:?} are not [rows, vocab]"))?;
@@ -153,11 +154,16 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
     for row in rows {
         check_row(row, n, vocab)?;
     }
+    Ok(vocab)
+}
+
+pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
+    let vocab = check(logits, rows)?;
     if rows.is_empty() {
         return Ok(Vec::new());
     }
     if rows.iter().all(plain_greedy) {
-        let tokens = argmax(b, logits, vocab, rows)?;
+        let tokens = crate::GpuBackend::download_u32(b, &argmax(b, logits, vocab, rows)?)?;
         return rows
             .iter()
             .zip(tokens)
@@ -191,6 +197,47 @@ pub(super) fn sample(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -
         .collect()
 }
 
+/// `GpuBackend::sample_later`: the draws' kernels queued, their tokens on their way to the
+/// host. Rows that ask for logprobs are drawn and waited for at once (their results are
+/// more than the tokens), as is a batch too large for a landing buffer.
+pub(super) fn sample_later(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<LaterSample> {
+    let vocab = check(logits, rows)?;
+    let n = rows.len();
+    let now = || {
+        let sampled = sample(b, logits, rows)?;
+        let ids: Vec<u32> = sampled.iter().map(|s| s.token).collect();
+        let tokens = if ids.is_empty() { b.alloc(&[0], DType::U32)? } else { b.upload_u32(&ids, &[n])? };
+        Ok(LaterSample::new(tokens, move || Ok(sampled)))
+    };
+    if n == 0 || rows.iter().any(|r| r.params.logprobs.is_some()) {
+        return now();
+    }
+    let tokens = if rows.iter().all(plain_greedy) {
+        argmax(b, logits, vocab, rows)?
+    } else {
+        let mut plan = Plan::default();
+        for row in rows {
+            plan.push(row, vocab);
+        }
+        draw(b, logits, vocab, &plan, n)?.tokens
+    };
+    let Some(copy) = b.dev.download_later(&super::storage(OP, &tokens)?.buf, n * size_of::<u32>())? else {
+        return now();
+    };
+    let logits_rows: Vec<usize> = rows.iter().map(|r| r.logits_row).collect();
+    Ok(LaterSample::new(tokens, move || {
+        let tokens = copy.wait_u32()?;
+        (tokens.into_iter().zip(logits_rows))
+            .map(|(token, row)| {
+                if token == NO_TOKEN {
+                    return Err(all_masked_row(row));
+                }
+                Ok(Sampled { token, logprob: None, top_logprobs: vec![] })
+            })
+            .collect()
+    }))
+}
+
 /// `GpuBackend::mask_logits`: one elementwise kernel over the result, row ids checked on
 /// the host copy of `rows`.
 pub(super) fn mask_logits(b: &CudaBackend, logits: &Tensor, rows: &Tensor, masks: &Tensor) -> Result<Tensor> {
@@ -211,7 +258,11 @@ pub(super) fn mask_logits(b: &CudaBackend, logits: &Tensor, rows: &Tensor, masks
 }
 
 fn all_masked(row: &SampleRow<'_>) -> Error {
-    Error::InvalidArgument(format!("{OP}: every token of logits row {} is banned or masked", row.logits_row))
+    all_masked_row(row.logits_row)
+}
+
+fn all_masked_row(logits_row: usize) -> Error {
+    Error::InvalidArgument(format!("{OP}: every token of logits row {logits_row} is banned or masked"))
 }
 
 /// A row that only needs the argmax of its raw logits: greedy, nothing biased, penalised or
@@ -225,8 +276,9 @@ const ARGMAX_PARTS: usize = 32;
 /// `ARGMAX_THREADS` of `sample.cu`.
 const ARGMAX_THREADS: u32 = 256;
 
-/// The argmax of each row's logits, over `ARGMAX_PARTS` blocks per row, then merged.
-fn argmax(b: &CudaBackend, logits: &Tensor, vocab: usize, rows: &[SampleRow<'_>]) -> Result<Vec<u32>> {
+/// `u32 [rows]` on the device: the argmax of each row's logits, over `ARGMAX_PARTS` blocks
+/// per row, then merged.
+fn argmax(b: &CudaBackend, logits: &Tensor, vocab: usize, rows: &[SampleRow<'_>]) -> Result<Tensor> {
     let n = rows.len();
     let ids: Vec<u32> = rows.iter().map(|r| r.logits_row as u32).collect();
     let rows_t = b.upload_u32(&ids, &[n])?;
@@ -243,13 +295,36 @@ fn argmax(b: &CudaBackend, logits: &Tensor, vocab: usize, rows: &[SampleRow<'_>]
     launch!(b, kernel, cfg, [ptr(OP, logits)?, vocab as u32, ptr(OP, &rows_t)?, parts.0, parts.1])?;
     let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
     launch!(b, "argmax_merge", cfg, [parts.0, parts.1, ptr(OP, &tokens)?])?;
-    crate::GpuBackend::download_u32(b, &tokens)
+    Ok(tokens)
 }
 
 type Outputs = (Vec<u32>, Vec<f32>, Vec<u32>, Vec<f32>);
 
-/// Uploads the plan, launches one block per row and downloads the results.
+/// What `sample_rows` writes, on the device.
+struct Draws {
+    tokens: Tensor,
+    logprobs: Tensor,
+    top_ids: Tensor,
+    top_vals: Tensor,
+}
+
+/// Launches the plan's draws and downloads the results.
 fn run(b: &CudaBackend, logits: &Tensor, vocab: usize, plan: &Plan, n: usize) -> Result<Outputs> {
+    let d = draw(b, logits, vocab, plan, n)?;
+    let tokens = crate::GpuBackend::download_u32(b, &d.tokens)?;
+    if !plan.any_logprobs {
+        return Ok((tokens, Vec::new(), Vec::new(), Vec::new()));
+    }
+    Ok((
+        tokens,
+        crate::GpuBackend::download_f32(b, &d.logprobs)?,
+        crate::GpuBackend::download_u32(b, &d.top_ids)?,
+        crate::GpuBackend::download_f32(b, &d.top_vals)?,
+    ))
+}
+
+/// Uploads the plan and launches one block per row.
+fn draw(b: &CudaBackend, logits: &Tensor, vocab: usize, plan: &Plan, n: usize) -> Result<Draws> {
     let upload_u32 = |data: &[u32]| b.upload_u32(if data.is_empty() { &[0] } else { data }, &[data.len().max(1)]);
     let rows_t = upload_u32(&plan.rows)?;
     let pens_t = upload_u32(&plan.pens)?;
@@ -269,14 +344,5 @@ fn run(b: &CudaBackend, logits: &Tensor, vocab: usize, plan: &Plan, n: usize) ->
         cfg,
         [inputs.0, inputs.1, inputs.2, inputs.3, inputs.4, outputs.0, outputs.1, outputs.2, outputs.3, outputs.4]
     )?;
-    let tokens = crate::GpuBackend::download_u32(b, &tokens)?;
-    if !plan.any_logprobs {
-        return Ok((tokens, Vec::new(), Vec::new(), Vec::new()));
-    }
-    Ok((
-        tokens,
-        crate::GpuBackend::download_f32(b, &logprobs)?,
-        crate::GpuBackend::download_u32(b, &top_ids)?,
-        crate::GpuBackend::download_f32(b, &top_vals)?,
-    ))
+    Ok(Draws { tokens, logprobs, top_ids, top_vals })
 }
