@@ -25,7 +25,7 @@ use met_cache::KvPools;
 use met_kernels::{DType, Graph, HostTensor, Tensor};
 
 use crate::attention::{BatchLayout, StepLayout, widest_table};
-use crate::layers::decoder::{DecoderModel, DeviceStep};
+use crate::layers::decoder::{DecoderModel, DeviceStep, StepIds};
 use crate::{ForwardBatch, Model, Result};
 
 /// The batch sizes captured by default: padding a step up to the next one wastes at most
@@ -153,7 +153,13 @@ impl DecodeGraphs {
 
     /// Runs `batch` from a graph when it is a decode step that one holds: `Ok(None)` when it
     /// must run eagerly.
-    pub(crate) fn replay(&self, model: &DecoderModel, batch: &ForwardBatch, kv: &KvPools) -> Result<Option<Tensor>> {
+    pub(crate) fn replay(
+        &self,
+        model: &DecoderModel,
+        batch: &ForwardBatch,
+        kv: &KvPools,
+        ids: StepIds<'_>,
+    ) -> Result<Option<Tensor>> {
         let n = batch.sequences.len();
         let Some(g) = self.graphs.iter().find(|g| g.size >= n) else { return Ok(None) };
         let decode_only = n > 0
@@ -172,7 +178,11 @@ impl DecodeGraphs {
             v
         };
         let step = &g.step;
-        b.write_u32(&step.ids, &model.local_ids(&pad(&batch.token_ids, 0)))?;
+        match ids {
+            StepIds::Host => b.write_u32(&step.ids, &model.local_ids(&pad(&batch.token_ids, 0)))?,
+            // Padding rows take the first row's token: any id in the vocabulary will do.
+            StepIds::Fed { tokens, rows } => b.copy_into(&b.gather_u32(tokens, &pad(rows, rows[0]))?, &step.ids)?,
+        }
         b.write_u32(&step.positions, &pad(&batch.positions, 0))?;
         // Padding rows: one token each at no slot, reading block 0 (their one-token
         // context), as recorded. Only the batch's widest table of columns is written: the

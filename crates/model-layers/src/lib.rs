@@ -66,6 +66,25 @@ pub trait Model: Send + Sync {
     /// [`ModelError::Batch`] for a malformed batch; device errors otherwise.
     fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor>;
 
+    /// Whether [`Self::forward_fed`] works: the model reads its step's token ids from the
+    /// device.
+    fn feeds_tokens(&self) -> bool {
+        false
+    }
+
+    /// [`Self::forward`] with row `i`'s token id read from element `rows[i]` of `tokens`
+    /// (`u32`, on the model's backend) instead of from `batch.token_ids`: a step queued
+    /// before the host has the tokens the step before drew ([`GpuBackend::sample_later`]).
+    ///
+    /// # Errors
+    /// As [`Self::forward`]; [`ModelError::Unsupported`] where [`Self::feeds_tokens`] is false.
+    ///
+    /// [`GpuBackend::sample_later`]: met_kernels::GpuBackend::sample_later
+    fn forward_fed(&self, batch: &ForwardBatch, tokens: &Tensor, rows: &[u32], kv: &mut dyn KvCache) -> Result<Tensor> {
+        let _ = (batch, tokens, rows, kv);
+        Err(ModelError::Unsupported("this model reads its token ids from the host".into()))
+    }
+
     /// Rows of the logits.
     fn vocab_size(&self) -> usize;
 

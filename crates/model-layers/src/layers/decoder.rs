@@ -152,6 +152,15 @@ pub struct DecoderModel {
     graphs: OnceLock<DecodeGraphs>,
 }
 
+/// Where a step's token ids come from.
+#[derive(Clone, Copy)]
+pub(crate) enum StepIds<'a> {
+    /// The batch's `token_ids`.
+    Host,
+    /// Element `rows[i]` of the device vector `tokens` for row `i` ([`Model::forward_fed`]).
+    Fed { tokens: &'a Tensor, rows: &'a [u32] },
+}
+
 /// One step's inputs on the device.
 pub(crate) struct DeviceStep {
     /// `u32 [t]` token ids.
@@ -253,8 +262,9 @@ impl DecoderModel {
         }
     }
 
-    /// The batch's inputs on the device (the eager path).
-    fn upload_step(&self, batch: &ForwardBatch) -> Result<DeviceStep> {
+    /// The batch's inputs on the device (the eager path). Fed ids are gathered on the
+    /// device; the embedding's check of them then waits for the device on CUDA.
+    fn upload_step(&self, batch: &ForwardBatch, ids: StepIds<'_>) -> Result<DeviceStep> {
         let b = &*self.backend;
         let t = batch.num_tokens();
         let every_row =
@@ -267,7 +277,12 @@ impl DecoderModel {
         };
         let logit_count = logit_rows.as_ref().map_or(t, |r| r.elem_count());
         Ok(DeviceStep {
-            ids: b.upload(&HostTensor::from_u32(&self.shard.local_ids(&batch.token_ids), &[t]), DType::U32)?,
+            ids: match ids {
+                StepIds::Host => {
+                    b.upload(&HostTensor::from_u32(&self.shard.local_ids(&batch.token_ids), &[t]), DType::U32)?
+                }
+                StepIds::Fed { tokens, rows } => b.gather_u32(tokens, rows)?,
+            },
             positions: b.upload(&HostTensor::from_u32(&batch.positions, &[t]), DType::U32)?,
             meta: self
                 .attention
@@ -335,13 +350,13 @@ impl DecoderModel {
 
     /// The forward pass over `kv`'s pools of this rank, checks done: a graph replay for a
     /// decode step that one holds, else eager.
-    pub(crate) fn forward_on(&self, batch: &ForwardBatch, kv: &KvPools) -> Result<Tensor> {
+    pub(crate) fn forward_on(&self, batch: &ForwardBatch, kv: &KvPools, ids: StepIds<'_>) -> Result<Tensor> {
         if let Some(graphs) = self.graphs.get()
-            && let Some(logits) = graphs.replay(self, batch, kv)?
+            && let Some(logits) = graphs.replay(self, batch, kv, ids)?
         {
             return Ok(logits);
         }
-        self.run(&self.upload_step(batch)?, kv)
+        self.run(&self.upload_step(batch, ids)?, kv)
     }
 
     /// Records decode graphs over this rank's pools ([`Model::capture_graphs`]).
@@ -440,7 +455,28 @@ impl RotaryTables {
 impl Model for DecoderModel {
     fn forward(&self, batch: &ForwardBatch, kv: &mut dyn KvCache) -> Result<Tensor> {
         self.check(batch, kv)?;
-        self.forward_on(batch, kv.pools(0))
+        self.forward_on(batch, kv.pools(0), StepIds::Host)
+    }
+
+    fn feeds_tokens(&self) -> bool {
+        // Under tensor parallelism each rank maps ids to its share of the vocabulary on
+        // the host (`Shard::local_ids`).
+        self.shard.world_size() == 1
+    }
+
+    fn forward_fed(&self, batch: &ForwardBatch, tokens: &Tensor, rows: &[u32], kv: &mut dyn KvCache) -> Result<Tensor> {
+        if !self.feeds_tokens() {
+            return Err(ModelError::Unsupported("a tensor-parallel model reads its token ids from the host".into()));
+        }
+        if rows.len() != batch.num_tokens() {
+            return Err(ModelError::Batch(format!(
+                "{} fed ids for a batch of {} rows",
+                rows.len(),
+                batch.num_tokens()
+            )));
+        }
+        self.check(batch, kv)?;
+        self.forward_on(batch, kv.pools(0), StepIds::Fed { tokens, rows })
     }
 
     fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
@@ -486,6 +522,6 @@ impl EarlyExit for DecoderModel {
             )));
         }
         self.check(batch, kv)?;
-        self.run_layers(&self.upload_step(batch)?, kv.pools(0), layers)
+        self.run_layers(&self.upload_step(batch, StepIds::Host)?, kv.pools(0), layers)
     }
 }

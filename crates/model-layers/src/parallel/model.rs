@@ -26,7 +26,7 @@ use met_model_weights::WeightStore;
 use super::{Shard, check_world};
 use crate::attention::attention_backend;
 use crate::graphs::{GraphCapture, GraphSettings};
-use crate::layers::decoder::{DecoderModel, check_batch, check_cache};
+use crate::layers::decoder::{DecoderModel, StepIds, check_batch, check_cache};
 use crate::models::check_store;
 use crate::{ForwardBatch, LoadOptions, Model, ModelError, Result};
 
@@ -244,7 +244,7 @@ impl Model for TensorParallelModel {
         }
         let batch = Arc::new(batch.clone());
         let pools = rank_pools(kv, self.world_size());
-        self.on_every_rank(move |rank, model| model.forward_on(&batch, &pools[rank]))
+        self.on_every_rank(move |rank, model| model.forward_on(&batch, &pools[rank], StepIds::Host))
     }
 
     fn capture_graphs(&self, kv: &dyn KvCache, settings: &GraphSettings) -> Result<GraphCapture> {
