@@ -16,6 +16,11 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Token events buffered per request before the engine pauses that request.
     pub stream_capacity: usize,
+    /// Whether the engine queues each decode step before reading the tokens the step
+    /// before drew, so the host's scheduling and bookkeeping overlap the device's work.
+    /// `None`: wherever it can (a backend that queues work, a model that reads its token
+    /// ids from the device, no speculative decoding).
+    pub async_scheduling: Option<bool>,
 }
 
 impl Default for EngineConfig {
@@ -27,6 +32,7 @@ impl Default for EngineConfig {
             block_size: 16,
             prefix_caching: true,
             stream_capacity: 256,
+            async_scheduling: None,
         }
     }
 }

@@ -3,6 +3,15 @@
 //! `step` is the whole serving loop in four lines: reap cancelled requests, schedule a
 //! batch, run it through the model, sample and hand the results back to the scheduler.
 //!
+//! With asynchronous scheduling (on where the backend queues work), a decode step is left
+//! in flight: its tokens stay on the device ([`GpuBackend::sample_later`]). The next call
+//! plans the step after it without them ([`Scheduler::continue_plan`]), queues that step
+//! with its ids read from the device ([`Model::forward_fed`]), and only then waits for the
+//! tokens and hands them to the scheduler, so the host's scheduling and bookkeeping run
+//! while the device computes. A sequence that a stop token ended meanwhile has its extra
+//! row discarded; anything else that needs the tokens first (admissions, preemption,
+//! speculation) schedules after them, as without it. Outputs are the same either way.
+//!
 //! One bad sequence never fails its batch: when the forward pass or the sampler fails for
 //! the batch, each sequence is run (or its row sampled) alone, and only those that fail
 //! alone end, with [`FinishReason::Error`]; the others go on with the outputs they would
@@ -16,7 +25,7 @@ use std::time::Instant;
 
 use met_cache::KvCache;
 use met_config::EngineConfig;
-use met_kernels::{DType, GpuBackend, HostTensor, SampleRow, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, LaterSample, SampleRow, Sampled, Tensor};
 use met_model_layers::Model;
 use met_speculative::{DraftModelProposer, Proposer, SpeculativeConfig};
 use met_telemetry::{Metrics, StepStats};
@@ -39,6 +48,18 @@ pub struct Engine {
     arrivals: u64,
     next_id: u64,
     last_step: StepStats,
+    /// Whether decode steps are queued ahead of their tokens (asynchronous scheduling).
+    ahead: bool,
+    /// The step whose tokens are still on the device.
+    in_flight: Option<InFlight>,
+}
+
+/// A step queued and sampled, its draws not read yet.
+struct InFlight {
+    plan: Plan,
+    /// Kept to draw row by row when the batch's draws fail.
+    logits: Tensor,
+    draws: LaterSample,
 }
 
 /// An engine-level fault, once one happened: shared by the engine and its handles.
@@ -96,6 +117,7 @@ impl Engine {
             )));
         }
         metrics.set_kv_capacity(kv.num_blocks());
+        let ahead = config.async_scheduling.unwrap_or_else(|| backend.queues_work()) && model.feeds_tokens();
         let scheduler = Scheduler::new(config, model.max_context(), policy, Arc::clone(&metrics));
         let health = Arc::new(Health::default());
         Ok(Self {
@@ -108,6 +130,8 @@ impl Engine {
             arrivals: 0,
             next_id: 0,
             last_step: StepStats::default(),
+            ahead,
+            in_flight: None,
         })
     }
 
@@ -150,6 +174,7 @@ impl Engine {
     /// the method's own settings are the proposer's business).
     #[must_use]
     pub fn with_proposer_config(mut self, proposer: Box<dyn Proposer>, speculative: &SpeculativeConfig) -> Self {
+        self.ahead = false;
         let speculation = Speculation::new(proposer, speculative.num_tokens, self.model.vocab_size());
         self.scheduler.speculate(speculation.with_policy(speculative.adaptive, speculative.max_batch));
         self
@@ -160,6 +185,7 @@ impl Engine {
     /// `k` and no batch limit.
     #[must_use]
     pub fn with_proposer(mut self, proposer: Box<dyn Proposer>, num_tokens: usize) -> Self {
+        self.ahead = false;
         self.scheduler.speculate(Speculation::new(proposer, num_tokens, self.model.vocab_size()));
         self
     }
@@ -209,25 +235,128 @@ impl Engine {
     }
 
     /// Runs one step: schedule, forward, sample, postprocess. A sequence that fails ends
-    /// alone; an engine-level fault ends every request (see [`Engine::fault`]).
+    /// alone; an engine-level fault ends every request (see [`Engine::fault`]). With
+    /// asynchronous scheduling a decode step's postprocessing happens in the next call,
+    /// after the step that follows it is queued (see the module's docs).
     pub fn step(&mut self) {
         let start = Instant::now();
-        self.scheduler.reap();
         let mut counts = StepStats::default();
-        let plan = self.scheduler.schedule(&*self.kv, &*self.model, &mut counts);
-        counts.phases.schedule = start.elapsed();
-        if !plan.entries.is_empty() {
-            match self.run(&plan, &mut counts) {
-                Ok(results) => {
-                    let begun = Instant::now();
-                    self.scheduler.postprocess(&plan, results, &*self.kv, &mut counts);
-                    counts.phases.postprocess = begun.elapsed();
+        if let Some(prev) = self.in_flight.take() {
+            let next = self.scheduler.continue_plan(&prev.plan, &*self.kv);
+            counts.phases.schedule = start.elapsed();
+            match next {
+                Some((plan, fed)) => self.step_ahead(prev, plan, &fed, &mut counts),
+                None => {
+                    self.resolve(prev, &mut counts);
+                    self.step_now(&mut counts);
                 }
-                Err(fault) => self.fail(&fault.to_string()),
             }
+        } else {
+            self.step_now(&mut counts);
+        }
+        self.record(counts, start);
+    }
+
+    /// A step planned with every token known: leaves it in flight when it may be.
+    fn step_now(&mut self, counts: &mut StepStats) {
+        if self.fault().is_some() {
+            return;
+        }
+        let start = Instant::now();
+        self.scheduler.reap();
+        let plan = self.scheduler.schedule(&*self.kv, &*self.model, counts);
+        counts.phases.schedule += start.elapsed();
+        if plan.entries.is_empty() {
+            self.scheduler.recycle(plan);
+            return;
+        }
+        if self.ahead {
+            let begun = Instant::now();
+            let forward = self.forward_and_mask(&plan);
+            counts.phases.forward += begun.elapsed();
+            return self.sample_or_settle(plan, forward, counts);
+        }
+        let results = self.run(&plan, counts);
+        self.settle(plan, results, counts);
+    }
+
+    /// Queues `plan`, the step after `prev`, with its ids read from `prev`'s draws; then
+    /// resolves `prev` and leaves `plan` in flight.
+    fn step_ahead(&mut self, prev: InFlight, mut plan: Plan, fed: &[u32], counts: &mut StepStats) {
+        let begun = Instant::now();
+        let forward = self.model.forward_fed(&plan.batch, &prev.draws.tokens, fed, &mut *self.kv);
+        counts.phases.forward += begun.elapsed();
+        counts.ahead = true;
+        counts.batch_tokens = plan.batch.num_tokens();
+        let keys = self.scheduler.keys(&plan.entries);
+        self.resolve(prev, counts);
+        if self.fault().is_some() {
+            self.scheduler.recycle(plan);
+            return;
+        }
+        self.scheduler.reap();
+        self.scheduler.remap(&mut plan, &keys);
+        if plan.entries.is_empty() {
+            self.scheduler.recycle(plan);
+            return;
+        }
+        if forward.is_ok() && self.scheduler.constrains(&plan.entries) {
+            // Their states have just taken `prev`'s tokens.
+            self.scheduler.compute_masks(&plan.entries, self.model.vocab_size());
+        }
+        self.sample_or_settle(plan, forward, counts);
+    }
+
+    /// Leaves `plan`'s draws in flight once its forward pass is queued; when the pass or
+    /// the draws fail, finds the sequences that fail alone and settles the step now.
+    fn sample_or_settle(
+        &mut self,
+        plan: Plan,
+        forward: Result<Tensor, met_model_layers::ModelError>,
+        counts: &mut StepStats,
+    ) {
+        let results = match forward {
+            Ok(logits) => {
+                let begun = Instant::now();
+                let draws = self.sample_later(&logits, &plan.entries);
+                counts.phases.sample += begun.elapsed();
+                match draws {
+                    Ok(draws) => {
+                        self.in_flight = Some(InFlight { plan, logits, draws });
+                        return;
+                    }
+                    Err(e) => blame(e).and_then(|_| self.sample(&logits, &plan.entries)),
+                }
+            }
+            Err(e) => blame(e.into()).and_then(|_| self.run_alone(&plan)),
+        };
+        self.settle(plan, results, counts);
+    }
+
+    /// Waits for `prev`'s draws and hands them to the scheduler.
+    fn resolve(&mut self, prev: InFlight, counts: &mut StepStats) {
+        let begun = Instant::now();
+        let InFlight { plan, logits, draws } = prev;
+        let results = match draws.wait() {
+            Ok(sampled) => Ok(self.entry_results(&plan.entries, sampled.into_iter().map(Ok))),
+            // A row that cannot be drawn: draw row by row to find it.
+            Err(e) => blame(e.into()).and_then(|_| self.sample(&logits, &plan.entries)),
+        };
+        counts.phases.sample += begun.elapsed();
+        self.settle(plan, results, counts);
+    }
+
+    /// Hands a step's results to the scheduler, or ends every request on a fault.
+    fn settle(&mut self, plan: Plan, results: Result<Vec<EntryResult>, EngineError>, counts: &mut StepStats) {
+        match results {
+            Ok(results) => {
+                let begun = Instant::now();
+                self.scheduler.postprocess(&plan, results, &*self.kv, counts);
+                counts.phases.postprocess += begun.elapsed();
+            }
+            Err(fault) => self.fail(&fault.to_string()),
         }
         self.scheduler.recycle(plan);
-        self.record(counts, start);
     }
 
     /// What the last step did and where its time went.
@@ -243,6 +372,7 @@ impl Engine {
 
     /// Records an engine-level fault and ends every request with it.
     pub(crate) fn fail(&mut self, fault: &str) {
+        self.in_flight = None;
         self.health.fail(fault.to_owned());
         self.scheduler.fail_all(&FinishReason::Error(fault.to_owned()));
     }
@@ -267,12 +397,20 @@ impl Engine {
             Err(e) => EngineError::from(e),
         };
         blame(batch_error)?;
-        // Rerunning a sequence writes the same K/V at the same slots again.
+        self.run_alone(plan)
+    }
+
+    /// Runs and samples each entry of `plan` alone, after the batch failed: only the
+    /// sequences that fail alone fail. Rerunning a sequence writes the same K/V at the same
+    /// slots again.
+    fn run_alone(&mut self, plan: &Plan) -> Result<Vec<EntryResult>, EngineError> {
         let mut results = Vec::with_capacity(plan.entries.len());
         for entry in &plan.entries {
             let batch = self.scheduler.batch_of(entry);
+            // Its logits are the only ones of its batch.
+            let alone = Scheduled { logits_row: 0, ..*entry };
             let result = match self.model.forward(&batch, &mut *self.kv) {
-                Ok(logits) => self.sample(&logits, std::slice::from_ref(entry))?.remove(0),
+                Ok(logits) => self.sample(&logits, &[alone])?.remove(0),
                 Err(e) => EntryResult::Failed(blame(e.into())?),
             };
             results.push(result);
@@ -315,10 +453,11 @@ impl Engine {
     /// to find the ones that fail; an entry with a failed row fails.
     fn sample(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
         let masked = self.masked(logits, entries)?;
+        let compact = masked.is_some();
         let logits = masked.as_ref().unwrap_or(logits);
         let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
-        let rows = self.scheduler.sample_rows(entries, &inputs);
-        let mut sampled = match self.backend.sample(logits, &rows) {
+        let rows = self.scheduler.sample_rows(entries, &inputs, compact);
+        let sampled = match self.backend.sample(logits, &rows) {
             Ok(samples) => samples.into_iter().map(Ok).collect(),
             Err(e) => {
                 blame(e.into())?;
@@ -328,8 +467,26 @@ impl Engine {
                 };
                 rows.iter().map(alone).collect::<Result<Vec<_>, _>>()?
             }
-        }
-        .into_iter();
+        };
+        Ok(self.entry_results(entries, sampled.into_iter()))
+    }
+
+    /// [`Self::sample`]'s draws left on the device ([`GpuBackend::sample_later`]).
+    fn sample_later(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<LaterSample, EngineError> {
+        let masked = self.masked(logits, entries)?;
+        let compact = masked.is_some();
+        let logits = masked.as_ref().unwrap_or(logits);
+        let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
+        let rows = self.scheduler.sample_rows(entries, &inputs, compact);
+        Ok(self.backend.sample_later(logits, &rows)?)
+    }
+
+    /// One result per entry from the draws of its rows, in order.
+    fn entry_results(
+        &self,
+        entries: &[Scheduled],
+        mut sampled: impl Iterator<Item = Result<Sampled, String>>,
+    ) -> Vec<EntryResult> {
         let results = entries.iter().map(|e| {
             if !e.sample {
                 return EntryResult::Computed;
@@ -342,7 +499,7 @@ impl Engine {
             let mine: Vec<Result<_, String>> = sampled.by_ref().take(e.samples()).collect();
             mine.into_iter().collect::<Result<Vec<_>, _>>().map_or_else(EntryResult::Failed, EntryResult::Sampled)
         });
-        Ok(results.collect())
+        results.collect()
     }
 
     fn record(&mut self, mut stats: StepStats, start: Instant) {

@@ -178,6 +178,25 @@ impl Model for MockModel {
             .upload(&HostTensor::from_f32(&logits, &[batch.logit_rows.len(), self.vocab_size]), DType::F32)?)
     }
 
+    fn feeds_tokens(&self) -> bool {
+        true
+    }
+
+    /// Reads the ids through the backend's gather, then runs as [`Self::forward`].
+    fn forward_fed(
+        &self,
+        batch: &ForwardBatch,
+        tokens: &Tensor,
+        rows: &[u32],
+        kv: &mut dyn KvCache,
+    ) -> Result<Tensor, ModelError> {
+        let ids = self.backend.download_u32(&self.backend.gather_u32(tokens, rows)?)?;
+        if ids.len() != batch.num_tokens() {
+            return Err(ModelError::Batch(format!("{} fed ids for a batch of {} rows", ids.len(), batch.num_tokens())));
+        }
+        self.forward(&ForwardBatch { token_ids: ids, ..batch.clone() }, kv)
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab_size
     }

@@ -42,6 +42,8 @@ pub(crate) struct Scheduled {
     /// Proposed tokens verified after the decode row (the sequence's `draft`); each adds a
     /// logits row and a sample.
     pub(crate) draft: usize,
+    /// The step's logits row of its first sample.
+    pub(crate) logits_row: usize,
 }
 
 impl Scheduled {
@@ -328,7 +330,7 @@ impl Scheduler {
     /// Plans `n` rows of `running[i]`, the last `draft` of them its proposed tokens.
     fn push(&self, plan: &mut Plan, i: usize, n: usize, draft: usize) {
         let sample = self.running[i].computed + n - draft == self.running[i].tokens.len();
-        let e = Scheduled { seq: i, len: n, sample, draft };
+        let e = Scheduled { seq: i, len: n, sample, draft, logits_row: plan.batch.logit_rows.len() };
         self.push_to(&mut plan.batch, e);
         plan.entries.push(e);
     }
@@ -344,6 +346,71 @@ impl Scheduler {
             let rows = [pending, &seq.draft[..e.draft]].concat();
             batch.push(&rows, seq.computed, blocks, LogitRows::All);
         }
+    }
+
+    /// The step after `prev`, planned while `prev`'s draws are still on the device, when
+    /// nothing but those draws could change it: every entry of `prev` samples one token
+    /// (no draft), every running sequence is in it and none is paused, no waiting sequence
+    /// could be admitted, and each block table has room for one more token. Each sequence
+    /// that `prev`'s token will not end by length gets one decode row, whose token id is
+    /// element `fed[i]` of `prev`'s draws for row `i`; one that a stop token ends leaves
+    /// the plan when `prev` is resolved ([`Self::remap`]). `None`: schedule after `prev`.
+    pub(crate) fn continue_plan(&mut self, prev: &Plan, kv: &dyn KvCache) -> Option<(Plan, Vec<u32>)> {
+        let n = prev.entries.len();
+        let admissible = n < self.config.max_num_seqs && self.waiting.iter().any(|s| !s.paused());
+        if self.speculation.is_some()
+            || admissible
+            || n != self.running.len()
+            || n > self.config.max_batch_tokens
+            || prev.entries.iter().any(|e| !e.sample || e.draft > 0 || self.running[e.seq].paused())
+        {
+            return None;
+        }
+        let mut plan = std::mem::take(&mut self.spare);
+        plan.batch.clear();
+        plan.entries.clear();
+        let mut fed = Vec::with_capacity(n);
+        for (row, e) in prev.entries.iter().enumerate() {
+            let Running { seq, blocks } = &mut self.running[e.seq];
+            // The position of `prev`'s draw, which this row computes.
+            let position = seq.tokens.len();
+            if seq.output().len() + 1 >= seq.request.stop.max_new_tokens || position + 1 >= self.max_context {
+                continue;
+            }
+            if kv.reserve(blocks, position + 1).is_err() {
+                self.spare = plan;
+                return None;
+            }
+            let logits_row = plan.batch.logit_rows.len();
+            plan.batch.push(&[0], position, blocks, LogitRows::Last);
+            plan.entries.push(Scheduled { seq: e.seq, len: 1, sample: true, draft: 0, logits_row });
+            fed.push(row as u32);
+        }
+        if plan.entries.is_empty() {
+            self.spare = plan;
+            return None;
+        }
+        self.tick += 1;
+        Some((plan, fed))
+    }
+
+    /// The sequence of each of `entries`, for [`Self::remap`].
+    pub(crate) fn keys(&self, entries: &[Scheduled]) -> Vec<u64> {
+        entries.iter().map(|e| self.running[e.seq].key()).collect()
+    }
+
+    /// Points `plan`'s entries, whose sequences were `keys`, at those sequences' places in
+    /// the running list now, and drops the entries of sequences no longer running (ended,
+    /// failed or cancelled meanwhile); the rows they computed are left unread. The batch is
+    /// left as it ran.
+    pub(crate) fn remap(&self, plan: &mut Plan, keys: &[u64]) {
+        let now: std::collections::HashMap<u64, usize> =
+            self.running.iter().enumerate().map(|(i, r)| (r.key(), i)).collect();
+        let mut keys = keys.iter();
+        plan.entries.retain_mut(|e| {
+            let key = keys.next().expect("one key per entry");
+            now.get(key).map(|&i| e.seq = i).is_some()
+        });
     }
 
     /// What the sampler needs for the logits rows of `entries` among `vocab` tokens: each
@@ -362,11 +429,18 @@ impl Scheduler {
         inputs
     }
 
-    /// The sampler's row for each logits row of `entries`, in order: row `r` reads logits
-    /// row `r`. A draft's row `j` sees the output extended by the draft's first `j` tokens
-    /// at step `generated + j`, as plain decoding would have sampled it, and verifies the
-    /// draft's token `j` against its distribution when the proposer gave one.
-    pub(crate) fn sample_rows<'a>(&'a self, entries: &[Scheduled], inputs: &'a SampleInputs) -> Vec<SampleRow<'a>> {
+    /// The sampler's row for each logits row of `entries`, in order: the entry's own logits
+    /// rows, or with `compact` (logits that hold only the sampled rows, in order) row `r`
+    /// reads logits row `r`. A draft's row `j` sees the output extended by the draft's
+    /// first `j` tokens at step `generated + j`, as plain decoding would have sampled it,
+    /// and verifies the draft's token `j` against its distribution when the proposer gave
+    /// one.
+    pub(crate) fn sample_rows<'a>(
+        &'a self,
+        entries: &[Scheduled],
+        inputs: &'a SampleInputs,
+        compact: bool,
+    ) -> Vec<SampleRow<'a>> {
         let mut rows = Vec::with_capacity(inputs.banned.len());
         let mut drafted = inputs.drafted.iter();
         for e in entries.iter().filter(|e| e.sample) {
@@ -376,7 +450,7 @@ impl Scheduler {
             for j in 0..=e.draft {
                 let row = rows.len();
                 rows.push(SampleRow {
-                    logits_row: row,
+                    logits_row: if compact { row } else { e.logits_row + j },
                     params: &s.request.sampling,
                     prompt: s.prompt(),
                     output: &output[..generated + j],
@@ -432,8 +506,8 @@ impl Scheduler {
         let words = crate::constraint::mask_words(vocab);
         let (mut rows, mut masks) = (Vec::new(), Vec::new());
         for e in entries.iter().filter(|e| e.sample) {
-            for _ in 0..e.samples() {
-                rows.push(rows.len() as u32);
+            for j in 0..e.samples() {
+                rows.push((e.logits_row + j) as u32);
                 match &self.running[e.seq].constraint {
                     Some(c) if c.mask.len() == words => masks.extend_from_slice(&c.mask),
                     // A failed mask allows nothing; its entry fails (`mask_error`).

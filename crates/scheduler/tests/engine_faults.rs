@@ -46,21 +46,25 @@ fn is_error(finish: &Option<FinishReason>, says: &str) -> bool {
 /// `says`, and every other request exactly as the crowd does without it.
 fn check_isolated(faults: Faults, bad: EngineRequest, says: &str) {
     let alone = run_all(&mut Setup::new(256).engine().0, crowd());
-    for chunk in [None, Some(3)] {
+    for (chunk, ahead) in [(None, false), (Some(3), false), (None, true), (Some(3), true)] {
         let mut requests = crowd();
         requests.insert(3, bad.clone());
-        let mut setup = Setup::new(256);
+        let mut setup = Setup::new(256).async_scheduling(ahead);
         setup.config.max_prefill_chunk = chunk;
         setup.faults = faults;
         let (mut engine, metrics) = setup.engine();
         let mut out = run_all(&mut engine, requests);
         let failed = out.remove(3);
         assert_eq!(failed.finish.len(), bad.n());
-        assert!(failed.finish.iter().all(|f| is_error(f, says)), "chunk {chunk:?}: {:?}", failed.finish);
+        assert!(failed.finish.iter().all(|f| is_error(f, says)), "chunk {chunk:?}, ahead {ahead}: {:?}", failed.finish);
         let errors = format!(r#"met_requests_finished_total{{reason="error"}} {}"#, bad.n());
         assert!(metrics.render().contains(&errors), "{}", metrics.render());
         for (i, (got, want)) in out.iter().zip(&alone).enumerate() {
-            assert_eq!((&got.tokens, &got.finish), (&want.tokens, &want.finish), "request {i}, chunk {chunk:?}");
+            assert_eq!(
+                (&got.tokens, &got.finish),
+                (&want.tokens, &want.finish),
+                "request {i}, chunk {chunk:?}, ahead {ahead}"
+            );
         }
         assert!(engine.fault().is_none(), "a sequence's failure is not the engine's");
     }
@@ -92,7 +96,13 @@ fn drain(stream: &mut RequestStream, n: usize) -> Outcome {
 
 #[test]
 fn a_device_error_ends_every_request_and_stops_the_engine() {
-    let mut setup = Setup::new(256);
+    for ahead in [false, true] {
+        device_error_ends_everything(ahead);
+    }
+}
+
+fn device_error_ends_everything(ahead: bool) {
+    let mut setup = Setup::new(256).async_scheduling(ahead);
     setup.faults.device_error = Some(BAD);
     setup.config.max_num_seqs = 4;
     let (mut engine, _) = setup.engine();

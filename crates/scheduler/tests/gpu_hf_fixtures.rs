@@ -43,7 +43,7 @@ use met_cache::{KvCache, PagedKvCache};
 use met_config::{EngineConfig, ModelConfig, SamplingParams};
 use met_kernels::{CudaBackend, GpuBackend};
 use met_model_layers::attention::ATTENTION_BACKENDS;
-use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, load_model};
+use met_model_layers::{ForwardBatch, GraphCapture, GraphSettings, LoadOptions, LogitRows, Model, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
 use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
 use met_telemetry::Metrics;
@@ -241,8 +241,24 @@ fn greedy_steps(f: &Fixture) -> Vec<Vec<Step>> {
 
 /// Greedy continuations through the engine on `backend`.
 fn through_engine(f: &Fixture, backend: &Arc<dyn GpuBackend>, config: EngineConfig, blocks: usize) -> Vec<Vec<u32>> {
+    through_engine_with(f, backend, config, blocks, false).0
+}
+
+/// [`through_engine`], with decode graphs when `graphs`; also returns the steps that ran
+/// ahead of the draws before them.
+fn through_engine_with(
+    f: &Fixture,
+    backend: &Arc<dyn GpuBackend>,
+    config: EngineConfig,
+    blocks: usize,
+    graphs: bool,
+) -> (Vec<Vec<u32>>, usize) {
     let m = model(f, backend, ATTENTION_BACKENDS[0]);
     let kv = PagedKvCache::new(&**backend, m.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
+    if graphs {
+        let capture = m.capture_graphs(&kv, &GraphSettings::up_to(8)).unwrap();
+        assert!(matches!(capture, GraphCapture::Captured { .. }), "{}: {capture}", f.name);
+    }
     let mut engine =
         Engine::new(m, Arc::clone(backend), Box::new(kv), config, Box::new(Fcfs), Arc::new(Metrics::new())).unwrap();
     let mut streams: Vec<_> = f
@@ -256,8 +272,10 @@ fn through_engine(f: &Fixture, backend: &Arc<dyn GpuBackend>, config: EngineConf
         .collect::<Result<_, _>>()
         .unwrap();
     let mut out = vec![Vec::new(); f.prompts.len()];
+    let mut ahead = 0;
     while engine.has_work() {
         engine.step();
+        ahead += usize::from(engine.last_step().ahead);
         for (s, o) in streams.iter_mut().zip(&mut out) {
             while let Some(e) = s.try_next() {
                 o.extend(e.token.map(|t| t.id));
@@ -265,7 +283,7 @@ fn through_engine(f: &Fixture, backend: &Arc<dyn GpuBackend>, config: EngineConf
         }
     }
     assert_eq!(engine.free_blocks(), engine.total_blocks(), "{}: blocks leaked", f.name);
-    out
+    (out, ahead)
 }
 
 /// Compares greedy continuations with the reference under the margin rule, printing the
@@ -321,6 +339,19 @@ fn run(name: &'static str) {
     {
         let got = through_engine(&f, &gpu, config, blocks);
         failures.extend(check_greedy(&f, &got, &steps, mode));
+    }
+    // Asynchronous scheduling (on by default here) runs the same batches as synchronous
+    // scheduling when no request ends on a stop token, so the tokens must be equal, not
+    // close: eagerly (fed ids gathered, then checked by the embedding) and from graphs
+    // (fed ids gathered into the graph's inputs on the device).
+    for graphs in [false, true] {
+        let with = |on: bool| EngineConfig { async_scheduling: Some(on), ..EngineConfig::default() };
+        let (on, ahead) = through_engine_with(&f, &gpu, with(true), 64, graphs);
+        let (off, none) = through_engine_with(&f, &gpu, with(false), 64, graphs);
+        assert_eq!(none, 0, "{name}: steps ran ahead with asynchronous scheduling off");
+        assert!(ahead >= NEW_TOKENS - 3, "{name}: only {ahead} steps ran ahead (graphs {graphs})");
+        assert_eq!(on, off, "{name}: asynchronous scheduling changed the tokens (graphs {graphs})");
+        eprintln!("GPU-ASYNC {name} graphs {graphs}: {ahead} steps ran ahead; tokens equal to synchronous scheduling");
     }
     assert!(
         failures.is_empty(),

@@ -406,6 +406,12 @@ pub struct EngineArgs {
     /// Run every step eagerly: no CUDA graphs of decode steps.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Queue each decode step before reading the tokens of the step before, so that
+    /// scheduling and bookkeeping on the host overlap the device's work: `auto` (on where
+    /// the backend queues work, i.e. CUDA, without speculative decoding), `on`, `off`.
+    /// Outputs are the same either way.
+    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(["auto", "on", "off"]))]
+    pub async_scheduling: String,
     /// Longest context a decode step replayed from a CUDA graph may hold (it sizes the
     /// graphs' block tables); steps with longer contexts run eagerly.
     #[arg(long, default_value_t = met_model_layers::graphs::DEFAULT_MAX_CONTEXT)]

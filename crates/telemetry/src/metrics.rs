@@ -184,6 +184,9 @@ pub struct StepStats {
     pub kv_blocks_used: usize,
     /// Where the step's wall time went, on the engine thread.
     pub phases: StepPhases,
+    /// Whether the step was queued before the tokens of the step before were read (the
+    /// engine's asynchronous scheduling); its generated tokens are that step's.
+    pub ahead: bool,
 }
 
 /// The engine thread's wall time in each phase of a step. The forward pass's time is its

@@ -43,6 +43,12 @@ impl Setup {
         self
     }
 
+    /// Steps queued ahead of their tokens (on the CPU too, where it is off by default).
+    pub fn async_scheduling(mut self, on: bool) -> Self {
+        self.config.async_scheduling = Some(on);
+        self
+    }
+
     pub fn prefix_caching(mut self, on: bool) -> Self {
         self.config.prefix_caching = on;
         self

@@ -182,6 +182,10 @@ struct PhaseMedians {
     /// Of `sample`, the wait for the device, where the device says.
     device_wait: Option<f64>,
     postprocess: f64,
+    /// Steps queued before the tokens of the step before were read (asynchronous
+    /// scheduling), of `steps`.
+    ahead: usize,
+    steps: usize,
 }
 
 impl PhaseMedians {
@@ -197,6 +201,8 @@ impl PhaseMedians {
             sample: p50(&|s| s.phases.sample.as_secs_f64())?,
             device_wait: Summary::of_seconds(&waits).map(|s| s.p50),
             postprocess: p50(&|s| s.phases.postprocess.as_secs_f64())?,
+            ahead: steps.iter().filter(|s| s.ahead).count(),
+            steps: steps.len(),
         })
     }
 }
@@ -207,7 +213,7 @@ impl std::fmt::Display for PhaseMedians {
         if let Some(w) = self.device_wait {
             write!(f, " (device wait {w:.3})")?;
         }
-        write!(f, ", postprocess {:.3}", self.postprocess)
+        write!(f, ", postprocess {:.3}; {} of {} queued ahead", self.postprocess, self.ahead, self.steps)
     }
 }
 
@@ -412,6 +418,8 @@ struct Step {
     phases: StepPhases,
     /// The time the step waited for the device, where the device says.
     wait_seconds: Option<f64>,
+    /// Whether it was queued before the tokens of the step before were read.
+    ahead: bool,
 }
 
 /// Every step of one run.
@@ -438,7 +446,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBack
         let seconds = clock.elapsed().as_secs_f64();
         let wait_seconds = waited.zip(device.device_wait()).map(|(a, b)| (b - a).as_secs_f64());
         let host_seconds = wait_seconds.map(|w| seconds - w);
-        let phases = engine.last_step().phases;
+        let (phases, ahead) = (engine.last_step().phases, engine.last_step().ahead);
         let mut made = 0;
         for (s, stream) in streams.iter_mut().enumerate() {
             while let Some(event) = stream.try_next() {
@@ -455,7 +463,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBack
             }
         }
         tokens += made;
-        steps.push(Step { seconds, tokens: made, all_started_before, host_seconds, phases, wait_seconds });
+        steps.push(Step { seconds, tokens: made, all_started_before, host_seconds, phases, wait_seconds, ahead });
     }
     if tokens != expected {
         bail!("the engine produced {tokens} tokens, {expected} expected (was the KV cache too small?)");

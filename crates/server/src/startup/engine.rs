@@ -27,6 +27,11 @@ pub fn engine_config(e: &EngineArgs) -> Result<EngineConfig> {
         max_prefill_chunk: e.max_prefill_chunk,
         block_size: e.block_size,
         prefix_caching: !e.no_prefix_caching,
+        async_scheduling: match e.async_scheduling.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
         ..EngineConfig::default()
     };
     config.validate()?;
