@@ -452,33 +452,37 @@ impl Engine {
     /// one, or one per draft token more). When the batch fails, each row is sampled alone
     /// to find the ones that fail; an entry with a failed row fails.
     fn sample(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
-        let masked = self.masked(logits, entries)?;
-        let compact = masked.is_some();
-        let logits = masked.as_ref().unwrap_or(logits);
-        let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
-        let rows = self.scheduler.sample_rows(entries, &inputs, compact);
-        let sampled = match self.backend.sample(logits, &rows) {
-            Ok(samples) => samples.into_iter().map(Ok).collect(),
+        let sampled = self.with_rows(logits, entries, |logits, rows| match self.backend.sample(logits, rows) {
+            Ok(samples) => Ok(samples.into_iter().map(Ok).collect()),
             Err(e) => {
                 blame(e.into())?;
                 let alone = |row: &SampleRow<'_>| match self.backend.sample(logits, std::slice::from_ref(row)) {
                     Ok(mut one) => Ok(Ok(one.remove(0))),
                     Err(e) => blame(e.into()).map(Err),
                 };
-                rows.iter().map(alone).collect::<Result<Vec<_>, _>>()?
+                rows.iter().map(alone).collect::<Result<Vec<_>, _>>()
             }
-        };
+        })?;
         Ok(self.entry_results(entries, sampled.into_iter()))
     }
 
     /// [`Self::sample`]'s draws left on the device ([`GpuBackend::sample_later`]).
     fn sample_later(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<LaterSample, EngineError> {
+        self.with_rows(logits, entries, |logits, rows| Ok(self.backend.sample_later(logits, rows)?))
+    }
+
+    /// Runs `draw` over the sampler rows of `entries`, on `logits` with the constrained
+    /// rows masked (then holding only the sampled rows, in order).
+    fn with_rows<T>(
+        &self,
+        logits: &Tensor,
+        entries: &[Scheduled],
+        draw: impl FnOnce(&Tensor, &[SampleRow<'_>]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         let masked = self.masked(logits, entries)?;
-        let compact = masked.is_some();
-        let logits = masked.as_ref().unwrap_or(logits);
         let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
-        let rows = self.scheduler.sample_rows(entries, &inputs, compact);
-        Ok(self.backend.sample_later(logits, &rows)?)
+        let rows = self.scheduler.sample_rows(entries, &inputs, masked.is_some());
+        draw(masked.as_ref().unwrap_or(logits), &rows)
     }
 
     /// One result per entry from the draws of its rows, in order.
