@@ -44,6 +44,7 @@ macro_rules! backend_tests {
                 dense::matmul_silu_mul_matches_unfused,
                 dense::embedding_matches_reference,
                 dense::gather_rows_matches_reference,
+                dense::gather_u32_picks_elements,
                 dense::add_matches_reference,
                 dense::split_columns_matches_reference,
                 dense::dense_ops_reject_bad_shapes,
@@ -88,7 +89,6 @@ macro_rules! backend_tests {
                 sampling::mask_logits_matches_reference,
                 sampling::mask_logits_rejects_bad_operands,
                 sampling::sample_later_equals_sample,
-                sampling::gather_u32_picks_elements,
             );
         }
     };

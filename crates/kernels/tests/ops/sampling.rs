@@ -795,19 +795,3 @@ pub fn sample_later_equals_sample(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.sample_later(&logits, &bad), "a logits row past the batch");
     Ok(())
 }
-
-/// `gather_u32` picks elements of a `u32` vector, repeats included, and refuses an index
-/// past it, a matrix and floats.
-pub fn gather_u32_picks_elements(b: &dyn GpuBackend) -> Result<()> {
-    let src: Vec<u32> = (0..1000).map(|i| i * 7 + 3).collect();
-    let t = upload_u32(b, &src, &[src.len()])?;
-    let rows: Vec<u32> = vec![999, 0, 5, 5, 512, 1, 998];
-    let got = b.download_u32(&b.gather_u32(&t, &rows)?)?;
-    assert_eq!(got, rows.iter().map(|&r| src[r as usize]).collect::<Vec<_>>());
-    assert_eq!(b.gather_u32(&t, &[])?.elem_count(), 0);
-    expect_err(b.gather_u32(&t, &[1000]), "an index past the vector");
-    expect_err(b.gather_u32(&upload_u32(b, &src, &[10, 100])?, &[0]), "a matrix");
-    let floats = upload_f32(b, &[1.0; 4], &[4])?;
-    expect_err(b.gather_u32(&floats, &[0]), "f32 values");
-    Ok(())
-}
