@@ -10,7 +10,9 @@
 //! tokens and hands them to the scheduler, so the host's scheduling and bookkeeping run
 //! while the device computes. A sequence that a stop token ended meanwhile has its extra
 //! row discarded; anything else that needs the tokens first (admissions, preemption,
-//! speculation) schedules after them, as without it. Outputs are the same either way.
+//! speculation) schedules after them, as without it. So the same batches run either way,
+//! but for those discarded rows (on a GPU, a batch one row larger can round the others
+//! differently, as any other change of batch can).
 //!
 //! One bad sequence never fails its batch: when the forward pass or the sampler fails for
 //! the batch, each sequence is run (or its row sampled) alone, and only those that fail

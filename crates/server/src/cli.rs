@@ -409,7 +409,8 @@ pub struct EngineArgs {
     /// Queue each decode step before reading the tokens of the step before, so that
     /// scheduling and bookkeeping on the host overlap the device's work: `auto` (on where
     /// the backend queues work, i.e. CUDA, without speculative decoding), `on`, `off`.
-    /// Outputs are the same either way.
+    /// The same batches run either way, except that a step may carry the discarded row of a
+    /// sequence that just ended (on a GPU, a batch of another size can round differently).
     #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(["auto", "on", "off"]))]
     pub async_scheduling: String,
     /// Longest context a decode step replayed from a CUDA graph may hold (it sizes the

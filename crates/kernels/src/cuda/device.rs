@@ -459,7 +459,7 @@ impl Device {
     }
 
     /// Queues a copy of the first `bytes` bytes of `src` to pinned host memory and returns
-    /// at once, without waiting for the device; [`LaterCopy::wait`] waits for the copy (and
+    /// at once, without waiting for the device; [`LaterCopy::wait_u32`] waits for the copy (and
     /// so for everything queued before it). `None` for more than [`STAGED_MAX`] bytes or
     /// inside a recording.
     pub(crate) fn download_later(self: &Arc<Self>, src: &DeviceBuffer, bytes: usize) -> Result<Option<LaterCopy>> {
