@@ -481,7 +481,8 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// Rows of `table [v, h]` selected by `ids u32 [t]`: `[t, h]`.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] for an id `>= v`.
+    /// [`crate::Error::InvalidArgument`] for an id `>= v`, except in ids a device backend
+    /// drew itself ([`Self::sample_later`]), which are not brought back to be checked.
     fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor>;
 
     /// Elementwise `a + b` of equal shapes.
@@ -538,7 +539,10 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// [`Self::sample`] without waiting for the draws: the tokens stay on the device as
     /// `u32 [rows]`, where later ops may read them (the next decode step's ids, through
     /// [`Self::gather_u32`]), while they travel to the host. A backend that runs each op as
-    /// it is called draws at once, as this default does.
+    /// it is called draws at once, as this default does. Ids in the vocabulary, or
+    /// `u32::MAX` for a row that could not be drawn (its wait reports why), so a device
+    /// backend's [`Self::embedding`] of them checks nothing on the host (that would wait
+    /// for the draws) and reads zeros for such a row.
     ///
     /// # Errors
     /// As [`Self::sample`], for what can be checked before the draw.

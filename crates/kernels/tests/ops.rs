@@ -16,13 +16,14 @@ mod ops {
     pub mod attention;
     pub mod dense;
     pub mod harness;
+    pub mod later;
     pub mod moe;
     pub mod props;
     pub mod quant;
     pub mod sampling;
 }
 
-use ops::{attention, dense, harness, moe, props, quant, sampling};
+use ops::{attention, dense, harness, later, moe, props, quant, sampling};
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
 /// built by `$make`. A check that exposes a known bug of a backend can carry
@@ -88,7 +89,7 @@ macro_rules! backend_tests {
                 sampling::sample_rejects_bad_arguments,
                 sampling::mask_logits_matches_reference,
                 sampling::mask_logits_rejects_bad_operands,
-                sampling::sample_later_equals_sample,
+                later::sample_later_equals_sample,
             );
         }
     };
@@ -137,6 +138,12 @@ mod cuda_only {
     fn write_u32_columns_keeps_the_other_columns() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::dense::write_u32_columns_keeps_the_other_columns(&backend)
+    }
+
+    #[test]
+    fn drawn_tokens_feed_an_embedding_without_a_wait() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::later::drawn_tokens_feed_an_embedding_without_a_wait(&backend)
     }
 
     #[test]

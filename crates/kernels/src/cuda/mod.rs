@@ -27,6 +27,7 @@ mod sample;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use half::bf16;
@@ -119,6 +120,11 @@ pub struct CudaStorage {
     /// For `U32` tensors uploaded from the host: the same values, for validation (dropped
     /// when the device copy is overwritten).
     host_u32: Mutex<Option<Arc<[u32]>>>,
+    /// Whether the values are tokens the sampler drew on the device (or gathered from such):
+    /// ids of the vocabulary, or `NO_TOKEN` for a row that could not be drawn, whose wait
+    /// reports it. Ops that index with them check nothing on the host, so a step fed from
+    /// the draws before it does not wait for them (cleared when the tensor is overwritten).
+    drawn: AtomicBool,
 }
 
 /// The CUDA backend on one GPU.
@@ -224,7 +230,8 @@ impl CudaBackend {
     fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32: Mutex::new(None) }), dtype, shape))
+        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false) };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
     /// A `U32` tensor holding `data`, with its host copy.
@@ -232,7 +239,20 @@ impl CudaBackend {
         let buf = self.dev.alloc(size_of_val(data))?;
         self.dev.upload(&buf, data)?;
         let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
-        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage { buf, host_u32 }), DType::U32, Shape::new(dims)))
+        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false) };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
+    }
+
+    /// Marks `t` as holding drawn tokens ([`CudaStorage::drawn`]).
+    fn mark_drawn(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        storage(op, t)?.drawn.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether `t` holds drawn tokens and no host copy: indexing with it checks nothing.
+    fn drawn_only(&self, op: &'static str, t: &Tensor) -> Result<bool> {
+        let s = storage(op, t)?;
+        Ok(s.drawn.load(Ordering::Relaxed) && s.host_u32.lock().is_none())
     }
 
     /// The host copy of an uploaded `U32` tensor, if it has one (nothing is downloaded).
@@ -487,6 +507,7 @@ impl GpuBackend for CudaBackend {
         }
         let s = storage("write_u32", dst)?;
         *s.host_u32.lock() = None;
+        s.drawn.store(false, Ordering::Relaxed);
         self.dev.upload(&s.buf, data)
     }
 
@@ -503,6 +524,7 @@ impl GpuBackend for CudaBackend {
         }
         let s = storage(OP, dst)?;
         *s.host_u32.lock() = None;
+        s.drawn.store(false, Ordering::Relaxed);
         self.dev.upload_columns(&s.buf, cols, data, width)
     }
 
@@ -513,6 +535,7 @@ impl GpuBackend for CudaBackend {
         let bytes = src.elem_count() * src.dtype().size_in_bytes();
         let d = storage("copy_into", dst)?;
         *d.host_u32.lock() = None;
+        d.drawn.store(false, Ordering::Relaxed);
         self.dev.copy(&storage("copy_into", src)?.buf, &d.buf, bytes)
     }
 

@@ -263,11 +263,18 @@ pub(super) fn gather_rows(b: &CudaBackend, x: &Tensor, rows: &Tensor) -> Result<
 pub(super) fn gather_u32(b: &CudaBackend, src: &Tensor, rows: &[u32]) -> Result<Tensor> {
     const OP: &str = "gather_u32";
     crate::check::gather_u32(src, rows)?;
+    if let Some(values) = b.host_copy_u32(OP, src)? {
+        let picked: Vec<u32> = rows.iter().map(|&r| values[r as usize]).collect();
+        return b.upload_u32(&picked, &[rows.len()]);
+    }
     let out = b.alloc(&[rows.len()], DType::U32)?;
     if !rows.is_empty() {
         let rows_t = b.upload_u32(rows, &[rows.len()])?;
         let n = rows.len() as u32;
         launch!(b, OP, elementwise(rows.len()), [ptr(OP, src)?, ptr(OP, &rows_t)?, ptr(OP, &out)?, n])?;
+    }
+    if b.drawn_only(OP, src)? {
+        b.mark_drawn(OP, &out)?;
     }
     Ok(out)
 }
@@ -275,12 +282,19 @@ pub(super) fn gather_u32(b: &CudaBackend, src: &Tensor, rows: &[u32]) -> Result<
 fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
     let (v, h) = (table.dims()[0], table.dims()[1]);
     expect_dtype(op, table, &[DType::BF16, DType::F32])?;
-    let ids = b.host_u32(op, idx)?;
-    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-        return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
+    expect_dtype(op, idx, &[DType::U32])?;
+    // Drawn tokens are not brought back to be checked (`CudaStorage::drawn`): a step fed
+    // from the draws before it would wait for them. The kernel reads zeros for an id past
+    // the table (a failed draw's `NO_TOKEN`, whose sequence fails when the draw is read).
+    if !b.drawn_only(op, idx)? {
+        let ids = b.host_u32(op, idx)?;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
+        }
     }
-    let out = b.alloc(&[ids.len(), h], table.dtype())?;
-    let total = ids.len() * h;
+    let rows = idx.elem_count();
+    let out = b.alloc(&[rows, h], table.dtype())?;
+    let total = rows * h;
     if total > 0 {
         let args = (ptr(op, table)?, ptr(op, idx)?, ptr(op, &out)?, v as u32, h as u32, total as u64);
         let cfg = elementwise(total);

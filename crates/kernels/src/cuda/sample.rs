@@ -224,6 +224,7 @@ pub(super) fn sample_later(b: &CudaBackend, logits: &Tensor, rows: &[SampleRow<'
     let Some(copy) = b.dev.download_later(&super::storage(OP, &tokens)?.buf, n * size_of::<u32>())? else {
         return now();
     };
+    b.mark_drawn(OP, &tokens)?;
     let logits_rows: Vec<usize> = rows.iter().map(|r| r.logits_row).collect();
     Ok(LaterSample::new(tokens, move || {
         let tokens = copy.wait_u32()?;

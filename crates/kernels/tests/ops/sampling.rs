@@ -13,27 +13,27 @@ use met_kernels::{DType, DraftToken, GpuBackend, HostTensor, Result, SampleRow, 
 use crate::harness::{Rng, assert_values, expect_err, upload_f32, upload_u32};
 
 /// Uploads logits `[rows, vocab]` as f32, as `sample` needs them on every backend.
-fn upload_logits(b: &dyn GpuBackend, data: &[f32], rows: usize) -> Result<Tensor> {
+pub(crate) fn upload_logits(b: &dyn GpuBackend, data: &[f32], rows: usize) -> Result<Tensor> {
     b.upload(&HostTensor::from_f32(data, &[rows, data.len() / rows.max(1)]), DType::F32)
 }
 
 /// Everything a sample row borrows, owned.
 #[derive(Debug, Clone, Default)]
-struct Req {
+pub(crate) struct Req {
     params: SamplingParams,
     prompt: Vec<u32>,
-    output: Vec<u32>,
+    pub(crate) output: Vec<u32>,
     banned: Vec<u32>,
     /// A draft token to verify and the distribution it was drawn from.
     draft: Option<(u32, Vec<f32>)>,
 }
 
 impl Req {
-    fn new(params: SamplingParams) -> Self {
+    pub(crate) fn new(params: SamplingParams) -> Self {
         Self { params, ..Self::default() }
     }
 
-    fn row(&self, logits_row: usize, seed: u64, step: u64) -> SampleRow<'_> {
+    pub(crate) fn row(&self, logits_row: usize, seed: u64, step: u64) -> SampleRow<'_> {
         SampleRow {
             logits_row,
             params: &self.params,
@@ -739,59 +739,5 @@ pub fn bf16_logits_sample_as_their_f32_values(b: &dyn GpuBackend) -> Result<()> 
         let got = b.download_f32(&b.mask_logits(&bf16_t, &sel, &masks_t)?)?;
         assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "vocab {vocab}: masked rows");
     }
-    Ok(())
-}
-
-/// `sample_later` returns what `sample` returns, with the drawn tokens on the device for
-/// later ops (`gather_u32` reads them without a host round trip): greedy rows, seeded draws
-/// with truncation, penalties and logprobs. Several draws are left in flight at once while
-/// uploads are queued between them, enough to go around a device backend's staging buffer
-/// more than once, and each must still come back right.
-pub fn sample_later_equals_sample(b: &dyn GpuBackend) -> Result<()> {
-    let (rows, vocab) = (9, 3000);
-    let mut rng = Rng::new(77);
-    let data: Vec<f32> = rng.vec(rows * vocab).into_iter().map(|x| x * 6.0).collect();
-    let logits = upload_logits(b, &data, rows)?;
-    let greedy = Req::new(SamplingParams::greedy());
-    let drawn = Req::new(SamplingParams { temperature: 0.8, top_p: 0.9, top_k: 50, ..SamplingParams::default() });
-    let mut penalised = Req::new(SamplingParams { repetition_penalty: 1.3, ..SamplingParams::greedy() });
-    penalised.output = vec![5, 17, 17];
-    let logprobs = Req::new(SamplingParams { logprobs: Some(3), ..SamplingParams::greedy() });
-    let cases: [(&str, Vec<&Req>); 4] = [
-        ("greedy", vec![&greedy; rows]),
-        ("drawn", vec![&drawn; rows]),
-        ("mixed", vec![&greedy, &drawn, &penalised, &greedy, &drawn, &penalised, &greedy, &drawn, &greedy]),
-        ("logprobs", vec![&logprobs, &greedy, &logprobs, &greedy, &greedy, &greedy, &greedy, &greedy, &greedy]),
-    ];
-    for (name, reqs) in &cases {
-        let rows_of = |round: u64| -> Vec<SampleRow<'_>> {
-            reqs.iter().enumerate().map(|(r, q)| q.row(r, 1000 + r as u64, round)).collect()
-        };
-        let mut in_flight = std::collections::VecDeque::new();
-        for round in 0..40u64 {
-            // 32 KiB queued between draws: 40 rounds go around a 1 MiB staging ring.
-            let filler: Vec<u32> = (0..8192).map(|i| i ^ round as u32).collect();
-            let queued = upload_u32(b, &filler, &[filler.len()])?;
-            in_flight.push_back((round, b.sample_later(&logits, &rows_of(round))?, queued, filler));
-            if in_flight.len() > 2 {
-                let (round, later, queued, filler) = in_flight.pop_front().expect("three in flight");
-                let tokens = later.tokens.clone();
-                let got = later.wait()?;
-                let want = b.sample(&logits, &rows_of(round))?;
-                assert_eq!(got, want, "{name}, round {round}");
-                let ids: Vec<u32> = want.iter().map(|s| s.token).collect();
-                assert_eq!(b.download_u32(&tokens)?, ids, "{name}, round {round}: tokens on the device");
-                let order: Vec<u32> = (0..rows as u32).rev().collect();
-                let gathered = b.download_u32(&b.gather_u32(&tokens, &order)?)?;
-                assert_eq!(gathered, ids.iter().rev().copied().collect::<Vec<_>>(), "{name}, round {round}: gather");
-                assert_eq!(b.download_u32(&queued)?, filler, "{name}, round {round}: an upload queued meanwhile");
-            }
-        }
-    }
-    let none = b.sample_later(&logits, &[])?;
-    assert_eq!(none.tokens.elem_count(), 0);
-    assert!(none.wait()?.is_empty());
-    let bad = [greedy.row(rows, 0, 0)];
-    expect_err(b.sample_later(&logits, &bad), "a logits row past the batch");
     Ok(())
 }
