@@ -3,11 +3,11 @@
 //! Floats are stored and computed in f32 (f16/bf16 weights are widened at upload);
 //! block-quantised weights stay in their blocks and matmuls read them directly
 //! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
-//! through the `gemm` crate, everything else is a loop over rows: on rayon's workers when
-//! the output is large, on the calling thread when it is small (a decode step's norms and
-//! activations; `ops::for_each_row` says why). Attention takes one task per (query row,
-//! KV head), its group's heads together, shared over the spinning pool unless the step
-//! sees only a few thousand key elements (`attention.rs`). Storage sits
+//! through the `gemm` crate, everything else is a loop over rows: shared over the spinning
+//! pool (`pool.rs`) when the output is large, on the calling thread when it is small (a
+//! decode step's norms and activations; `ops::for_each_row` says why). Attention takes one
+//! task per (query row, KV head), its group's heads together, shared over the pool unless
+//! the step sees only a few thousand key elements (`attention.rs`). Storage sits
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
@@ -41,7 +41,8 @@ enum CpuData {
     Packed(PackedQuant),
 }
 
-/// The multithreaded f32 CPU backend. Uses the global rayon pool.
+/// The multithreaded f32 CPU backend, on the process's spinning pool (sized like rayon's
+/// global pool, whose threads sample and run f32-weight GEMMs).
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     /// How few-row products with packed quantised weights are computed.
@@ -49,7 +50,7 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A CPU backend on the global rayon thread pool, with exact dots: the numerical
+    /// A CPU backend with exact dots: the numerical
     /// reference that tests compare against.
     pub fn new() -> Self {
         Self::default()

@@ -1,33 +1,34 @@
 //! Row-wise ops of the CPU backend: norms, rotary, activations, gathers.
 
-use rayon::prelude::*;
-
 use crate::Tensor;
 use crate::error::{Error, Result, ensure};
 
 use super::{f32_tensor, read_f32, read_u32, read_weight};
 
-/// Rows below this many elements are processed in groups, so rayon tasks stay worthwhile.
+/// Rows below this many elements are processed in groups, so each task stays worthwhile.
 const MIN_TASK_ELEMS: usize = 1 << 12;
 
-/// Outputs below this many elements are computed on the calling thread. The engine thread
-/// is not one of rayon's: its parallel loops hand the job to rayon's workers and sleep
-/// until they finish, a wake-up and a sleep that cost more than a decode step's norms,
-/// activations and rotations themselves (a few thousand elements each, ~200 a token).
+/// Outputs below this many elements are computed on the calling thread: handing a decode
+/// step's norms, activations and rotations (a few thousand elements each, ~200 a token)
+/// to other threads costs more than computing them.
 pub(super) const SERIAL_ELEMS: usize = 1 << 16;
 
 fn rows_per_task(cols: usize) -> usize {
     (MIN_TASK_ELEMS / cols.max(1)).max(1)
 }
 
-/// `f(i, row i of out)` for the rows of `n` elements of `out`: on rayon's workers when the
-/// output is large, else on this thread ([`SERIAL_ELEMS`]).
+/// `f(i, row i of out)` for the rows of `n` elements of `out`: shared over the spinning
+/// pool (which the matmuls and attention use, so its workers are awake) when the output
+/// is large, else on this thread ([`SERIAL_ELEMS`]).
 pub(super) fn for_each_row(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let n = n.max(1);
     if out.len() < SERIAL_ELEMS {
         out.chunks_mut(n).enumerate().for_each(|(i, o)| f(i, o));
     } else {
-        out.par_chunks_mut(n).enumerate().with_min_len(rows_per_task(n)).for_each(|(i, o)| f(i, o));
+        let rows = rows_per_task(n);
+        super::pool::SpinPool::global().run_pieces(out, rows * n, &|piece, o| {
+            o.chunks_mut(n).enumerate().for_each(|(i, o)| f(piece * rows + i, o));
+        });
     }
 }
 

@@ -15,8 +15,6 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
-use rayon::prelude::*;
-
 use super::pool::SpinPool;
 use crate::quant::{PackedQuant, Q8Rows, QuantFormat, block_sums, dequantize_row, dot_rows};
 
@@ -252,7 +250,7 @@ fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) ->
 struct Columns(*mut f32);
 
 // SAFETY: the tasks of `tiled` write disjoint column ranges of the buffer, which outlives
-// them (the scope of `into_par_iter().for_each`).
+// them (the pool's job, which `run` waits for).
 unsafe impl Send for Columns {}
 // SAFETY: as for `Send`: no two tasks touch the same element.
 unsafe impl Sync for Columns {}
@@ -267,7 +265,7 @@ fn tiled(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
     let (k, n) = (w.k(), w.n());
     let mut out = vec![0f32; m * n];
     let dst = Columns(out.as_mut_ptr());
-    (0..n.div_ceil(TILE)).into_par_iter().for_each(|t| {
+    SpinPool::global().run(n.div_ceil(TILE), &|t| {
         let tile = t * TILE..((t + 1) * TILE).min(n);
         TILE_SCRATCH.with_borrow_mut(|wf| {
             wf.resize(tile.len() * k, 0.0);
