@@ -39,8 +39,8 @@ const KEY_RUN: usize = 16;
 /// Per-query facts shared by the heads of one token.
 #[derive(Clone, Copy)]
 pub(crate) struct QueryRow {
-    seq: usize,
-    pos: usize,
+    pub seq: usize,
+    pub pos: usize,
 }
 
 pub(super) fn paged_attention(
@@ -60,21 +60,14 @@ pub(super) fn paged_attention(
 
     let (qs, ks, vs) =
         (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);
+    let cache = PagedKv { ks: &ks, vs: &vs, tables: &tables, max_blocks, block_size, num_kv_heads: hkv, head_dim: d };
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
     let visible: usize = rows.iter().map(|r| r.pos + 1).sum::<usize>() * h * d;
     // One task per (query row, KV head): the group's query heads (consecutive in `q` and
     // `out`) walk the row's keys together, so each key and value is read once for them.
     let task = |i: usize, o: &mut [f32]| {
-        let (row, kv_head) = (rows[i / hkv], i % hkv);
-        let table = &tables[row.seq * max_blocks..(row.seq + 1) * max_blocks];
-        let first = p.sliding_window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
-        let queries = &qs[i * group * d..(i + 1) * group * d];
-        let key_at = |j: usize| {
-            let slot = table[j / block_size] as usize * block_size + j % block_size;
-            (slot * hkv + kv_head) * d
-        };
-        attend_group(queries, o, (first, row.pos + 1), &key_at, (&ks, &vs), p);
+        cache.attend_row(rows[i / hkv], i % hkv, &qs[i * group * d..(i + 1) * group * d], o, p);
     };
     // A step whose rows see few keys in all runs on this thread; larger ones share the
     // tasks out over the spinning pool (a decode step's attention is one of its serial
@@ -85,6 +78,39 @@ pub(super) fn paged_attention(
         SpinPool::global().run_pieces(&mut out, group * d, &task);
     }
     Ok(f32_tensor(out, &[t, h, d]))
+}
+
+/// The key and value pools of a step, read through its block tables.
+pub(super) struct PagedKv<'a> {
+    pub ks: &'a [f32],
+    pub vs: &'a [f32],
+    /// Row-major `[seqs, max_blocks]`.
+    pub tables: &'a [u32],
+    pub max_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl PagedKv<'_> {
+    /// Where KV head `kv_head` of position `j` of sequence `seq` starts in the pools.
+    pub fn offset(&self, seq: usize, kv_head: usize, j: usize) -> usize {
+        let block = self.tables[seq * self.max_blocks + j / self.block_size] as usize;
+        ((block * self.block_size + j % self.block_size) * self.num_kv_heads + kv_head) * self.head_dim
+    }
+
+    /// Attention of one query row's heads of KV head `kv_head` (`queries [g, d]`, the
+    /// group's heads) over the keys the row sees, into `out [g, d]`.
+    pub fn attend_row(&self, row: QueryRow, kv_head: usize, queries: &[f32], out: &mut [f32], p: &AttentionParams) {
+        let first = first_key(row.pos, p);
+        let key_at = |j: usize| self.offset(row.seq, kv_head, j);
+        attend_group(queries, out, (first, row.pos + 1), &key_at, (self.ks, self.vs), p);
+    }
+}
+
+/// The first key a query at position `pos` sees: 0, or the start of its sliding window.
+pub(super) fn first_key(pos: usize, p: &AttentionParams) -> usize {
+    p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
 /// Attention of the query heads `queries [g, d]` over keys `keys.0 .. keys.1` (found by
@@ -183,7 +209,7 @@ fn attend_group_body(
 /// integer and `|r| <= ln 2 / 2`, `e^r` by its Taylor polynomial to degree 7, scaled by `2^n`
 /// through the exponent bits. Arguments below -87 give 0.
 #[inline(always)]
-fn exp_in_place(xs: &mut [f32]) {
+pub(super) fn exp_in_place(xs: &mut [f32]) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;

@@ -5,13 +5,15 @@
 //! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
 //! through the `gemm` crate, everything else is a loop over rows: shared over the spinning
 //! pool (`pool.rs`) when the output is large, on the calling thread when it is small (a
-//! decode step's norms and activations; `ops::for_each_row` says why). Attention takes one
-//! task per (query row, KV head), its group's heads together, shared over the pool unless
-//! the step sees only a few thousand key elements (`attention.rs`). Storage sits
+//! decode step's norms and activations; `ops::for_each_row` says why). The reference
+//! attention takes one task per (query row, KV head), its group's heads together, shared
+//! over the pool unless the step sees only a few thousand key elements (`attention.rs`);
+//! the `flash` op attends prompts in tiles through GEMMs (`flash.rs`). Storage sits
 //! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
 //! op only reads its operands and allocates its result.
 
 pub(crate) mod attention;
+mod flash;
 mod matmul;
 mod moe;
 mod ops;
@@ -306,5 +308,16 @@ impl GpuBackend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         attention::paged_attention(q, k_cache, v_cache, meta, params)
+    }
+
+    fn flash_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &AttentionMeta,
+        params: &AttentionParams,
+    ) -> Result<Tensor> {
+        flash::flash_attention(q, k_cache, v_cache, meta, params)
     }
 }
