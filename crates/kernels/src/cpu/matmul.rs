@@ -31,13 +31,14 @@ pub fn matmul_xwt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize
     gemm_xwt(x, w, bias, (m, k, n), gemm::Parallelism::Rayon(0))
 }
 
-/// `x [m, k] · wᵀ` for row-major `w [n, k]` (one tile of a larger weight) written into
-/// the columns `col..col + n` of the row-major `out [m, width]`, on the calling thread.
+/// `x [m, k] · wᵀ` for a panel `w` of `n` weight rows laid out column by column (element
+/// `(j, l)` at `l · n + j`, the layout `gemm` packs its left operand into), written into the
+/// columns `col..col + n` of the row-major `out [m, width]`, on the calling thread.
 ///
 /// # Safety
 /// `out` must point to `m * width` f32s with `col + n <= width`, and no other thread may
 /// read or write those `n` columns during the call.
-pub(crate) unsafe fn gemm_xwt_into(
+pub(crate) unsafe fn gemm_x_panel_into(
     x: &[f32],
     w: &[f32],
     (m, k, n): (usize, usize, usize),
@@ -45,9 +46,11 @@ pub(crate) unsafe fn gemm_xwt_into(
     (col, width): (usize, usize),
 ) {
     assert!(col + n <= width, "columns {col}..{} past a width of {width}", col + n);
-    // SAFETY: as the caller guarantees for `out` (rows `width` apart, the tile's columns
-    // from `col`).
-    unsafe { gemm_xwt_raw(x, w, (m, k, n), out.wrapping_add(col), width, false, gemm::Parallelism::None) };
+    // SAFETY: as the caller guarantees for `out` (rows `width` apart, the panel's columns
+    // from `col`); row `j` of the panel is `w[j..]` read `n` apart.
+    unsafe {
+        gemm_xwt_raw(x, (w, (1, n)), (m, k, n), out.wrapping_add(col), width, false, gemm::Parallelism::None);
+    }
 }
 
 fn gemm_xwt(
@@ -66,19 +69,21 @@ fn gemm_xwt(
     };
     // SAFETY: `out` holds `m * n` f32s, rows `n` apart, and is this call's own. With a
     // bias it starts as the bias rows and the product is added to it.
-    unsafe { gemm_xwt_raw(x, w, (m, k, n), out.as_mut_ptr(), n, bias.is_some(), parallelism) };
+    unsafe { gemm_xwt_raw(x, (w, (k, 1)), (m, k, n), out.as_mut_ptr(), n, bias.is_some(), parallelism) };
     out
 }
 
-/// `out (+)= x [m, k] · wᵀ` for row-major `w [n, k]`, into rows of `out` that are
+/// `out (+)= x [m, k] · wᵀ` for `n` weight rows of `k` with element `(j, l)` of `w` at
+/// `j · w_strides.0 + l · w_strides.1` (`(k, 1)`: row-major), into rows of `out` that are
 /// `row_stride` elements apart (added to what they hold when `accumulate`).
 ///
 /// # Safety
 /// `out` must address `m` rows of `n` f32s, `row_stride` apart, that nothing else reads or
-/// writes during the call and that alias neither input.
+/// writes during the call and that alias neither input. `w_strides` must be `(k, 1)` or
+/// `(1, n)`.
 unsafe fn gemm_xwt_raw(
     x: &[f32],
-    w: &[f32],
+    (w, (w_row, w_col)): (&[f32], (usize, usize)),
     (m, k, n): (usize, usize, usize),
     out: *mut f32,
     row_stride: usize,
@@ -90,9 +95,11 @@ unsafe fn gemm_xwt_raw(
     if m == 0 || n == 0 || k == 0 {
         return;
     }
+    debug_assert!((w_row, w_col) == (k, 1) || (w_row, w_col) == (1, n), "w is neither row- nor column-major");
     // SAFETY: `out` as the caller guarantees; x is row-major `[m, k]` (column stride 1,
-    // row stride k) and wᵀ is read column-major from w's rows (its column stride is k, its
-    // row stride 1), both inside the slices asserted above.
+    // row stride k) and wᵀ's column `j` is w's row `j` (wᵀ's column stride is w's row
+    // stride, its row stride w's column stride); either layout of `n · k` elements stays
+    // inside the slices asserted above.
     unsafe {
         gemm::gemm(
             m,
@@ -106,8 +113,8 @@ unsafe fn gemm_xwt_raw(
             1,
             k as isize,
             w.as_ptr(),
-            k as isize,
-            1,
+            w_row as isize,
+            w_col as isize,
             1.0,
             1.0,
             false,

@@ -256,27 +256,120 @@ unsafe impl Send for Columns {}
 unsafe impl Sync for Columns {}
 
 thread_local! {
-    /// A tile of dequantised weights, kept per thread so prefill products do not allocate
-    /// (and fault in) a fresh tile for every task.
-    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A tile of dequantised weights (row by row) and its panels (column by column), kept
+    /// per thread so prefill products do not allocate (and fault in) fresh ones per task.
+    static TILE_SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
+/// Weight rows per panel of a tiled product: the rows of `gemm`'s f32 microkernel, 16 for
+/// its AVX2 kernels and 64 for its AVX-512 ones. A panel is laid out as `gemm` packs its
+/// left operand (for each of the `k` columns, the panel's rows side by side), so `gemm`
+/// multiplies it where it lies instead of copying it first. A wrong guess costs speed only.
+fn panel_rows() -> usize {
+    if crate::quant::SimdLevel::current() >= crate::quant::SimdLevel::Avx512 { 64 } else { 16 }
+}
+
+/// Activation rows multiplied per pass over a tile's panels, so that a long prompt's rows
+/// stay in cache while every panel reads them.
+const ROW_BLOCK: usize = 256;
+
 fn tiled(x: &[f32], w: &impl QuantRows, m: usize) -> Vec<f32> {
+    tiled_in_panels(x, w, m, panel_rows())
+}
+
+/// [`tiled`] with panels of `panel` rows (a divisor of [`TILE`]).
+fn tiled_in_panels(x: &[f32], w: &impl QuantRows, m: usize, panel: usize) -> Vec<f32> {
+    static UNPACKED_PANELS: std::sync::Once = std::sync::Once::new();
+    // `gemm` copies a left operand it will reuse across more than 8 × 6 columns (here
+    // activation rows) even when it is laid out as packed already: let it use the panels.
+    UNPACKED_PANELS.call_once(|| gemm::set_lhs_packing_threshold_single_thread(256));
     let (k, n) = (w.k(), w.n());
     let mut out = vec![0f32; m * n];
     let dst = Columns(out.as_mut_ptr());
     SpinPool::global().run(n.div_ceil(TILE), &|t| {
         let tile = t * TILE..((t + 1) * TILE).min(n);
-        TILE_SCRATCH.with_borrow_mut(|wf| {
-            wf.resize(tile.len() * k, 0.0);
-            w.dequantize_rows(tile.clone(), wf);
-            let dst = &dst;
-            // SAFETY: `out` holds `m * n` f32s and outlives the loop; this task alone
-            // writes the columns of `tile`.
-            unsafe { super::matmul::gemm_xwt_into(x, wf, (m, k, tile.len()), dst.0, (tile.start, n)) };
+        TILE_SCRATCH.with_borrow_mut(|[rows, panels]| {
+            rows.resize(tile.len() * k, 0.0);
+            panels.resize(tile.len() * k, 0.0);
+            w.dequantize_rows(tile.clone(), rows);
+            for (src, dst) in rows.chunks(panel * k).zip(panels.chunks_mut(panel * k)) {
+                transpose(src, dst, k);
+            }
+            for first in (0..m).step_by(ROW_BLOCK) {
+                let block = first..(first + ROW_BLOCK).min(m);
+                for (p, w) in panels.chunks(panel * k).enumerate() {
+                    let col = tile.start + p * panel;
+                    let dst = &dst;
+                    // SAFETY: `out` holds `m * n` f32s and outlives the pool's job; this
+                    // task alone writes the columns of `tile`, this call the panel's.
+                    unsafe {
+                        super::matmul::gemm_x_panel_into(
+                            &x[block.start * k..block.end * k],
+                            w,
+                            (block.len(), k, w.len() / k),
+                            dst.0.wrapping_add(block.start * n),
+                            (col, n),
+                        );
+                    }
+                }
+            }
         });
     });
     out
+}
+
+/// `dst [cols, rows] = srcᵀ` for a row-major `src [rows, cols]`.
+fn transpose(src: &[f32], dst: &mut [f32], cols: usize) {
+    let rows = src.len() / cols.max(1);
+    #[cfg(target_arch = "x86_64")]
+    if rows.is_multiple_of(8)
+        && cols.is_multiple_of(8)
+        && crate::quant::SimdLevel::current() >= crate::quant::SimdLevel::Avx2
+    {
+        // SAFETY: the level is at least AVX2, so the CPU has AVX2; both sides are whole
+        // 8 × 8 blocks.
+        return unsafe { transpose_avx2(src, dst, rows, cols) };
+    }
+    for (i, row) in src.chunks_exact(cols).enumerate() {
+        for (l, &v) in row.iter().enumerate() {
+            dst[l * rows + i] = v;
+        }
+    }
+}
+
+/// [`transpose`] by 8 × 8 blocks in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx2(src: &[f32], dst: &mut [f32], rows: usize, cols: usize) {
+    use std::arch::x86_64::*;
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    for i in (0..rows).step_by(8) {
+        for l in (0..cols).step_by(8) {
+            // SAFETY: rows `i..i + 8` and columns `l..l + 8` are inside both (asserted).
+            unsafe {
+                let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.as_ptr().add((i + j) * cols + l)));
+                // Pairs of rows interleaved, then quads, then the 128-bit halves swapped.
+                let a: [__m256; 8] = std::array::from_fn(|j| {
+                    let (x, y) = (r[j & !1], r[j | 1]);
+                    if j % 2 == 0 { _mm256_unpacklo_ps(x, y) } else { _mm256_unpackhi_ps(x, y) }
+                });
+                let b: [__m256; 8] = std::array::from_fn(|j| {
+                    let at = (j & 4) | ((j >> 1) & 1);
+                    let (x, y) = (a[at], a[at | 2]);
+                    if j & 1 == 0 { _mm256_shuffle_ps::<0x44>(x, y) } else { _mm256_shuffle_ps::<0xEE>(x, y) }
+                });
+                for c in 0..8 {
+                    let (lo, hi) = (b[c & 3], b[(c & 3) | 4]);
+                    let v = if c < 4 {
+                        _mm256_permute2f128_ps::<0x20>(lo, hi)
+                    } else {
+                        _mm256_permute2f128_ps::<0x31>(lo, hi)
+                    };
+                    _mm256_storeu_ps(dst.as_mut_ptr().add((l + c) * rows + i), v);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +428,44 @@ mod tests {
                     let mut one = [0f32; 5];
                     packed.dot_rows(row, &block_sums(row), 3..8, &mut one);
                     assert_eq!(&many[i * 5..(i + 1) * 5], &one[..], "{format} m={m} row {i}, rows 3..8");
+                }
+            }
+        }
+    }
+
+    /// The AVX2 transpose of whole 8 × 8 blocks and the scalar one of any shape.
+    #[test]
+    fn transpose_swaps_rows_and_columns() {
+        for (rows, cols) in [(16, 576), (64, 64), (8, 8), (6, 256), (24, 40)] {
+            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let mut dst = vec![0f32; rows * cols];
+            transpose(&src, &mut dst, cols);
+            for i in 0..rows {
+                for l in 0..cols {
+                    assert_eq!(dst[l * rows + i], src[i * cols + l], "{rows} x {cols}: ({i}, {l})");
+                }
+            }
+        }
+    }
+
+    /// Tiled products in panels of every size the CPUs use (and 8), over more activation
+    /// rows than one pass takes and a last tile of 6 weight rows, match the f64 product.
+    #[test]
+    fn tiled_panels_match_the_dequantised_product() {
+        let (m, k, n) = (ROW_BLOCK + 44, 256, TILE + 6);
+        let w = weights(QuantFormat::Q4_1, n, k);
+        let mut wf = vec![0f32; n * k];
+        dequantize_row(QuantFormat::Q4_1, &w, &mut wf);
+        let packed = PackedQuant::from_blocks(QuantFormat::Q4_1, &w, k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 29 % 53) as f32 - 26.0) / 13.0).collect();
+        for panel in [8, 16, 64] {
+            let got = tiled_in_panels(&x, &packed, m, panel);
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(wf[j * k + l]));
+                    let (want, scale) = (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>());
+                    let g = f64::from(got[i * n + j]);
+                    assert!((g - want).abs() <= 1e-5 * scale, "panel {panel} ({i},{j}): {g} vs {want}");
                 }
             }
         }
