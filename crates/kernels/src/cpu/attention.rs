@@ -6,6 +6,8 @@
 //! position `j` of sequence `s` lives in block `tables[s][j / block_size]` at offset
 //! `j % block_size`.
 
+use parking_lot::MappedRwLockReadGuard;
+
 use crate::Tensor;
 use crate::backend::{AttentionMeta, AttentionParams};
 use crate::error::{Error, Result, ensure};
@@ -50,17 +52,65 @@ pub(super) fn paged_attention(
     meta: &AttentionMeta,
     p: &AttentionParams,
 ) -> Result<Tensor> {
-    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-    let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
-    let cu = read_u32("paged_attention", &meta.cu_seqlens_q)?;
-    let lens = read_u32("paged_attention", &meta.seq_lens)?;
-    let tables = read_u32("paged_attention", &meta.block_tables)?;
-    let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
-    let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
+    Ok(attend_rows(&Step::read("paged_attention", q, (k_cache, v_cache), meta, p)?, p))
+}
 
-    let (qs, ks, vs) =
-        (read_f32("paged_attention", q)?, read_f32("paged_attention", k_cache)?, read_f32("paged_attention", v_cache)?);
-    let cache = PagedKv { ks: &ks, vs: &vs, tables: &tables, max_blocks, block_size, num_kv_heads: hkv, head_dim: d };
+/// A step's attention operands, checked and read on the host.
+pub(super) struct Step<'a> {
+    /// Query rows.
+    pub t: usize,
+    /// `cu_seqlens_q`.
+    pub cu: Guard<'a, u32>,
+    /// Each query row's sequence and position.
+    pub rows: Vec<QueryRow>,
+    /// `q [t, h, d]`.
+    pub qs: Guard<'a, f32>,
+    tables: Guard<'a, u32>,
+    max_blocks: usize,
+    block_size: usize,
+    ks: Guard<'a, f32>,
+    vs: Guard<'a, f32>,
+}
+
+type Guard<'a, T> = MappedRwLockReadGuard<'a, [T]>;
+
+impl<'a> Step<'a> {
+    /// Checks the shapes and the metadata (every backend's rules) and reads the operands.
+    pub fn read(
+        op: &'static str,
+        q: &'a Tensor,
+        (k_cache, v_cache): (&'a Tensor, &'a Tensor),
+        meta: &'a AttentionMeta,
+        p: &AttentionParams,
+    ) -> Result<Self> {
+        let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
+        let cu = read_u32(op, &meta.cu_seqlens_q)?;
+        let lens = read_u32(op, &meta.seq_lens)?;
+        let tables = read_u32(op, &meta.block_tables)?;
+        let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
+        let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
+        let (qs, ks, vs) = (read_f32(op, q)?, read_f32(op, k_cache)?, read_f32(op, v_cache)?);
+        Ok(Self { t, cu, rows, qs, tables, max_blocks, block_size, ks, vs })
+    }
+
+    /// The step's pools, read through its block tables.
+    pub fn cache(&self, p: &AttentionParams) -> PagedKv<'_> {
+        PagedKv {
+            ks: &self.ks,
+            vs: &self.vs,
+            tables: &self.tables,
+            max_blocks: self.max_blocks,
+            block_size: self.block_size,
+            num_kv_heads: p.num_kv_heads,
+            head_dim: p.head_dim,
+        }
+    }
+}
+
+/// The reference kernel over a read step: `[t, h, d]`.
+pub(super) fn attend_rows(step: &Step<'_>, p: &AttentionParams) -> Tensor {
+    let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    let (t, rows, qs, cache) = (step.t, &step.rows, &step.qs, step.cache(p));
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
     let visible: usize = rows.iter().map(|r| r.pos + 1).sum::<usize>() * h * d;
@@ -77,7 +127,7 @@ pub(super) fn paged_attention(
     } else {
         SpinPool::global().run_pieces(&mut out, group * d, &task);
     }
-    Ok(f32_tensor(out, &[t, h, d]))
+    f32_tensor(out, &[t, h, d])
 }
 
 /// The key and value pools of a step, read through its block tables.

@@ -18,9 +18,9 @@ use crate::Tensor;
 use crate::backend::{AttentionMeta, AttentionParams};
 use crate::error::Result;
 
-use super::attention::{MetaView, PagedKv, QueryRow, check_meta, exp_in_place, first_key};
+use super::attention::{PagedKv, QueryRow, Step, attend_rows, exp_in_place, first_key};
+use super::f32_tensor;
 use super::pool::SpinPool;
-use super::{f32_tensor, read_f32, read_u32};
 
 /// A sequence with at least this many query rows in a step is attended in tiles (as the
 /// quantised matmuls switch to GEMMs at 32 rows, and for the same reason: fewer rows are
@@ -61,27 +61,18 @@ pub(super) fn flash_attention(
     p: &AttentionParams,
 ) -> Result<Tensor> {
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-    let cu = read_u32("flash_attention", &meta.cu_seqlens_q)?;
-    if cu.windows(2).all(|w| (w[1].saturating_sub(w[0]) as usize) < MIN_TILED_ROWS) {
-        drop(cu);
-        return super::attention::paged_attention(q, k_cache, v_cache, meta, p);
+    let step = Step::read("flash_attention", q, (k_cache, v_cache), meta, p)?;
+    if step.cu.windows(2).all(|w| ((w[1] - w[0]) as usize) < MIN_TILED_ROWS) {
+        return Ok(attend_rows(&step, p));
     }
-    let (t, block_size, blocks) = crate::check::attention(q, k_cache, v_cache, p)?;
-    let lens = read_u32("flash_attention", &meta.seq_lens)?;
-    let tables = read_u32("flash_attention", &meta.block_tables)?;
-    let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
-    let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
-
-    let (qs, ks, vs) =
-        (read_f32("flash_attention", q)?, read_f32("flash_attention", k_cache)?, read_f32("flash_attention", v_cache)?);
-    let cache = PagedKv { ks: &ks, vs: &vs, tables: &tables, max_blocks, block_size, num_kv_heads: hkv, head_dim: d };
+    let (t, cu, rows, qs, cache) = (step.t, &step.cu, &step.rows, &step.qs, step.cache(p));
     let mut tasks = Vec::new();
     for w in cu.windows(2) {
         let (start, end) = (w[0] as usize, w[1] as usize);
         let tiled = end - start >= MIN_TILED_ROWS;
-        let step = if tiled { TILE_ROWS } else { 1 };
-        for first in (start..end).step_by(step) {
-            let rows = (first, (first + step).min(end));
+        let stride = if tiled { TILE_ROWS } else { 1 };
+        for first in (start..end).step_by(stride) {
+            let rows = (first, (first + stride).min(end));
             tasks.extend((0..hkv).map(|kv_head| Task { rows, kv_head, tiled }));
         }
     }
@@ -94,7 +85,7 @@ pub(super) fn flash_attention(
         if task.tiled {
             // SAFETY: `out` holds `t · h · d` floats and outlives the job; this task alone
             // writes the heads of its KV head for its rows.
-            unsafe { attend_tile(&cache, &rows[task.rows.0..task.rows.1], task, &qs, dst.0, p) };
+            unsafe { attend_tile(&cache, &rows[task.rows.0..task.rows.1], task, qs, dst.0, p) };
         } else {
             let at = (task.rows.0 * hkv + task.kv_head) * group * d;
             // SAFETY: as above; the group's heads of one row are contiguous.
