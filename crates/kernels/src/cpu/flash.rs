@@ -39,15 +39,6 @@ struct Task {
     tiled: bool,
 }
 
-/// The output, written by tasks that each own a disjoint set of (row, head) vectors.
-struct Out(*mut f32);
-
-// SAFETY: tasks write disjoint (row, query head) ranges of the buffer, which outlives the
-// pool's job.
-unsafe impl Send for Out {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Out {}
-
 thread_local! {
     /// Gathered keys, gathered values and a tile's scores, reused across tasks.
     static SCRATCH: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
@@ -78,7 +69,7 @@ pub(super) fn flash_attention(
     }
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
-    let dst = Out(out.as_mut_ptr());
+    let dst = super::Disjoint(out.as_mut_ptr());
     SpinPool::global().run(tasks.len(), &|i| {
         let task = tasks[i];
         let dst = &dst;

@@ -155,6 +155,17 @@ pub(crate) fn write_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<parking_l
     .map_err(|_| Error::DType { op, expected: DType::F32, got: t.dtype() })
 }
 
+/// An output buffer that the tasks of one pool job write through, each to its own part
+/// (tiles of columns, or (row, head) vectors); the buffer outlives the job, which `run`
+/// waits for.
+struct Disjoint(*mut f32);
+
+// SAFETY: the tasks sharing a `Disjoint` write disjoint elements of a buffer that outlives
+// them (each user says which).
+unsafe impl Send for Disjoint {}
+// SAFETY: as for `Send`: no two tasks touch the same element.
+unsafe impl Sync for Disjoint {}
+
 /// Wraps f32 results as a CPU tensor.
 pub(crate) fn f32_tensor(data: Vec<f32>, dims: &[usize]) -> Tensor {
     debug_assert_eq!(data.len(), dims.iter().product::<usize>());

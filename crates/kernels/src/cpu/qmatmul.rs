@@ -246,15 +246,6 @@ fn fused(n: usize, m: usize, dot: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) ->
     assemble(parts, m, n)
 }
 
-/// The output of a tiled product, shared by the tasks that each write their own columns.
-struct Columns(*mut f32);
-
-// SAFETY: the tasks of `tiled` write disjoint column ranges of the buffer, which outlives
-// them (the pool's job, which `run` waits for).
-unsafe impl Send for Columns {}
-// SAFETY: as for `Send`: no two tasks touch the same element.
-unsafe impl Sync for Columns {}
-
 thread_local! {
     /// A tile of dequantised weights (row by row) and its panels (column by column), kept
     /// per thread so prefill products do not allocate (and fault in) fresh ones per task.
@@ -285,7 +276,7 @@ fn tiled_in_panels(x: &[f32], w: &impl QuantRows, m: usize, panel: usize) -> Vec
     UNPACKED_PANELS.call_once(|| gemm::set_lhs_packing_threshold_single_thread(256));
     let (k, n) = (w.k(), w.n());
     let mut out = vec![0f32; m * n];
-    let dst = Columns(out.as_mut_ptr());
+    let dst = super::Disjoint(out.as_mut_ptr());
     SpinPool::global().run(n.div_ceil(TILE), &|t| {
         let tile = t * TILE..((t + 1) * TILE).min(n);
         TILE_SCRATCH.with_borrow_mut(|[rows, panels]| {
