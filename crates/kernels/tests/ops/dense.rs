@@ -66,17 +66,30 @@ pub fn matmul_reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k:
 /// The backend's and the reference's `x · wᵀ (+ bias)` for random inputs of one shape.
 pub fn matmul_outputs(
     b: &dyn GpuBackend,
-    (m, k, n): (usize, usize, usize),
+    shape: (usize, usize, usize),
     with_bias: bool,
     seed: u64,
 ) -> Result<(Vec<f32>, Vec<f64>)> {
+    matmul_outputs_and_terms(b, shape, with_bias, seed).map(|(got, want, _)| (got, want))
+}
+
+/// [`matmul_outputs`], with each output's magnitude of terms `Σ |x·w| + |bias|` (for
+/// [`crate::harness::compare_terms`]).
+pub fn matmul_outputs_and_terms(
+    b: &dyn GpuBackend,
+    (m, k, n): (usize, usize, usize),
+    with_bias: bool,
+    seed: u64,
+) -> Result<(Vec<f32>, Vec<f64>, Vec<f64>)> {
     let mut rng = Rng::new(seed);
     let (x, w, bias) = (stored(b, rng.vec(m * k)), stored(b, rng.vec(n * k)), stored(b, rng.vec(n)));
     let bias = with_bias.then_some(&bias[..]);
     let bias_t = bias.map(|v| upload_f32(b, v, &[n])).transpose()?;
     let out = b.matmul(&upload_f32(b, &x, &[m, k])?, &upload_f32(b, &w, &[n, k])?, bias_t.as_ref())?;
     assert_eq!(out.dims(), [m, n], "matmul shape");
-    Ok((b.download_f32(&out)?, matmul_reference(&x, &w, bias, m, k)))
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+    let terms = matmul_reference(&abs(&x), &abs(&w), bias.map(abs).as_deref(), m, k);
+    Ok((b.download_f32(&out)?, matmul_reference(&x, &w, bias, m, k), terms))
 }
 
 /// Matmul over shapes with m = 1, n = 1 and inner dims that are not multiples of 8, with

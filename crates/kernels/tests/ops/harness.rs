@@ -50,13 +50,22 @@ pub fn tolerance(dtype: DType) -> Tol {
 
 /// Compares `got` with `want` under `tol`, describing the worst element on failure.
 pub fn compare(got: &[f32], want: &[f64], tol: Tol) -> std::result::Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!("{} elements, expected {}", got.len(), want.len()));
+    compare_terms(got, want, &[], tol)
+}
+
+/// [`compare`] for sums whose terms' magnitudes are known (`terms_i`, such as `Σ |x·w|` of a
+/// product, or empty): element `i` may also be off by `tol.rel · terms_i`. A sum with
+/// cancellation carries the rounding of its large terms however small it comes out, and an
+/// output of one element has no other elements' rms to stand for them.
+pub fn compare_terms(got: &[f32], want: &[f64], terms: &[f64], tol: Tol) -> std::result::Result<(), String> {
+    if got.len() != want.len() || !(terms.is_empty() || terms.len() == want.len()) {
+        return Err(format!("{} elements, expected {} ({} term magnitudes)", got.len(), want.len(), terms.len()));
     }
     let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
     let mut worst: Option<(usize, f64)> = None;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let (err, bound) = ((f64::from(g) - w).abs(), tol.rel * (w.abs() + rms));
+        let magnitude = (w.abs() + rms).max(terms.get(i).copied().unwrap_or(0.0));
+        let (err, bound) = ((f64::from(g) - w).abs(), tol.rel * magnitude);
         // A NaN error compares false, so NaN never passes.
         let within = err <= bound;
         let excess = if within {
