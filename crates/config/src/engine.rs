@@ -1,4 +1,45 @@
-//! `EngineConfig`: the serving engine's budgets and cache settings.
+//! `EngineConfig`: what the serving engine's scheduler reads (budgets, the KV cache's block
+//! size and prefix caching, the policy, asynchronous scheduling), and the error every
+//! setting of this crate reports, naming its flag.
+
+use crate::named::named_enum;
+
+named_enum! {
+    /// Which waiting sequence is admitted first, and which running one is preempted when KV
+    /// blocks run out.
+    pub enum Policy ("policy") {
+        /// First come, first served; preempts the most recently admitted sequence.
+        Fcfs = "fcfs",
+        /// Lowest `priority` value first, then arrival; preempts the lowest-priority sequence.
+        Priority = "priority",
+    }
+}
+
+named_enum! {
+    /// Whether the engine queues each decode step before reading the tokens of the step
+    /// before, so that the host's scheduling and bookkeeping overlap the device's work.
+    pub enum AsyncScheduling ("async scheduling setting") {
+        /// On where it can pay: a backend that queues work (CUDA), a model that reads its
+        /// token ids from the device, no speculative decoding.
+        Auto = "auto",
+        /// On wherever the model can read its token ids from the device.
+        On = "on",
+        /// Every step reads its tokens before the next is planned.
+        Off = "off",
+    }
+}
+
+impl AsyncScheduling {
+    /// Whether steps go ahead of their tokens, on a backend that does (`queues_work`) or
+    /// does not queue work.
+    pub fn enabled(self, queues_work: bool) -> bool {
+        match self {
+            Self::Auto => queues_work,
+            Self::On => true,
+            Self::Off => false,
+        }
+    }
+}
 
 /// Scheduling budgets and KV cache settings of the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,11 +57,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Token events buffered per request before the engine pauses that request.
     pub stream_capacity: usize,
-    /// Whether the engine queues each decode step before reading the tokens the step
-    /// before drew, so the host's scheduling and bookkeeping overlap the device's work.
-    /// `None`: wherever it can (a backend that queues work, a model that reads its token
-    /// ids from the device, no speculative decoding).
-    pub async_scheduling: Option<bool>,
+    /// Whether decode steps are queued ahead of their tokens.
+    pub async_scheduling: AsyncScheduling,
+    /// Which sequences are admitted and preempted first.
+    pub policy: Policy,
 }
 
 impl Default for EngineConfig {
@@ -32,19 +72,36 @@ impl Default for EngineConfig {
             block_size: 16,
             prefix_caching: true,
             stream_capacity: 256,
-            async_scheduling: None,
+            async_scheduling: AsyncScheduling::Auto,
+            policy: Policy::Fcfs,
         }
     }
 }
 
-/// An engine setting that cannot work, naming the flag.
+/// A setting that cannot work, naming its command-line flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--{flag}: {msg}")]
-pub struct InvalidEngineConfig {
-    /// The command-line flag (without dashes).
+pub struct InvalidSetting {
+    /// The command-line flag (without dashes), with its value where that is what is wrong
+    /// (`speculative self`).
     pub flag: &'static str,
     /// What is wrong with it.
     pub msg: String,
+}
+
+impl InvalidSetting {
+    /// `flag` is wrong because of `msg`.
+    pub fn new(flag: &'static str, msg: impl Into<String>) -> Self {
+        Self { flag, msg: msg.into() }
+    }
+}
+
+/// Refuses the first of `values` that is zero, naming its flag.
+pub(crate) fn positive(values: &[(&'static str, usize)]) -> Result<(), InvalidSetting> {
+    match values.iter().find(|(_, v)| *v == 0) {
+        Some(&(flag, _)) => Err(InvalidSetting::new(flag, "must be positive")),
+        None => Ok(()),
+    }
 }
 
 impl EngineConfig {
@@ -52,18 +109,13 @@ impl EngineConfig {
     ///
     /// # Errors
     /// The first zero budget, naming its flag.
-    pub fn validate(&self) -> Result<(), InvalidEngineConfig> {
-        for (flag, v) in [
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        positive(&[
             ("max-num-seqs", self.max_num_seqs),
             ("max-batch-tokens", self.max_batch_tokens),
             ("block-size", self.block_size),
             ("stream-capacity", self.stream_capacity),
             ("max-prefill-chunk", self.max_prefill_chunk.unwrap_or(1)),
-        ] {
-            if v == 0 {
-                return Err(InvalidEngineConfig { flag, msg: "must be positive".into() });
-            }
-        }
-        Ok(())
+        ])
     }
 }

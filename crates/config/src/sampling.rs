@@ -1,5 +1,7 @@
 //! `SamplingParams`: how one request turns logits into tokens.
 
+use crate::RequestField;
+
 /// Per-request sampling settings, validated by [`SamplingParams::validate`]. The defaults
 /// are the identity: temperature 1, no truncation, no penalties.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,12 +52,12 @@ impl Default for SamplingParams {
 /// Largest `top_logprobs` a request may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-/// A sampling setting outside its domain, naming the field as OpenAI's API spells it.
+/// A sampling setting outside its domain, naming the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("`{field}`: {msg}")]
 pub struct InvalidSampling {
     /// The field.
-    pub field: &'static str,
+    pub field: RequestField,
     /// What is wrong with it.
     pub msg: String,
 }
@@ -78,34 +80,40 @@ impl SamplingParams {
     pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidSampling> {
         let bad = |field, msg: String| Err(InvalidSampling { field, msg });
         let finite = |field, x: f32| if x.is_finite() { Ok(()) } else { bad(field, format!("{x} is not finite")) };
-        finite("temperature", self.temperature)?;
+        finite(RequestField::Temperature, self.temperature)?;
         if !(0.0..=100.0).contains(&self.temperature) {
-            return bad("temperature", format!("{} is outside [0, 100]", self.temperature));
+            return bad(RequestField::Temperature, format!("{} is outside [0, 100]", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", format!("{} is outside (0, 1]", self.top_p));
+            return bad(RequestField::TopP, format!("{} is outside (0, 1]", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", format!("{} is outside [0, 1]", self.min_p));
+            return bad(RequestField::MinP, format!("{} is outside [0, 1]", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 100.0) {
-            return bad("repetition_penalty", format!("{} is outside (0, 100]", self.repetition_penalty));
+            return bad(RequestField::RepetitionPenalty, format!("{} is outside (0, 100]", self.repetition_penalty));
         }
-        for (field, x) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (field, x) in [
+            (RequestField::PresencePenalty, self.presence_penalty),
+            (RequestField::FrequencyPenalty, self.frequency_penalty),
+        ] {
             if !(-2.0..=2.0).contains(&x) {
                 return bad(field, format!("{x} is outside [-2, 2]"));
             }
         }
         for &(token, bias) in &self.logit_bias {
             if token as usize >= vocab_size {
-                return bad("logit_bias", format!("token {token} is outside the vocabulary of {vocab_size}"));
+                return bad(
+                    RequestField::LogitBias,
+                    format!("token {token} is outside the vocabulary of {vocab_size}"),
+                );
             }
             if !(-100.0..=100.0).contains(&bias) {
-                return bad("logit_bias", format!("bias {bias} for token {token} is outside [-100, 100]"));
+                return bad(RequestField::LogitBias, format!("bias {bias} for token {token} is outside [-100, 100]"));
             }
         }
         if let Some(k) = self.logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
-            return bad("top_logprobs", format!("{k} exceeds the maximum of {MAX_TOP_LOGPROBS}"));
+            return bad(RequestField::TopLogprobs, format!("{k} exceeds the maximum of {MAX_TOP_LOGPROBS}"));
         }
         Ok(())
     }
@@ -130,7 +138,7 @@ mod tests {
             (SamplingParams { logprobs: Some(21), ..Default::default() }, "top_logprobs"),
         ];
         for (params, field) in cases {
-            assert_eq!(params.validate(10).unwrap_err().field, field);
+            assert_eq!(params.validate(10).unwrap_err().field.name(), field);
         }
     }
 }

@@ -12,9 +12,10 @@
 //! - `paged`: [`GpuBackend::paged_attention`], the reference the other is tested against.
 //!
 //! Adding a backend: implement [`AttentionBackend`] (honouring every field of
-//! [`AttentionParams`]: GQA, scale, sliding window, soft-cap), add its name to
-//! [`ATTENTION_BACKENDS`] and an arm to [`attention_backend`]; `--attention-backend` then
-//! offers it, and `tests/ops/attention.rs` is where its kernels meet the f64 reference.
+//! [`AttentionParams`]: GQA, scale, sliding window, soft-cap), add a variant to
+//! [`AttentionBackendKind`] (in `met-config`, where the command line finds its name) and an
+//! arm to [`attention_backend`]; `tests/ops/attention.rs` is where its kernels meet the f64
+//! reference.
 
 use std::sync::Arc;
 
@@ -92,22 +93,16 @@ pub trait AttentionBackend: Send + Sync + std::fmt::Debug {
     ) -> Result<Tensor>;
 }
 
-/// Names accepted by [`attention_backend`], the default first.
-pub const ATTENTION_BACKENDS: &[&str] = &["flash", "paged"];
+/// Which attention backend a model runs (`flash`, the default, or `paged`).
+pub use met_config::AttentionBackendKind;
 
-/// The attention backend called `name`, on `backend`.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for an unknown name, listing the known ones.
-pub fn attention_backend(name: &str, backend: Arc<dyn GpuBackend>) -> Result<Arc<dyn AttentionBackend>> {
-    match name {
-        "flash" => Ok(Arc::new(DeviceOp { op: Op::Flash, shared: Shared { backend } })),
-        "paged" => Ok(Arc::new(DeviceOp { op: Op::Paged, shared: Shared { backend } })),
-        other => Err(Error::InvalidArgument(format!(
-            "unknown attention backend `{other}` (available: {})",
-            ATTENTION_BACKENDS.join(", ")
-        ))),
-    }
+/// The attention backend `kind`, on `backend`.
+pub fn attention_backend(kind: AttentionBackendKind, backend: Arc<dyn GpuBackend>) -> Arc<dyn AttentionBackend> {
+    let op = match kind {
+        AttentionBackendKind::Flash => Op::Flash,
+        AttentionBackendKind::Paged => Op::Paged,
+    };
+    Arc::new(DeviceOp { op, shared: Shared { backend } })
 }
 
 /// The metadata both backends read: FlashAttention's paged varlen layout.

@@ -9,7 +9,7 @@ use std::fmt::Debug;
 
 use met_config::SamplingParams;
 
-use crate::{DType, HostTensor, Result, Tensor};
+use crate::{DType, DeviceKind, HostTensor, Result, Tensor};
 
 /// Batch layout for [`GpuBackend::paged_attention`], as device tensors.
 ///
@@ -220,8 +220,14 @@ pub trait Graph: Send + Sync {
 /// ordered. Each op validates shapes and dtypes and returns an error rather than
 /// panicking on a bad operand.
 pub trait GpuBackend: Send + Sync + Debug {
+    /// The kind of device it is (`Cpu` or `Cuda`, never `Auto`), for choices that depend on
+    /// the device.
+    fn device(&self) -> DeviceKind;
+
     /// Short device name: `cpu`, `cuda`.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &'static str {
+        self.device().name()
+    }
 
     /// The element type this backend stores float tensors in (weights, activations, KV).
     /// Logits and routing weights are always f32.

@@ -48,30 +48,8 @@ pub use error::{Error, Result};
 pub use host::HostTensor;
 pub use tensor::{Shape, Storage, Tensor};
 
-/// Which device to run on, as chosen on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceKind {
-    /// The multithreaded CPU reference backend.
-    Cpu,
-    /// An NVIDIA GPU through CUDA (needs the `cuda` feature at build time).
-    Cuda,
-    /// CUDA when it was compiled in and a GPU is present, else the CPU.
-    #[default]
-    Auto,
-}
-
-impl std::str::FromStr for DeviceKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda),
-            "auto" => Ok(Self::Auto),
-            other => Err(Error::InvalidArgument(format!("unknown device `{other}` (expected cpu, cuda or auto)"))),
-        }
-    }
-}
+/// Which device to run on (one of the closed sets of settings in `met-config`).
+pub use met_config::DeviceKind;
 
 /// Opens the backend for `kind`: `Auto` is CUDA when it was compiled in and a GPU opens
 /// (its error is dropped), else the CPU, whose quantised few-row matmuls use `cpu_dots`.

@@ -1,10 +1,10 @@
 //! The attention-backend seam, as a model uses it.
 //!
 //! Backends live in `met-kernels` ([`met_kernels::attention`]): each is a family of kernels
-//! with its own step metadata, chosen at startup by name. This module only turns a
+//! with its own step metadata, chosen at startup ([`AttentionBackendKind`]). This module only turns a
 //! [`ForwardBatch`] into the backend-neutral [`StepLayout`] they prepare from.
 
-pub use met_kernels::attention::{ATTENTION_BACKENDS, AttentionBackend, StepLayout, StepMetadata, attention_backend};
+pub use met_kernels::attention::{AttentionBackend, AttentionBackendKind, StepLayout, StepMetadata, attention_backend};
 
 use crate::ForwardBatch;
 

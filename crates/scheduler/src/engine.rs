@@ -119,7 +119,7 @@ impl Engine {
             )));
         }
         metrics.set_kv_capacity(kv.num_blocks());
-        let ahead = config.async_scheduling.unwrap_or_else(|| backend.queues_work()) && model.feeds_tokens();
+        let ahead = config.async_scheduling.enabled(backend.queues_work()) && model.feeds_tokens();
         let scheduler = Scheduler::new(config, model.max_context(), policy, Arc::clone(&metrics));
         let health = Arc::new(Health::default());
         Ok(Self {
@@ -145,8 +145,7 @@ impl Engine {
     /// [`EngineError::Config`] naming the flag of a setting that cannot work, for this
     /// model too (self-speculation's layers).
     pub fn with_speculative(self, speculative: &SpeculativeConfig) -> Result<Self, EngineError> {
-        let proposer = speculative
-            .proposer(&*self.model, Arc::clone(&self.backend))
+        let proposer = met_speculative::proposer(speculative, &*self.model, Arc::clone(&self.backend))
             .map_err(|e| EngineError::Config(e.to_string()))?;
         Ok(self.with_proposer_config(proposer, speculative))
     }
@@ -165,7 +164,7 @@ impl Engine {
         draft_backend: Arc<dyn GpuBackend>,
     ) -> Result<Self, EngineError> {
         let config = |e: met_speculative::SpeculativeError| EngineError::Config(e.to_string());
-        speculative.validate().map_err(config)?;
+        speculative.validate().map_err(|e| EngineError::Config(e.to_string()))?;
         let (vocab, blocks, block_size) = (self.model.vocab_size(), self.kv.num_blocks(), self.kv.block_size());
         let proposer = DraftModelProposer::new(draft, draft_backend, vocab, blocks, block_size).map_err(config)?;
         Ok(self.with_proposer_config(Box::new(proposer), speculative))

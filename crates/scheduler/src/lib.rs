@@ -28,7 +28,7 @@ mod speculate;
 pub use constraint::{Constraint, ConstraintState, SharedConstraint};
 pub use engine::Engine;
 pub use handle::{EngineHandle, spawn};
-pub use policy::{Fcfs, POLICY_NAMES, Priority, SchedulingPolicy, SeqInfo, policy_by_name};
+pub use policy::{Fcfs, Priority, SchedulingPolicy, SeqInfo, policy};
 pub use request::{
     EngineLimits, EngineRequest, FinishReason, GeneratedToken, RequestError, RequestErrorKind, RequestId,
     RequestStream, StopCriteria, TokenEvent,

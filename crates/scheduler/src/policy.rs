@@ -3,6 +3,8 @@
 
 use std::cmp::Ordering;
 
+use met_config::Policy;
+
 use crate::RequestId;
 
 /// What a policy may look at to order sequences.
@@ -78,15 +80,11 @@ fn latest<K: Ord>(candidates: &[SeqInfo], key: impl Fn(&SeqInfo) -> K) -> usize 
     best
 }
 
-/// The name of every policy [`policy_by_name`] knows, for front ends to offer.
-pub const POLICY_NAMES: [&str; 2] = ["fcfs", "priority"];
-
-/// The policy called `name`, one of [`POLICY_NAMES`].
-pub fn policy_by_name(name: &str) -> Option<Box<dyn SchedulingPolicy>> {
-    match name {
-        "fcfs" => Some(Box::new(Fcfs)),
-        "priority" => Some(Box::new(Priority)),
-        _ => None,
+/// The built-in policy `kind` (the setting a front end chooses by name).
+pub fn policy(kind: Policy) -> Box<dyn SchedulingPolicy> {
+    match kind {
+        Policy::Fcfs => Box::new(Fcfs),
+        Policy::Priority => Box::new(Priority),
     }
 }
 
@@ -96,10 +94,10 @@ mod tests {
 
     #[test]
     fn every_listed_name_is_a_policy_and_nothing_else_is() {
-        for name in POLICY_NAMES {
-            assert!(policy_by_name(name).is_some(), "{name}");
+        for &kind in Policy::ALL {
+            assert_eq!(policy(kind.name().parse().unwrap()).name(), kind.name());
         }
-        assert!(policy_by_name("lifo").is_none());
+        assert!("lifo".parse::<Policy>().is_err());
     }
 
     fn info(priority: i32, arrival: u64, admitted: u64) -> SeqInfo {
@@ -116,6 +114,6 @@ mod tests {
     fn priority_admits_lowest_value_and_preempts_highest() {
         assert_eq!(Priority.admission_order(&info(0, 9, 0), &info(1, 1, 0)), Ordering::Less);
         assert_eq!(Priority.victim(&[info(2, 1, 1), info(0, 2, 9), info(2, 3, 5)]), 2);
-        assert!(policy_by_name("priority").is_some() && policy_by_name("lifo").is_none());
+        assert_eq!(policy(Policy::Priority).name(), "priority");
     }
 }

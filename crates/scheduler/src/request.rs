@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use met_config::SamplingParams;
+use met_config::{RequestField, SamplingParams};
 use tokio::sync::mpsc;
 
 use crate::constraint::SharedConstraint;
@@ -81,7 +81,7 @@ impl EngineLimits {
     ///
     /// # Errors
     /// [`RequestErrorKind::Invalid`] naming `field` and the first such id.
-    pub fn check_token_ids(&self, field: &'static str, ids: &[u32]) -> Result<(), RequestError> {
+    pub fn check_token_ids(&self, field: RequestField, ids: &[u32]) -> Result<(), RequestError> {
         match ids.iter().find(|&&id| id as usize >= self.vocab_size) {
             None => Ok(()),
             Some(id) => Err(RequestError {
@@ -103,14 +103,15 @@ pub enum RequestErrorKind {
     ContextLength,
 }
 
-/// Why a request cannot be made.
+/// Why a request cannot be made. The message names no field but `field` itself, which each
+/// front end spells its own way.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{field}`: {msg}")]
 pub struct RequestError {
     /// What kind of problem it is.
     pub kind: RequestErrorKind,
-    /// The field, as the OpenAI API names it (`prompt`, `max_tokens`, `temperature`, ...).
-    pub field: &'static str,
+    /// The field at fault.
+    pub field: RequestField,
     /// What is wrong.
     pub msg: String,
 }
@@ -219,48 +220,49 @@ fn check(
     n: usize,
     limits: &EngineLimits,
 ) -> Result<(), RequestError> {
-    let error = |kind, field: &'static str, msg: String| Err(RequestError { kind, field, msg });
+    let error = |kind, field, msg: String| Err(RequestError { kind, field, msg });
     let invalid = |field, msg| error(RequestErrorKind::Invalid, field, msg);
     let (len, context, vocab) = (prompt.len(), limits.max_context, limits.vocab_size);
     if len == 0 {
-        return invalid("prompt", "the prompt is empty".into());
+        return invalid(RequestField::Prompt, "the prompt is empty".into());
     }
-    limits.check_token_ids("prompt", prompt)?;
+    limits.check_token_ids(RequestField::Prompt, prompt)?;
     if len >= context {
         let msg = format!("the prompt has {len} tokens; the model's maximum context length is {context} tokens");
-        return error(RequestErrorKind::ContextLength, "prompt", msg);
+        return error(RequestErrorKind::ContextLength, RequestField::Prompt, msg);
     }
     if len + 1 > limits.kv_capacity {
         let msg =
             format!("the prompt has {len} tokens and can never fit the KV cache of {} tokens", limits.kv_capacity);
-        return invalid("prompt", msg);
+        return invalid(RequestField::Prompt, msg);
     }
     if n == 0 {
-        return invalid("n", "must be at least 1".into());
+        return invalid(RequestField::N, "must be at least 1".into());
     }
     let max = stop.max_new_tokens;
     if max == 0 {
-        return invalid("max_tokens", "must be at least 1".into());
+        return invalid(RequestField::MaxTokens, "must be at least 1".into());
     }
     if max > context - len {
         let msg = format!(
-            "the prompt has {len} tokens and max_tokens is {max}: {} in all, more than the model's maximum context \
-             length of {context} tokens",
+            "the prompt has {len} tokens and asks for up to {max} more: {} in all, more than the model's maximum \
+             context length of {context} tokens",
             len.saturating_add(max)
         );
-        return error(RequestErrorKind::ContextLength, "max_tokens", msg);
+        return error(RequestErrorKind::ContextLength, RequestField::MaxTokens, msg);
     }
     if stop.min_new_tokens > max {
-        return invalid("min_tokens", format!("{} exceeds max_tokens ({max})", stop.min_new_tokens));
+        let msg = format!("{} is above the most tokens to generate ({max})", stop.min_new_tokens);
+        return invalid(RequestField::MinTokens, msg);
     }
-    limits.check_token_ids("stop_token_ids", &stop.stop_token_ids)?;
+    limits.check_token_ids(RequestField::StopTokenIds, &stop.stop_token_ids)?;
     if stop.bans_everything(vocab) {
         let msg = format!(
-            "with min_tokens {}, the stop tokens and the end-of-sequence tokens ban all {vocab} tokens of the \
-             vocabulary: nothing could be sampled",
+            "while fewer than {} tokens are generated, the stop tokens and the end-of-sequence tokens ban all \
+             {vocab} tokens of the vocabulary: nothing could be sampled",
             stop.min_new_tokens
         );
-        return invalid("stop_token_ids", msg);
+        return invalid(RequestField::StopTokenIds, msg);
     }
     sampling.validate(vocab).map_err(|e| RequestError { kind: RequestErrorKind::Invalid, field: e.field, msg: e.msg })
 }

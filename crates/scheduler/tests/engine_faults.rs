@@ -173,7 +173,7 @@ fn requests_that_can_never_sample_are_refused_naming_the_field() {
     let (mut engine, _) = Setup::new(64).engine();
     let limits = engine.limits();
     let field = |r: Parts| match r.try_make(&limits) {
-        Err(e) => e.field,
+        Err(e) => e.field.name(),
         Ok(r) => panic!("expected an invalid request, got {r:?}"),
     };
     // The request: every token a stop token while min_tokens bans them.
@@ -193,7 +193,7 @@ fn requests_that_can_never_sample_are_refused_naming_the_field() {
     let other = met_scheduler::EngineLimits { vocab_size: 2 * VOCAB, ..limits };
     let mut wide = Parts::greedy(vec![VOCAB as u32 + 1], 3).try_make(&other).unwrap();
     match engine.submit(wide.clone()) {
-        Err(SubmitError::Invalid(e)) => assert_eq!(e.field, "prompt"),
+        Err(SubmitError::Invalid(e)) => assert_eq!(e.field.name(), "prompt"),
         other => panic!("expected the engine to refuse {wide:?}, got {other:?}"),
     }
     wide = Parts::greedy(vec![1], 3).try_make(&other).unwrap();

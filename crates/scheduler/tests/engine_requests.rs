@@ -153,7 +153,7 @@ fn invalid_requests_are_refused_naming_the_field() {
     let (engine, _) = Setup::new(8).engine();
     let limits = engine.limits();
     let refused = |r: Parts| match r.try_make(&limits) {
-        Err(e) => (e.field, e.kind),
+        Err(e) => (e.field.name(), e.kind),
         Ok(r) => panic!("expected an invalid request, got {r:?}"),
     };
     let field = |r: Parts| refused(r).0;
@@ -172,7 +172,7 @@ fn invalid_requests_are_refused_naming_the_field() {
     let (mut big, _) = Setup::new(1024).engine();
     let limits = big.limits();
     let context = limits.max_context;
-    let refused = |r: Parts| r.try_make(&limits).map(drop).map_err(|e| (e.field, e.kind));
+    let refused = |r: Parts| r.try_make(&limits).map(drop).map_err(|e| (e.field.name(), e.kind));
     assert_eq!(refused(Parts::greedy(vec![1; context], 1)), Err(("prompt", RequestErrorKind::ContextLength)));
     assert_eq!(refused(Parts::greedy(vec![1; 10], context - 9)), Err(("max_tokens", RequestErrorKind::ContextLength)));
     let fits = Parts::greedy(vec![1; 10], context - 10).try_make(&limits).unwrap();

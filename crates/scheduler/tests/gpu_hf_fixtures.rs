@@ -40,9 +40,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use met_cache::{KvCache, PagedKvCache};
-use met_config::{EngineConfig, ModelConfig, SamplingParams};
+use met_config::{AsyncScheduling, EngineConfig, ModelConfig, SamplingParams};
 use met_kernels::{CudaBackend, GpuBackend};
-use met_model_layers::attention::ATTENTION_BACKENDS;
+use met_model_layers::attention::AttentionBackendKind;
 use met_model_layers::{ForwardBatch, GraphCapture, GraphSettings, LoadOptions, LogitRows, Model, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
 use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
@@ -105,9 +105,9 @@ fn fixture(name: &'static str) -> Fixture {
     Fixture { name, dir, cfg, prompts, greedy, logits, tolerance }
 }
 
-fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>, attention: &str) -> Box<dyn Model> {
+fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>, attention: AttentionBackendKind) -> Box<dyn Model> {
     let store = SafetensorsStore::open(&f.dir).unwrap();
-    let options = LoadOptions { attention_backend: attention.into() };
+    let options = LoadOptions { attention_backend: attention };
     load_model(&f.cfg, &store, Arc::clone(backend), &options).unwrap()
 }
 
@@ -212,7 +212,7 @@ struct Step {
 fn greedy_steps(f: &Fixture) -> Vec<Vec<Step>> {
     let spy = Arc::new(RouterSpy::default());
     let cpu: Arc<dyn GpuBackend> = spy.clone();
-    let m = model(f, &cpu, ATTENTION_BACKENDS[0]);
+    let m = model(f, &cpu, AttentionBackendKind::default());
     let full: Vec<Vec<u32>> =
         f.prompts.iter().zip(&f.greedy).map(|(p, g)| [&p[..], &g[..NEW_TOKENS - 1]].concat()).collect();
     let logits = teacher_forced(&*m, &*cpu, &full, usize::MAX);
@@ -253,7 +253,7 @@ fn through_engine_with(
     blocks: usize,
     graphs: bool,
 ) -> (Vec<Vec<u32>>, usize) {
-    let m = model(f, backend, ATTENTION_BACKENDS[0]);
+    let m = model(f, backend, AttentionBackendKind::default());
     let kv = PagedKvCache::new(&**backend, m.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
     if graphs {
         let capture = m.capture_graphs(&kv, &GraphSettings::up_to(8)).unwrap();
@@ -324,7 +324,7 @@ fn run(name: &'static str) {
     let gpu = cuda();
     let mut failures = Vec::new();
     // The logits through every attention backend; the engine runs below use the default.
-    for attention in ATTENTION_BACKENDS {
+    for &attention in AttentionBackendKind::ALL {
         let m = model(&f, &gpu, attention);
         for (mode, chunk) in [("one batch", usize::MAX), ("chunks of 5", 5)] {
             let got = teacher_forced(&*m, &*gpu, &f.prompts, chunk);
@@ -345,7 +345,10 @@ fn run(name: &'static str) {
     // close: eagerly (fed ids gathered, then checked by the embedding) and from graphs
     // (fed ids gathered into the graph's inputs on the device).
     for graphs in [false, true] {
-        let with = |on: bool| EngineConfig { async_scheduling: Some(on), ..EngineConfig::default() };
+        let with = |on: bool| EngineConfig {
+            async_scheduling: if on { AsyncScheduling::On } else { AsyncScheduling::Off },
+            ..EngineConfig::default()
+        };
         let (on, ahead) = through_engine_with(&f, &gpu, with(true), 64, graphs);
         let (off, none) = through_engine_with(&f, &gpu, with(false), 64, graphs);
         assert_eq!(none, 0, "{name}: steps ran ahead with asynchronous scheduling off");

@@ -2,23 +2,43 @@
 //! until every request is done, so batching, chunked prefill, prefix caching, preemption
 //! and sampling all behave as they do when serving.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use met_config::SamplingParams;
-use met_model_layers::Model;
-use met_scheduler::{Engine, EngineLimits, EngineRequest, FinishReason, RequestStream, StopCriteria};
+use met_config::{EngineSetup, LoadConfig};
+use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream};
 use met_telemetry::Metrics;
+use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::report::SpeculativeFigures;
-use crate::cli::{EngineArgs, GenerateArgs, SamplingArgs};
-use crate::startup::engine::{build_engine, engine_config, random_seed};
-use crate::startup::kv_budget::kv_blocks;
+use crate::batch::{Draft, sized_engine, speculative_figures};
+use crate::startup::engine::random_seed;
 use crate::startup::load::{LoadedModel, load};
-use crate::startup::topology::Topology;
-use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
+
+/// What `met generate` runs: its prompts, in the order they are printed, and what it prints.
+#[derive(Debug, Clone)]
+pub struct GenerateJob {
+    /// Prompts as text, tokenized as the model's Hugging Face tokenizer does.
+    pub texts: Vec<String>,
+    /// User messages, each rendered with the model's chat template as a prompt.
+    pub chats: Vec<String>,
+    /// A system message for every chat prompt.
+    pub system: Option<String>,
+    /// Prompts as token ids.
+    pub ids: Vec<Vec<u32>>,
+    /// A JSONL file of prompts with per-prompt settings.
+    pub prompts_file: Option<PathBuf>,
+    /// The request every prompt starts from (a prompts file line may change some fields).
+    pub defaults: Draft,
+    /// Seed of the first prompt without one of its own (prompt `i` uses `seed + i`); random
+    /// when `None`.
+    pub seed: Option<u64>,
+    /// Print one JSON object per continuation.
+    pub json: bool,
+    /// Print prefill and decode throughput on stderr.
+    pub timing: bool,
+}
 
 /// One line of `--prompts-file`.
 #[derive(Debug, Deserialize)]
@@ -63,50 +83,38 @@ struct Continuation {
     cached: usize,
 }
 
-/// Runs `met generate`.
-pub fn run(args: &GenerateArgs) -> Result<()> {
-    if args.prompt.is_empty() && args.chat.is_empty() && args.prompt_ids.is_empty() && args.prompts_file.is_none() {
+/// Runs `met generate`: `job`'s prompts on the model `load` says, in an engine `setup` says.
+///
+/// # Errors
+/// No prompts, a model that does not load, a prompt the engine refuses (naming it), or a
+/// continuation that ended with an error.
+pub fn run(load_config: &LoadConfig, setup: &EngineSetup, job: &GenerateJob) -> Result<()> {
+    if job.texts.is_empty() && job.chats.is_empty() && job.ids.is_empty() && job.prompts_file.is_none() {
         bail!("no prompts: give --prompt, --chat, --prompt-ids or --prompts-file");
     }
-    let LoadedModel { model, topology, tokenizer, eos_token_ids, .. } = load(&args.model)?;
-    let mut drafts = text_prompts(args, tokenizer.as_ref())?;
-    drafts.extend(id_prompts(args)?);
-    pin_seeds(&mut drafts, args.sampling.seed);
+    let LoadedModel { model, topology, tokenizer, eos_token_ids, .. } = load(load_config)?;
+    let mut drafts = text_prompts(job, tokenizer.as_ref())?;
+    drafts.extend(id_prompts(job)?);
+    pin_seeds(&mut drafts, job.seed);
     for d in &mut drafts {
         d.stop.eos_token_ids.clone_from(&eos_token_ids);
     }
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, &topology, &drafts, Arc::clone(&metrics))?;
+    let mut engine = sized_engine(setup, model, &topology, &drafts, Arc::clone(&metrics))?;
     let prompts: Vec<Vec<u32>> = drafts.iter().map(|d| d.prompt.clone()).collect();
     let requests = Draft::make_all(drafts, &engine.limits(), "prompt")?;
     // As the engine thread does (`met_scheduler::spawn`): step inside the rayon pool.
     let (outputs, timing) = rayon::scope(|_| run_to_completion(&mut engine, requests))?;
-    print(&prompts, &outputs, args, tokenizer.as_ref())?;
-    if args.timing {
+    print(&prompts, &outputs, job, tokenizer.as_ref())?;
+    if job.timing {
         let prompt_tokens = prompts.iter().map(Vec::len).sum();
         let mut summary = timing.summary(prompt_tokens);
-        if args.engine.speculative.is_some() {
-            summary["speculative"] = serde_json::to_value(SpeculativeFigures::of_engine(&metrics))?;
+        if setup.speculative.is_some() {
+            summary["speculative"] = serde_json::to_value(speculative_figures(&metrics))?;
         }
         eprintln!("{}", serde_json::to_string(&summary)?);
     }
     Ok(())
-}
-
-/// The engine, with a KV cache large enough for every request at once, within the device's
-/// budget ([`kv_blocks`], the rule `met serve` uses too; startup phase 6).
-pub(crate) fn sized_engine(
-    e: &EngineArgs,
-    model: Box<dyn Model>,
-    devices: &Topology,
-    requests: &[Draft],
-    metrics: Arc<Metrics>,
-) -> Result<Engine> {
-    let config = engine_config(e)?;
-    let needed: usize =
-        requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(config.block_size) * r.n).sum();
-    let blocks = kv_blocks(e, &config, &*model, devices, needed)?;
-    build_engine(e, config, model, devices, blocks, metrics)
 }
 
 /// Submits every request and steps the engine until all are done.
@@ -178,10 +186,10 @@ fn drain(streams: &mut [RequestStream], outputs: &mut [Vec<Continuation>]) {
 fn print(
     prompts: &[Vec<u32>],
     outputs: &[Vec<Continuation>],
-    args: &GenerateArgs,
+    job: &GenerateJob,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    let (json, logprobs) = (args.json, args.sampling.top_logprobs > 0);
+    let (json, logprobs) = (job.json, job.defaults.sampling.logprobs.is_some());
     let mut failed = None;
     for (i, (prompt, choices)) in prompts.iter().zip(outputs).enumerate() {
         for (index, c) in choices.iter().enumerate() {
@@ -221,36 +229,35 @@ fn print(
     }
 }
 
-/// The `--prompt` and `--chat` prompts, in that order, tokenized.
-fn text_prompts(args: &GenerateArgs, tokenizer: Option<&Tokenizer>) -> Result<Vec<Draft>> {
-    if args.prompt.is_empty() && args.chat.is_empty() {
+/// The text and chat prompts, in that order, tokenized.
+fn text_prompts(job: &GenerateJob, tokenizer: Option<&Tokenizer>) -> Result<Vec<Draft>> {
+    if job.texts.is_empty() && job.chats.is_empty() {
         return Ok(Vec::new());
     }
     let tokenizer = tokenizer.context("--prompt and --chat need a tokenizer, and this model has none")?;
     let mut requests = Vec::new();
-    for text in &args.prompt {
-        requests.push(request(&args.sampling, tokenizer.encode(text, true)?));
+    for text in &job.texts {
+        requests.push(job.defaults.with_prompt(tokenizer.encode(text, true)?));
     }
-    if !args.chat.is_empty() {
+    if !job.chats.is_empty() {
         let template = ChatTemplate::from_tokenizer(tokenizer)?.context("--chat: this model has no chat template")?;
-        for user in &args.chat {
-            let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::text("system", s)).collect();
+        for user in &job.chats {
+            let mut messages: Vec<ChatMessage> = job.system.iter().map(|s| ChatMessage::text("system", s)).collect();
             messages.push(ChatMessage::text("user", user));
             let rendered = template
                 .render(&messages, &RenderOptions { add_generation_prompt: true, ..RenderOptions::default() })?;
             // The template writes its own special tokens.
-            requests.push(request(&args.sampling, tokenizer.encode(&rendered, false)?));
+            requests.push(job.defaults.with_prompt(tokenizer.encode(&rendered, false)?));
         }
     }
     Ok(requests)
 }
 
-/// The `--prompt-ids` and `--prompts-file` prompts, in that order.
-fn id_prompts(args: &GenerateArgs) -> Result<Vec<Draft>> {
-    let s = &args.sampling;
-    let mut requests: Vec<Draft> = args.prompt_ids.iter().map(|p| request(s, p.clone())).collect();
-    if let Some(path) = &args.prompts_file {
-        requests.extend(read_file(s, path)?);
+/// The token-id prompts and the prompts file's, in that order.
+fn id_prompts(job: &GenerateJob) -> Result<Vec<Draft>> {
+    let mut requests: Vec<Draft> = job.ids.iter().map(|p| job.defaults.with_prompt(p.clone())).collect();
+    if let Some(path) = &job.prompts_file {
+        requests.extend(read_file(&job.defaults, path)?);
     }
     Ok(requests)
 }
@@ -259,25 +266,24 @@ fn id_prompts(args: &GenerateArgs) -> Result<Vec<Draft>> {
 fn pin_seeds(requests: &mut [Draft], seed: Option<u64>) {
     let base_seed = seed.unwrap_or_else(random_seed);
     for (i, r) in requests.iter_mut().enumerate() {
-        if r.sampling.seed == u64::MAX {
-            r.sampling.seed = base_seed.wrapping_add(i as u64);
-        }
+        let seed = r.seed.unwrap_or_else(|| base_seed.wrapping_add(i as u64));
+        r.seed = Some(seed);
     }
 }
 
-fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<Draft>> {
+fn read_file(defaults: &Draft, path: &Path) -> Result<Vec<Draft>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let at = || format!("{} line {}", path.display(), n + 1);
         let line: PromptLine = serde_json::from_str(line).with_context(at)?;
-        let mut r = request(s, line.prompt_ids);
+        let mut r = defaults.with_prompt(line.prompt_ids);
         r.stop.max_new_tokens = line.max_tokens.unwrap_or(r.stop.max_new_tokens);
         r.sampling.temperature = line.temperature.unwrap_or(r.sampling.temperature);
         r.sampling.top_p = line.top_p.unwrap_or(r.sampling.top_p);
         r.sampling.top_k = line.top_k.unwrap_or(r.sampling.top_k);
         r.sampling.min_p = line.min_p.unwrap_or(r.sampling.min_p);
-        r.sampling.seed = line.seed.unwrap_or(r.sampling.seed);
+        r.seed = line.seed.or(r.seed);
         r.n = line.n.unwrap_or(r.n);
         r.priority = line.priority.unwrap_or(r.priority);
         out.push(r);
@@ -285,78 +291,21 @@ fn read_file(s: &SamplingArgs, path: &Path) -> Result<Vec<Draft>> {
     Ok(out)
 }
 
-/// The parts of an engine request, gathered before there is an engine to check them
-/// against (the KV cache is sized from them): [`Draft::make_all`] makes the requests.
-#[derive(Debug, Clone)]
-pub(crate) struct Draft {
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub stop: StopCriteria,
-    pub n: usize,
-    /// Scheduling priority (lower first, under `--policy priority`).
-    pub priority: i32,
-}
-
-impl Draft {
-    /// The engine requests, checked against `limits`; an error names the `what` (prompt,
-    /// request) by its index and the field that cannot work.
-    pub(crate) fn make_all(drafts: Vec<Self>, limits: &EngineLimits, what: &str) -> Result<Vec<EngineRequest>> {
-        drafts
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let request = EngineRequest::new(d.prompt, d.sampling, d.stop, d.n, limits);
-                Ok(request.with_context(|| format!("{what} {i}"))?.with_priority(d.priority))
-            })
-            .collect()
-    }
-}
-
-/// A request with the command line's settings; `u64::MAX` marks a seed still to pin.
-fn request(s: &SamplingArgs, prompt: Vec<u32>) -> Draft {
-    Draft {
-        prompt,
-        sampling: SamplingParams {
-            temperature: s.temperature,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            logit_bias: s.logit_bias.0.clone(),
-            seed: u64::MAX,
-            logprobs: (s.top_logprobs > 0).then_some(s.top_logprobs),
-        },
-        stop: StopCriteria {
-            max_new_tokens: s.max_tokens,
-            min_new_tokens: s.min_tokens,
-            stop_token_ids: s.stop_token_ids.clone(),
-            eos_token_ids: Vec::new(),
-            ignore_eos: s.ignore_eos,
-        },
-        n: s.n,
-        priority: 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use met_scheduler::{EngineLimits, StopCriteria};
+
     use super::*;
 
     #[test]
     fn a_prompts_file_priority_reaches_the_engine_request() {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            sampling: SamplingArgs,
-        }
-        let sampling = <Flags as clap::Parser>::parse_from(["met", "--max-tokens", "4"]).sampling;
+        let defaults =
+            Draft { stop: StopCriteria { max_new_tokens: 4, ..StopCriteria::default() }, n: 1, ..Draft::default() };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("prompts.jsonl");
         std::fs::write(&path, "{\"prompt_ids\": [1, 2], \"priority\": -3}\n{\"prompt_ids\": [3]}\n").unwrap();
         let limits = EngineLimits { vocab_size: 8, max_context: 64, kv_capacity: 64, stream_capacity: 4 };
-        let requests = Draft::make_all(read_file(&sampling, &path).unwrap(), &limits, "prompt").unwrap();
+        let requests = Draft::make_all(read_file(&defaults, &path).unwrap(), &limits, "prompt").unwrap();
         assert_eq!(requests.iter().map(EngineRequest::priority).collect::<Vec<_>>(), [-3, 0]);
     }
 }

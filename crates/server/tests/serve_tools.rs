@@ -216,8 +216,8 @@ async fn tools_reach_the_template_or_a_system_message() {
 
 #[tokio::test]
 async fn think_blocks_become_reasoning_content() {
-    use met_server::serve::ReasoningKind;
-    let server = server_with(Options { reasoning_parser: Some(ReasoningKind::Qwen3), ..Options::default() });
+    use met_config::ReasoningParser;
+    let server = server_with(Options { reasoning_parser: Some(ReasoningParser::Qwen3), ..Options::default() });
     let answer = "<think>The user greets me.</think>\n\nHello!";
     let body = chat("hi", json!({"max_tokens": 60, "structured_outputs": {"choice": [answer]}}));
     let (status, out) = server.post("/v1/chat/completions", body.clone()).await;

@@ -47,7 +47,7 @@ impl DraftModelProposer {
         blocks: usize,
         block_size: usize,
     ) -> Result<Self, SpeculativeError> {
-        let bad = |msg: String| SpeculativeError::Invalid { flag: "draft-model", msg };
+        let bad = |msg: String| SpeculativeError::Invalid(met_config::InvalidSetting::new("draft-model", msg));
         if model.vocab_size() != target_vocab {
             return Err(bad(format!(
                 "the draft model has a vocabulary of {} tokens, the target {target_vocab}; they must share a tokenizer",

@@ -28,20 +28,14 @@ mod ngram;
 use std::sync::Arc;
 
 use met_cache::{KvCache, SequenceBlocks};
-use met_config::SamplingParams;
+use met_config::{InvalidSetting, SamplingParams};
+pub use met_config::{MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeMethod};
 use met_kernels::{GpuBackend, SampleRow, Tensor};
 use met_model_layers::Model;
 
 pub use draft_model::DraftModelProposer;
 pub use early_exit::EarlyExitProposer;
 pub use ngram::NgramProposer;
-
-/// The most tokens one proposal may hold (`--num-speculative-tokens`). Verifying more rows
-/// per step than this costs more than the rare long acceptances save.
-pub const MAX_SPECULATIVE_TOKENS: usize = 16;
-
-/// Proposal methods, by their command-line name (`--speculative`).
-pub const METHOD_NAMES: &[&str] = &["ngram", "self", "draft"];
 
 /// One sequence, as a proposer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -124,139 +118,37 @@ pub trait Proposer: Send {
     }
 }
 
-/// How proposals are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// Prompt lookup: [`NgramProposer`].
-    Ngram,
-    /// Self-speculation, the target's first layers as the draft: [`EarlyExitProposer`].
-    SelfSpec,
-    /// A second, smaller model as the draft: [`DraftModelProposer`].
-    Draft,
-}
-
-impl Method {
-    /// The method named `name` ([`METHOD_NAMES`]).
-    ///
-    /// # Errors
-    /// [`SpeculativeError::Invalid`] naming `--speculative` for an unknown name.
-    pub fn from_name(name: &str) -> Result<Self, SpeculativeError> {
-        match name {
-            "ngram" => Ok(Self::Ngram),
-            "self" => Ok(Self::SelfSpec),
-            "draft" => Ok(Self::Draft),
-            _ => Err(SpeculativeError::Invalid {
-                flag: "speculative",
-                msg: format!("unknown method `{name}`; expected one of: {}", METHOD_NAMES.join(", ")),
-            }),
-        }
-    }
-}
-
-/// Speculative decoding settings of an engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpeculativeConfig {
-    /// How tokens are proposed.
-    pub method: Method,
-    /// The most tokens proposed (and verified) per sequence and step.
-    pub num_tokens: usize,
-    /// The shortest suffix prompt lookup matches.
-    pub ngram_min: usize,
-    /// The longest suffix prompt lookup matches (tried first).
-    pub ngram_max: usize,
-    /// Self-speculation's draft depth: layers of the target before the early exit; `None`
-    /// for a quarter of the target's layers.
-    pub self_spec_layers: Option<usize>,
-    /// Whether each sequence's draft length adapts to its acceptance (up to `num_tokens`):
-    /// two more after a draft accepted whole, one fewer after a rejection.
-    pub adaptive: bool,
-    /// Speculation pauses while more sequences than this run (`None`: never).
-    pub max_batch: Option<usize>,
-}
-
-impl SpeculativeConfig {
-    /// Prompt lookup proposing up to `num_tokens`, matching suffixes of 4 down to 2 tokens
-    /// (single-token matches are mostly coincidences that cost verification rows), with
-    /// adaptive `k` and no batch limit.
-    pub fn ngram(num_tokens: usize) -> Self {
-        Self {
-            method: Method::Ngram,
-            num_tokens,
-            ngram_min: 2,
-            ngram_max: 4,
-            self_spec_layers: None,
-            adaptive: true,
-            max_batch: None,
-        }
-    }
-
-    /// Self-speculation proposing up to `num_tokens` from the target's first `layers` layers
-    /// (`None`: a quarter of them).
-    pub fn self_spec(num_tokens: usize, layers: Option<usize>) -> Self {
-        Self { method: Method::SelfSpec, self_spec_layers: layers, ..Self::ngram(num_tokens) }
-    }
-
-    /// Checks every setting.
-    ///
-    /// # Errors
-    /// [`SpeculativeError::Invalid`] naming the flag of the first bad setting.
-    pub fn validate(&self) -> Result<(), SpeculativeError> {
-        let bad = |flag, msg: String| Err(SpeculativeError::Invalid { flag, msg });
-        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&self.num_tokens) {
-            let msg = format!("{} is outside 1..={MAX_SPECULATIVE_TOKENS}", self.num_tokens);
-            return bad("num-speculative-tokens", msg);
-        }
-        if self.ngram_min == 0 {
-            return bad("speculative-ngram-min", "must be positive".into());
-        }
-        if self.ngram_max < self.ngram_min {
-            let msg = format!("{} is below --speculative-ngram-min {}", self.ngram_max, self.ngram_min);
-            return bad("speculative-ngram-max", msg);
-        }
-        if self.max_batch == Some(0) {
-            return bad("speculative-max-batch", "must be positive".into());
-        }
-        if self.self_spec_layers == Some(0) {
-            return bad("self-spec-layers", "must be positive".into());
-        }
-        if self.self_spec_layers.is_some() && self.method != Method::SelfSpec {
-            return bad("self-spec-layers", "needs --speculative self".into());
-        }
-        Ok(())
-    }
-
-    /// The proposer these settings describe, for the target `model` on `backend`.
-    ///
-    /// # Errors
-    /// [`SpeculativeError::Invalid`] for settings [`Self::validate`] refuses, and for
-    /// self-speculation on a model that cannot exit early or with as many layers as the
-    /// model has (the draft would be the target).
-    pub fn proposer(
-        &self,
-        model: &dyn Model,
-        backend: Arc<dyn GpuBackend>,
-    ) -> Result<Box<dyn Proposer>, SpeculativeError> {
-        self.validate()?;
-        Ok(match self.method {
-            Method::Ngram => Box::new(NgramProposer::new(self.ngram_min..=self.ngram_max)),
-            Method::SelfSpec => {
-                let bad = |msg: String| SpeculativeError::Invalid { flag: "self-spec-layers", msg };
-                let exit = model.early_exit().ok_or_else(|| bad("this model cannot run as its own draft".into()))?;
-                let total = exit.num_layers();
-                let layers = self.self_spec_layers.unwrap_or((total / 4).max(1));
-                if layers >= total {
-                    return Err(bad(format!("{layers} is not below the model's {total} layers")));
-                }
-                Box::new(EarlyExitProposer::new(layers, backend))
+/// The proposer `config` describes, for the target `model` on `backend`.
+///
+/// # Errors
+/// [`SpeculativeError::Invalid`] for settings [`SpeculativeConfig::validate`] refuses, and
+/// for self-speculation on a model that cannot exit early or with as many layers as the
+/// model has (the draft would be the target). A draft model is loaded by the caller
+/// ([`DraftModelProposer::new`]), so [`SpeculativeMethod::Draft`] is refused here.
+pub fn proposer(
+    config: &SpeculativeConfig,
+    model: &dyn Model,
+    backend: Arc<dyn GpuBackend>,
+) -> Result<Box<dyn Proposer>, SpeculativeError> {
+    config.validate()?;
+    Ok(match config.method {
+        SpeculativeMethod::Ngram => Box::new(NgramProposer::new(config.ngram_min..=config.ngram_max)),
+        SpeculativeMethod::SelfSpec => {
+            let bad = |msg: String| SpeculativeError::Invalid(InvalidSetting::new("self-spec-layers", msg));
+            let exit = model.early_exit().ok_or_else(|| bad("this model cannot run as its own draft".into()))?;
+            let total = exit.num_layers();
+            let layers = config.self_spec_layers.unwrap_or((total / 4).max(1));
+            if layers >= total {
+                return Err(bad(format!("{layers} is not below the model's {total} layers")));
             }
-            Method::Draft => {
-                let msg = "--speculative draft needs the draft model (`--draft-model`)".into();
-                return Err(SpeculativeError::Invalid { flag: "draft-model", msg });
-            }
-        })
-    }
+            Box::new(EarlyExitProposer::new(layers, backend))
+        }
+        SpeculativeMethod::Draft => {
+            let msg = "--speculative draft needs the draft model (`--draft-model`)";
+            return Err(SpeculativeError::Invalid(InvalidSetting::new("draft-model", msg)));
+        }
+    })
 }
-
 /// The argmax of logits row 0, taken by the backend's sampler (on the device, so only the
 /// token comes back); `None` when sampling fails.
 fn greedy_token(backend: &dyn GpuBackend, logits: &Tensor) -> Option<u32> {
@@ -277,14 +169,9 @@ fn greedy_token(backend: &dyn GpuBackend, logits: &Tensor) -> Option<u32> {
 /// Errors of speculative settings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpeculativeError {
-    /// A setting that cannot work, naming its flag (without dashes).
-    #[error("--{flag}: {msg}")]
-    Invalid {
-        /// The command-line flag.
-        flag: &'static str,
-        /// What is wrong with it.
-        msg: String,
-    },
+    /// A setting that cannot work, naming its flag.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSetting),
 }
 
 #[cfg(test)]
@@ -293,6 +180,7 @@ mod tests {
 
     #[test]
     fn bad_settings_name_their_flag() {
+        let build = |config: &SpeculativeConfig| proposer(config, &mock::Layered(4), mock::backend());
         for (config, flag) in [
             (SpeculativeConfig::ngram(0), "--num-speculative-tokens"),
             (SpeculativeConfig::ngram(MAX_SPECULATIVE_TOKENS + 1), "--num-speculative-tokens"),
@@ -301,13 +189,6 @@ mod tests {
                 SpeculativeConfig { ngram_min: 3, ngram_max: 2, ..SpeculativeConfig::ngram(4) },
                 "--speculative-ngram-max",
             ),
-        ] {
-            let err = config.validate().unwrap_err().to_string();
-            assert!(err.starts_with(flag), "{err}");
-        }
-        assert!(SpeculativeConfig::ngram(MAX_SPECULATIVE_TOKENS).validate().is_ok());
-        assert!(SpeculativeConfig::ngram(1).proposer(&mock::Layered(4), mock::backend()).is_ok());
-        for (config, flag) in [
             (SpeculativeConfig::self_spec(4, Some(0)), "--self-spec-layers: must be positive"),
             (SpeculativeConfig { max_batch: Some(0), ..SpeculativeConfig::ngram(4) }, "--speculative-max-batch: must"),
             (
@@ -315,15 +196,17 @@ mod tests {
                 "--self-spec-layers: needs",
             ),
         ] {
-            let err = config.validate().unwrap_err().to_string();
+            let err = build(&config).err().expect("refused").to_string();
             assert!(err.starts_with(flag), "{err}");
         }
+        assert!(build(&SpeculativeConfig::ngram(MAX_SPECULATIVE_TOKENS)).is_ok());
+        assert!(build(&SpeculativeConfig::ngram(1)).is_ok());
     }
 
     #[test]
     fn self_speculation_needs_fewer_layers_than_the_target() {
         let proposer =
-            |layers, model: &dyn Model| SpeculativeConfig::self_spec(4, layers).proposer(model, mock::backend());
+            |layers, model: &dyn Model| proposer(&SpeculativeConfig::self_spec(4, layers), model, mock::backend());
         assert!(proposer(Some(3), &mock::Layered(4)).is_ok());
         assert!(proposer(None, &mock::Layered(1)).is_err(), "a quarter of one layer is one layer, the target");
         for (layers, want) in
@@ -337,17 +220,18 @@ mod tests {
     }
 
     #[test]
-    fn methods_are_found_by_name() {
-        for name in METHOD_NAMES {
-            let config = SpeculativeConfig { method: Method::from_name(name).unwrap(), ..SpeculativeConfig::ngram(3) };
-            match config.proposer(&mock::Layered(8), mock::backend()) {
-                Ok(proposer) => assert_eq!(proposer.name(), *name),
+    fn each_method_builds_its_proposer() {
+        for &method in SpeculativeMethod::ALL {
+            let config = SpeculativeConfig { method, ..SpeculativeConfig::ngram(3) };
+            match proposer(&config, &mock::Layered(8), mock::backend()) {
+                Ok(proposer) => assert_eq!(proposer.name(), method.name()),
                 // The draft model is loaded by the caller (`DraftModelProposer::new`).
-                Err(e) => assert!(*name == "draft" && e.to_string().starts_with("--draft-model: "), "{name}: {e}"),
+                Err(e) => assert!(
+                    method == SpeculativeMethod::Draft && e.to_string().starts_with("--draft-model: "),
+                    "{method}: {e}"
+                ),
             }
         }
-        let err = Method::from_name("medusa").unwrap_err().to_string();
-        assert!(err.starts_with("--speculative: unknown method `medusa`"), "{err}");
     }
 
     /// Models that only answer what building a proposer asks.

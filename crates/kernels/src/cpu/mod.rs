@@ -26,7 +26,7 @@ use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGua
 use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
-use crate::{DType, HostTensor, Shape, Storage, Tensor};
+use crate::{DType, DeviceKind, HostTensor, Shape, Storage, Tensor};
 
 pub use matmul::matmul_xwt;
 pub use qmatmul::{CpuDots, matmul_packed, matmul_quant};
@@ -179,8 +179,8 @@ pub(crate) fn u32_tensor(data: Vec<u32>, dims: &[usize]) -> Tensor {
 }
 
 impl GpuBackend for CpuBackend {
-    fn name(&self) -> &'static str {
-        NAME
+    fn device(&self) -> DeviceKind {
+        DeviceKind::Cpu
     }
 
     fn float_dtype(&self) -> DType {

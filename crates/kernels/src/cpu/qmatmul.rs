@@ -28,43 +28,10 @@ const GEMM_ROWS: usize = 32;
 /// rows: 43 and 68 ms a step, against 90 and 128 tiled).
 const GEMM_ROWS_INT8: usize = 32;
 
-/// How the CPU computes few-row products with packed Q4_0 / Q4_1 / Q8_0 weights.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum CpuDots {
-    /// f32 products of the exact weights and activations (the reference).
-    #[default]
-    Exact,
-    /// Integer products with activations quantised to 8 bits per 32-element block.
-    Int8,
-}
+/// How the CPU computes few-row products with packed Q4_0 / Q4_1 / Q8_0 weights: one of the
+/// closed sets of settings in `met-config`, which the command line offers by name.
+pub use met_config::CpuDots;
 
-impl CpuDots {
-    /// The name the command line uses (`exact`, `int8`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Exact => "exact",
-            Self::Int8 => "int8",
-        }
-    }
-}
-
-impl std::fmt::Display for CpuDots {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for CpuDots {
-    type Err = crate::Error;
-
-    fn from_str(s: &str) -> crate::Result<Self> {
-        match s {
-            "exact" => Ok(Self::Exact),
-            "int8" => Ok(Self::Int8),
-            other => Err(crate::Error::InvalidArgument(format!("unknown CPU dots `{other}` (expected int8 or exact)"))),
-        }
-    }
-}
 /// Rows of `W` dequantised per task of the GEMM path.
 const TILE: usize = 64;
 

@@ -41,7 +41,7 @@ use crate::backend::{
     AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
-use crate::{DType, HostTensor, Shape, Storage, Tensor};
+use crate::{DType, DeviceKind, HostTensor, Shape, Storage, Tensor};
 
 const NAME: &str = "cuda";
 
@@ -383,8 +383,8 @@ macro_rules! launch {
 pub(crate) use launch;
 
 impl GpuBackend for CudaBackend {
-    fn name(&self) -> &'static str {
-        NAME
+    fn device(&self) -> DeviceKind {
+        DeviceKind::Cuda
     }
 
     fn float_dtype(&self) -> DType {

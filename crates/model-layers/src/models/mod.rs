@@ -34,7 +34,7 @@ use met_config::{ConfigError, ConfigJson, ModelConfig, RawConfig};
 use met_kernels::GpuBackend;
 use met_model_weights::{GgufArch, GgufStore, TensorSpec, WeightError, WeightStore, preflight};
 
-use crate::attention::attention_backend;
+use crate::attention::{AttentionBackendKind, attention_backend};
 use crate::layers::decoder::{self, DecoderModel, LM_HEAD};
 use crate::{Model, ModelError, Result};
 
@@ -144,16 +144,10 @@ pub fn tensor_specs(cfg: &ModelConfig) -> Result<Vec<TensorSpec>> {
 }
 
 /// How to build a model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
-    /// The attention backend, by name (see [`crate::attention::ATTENTION_BACKENDS`]).
-    pub attention_backend: String,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self { attention_backend: crate::attention::ATTENTION_BACKENDS[0].into() }
-    }
+    /// The attention backend.
+    pub attention_backend: AttentionBackendKind,
 }
 
 /// Checks `store` against the recipe `cfg` (reporting every missing, unexpected and
@@ -168,7 +162,7 @@ pub fn load_model(
     options: &LoadOptions,
 ) -> Result<Box<dyn Model>> {
     check_store(cfg, store)?;
-    let attention = attention_backend(&options.attention_backend, Arc::clone(&backend))?;
+    let attention = attention_backend(options.attention_backend, Arc::clone(&backend));
     let model = DecoderModel::load(cfg, store, backend, attention)?;
     Ok(Box::new(model))
 }

@@ -57,7 +57,7 @@ pub fn load_tensor_parallel(
     check_store(cfg, store)?;
     let shards = collectives.iter().map(|c| Shard::of(cfg, Arc::clone(c))).collect::<Result<Vec<_>>>()?;
     let load = |(shard, backend): (Shard, &Arc<dyn GpuBackend>)| {
-        let attention = attention_backend(&options.attention_backend, Arc::clone(backend))?;
+        let attention = attention_backend(options.attention_backend, Arc::clone(backend));
         DecoderModel::load_shard(cfg, store, Arc::clone(backend), attention, shard)
     };
     let models = thread::scope(|s| {

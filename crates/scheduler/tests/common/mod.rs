@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use met_cache::PagedKvCache;
-use met_config::{EngineConfig, SamplingParams};
+use met_config::{AsyncScheduling, EngineConfig, SamplingParams};
 use met_kernels::CpuBackend;
 use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{
@@ -45,7 +45,7 @@ impl Setup {
 
     /// Steps queued ahead of their tokens (on the CPU too, where it is off by default).
     pub fn async_scheduling(mut self, on: bool) -> Self {
-        self.config.async_scheduling = Some(on);
+        self.config.async_scheduling = if on { AsyncScheduling::On } else { AsyncScheduling::Off };
         self
     }
 

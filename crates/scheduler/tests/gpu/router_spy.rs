@@ -8,8 +8,8 @@
 //! reference. Every other op is the CPU backend's.
 
 use met_kernels::{
-    AttentionMeta, AttentionParams, CpuBackend, DType, GpuBackend, HostTensor, MemoryInfo, Result, Routing, SampleRow,
-    Sampled, Tensor,
+    AttentionMeta, AttentionParams, CpuBackend, DType, DeviceKind, GpuBackend, HostTensor, MemoryInfo, Result, Routing,
+    SampleRow, Sampled, Tensor,
 };
 use parking_lot::Mutex;
 
@@ -29,8 +29,8 @@ impl RouterSpy {
 }
 
 impl GpuBackend for RouterSpy {
-    fn name(&self) -> &'static str {
-        self.cpu.name()
+    fn device(&self) -> DeviceKind {
+        self.cpu.device()
     }
     fn float_dtype(&self) -> DType {
         self.cpu.float_dtype()

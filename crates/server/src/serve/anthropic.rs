@@ -25,10 +25,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::choice_output::{Answer, ChoiceOutput};
+use super::dialect::Dialect;
 use super::error::ApiError;
 use super::state::AppState;
 use super::stream::{Finish, Generation};
-use super::validate::{self, Endpoint};
+use super::validate;
 use super::wire::{ApiJson, GenerationRequest, Stop};
 use crate::startup::engine::random_seed;
 use met_text::ChatMessage;
@@ -127,12 +128,11 @@ pub async fn count_tokens(State(state): State<AppState>, ApiJson(mut req): ApiJs
 /// `req` checked as a chat request and its prompt tokenized (off the async threads), with
 /// field names as Anthropic spells them in any error.
 async fn validated(state: &AppState, req: MessagesRequest) -> Result<validate::Validated, ApiError> {
-    let parsed = validate::parse(chat_request(req)?, Endpoint::Chat, state).map_err(rename_fields)?;
+    let parsed = validate::parse(chat_request(req)?, Dialect::Messages, state)?;
     let worker = state.clone();
     tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
-        .map_err(rename_fields)
 }
 
 async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiError> {
@@ -291,15 +291,6 @@ fn chat_messages(i: usize, m: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         out.push(m);
     }
     Ok(out)
-}
-
-/// A chat field's error under this API's name for it.
-fn rename_fields(mut e: ApiError) -> ApiError {
-    if e.param.as_deref() == Some("stop") {
-        e.param = Some("stop_sequences".into());
-        e.message = e.message.replace("stop strings", "stop sequences");
-    }
-    e
 }
 
 impl Answer {

@@ -3,25 +3,11 @@
 //! [`ChoiceOutput`] serves JSON answers (its pieces concatenated) and streams (each piece
 //! one delta), so both always agree.
 
-use super::reasoning::{ReasoningKind, ReasoningSplit, Split};
+use super::options::OutputOptions;
+use super::reasoning::{ReasoningSplit, Split};
 use super::stream::{ChoiceDelta, Finish};
 use super::tool_parser::{ToolMode, ToolStream};
 use super::wire::{FunctionCallOut, ToolCallDelta, ToolCallOut};
-
-/// How a request's choices are split.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputOptions {
-    /// Split off `<think>` reasoning in this format.
-    pub reasoning: Option<ReasoningKind>,
-    /// How tool calls come out.
-    pub tools: ToolMode,
-}
-
-impl Default for OutputOptions {
-    fn default() -> Self {
-        Self { reasoning: None, tools: ToolMode::Off }
-    }
-}
 
 /// What a choice releases at once.
 #[derive(Debug, Default, Clone, PartialEq)]

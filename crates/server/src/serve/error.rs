@@ -67,6 +67,16 @@ impl ApiError {
         Self::invalid(param, message).with_code("context_length_exceeded")
     }
 
+    /// 400: the engine refuses the field `param` (its name in the request's API):
+    /// `context_length_exceeded` for a prompt (or prompt and `max_tokens`) longer than the
+    /// context.
+    pub fn refused(kind: RequestErrorKind, param: &str, message: impl Into<String>) -> Self {
+        match kind {
+            RequestErrorKind::ContextLength => Self::context_length(param, message),
+            RequestErrorKind::Invalid => Self::invalid(param, message),
+        }
+    }
+
     /// 401: the API key is missing or wrong.
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, INVALID, "missing or incorrect API key; send `Authorization: Bearer KEY`")
@@ -194,13 +204,9 @@ impl From<SubmitError> for ApiError {
 }
 
 impl From<RequestError> for ApiError {
-    /// 400 naming the field; `context_length_exceeded` for a prompt (or prompt and
-    /// `max_tokens`) longer than the context.
+    /// [`ApiError::refused`], the field named as chat completions names it.
     fn from(e: RequestError) -> Self {
-        match e.kind {
-            RequestErrorKind::ContextLength => Self::context_length(e.field, e.msg),
-            RequestErrorKind::Invalid => Self::invalid(e.field, e.msg),
-        }
+        Self::refused(e.kind, e.field.name(), e.msg)
     }
 }
 

@@ -19,17 +19,18 @@
 //! `wire` (JSON types), `validate` (wire → engine requests), `structured` (response
 //! formats → grammars), `tools` and `tool_parser` (tool definitions, choices and calls),
 //! `reasoning` (`<think>` splitting), `choice_output` (a choice's text → reasoning, content
-//! and calls), `stream` (tokens → text, stop strings, cancellation), `error` (the one error type), `state`, `config_file` (`--config
-//! FILE.toml`), `progress` (the weight-loading bar) and `fault` (a fault hook for tests,
+//! and calls), `stream` (tokens → text, stop strings, cancellation), `error` (the one error
+//! type), `state`, `progress` (the weight-loading bar) and `fault` (a fault hook for tests,
 //! off unless `MET_TEST_ENGINE_FAULT` is set).
 
 mod anthropic;
 mod choice_output;
-mod config_file;
+mod dialect;
 mod error;
 mod fault;
 mod listen;
 mod openai;
+mod options;
 mod progress;
 mod reasoning;
 mod responses;
@@ -52,39 +53,43 @@ use anyhow::{Context, Result, bail};
 use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
-use met_config::EngineConfig;
+use met_config::{EngineSetup, LoadConfig, ServeConfig};
 use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 use tower::ServiceExt;
 
-pub use config_file::{merge as merge_config_file, merge_text as merge_config_text};
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
 pub use openai::DrainCut;
-pub use reasoning::{REASONING_PARSER_NAMES, ReasoningKind};
 pub use router::{HttpOptions, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES, app, app_with};
 pub use server::Server;
-pub use state::{AppState, DEFAULT_MAX_TOKENS, MAX_N, ServerConfig};
-pub use tool_parser::{PARSER_NAMES, ParserKind};
+pub use state::{AppState, MAX_N, ServerConfig};
 
-use crate::cli::{EngineArgs, ServeArgs};
 use crate::resolve::ModelSource;
-use crate::startup::engine::{build_engine, check_parallel, engine_config};
+use crate::startup::engine::build_engine;
 use crate::startup::kv_budget::kv_blocks;
 use crate::startup::load::{Text, Weights, load_weights};
 use met_text::Tokenizer;
 use server::os_signals;
 
+/// What `met serve` serves and how: the model, the engine around it and the HTTP server,
+/// each checked (and checked together) when the flags became settings.
+#[derive(Debug, Clone)]
+pub struct Serve {
+    /// The model and its devices.
+    pub load: LoadConfig,
+    /// The engine.
+    pub setup: EngineSetup,
+    /// The HTTP server.
+    pub serve: ServeConfig,
+}
+
 /// Runs `met serve` until SIGINT or SIGTERM, or an engine fault.
 ///
 /// # Errors
-/// Invalid settings, a port that cannot be bound, a model that cannot be loaded, an engine
-/// fault while serving.
-pub fn run(args: ServeArgs) -> Result<()> {
-    let args = match &args.config {
-        Some(path) => config_file::merge(path, std::env::args_os().collect())?,
-        None => args,
-    };
+/// A port that cannot be bound, a model that cannot be loaded, an engine fault while
+/// serving.
+pub fn run(args: Serve) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("met-http")
@@ -104,109 +109,91 @@ struct Loaded {
     source: ModelSource,
 }
 
-async fn serve(mut args: ServeArgs) -> Result<()> {
+async fn serve(args: Serve) -> Result<()> {
+    let Serve { load: load_config, setup, serve: config } = args;
     let timer = PhaseTimer::start(Phase::Settings);
-    if let Some(model) = args.model_path.take() {
-        args.model.model = Some(model);
-    }
-    // Checked before anything loads; `--policy` clap checked when it parsed the flags.
-    let engine_config = engine_config(&args.engine)?;
-    check_parallel(args.model.tensor_parallel_size, &args.engine)?;
-    if args.max_concurrent_requests == 0 || args.max_body_bytes == 0 {
-        bail!("--max-concurrent-requests and --max-body-bytes must be positive");
-    }
-    if args.max_sequences_per_request == Some(0) || args.max_tokens_default == 0 {
-        bail!("--max-sequences-per-request and --max-tokens-default must be positive");
-    }
-    if args.http_read_timeout_secs == 0 || args.max_connections == 0 {
-        bail!("--http-read-timeout-secs and --max-connections must be positive");
-    }
-    if args.api_key.as_deref().is_some_and(str::is_empty) {
-        // An empty key would otherwise mean "no auth" without anyone having asked for that.
-        bail!("--api-key (or MET_API_KEY) is empty: give a key, or unset it to serve without one");
-    }
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await
-        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        .with_context(|| format!("binding {}:{}", config.host, config.port))?;
     let slot = Arc::new(OnceLock::<Router>::new());
-    let read_timeout = Duration::from_secs(args.http_read_timeout_secs);
-    let limits = ConnectionLimits { max_connections: args.max_connections, read_timeout };
+    let read_timeout = config.http_read_timeout;
+    let limits = ConnectionLimits { max_connections: config.max_connections, read_timeout };
     let server = Server::start(listener, gate(Arc::clone(&slot)), limits)?;
     let addr = server.local_addr();
     timer.done(format_args!("met {}, listening on http://{addr} (503 until ready)", env!("CARGO_PKG_VERSION")));
 
     let metrics = Arc::new(Metrics::new());
-    let spec = args.model.model.clone();
-    let (model_args, engine_args, engine_metrics) = (args.model, args.engine.clone(), Arc::clone(&metrics));
-    let loaded = tokio::task::spawn_blocking(move || load(&model_args, &engine_args, engine_config, engine_metrics))
+    let spec = load_config.model.clone();
+    let (engine_setup, engine_metrics) = (setup.clone(), Arc::clone(&metrics));
+    let loaded = tokio::task::spawn_blocking(move || load(&load_config, &engine_setup, engine_metrics))
         .await
         .context("the loading worker failed")??;
 
     let timer = PhaseTimer::start(Phase::Engine);
     let (handle, _thread) = met_scheduler::spawn(loaded.engine);
+    let engine = &setup.engine;
     timer.done(format_args!(
         "{} sequences and {} tokens per step, {} KV tokens",
-        args.engine.max_num_seqs,
-        args.engine.max_batch_tokens,
+        engine.max_num_seqs,
+        engine.max_batch_tokens,
         handle.limits().kv_capacity
     ));
 
     let timer = PhaseTimer::start(Phase::Router);
-    let config = ServerConfig {
-        model_name: model_name(args.served_model_name, spec.as_deref(), &loaded.source),
+    let drain_timeout = config.drain_timeout;
+    let server_config = ServerConfig {
+        model_name: model_name(config.served_model_name, spec.as_deref(), &loaded.source),
         eos_token_ids: loaded.eos_token_ids,
-        api_key: args.api_key,
-        max_concurrent_requests: args.max_concurrent_requests,
-        max_body_bytes: args.max_body_bytes,
-        max_sequences_per_request: args.max_sequences_per_request.unwrap_or(args.engine.max_num_seqs),
-        max_tokens_default: args.max_tokens_default,
-        no_special_tokens_in_user_content: args.no_special_tokens_in_user_content,
-        priority_scheduling: args.engine.policy == "priority",
-        tool_call_parser: args.tool_call_parser.as_deref().and_then(ParserKind::from_name),
-        reasoning_parser: args.reasoning_parser.as_deref().and_then(ReasoningKind::from_name),
+        api_key: config.api_key,
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_body_bytes: config.max_body_bytes,
+        max_sequences_per_request: config.max_sequences_per_request.unwrap_or(engine.max_num_seqs),
+        max_tokens_default: config.max_tokens_default,
+        no_special_tokens_in_user_content: config.no_special_tokens_in_user_content,
+        policy: engine.policy,
+        tool_call_parser: config.tool_call_parser,
+        reasoning_parser: config.reasoning_parser,
     };
-    let auth = match (&config.api_key, args.metrics_without_auth) {
+    let auth = match (&server_config.api_key, config.metrics_without_auth) {
         (None, _) => "no API key",
         (Some(_), false) => "API key required but on /health",
         (Some(_), true) => "API key required but on /health and /metrics",
     };
     let options = HttpOptions {
-        metrics_without_auth: args.metrics_without_auth,
-        allowed_origins: args.allowed_origins,
+        metrics_without_auth: config.metrics_without_auth,
+        allowed_origins: config.allowed_origins,
         body_read_timeout: read_timeout,
     };
-    let detail =
-        format!("model `{}`, {auth}, {} concurrent requests", config.model_name, config.max_concurrent_requests);
-    let state = AppState::new(handle, loaded.tokenizer, metrics, config)?;
+    let detail = format!(
+        "model `{}`, {auth}, {} concurrent requests",
+        server_config.model_name, server_config.max_concurrent_requests
+    );
+    let state = AppState::new(handle, loaded.tokenizer, metrics, server_config)?;
     let _ = slot.set(app_with(state.clone(), options));
     timer.done(detail);
 
     let timer = PhaseTimer::start(Phase::Ready);
     state.set_ready(true);
     timer.done(format_args!("http://{addr}/v1"));
-    server.run(&state, Duration::from_secs(args.drain_timeout_secs), os_signals()?).await
+    server.run(&state, drain_timeout, os_signals()?).await
 }
 
 /// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
-fn load(
-    model_args: &crate::cli::ModelArgs,
-    engine_args: &EngineArgs,
-    config: EngineConfig,
-    metrics: Arc<Metrics>,
-) -> Result<Loaded> {
+fn load(load_config: &LoadConfig, setup: &EngineSetup, metrics: Arc<Metrics>) -> Result<Loaded> {
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
-    let (Weights { topology, model }, text) = load_weights(model_args, &progress)?;
+    let (Weights { topology, model }, text) = load_weights(load_config, &progress)?;
     let no_tokenizer =
         || format!("{} has no tokenizer (tokenizer.json); met serve needs one", text.source().path().display());
     if !text.has_tokenizer() {
         bail!(no_tokenizer());
     }
     // Every sequence the engine may run, at full context.
-    let demand = engine_args.max_num_seqs.saturating_mul(model.max_context()).div_ceil(config.block_size);
-    let blocks = kv_blocks(engine_args, &config, &*model, &topology, demand)?;
+    let engine = &setup.engine;
+    let demand = engine.max_num_seqs.saturating_mul(model.max_context()).div_ceil(engine.block_size);
+    let blocks = kv_blocks(setup, &*model, &topology, demand)?;
     let model = fault::inject(fault, model);
-    let engine = build_engine(engine_args, config, model, &topology, blocks, metrics)?;
+    let engine = build_engine(setup, model, &topology, blocks, metrics)?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
         tracing::warn!(

@@ -29,10 +29,12 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::choice_output::{ChoiceOutput, Piece, merge_calls};
+use super::dialect::{Dialect, Endpoint};
 use super::error::ApiError;
+use super::options::{LogprobsShape, TextOptions};
 use super::state::{AppState, unix_now};
 use super::stream::{ChoiceDelta, Finish, Generation, TokenLogprob};
-use super::validate::{self, Endpoint, LogprobsShape, TextOptions};
+use super::validate;
 use super::wire::{
     ApiJson, ChatChoice, ChatCompletion, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob, Completion,
     CompletionChoice, CompletionLogprobs, GenerationRequest, TopLogprob, TopMap, Usage,
@@ -99,7 +101,11 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let permit = state.admit()?;
     state.check_model(req.model.as_deref())?;
-    let parsed = validate::parse(req, endpoint, &state)?;
+    let dialect = match endpoint {
+        Endpoint::Chat => Dialect::Chat,
+        Endpoint::Completions => Dialect::Completions,
+    };
+    let parsed = validate::parse(req, dialect, &state)?;
     let worker = state.clone();
     let valid = tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
         .await

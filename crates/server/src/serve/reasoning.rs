@@ -14,28 +14,7 @@
 
 use super::tool_parser::partial_suffix;
 
-/// A reasoning format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasoningKind {
-    /// Reasoning only inside an opening `<think>` block.
-    Qwen3,
-    /// Reasoning from the start until `</think>`.
-    DeepSeekR1,
-}
-
-/// `--reasoning-parser` values.
-pub const REASONING_PARSER_NAMES: [&str; 2] = ["deepseek_r1", "qwen3"];
-
-impl ReasoningKind {
-    /// The parser named `name` (one of [`REASONING_PARSER_NAMES`]).
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "qwen3" => Some(Self::Qwen3),
-            "deepseek_r1" => Some(Self::DeepSeekR1),
-            _ => None,
-        }
-    }
-}
+use met_config::ReasoningParser;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -54,7 +33,7 @@ enum Stage {
 /// One choice's text split into reasoning and content.
 #[derive(Debug)]
 pub struct ReasoningSplit {
-    kind: ReasoningKind,
+    kind: ReasoningParser,
     stage: Stage,
     held: String,
 }
@@ -70,7 +49,7 @@ pub struct Split {
 
 impl ReasoningSplit {
     /// A split in format `kind`.
-    pub fn new(kind: ReasoningKind) -> Self {
+    pub fn new(kind: ReasoningParser) -> Self {
         Self { kind, stage: Stage::Start, held: String::new() }
     }
 
@@ -89,8 +68,8 @@ impl ReasoningSplit {
                         return out;
                     } else {
                         self.stage = match self.kind {
-                            ReasoningKind::Qwen3 => Stage::Answer { trim: false },
-                            ReasoningKind::DeepSeekR1 => Stage::Thinking,
+                            ReasoningParser::Qwen3 => Stage::Answer { trim: false },
+                            ReasoningParser::DeepSeekR1 => Stage::Thinking,
                         };
                     }
                 }
@@ -124,7 +103,9 @@ impl ReasoningSplit {
         let held = std::mem::take(&mut self.held);
         match self.stage {
             Stage::Thinking => Split { reasoning: held, content: String::new() },
-            Stage::Start if self.kind == ReasoningKind::DeepSeekR1 => Split { reasoning: held, content: String::new() },
+            Stage::Start if self.kind == ReasoningParser::DeepSeekR1 => {
+                Split { reasoning: held, content: String::new() }
+            }
             _ => Split { reasoning: String::new(), content: held },
         }
     }
@@ -135,7 +116,7 @@ mod tests {
     use super::*;
 
     /// Every split of `text` into two deltas gives the same reasoning and content.
-    fn split(kind: ReasoningKind, text: &str) -> (String, String) {
+    fn split(kind: ReasoningParser, text: &str) -> (String, String) {
         let whole = {
             let mut s = ReasoningSplit::new(kind);
             let (a, b) = (s.push(text), s.finish());
@@ -152,14 +133,14 @@ mod tests {
 
     #[test]
     fn think_blocks_become_reasoning_whatever_the_deltas() {
-        let qwen = ReasoningKind::Qwen3;
+        let qwen = ReasoningParser::Qwen3;
         assert_eq!(
             split(qwen, "<think>Paris is in France.</think>\n\nParis."),
             ("Paris is in France.".into(), "Paris.".into())
         );
         assert_eq!(split(qwen, "Just the answer <think> here"), (String::new(), "Just the answer <think> here".into()));
         assert_eq!(split(qwen, "<think>cut off"), ("cut off".into(), String::new()));
-        let r1 = ReasoningKind::DeepSeekR1;
+        let r1 = ReasoningParser::DeepSeekR1;
         assert_eq!(split(r1, "thinking first</think>answer"), ("thinking first".into(), "answer".into()));
         assert_eq!(split(r1, "<think>x</think> y"), ("x".into(), "y".into()));
         assert_eq!(split(r1, "never closed"), ("never closed".into(), String::new()));

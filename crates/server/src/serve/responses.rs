@@ -12,9 +12,7 @@
 //! an id that fell out, or never existed, is a 404 naming it. Errors keep OpenAI's shape,
 //! with this API's field names (`input`, `max_output_tokens`, `text.format`).
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::Mutex;
 
 use axum::Json;
 use axum::extract::State;
@@ -26,16 +24,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::choice_output::{Answer, ChoiceOutput};
+use super::dialect::Dialect;
 use super::error::ApiError;
-use super::state::{AppState, unix_now};
+use super::state::{AppState, STORED_RESPONSES, unix_now};
 use super::stream::{Finish, Generation};
-use super::validate::{self, Endpoint};
+use super::validate;
 use super::wire::{ApiJson, GenerationRequest, ResponseFormat, ToolCallOut, Usage};
 use crate::startup::engine::random_seed;
 use met_text::ChatMessage;
-
-/// Conversations kept for `previous_response_id`.
-pub const STORED_RESPONSES: usize = 1024;
 
 /// The body of `POST /v1/responses`.
 #[derive(Debug, Default, Deserialize)]
@@ -71,27 +67,6 @@ pub struct ResponsesRequest {
     pub seed: Option<serde_json::Number>,
 }
 
-/// The stored conversations, oldest first.
-#[derive(Debug, Default)]
-pub struct ResponseStore {
-    entries: Mutex<VecDeque<(String, Vec<ChatMessage>)>>,
-}
-
-impl ResponseStore {
-    fn get(&self, id: &str) -> Option<Vec<ChatMessage>> {
-        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        entries.iter().find(|(k, _)| k == id).map(|(_, m)| m.clone())
-    }
-
-    fn put(&self, id: String, messages: Vec<ChatMessage>) {
-        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if entries.len() == STORED_RESPONSES {
-            entries.pop_front();
-        }
-        entries.push_back((id, messages));
-    }
-}
-
 /// `POST /v1/responses`.
 pub async fn responses(State(state): State<AppState>, ApiJson(req): ApiJson<ResponsesRequest>) -> Response {
     respond(state, req).await.unwrap_or_else(IntoResponse::into_response)
@@ -123,12 +98,11 @@ async fn respond(state: AppState, req: ResponsesRequest) -> Result<Response, Api
     });
     let store = req.store.unwrap_or(true);
     let (chat, history) = chat_request(&state, req)?;
-    let parsed = validate::parse(chat, Endpoint::Chat, &state).map_err(rename_fields)?;
+    let parsed = validate::parse(chat, Dialect::Responses, &state)?;
     let worker = state.clone();
     let valid = tokio::task::spawn_blocking(move || validate::tokenize(parsed, &worker))
         .await
-        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
-        .map_err(rename_fields)?;
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
     let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
@@ -281,24 +255,6 @@ fn input_item(i: usize, item: Value) -> Result<ChatMessage, ApiError> {
         }
         Some(other) => Err(ApiError::invalid(format!("input[{i}].type"), format!("`{other}` items are not supported"))),
     }
-}
-
-/// A chat field's error under this API's name for it.
-fn rename_fields(mut e: ApiError) -> ApiError {
-    if let Some(param) = &e.param {
-        let renamed = if param == "messages" || param.starts_with("messages[") {
-            param.replacen("messages", "input", 1)
-        } else if param == "max_tokens" {
-            "max_output_tokens".to_owned()
-        } else if let Some(rest) = param.strip_prefix("response_format") {
-            format!("text.format{}", rest.replacen(".json_schema", "", 1))
-        } else {
-            param.clone()
-        };
-        e.message = e.message.replace(param.as_str(), &renamed);
-        e.param = Some(renamed);
-    }
-    e
 }
 
 impl Answer {

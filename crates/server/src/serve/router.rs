@@ -33,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use met_config::RequestField;
 use met_telemetry::metrics::CONTENT_TYPE;
 
 use super::error::ApiError;
@@ -304,7 +305,9 @@ async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let _permit = state.admit()?;
     state.check_model(req.model.as_deref())?;
-    state.engine().limits().check_token_ids("tokens", &req.tokens)?;
+    // The ids are checked as a prompt's are, and the error names this route's field.
+    let limits = state.engine().limits();
+    limits.check_token_ids(RequestField::Prompt, &req.tokens).map_err(|e| ApiError::invalid("tokens", e.msg))?;
     let worker = state.clone();
     let prompt =
         blocking(move || worker.tokenizer().decode(&req.tokens, false).map_err(|e| ApiError::internal(e.to_string())))

@@ -7,9 +7,12 @@
 //! Health is the ready flag and the engine's own fault record: an engine that faulted
 //! (a panic inside a step, a device error) makes `/health` answer 503 for good.
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use met_config::{DEFAULT_MAX_TOKENS, Policy, ReasoningParser, ToolCallParser};
 use met_grammar::{GrammarError, Grammars};
 use met_scheduler::EngineHandle;
 use met_telemetry::Metrics;
@@ -17,17 +20,10 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
-use super::reasoning::ReasoningKind;
-use super::responses::ResponseStore;
-use super::tool_parser::ParserKind;
-use met_text::{ChatTemplate, TextError, Tokenizer};
+use met_text::{ChatMessage, ChatTemplate, TextError, Tokenizer};
 
 /// Largest `n` a request may ask for.
 pub const MAX_N: usize = 128;
-
-/// `max_tokens` of a request that gives none, and the most one may ask for, unless
-/// `--max-tokens-default` says otherwise.
-pub const DEFAULT_MAX_TOKENS: usize = 4096;
 
 /// The server's settings that are not the engine's. The default is `met serve`'s defaults
 /// for a model named `met` with no end-of-sequence tokens.
@@ -51,13 +47,12 @@ pub struct ServerConfig {
     /// Special-token text in user messages stays text instead of becoming control tokens
     /// (`--no-special-tokens-in-user-content`).
     pub no_special_tokens_in_user_content: bool,
-    /// The engine schedules by request priority (`--policy priority`), so requests may set
-    /// `priority`.
-    pub priority_scheduling: bool,
+    /// The engine's scheduling policy; under `priority`, requests may set `priority`.
+    pub policy: Policy,
     /// The tool-call format (`--tool-call-parser`); `None`: the chat template's own.
-    pub tool_call_parser: Option<ParserKind>,
+    pub tool_call_parser: Option<ToolCallParser>,
     /// The reasoning format (`--reasoning-parser`); `None`: reasoning stays in the content.
-    pub reasoning_parser: Option<ReasoningKind>,
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 impl Default for ServerConfig {
@@ -71,7 +66,7 @@ impl Default for ServerConfig {
             max_sequences_per_request: 256,
             max_tokens_default: DEFAULT_MAX_TOKENS,
             no_special_tokens_in_user_content: false,
-            priority_scheduling: false,
+            policy: Policy::Fcfs,
             tool_call_parser: None,
             reasoning_parser: None,
         }
@@ -238,4 +233,28 @@ impl AppState {
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Conversations kept for `previous_response_id`.
+pub const STORED_RESPONSES: usize = 1024;
+
+/// The stored conversations, oldest first.
+#[derive(Debug, Default)]
+pub struct ResponseStore {
+    entries: Mutex<VecDeque<(String, Vec<ChatMessage>)>>,
+}
+
+impl ResponseStore {
+    pub(super) fn get(&self, id: &str) -> Option<Vec<ChatMessage>> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        entries.iter().find(|(k, _)| k == id).map(|(_, m)| m.clone())
+    }
+
+    pub(super) fn put(&self, id: String, messages: Vec<ChatMessage>) {
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() == STORED_RESPONSES {
+            entries.pop_front();
+        }
+        entries.push_back((id, messages));
+    }
 }

@@ -13,7 +13,7 @@ use futures_util::future::select_all;
 use met_scheduler::{FinishReason, GeneratedToken, RequestStream, TokenEvent};
 
 use super::error::ApiError;
-use super::validate::{LogprobsShape, TextOptions};
+use super::options::{LogprobsShape, TextOptions};
 use super::wire::{PromptTokensDetails, Usage};
 use met_text::{Detokenizer, TextError, Tokenizer};
 

@@ -13,6 +13,7 @@ use met_scheduler::SharedConstraint;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::dialect::Dialect;
 use super::error::ApiError;
 use super::state::AppState;
 
@@ -63,7 +64,7 @@ pub struct GrammarRequest {
     /// The grammar.
     pub spec: GrammarSpec,
     /// The field, as the client wrote it (`response_format.json_schema.schema`).
-    pub param: &'static str,
+    pub param: String,
 }
 
 /// The grammar of a request's `response_format` or `structured_outputs`, if any.
@@ -74,34 +75,37 @@ pub struct GrammarRequest {
 pub fn parse(
     format: Option<ResponseFormat>,
     outputs: Option<StructuredOutputs>,
+    dialect: Dialect,
 ) -> Result<Option<GrammarRequest>, ApiError> {
     match (format, outputs) {
         (Some(_), Some(_)) => {
-            Err(ApiError::invalid("structured_outputs", "give either response_format or structured_outputs, not both"))
+            let msg = format!("give either {} or structured_outputs, not both", dialect.response_format(""));
+            Err(ApiError::invalid("structured_outputs", msg))
         }
-        (Some(format), None) => response_format(format),
+        (Some(format), None) => response_format(format, dialect),
         (None, Some(outputs)) => structured_outputs(outputs).map(Some),
         (None, None) => Ok(None),
     }
 }
 
-fn response_format(format: ResponseFormat) -> Result<Option<GrammarRequest>, ApiError> {
+fn response_format(format: ResponseFormat, dialect: Dialect) -> Result<Option<GrammarRequest>, ApiError> {
     let spec = match format.kind.as_str() {
         "text" => return Ok(None),
         "json_object" => GrammarSpec::JsonObject,
         "json_schema" => {
-            let param = "response_format.json_schema.schema";
+            let param = dialect.response_format(".json_schema.schema");
             let Some(schema) = format.json_schema.and_then(|f| f.schema) else {
                 return Err(ApiError::invalid(param, "`json_schema` needs a `schema`"));
             };
-            return Ok(Some(GrammarRequest { spec: GrammarSpec::JsonSchema(schema_value(schema, param)?), param }));
+            let spec = GrammarSpec::JsonSchema(schema_value(schema, &param)?);
+            return Ok(Some(GrammarRequest { spec, param }));
         }
         other => {
             let msg = format!("`{other}` is not one of `text`, `json_object`, `json_schema`");
-            return Err(ApiError::invalid("response_format.type", msg));
+            return Err(ApiError::invalid(dialect.response_format(".type"), msg));
         }
     };
-    Ok(Some(GrammarRequest { spec, param: "response_format" }))
+    Ok(Some(GrammarRequest { spec, param: dialect.response_format("") }))
 }
 
 fn structured_outputs(o: StructuredOutputs) -> Result<GrammarRequest, ApiError> {
@@ -123,11 +127,11 @@ fn structured_outputs(o: StructuredOutputs) -> Result<GrammarRequest, ApiError> 
     } else {
         (GrammarSpec::JsonObject, "structured_outputs.json_object")
     };
-    Ok(GrammarRequest { spec, param })
+    Ok(GrammarRequest { spec, param: param.to_owned() })
 }
 
 /// A schema given as an object or a boolean, or as JSON text holding one.
-fn schema_value(schema: Value, param: &'static str) -> Result<Value, ApiError> {
+fn schema_value(schema: Value, param: &str) -> Result<Value, ApiError> {
     let schema = match schema {
         Value::String(text) => serde_json::from_str(&text)
             .map_err(|e| ApiError::invalid(param, format!("the schema is not valid JSON: {e}")))?,
@@ -146,11 +150,11 @@ fn schema_value(schema: Value, param: &'static str) -> Result<Value, ApiError> {
 /// # Errors
 /// A 400 naming the field with the grammar engine's message.
 pub fn compile(state: &AppState, grammar: &GrammarRequest) -> Result<SharedConstraint, ApiError> {
-    let grammars = state.grammars().map_err(|e| ApiError::invalid(grammar.param, e.to_string()))?;
+    let grammars = state.grammars().map_err(|e| ApiError::invalid(&grammar.param, e.to_string()))?;
     grammars.compile(&grammar.spec).map_err(|e| match e {
         GrammarError::Invalid(msg) => {
-            ApiError::invalid(grammar.param, format!("`{}` is invalid: {msg}", grammar.param))
+            ApiError::invalid(&grammar.param, format!("`{}` is invalid: {msg}", grammar.param))
         }
-        GrammarError::Tokenizer(_) => ApiError::invalid(grammar.param, e.to_string()),
+        GrammarError::Tokenizer(_) => ApiError::invalid(&grammar.param, e.to_string()),
     })
 }

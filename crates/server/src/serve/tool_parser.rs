@@ -18,38 +18,14 @@ use serde_json::Value;
 
 use super::wire::{FunctionDelta, ToolCallDelta};
 
-/// A tool-call format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParserKind {
-    /// `<tool_call>` blocks (Hermes, Qwen 2.5 and 3).
-    Hermes,
-    /// A bare JSON call (Llama 3.1 and later).
-    Llama3Json,
-    /// `[TOOL_CALLS]` and an array (Mistral).
-    Mistral,
-}
+use met_config::ToolCallParser;
 
-/// `--tool-call-parser` values.
-pub const PARSER_NAMES: [&str; 3] = ["hermes", "llama3_json", "mistral"];
-
-impl ParserKind {
-    /// The parser named `name` (one of [`PARSER_NAMES`]).
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "hermes" => Some(Self::Hermes),
-            "llama3_json" => Some(Self::Llama3Json),
-            "mistral" => Some(Self::Mistral),
-            _ => None,
-        }
-    }
-
-    /// The text that opens a call.
-    fn marker(self) -> &'static str {
-        match self {
-            Self::Hermes => "<tool_call>",
-            Self::Llama3Json => "<|python_tag|>",
-            Self::Mistral => "[TOOL_CALLS]",
-        }
+/// The text that opens a call in format `kind`.
+fn marker(kind: ToolCallParser) -> &'static str {
+    match kind {
+        ToolCallParser::Hermes => "<tool_call>",
+        ToolCallParser::Llama3Json => "<|python_tag|>",
+        ToolCallParser::Mistral => "[TOOL_CALLS]",
     }
 }
 
@@ -64,11 +40,11 @@ pub struct ParsedCall {
 
 /// The content and the calls of a whole answer in format `kind`; no calls (and the text as
 /// content) when what looks like a call does not parse.
-pub fn parse_calls(kind: ParserKind, text: &str) -> (String, Vec<ParsedCall>) {
+pub fn parse_calls(kind: ToolCallParser, text: &str) -> (String, Vec<ParsedCall>) {
     let parsed = match kind {
-        ParserKind::Hermes => hermes(text),
-        ParserKind::Llama3Json => llama3(text),
-        ParserKind::Mistral => mistral(text),
+        ToolCallParser::Hermes => hermes(text),
+        ToolCallParser::Llama3Json => llama3(text),
+        ToolCallParser::Mistral => mistral(text),
     };
     match parsed {
         Some((content, calls)) if !calls.is_empty() => (content, calls),
@@ -134,7 +110,7 @@ pub enum ToolMode {
     /// No tools: all text is content.
     Off,
     /// Calls parsed from free text in this format.
-    Auto(ParserKind),
+    Auto(ToolCallParser),
     /// The whole output is the arguments of this function (grammar-enforced).
     Named(String),
     /// The whole output is a JSON array of `{"name", "parameters"}` (grammar-enforced).
@@ -205,22 +181,22 @@ impl ToolStream {
         }
     }
 
-    fn push_auto(&mut self, kind: ParserKind, text: &str) -> ToolPiece {
+    fn push_auto(&mut self, kind: ToolCallParser, text: &str) -> ToolPiece {
         self.held.push_str(text);
         if self.capturing {
             return ToolPiece::default();
         }
-        if kind == ParserKind::Llama3Json && !self.released {
+        if kind == ToolCallParser::Llama3Json && !self.released {
             let t = self.held.trim_start();
-            if t.starts_with('{') || t.starts_with(kind.marker()) {
+            if t.starts_with('{') || t.starts_with(marker(kind)) {
                 self.capturing = true;
                 return ToolPiece::default();
             }
-            if t.is_empty() || kind.marker().starts_with(t) {
+            if t.is_empty() || marker(kind).starts_with(t) {
                 return ToolPiece::default();
             }
         }
-        let marker = kind.marker();
+        let marker = marker(kind);
         let release = match self.held.find(marker) {
             Some(at) => {
                 self.capturing = true;
@@ -290,31 +266,31 @@ mod tests {
     #[test]
     fn hermes_blocks_are_calls_and_the_rest_is_content() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"time\", \"arguments\": {}}</tool_call>";
-        let (content, calls) = parse_calls(ParserKind::Hermes, text);
+        let (content, calls) = parse_calls(ToolCallParser::Hermes, text);
         assert_eq!(content, "Let me check.");
         assert_eq!(
             names(&calls),
             vec![("get_weather", serde_json::json!({"city": "Paris"})), ("time", serde_json::json!({}))]
         );
         // An unclosed block at the end still counts; a broken one leaves the text alone.
-        let (_, calls) = parse_calls(ParserKind::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}");
+        let (_, calls) = parse_calls(ToolCallParser::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}");
         assert_eq!(calls.len(), 1);
         let broken = "<tool_call>{\"name\": \"a\", \"argu</tool_call>";
-        assert_eq!(parse_calls(ParserKind::Hermes, broken), (broken.to_owned(), Vec::new()));
+        assert_eq!(parse_calls(ToolCallParser::Hermes, broken), (broken.to_owned(), Vec::new()));
     }
 
     #[test]
     fn llama3_and_mistral_calls_parse() {
         let (content, calls) = parse_calls(
-            ParserKind::Llama3Json,
+            ToolCallParser::Llama3Json,
             "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": 1}}; {\"name\": \"g\", \"parameters\": {}}",
         );
         assert_eq!(content, "");
         assert_eq!(names(&calls), vec![("f", serde_json::json!({"a": 1})), ("g", serde_json::json!({}))]);
         let plain = "The answer is 4.";
-        assert_eq!(parse_calls(ParserKind::Llama3Json, plain), (plain.to_owned(), Vec::new()));
+        assert_eq!(parse_calls(ToolCallParser::Llama3Json, plain), (plain.to_owned(), Vec::new()));
         let (content, calls) =
-            parse_calls(ParserKind::Mistral, "ok [TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}]");
+            parse_calls(ToolCallParser::Mistral, "ok [TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}]");
         assert_eq!(content, "ok");
         assert_eq!(names(&calls), vec![("f", serde_json::json!({"q": "x"}))]);
     }
@@ -335,7 +311,7 @@ mod tests {
 
     #[test]
     fn streams_hold_back_what_may_open_a_call() {
-        let mut s = ToolStream::new(ToolMode::Auto(ParserKind::Hermes));
+        let mut s = ToolStream::new(ToolMode::Auto(ToolCallParser::Hermes));
         assert_eq!(s.push("Hi <tool").content, "Hi", "the space before a call is held too");
         assert_eq!(s.push("_ca").content, "");
         assert_eq!(s.push("ll>{\"name\": \"f\", \"arguments\": {\"a\": 2}}</tool_call>").content, "");
@@ -346,7 +322,7 @@ mod tests {
         assert!(end.calls[0].id.as_deref().unwrap().starts_with("call_"));
         assert!(s.called());
         // Text that only looked like a marker is released in full.
-        assert_eq!(run(ToolMode::Auto(ParserKind::Hermes), &["a <to", "y> b"]), ("a <toy> b".into(), Vec::new()));
+        assert_eq!(run(ToolMode::Auto(ToolCallParser::Hermes), &["a <to", "y> b"]), ("a <toy> b".into(), Vec::new()));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! the Hermes format the default parser reads, and sees earlier calls and results as that
 //! text, so a conversation with tool turns still renders.
 //!
-//! `auto` leaves the model free and a [`ParserKind`] finds the calls in its text. `required`
+//! `auto` leaves the model free and a [`ToolCallParser`] finds the calls in its text. `required`
 //! and a named function are enforced with the grammar engine, as vLLM does: a named choice
 //! constrains the output to a JSON object valid under the function's `parameters` (the
 //! call's arguments), `required` to a JSON array of `{"name", "parameters"}` objects, one of
@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::structured::GrammarRequest;
-use super::tool_parser::ParserKind;
+use met_config::ToolCallParser;
 
 /// Most calls a `required` answer may hold: a bound, so a model that keeps calling still
 /// ends its answer.
@@ -185,7 +185,7 @@ impl ToolSetup {
                 json!({"type": "array", "minItems": 1, "maxItems": most, "items": {"anyOf": calls}})
             }
         };
-        Some(GrammarRequest { spec: GrammarSpec::JsonSchema(schema), param: "tools" })
+        Some(GrammarRequest { spec: GrammarSpec::JsonSchema(schema), param: "tools".into() })
     }
 }
 
@@ -196,13 +196,13 @@ pub fn template_reads_tools(source: &str) -> bool {
 
 /// The parser for a template: the one its own tool format implies, else Hermes (also the
 /// format of the system message for templates without tools).
-pub fn parser_for_template(source: &str) -> ParserKind {
+pub fn parser_for_template(source: &str) -> ToolCallParser {
     if source.contains("[TOOL_CALLS]") {
-        ParserKind::Mistral
+        ToolCallParser::Mistral
     } else if source.contains("<|python_tag|>") || source.contains("ipython") {
-        ParserKind::Llama3Json
+        ToolCallParser::Llama3Json
     } else {
-        ParserKind::Hermes
+        ToolCallParser::Hermes
     }
 }
 

@@ -15,16 +15,18 @@
 //!
 //! Limits count work, not HTTP requests: a request runs prompts × `n` sequences, at most
 //! `--max-sequences-per-request`, each of at most `--max-tokens-default` tokens (the default
-//! `max_tokens` is also its cap). Every failure is a 400 naming the field, with the field
-//! names of the endpoint (`messages`, `max_completion_tokens`); nothing reaches the engine
-//! unchecked.
+//! `max_tokens` is also its cap). Each limit is checked in one place: the server's own
+//! (those two, `n` at most [`MAX_N`], the stop strings) here, everything about the model and
+//! the sampler in `EngineRequest::new`. Every failure is a 400 naming the field as the
+//! request's [`Dialect`] calls it (`messages`, `max_completion_tokens`, `input`); nothing
+//! reaches the engine unchecked.
 
-use met_config::{MAX_TOP_LOGPROBS, SamplingParams};
+use met_config::{Policy, ReasoningParser, SamplingParams};
 use met_scheduler::{EngineRequest, RequestError, StopCriteria};
 
-use super::choice_output::OutputOptions;
+use super::dialect::{Dialect, Endpoint};
 use super::error::ApiError;
-use super::reasoning::ReasoningKind;
+use super::options::{LogprobsShape, OutputOptions, TextOptions};
 use super::state::{AppState, MAX_N};
 use super::structured::{self, GrammarRequest};
 use super::tool_parser::ToolMode;
@@ -35,57 +37,6 @@ use met_text::{ChatMessage, MessageContent, RenderOptions, encode_chat};
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;
-
-/// Which completion endpoint a request came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/completions`.
-    Completions,
-}
-
-impl Endpoint {
-    /// The field that holds the prompt.
-    fn prompt_param(self) -> &'static str {
-        match self {
-            Self::Chat => "messages",
-            Self::Completions => "prompt",
-        }
-    }
-}
-
-/// The shape logprobs are reported in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogprobsShape {
-    /// Not requested.
-    Off,
-    /// Chat's `choices[].logprobs.content[]`.
-    Chat,
-    /// Completions' parallel lists.
-    Legacy,
-}
-
-/// What the server does with generated tokens (the engine never sees these).
-#[derive(Debug, Clone)]
-pub struct TextOptions {
-    /// Which endpoint answers.
-    pub endpoint: Endpoint,
-    /// Stop strings, matched on the text across token boundaries.
-    pub stop: Vec<String>,
-    /// Leave special tokens out of the text.
-    pub skip_special_tokens: bool,
-    /// Logprobs reporting.
-    pub logprobs: LogprobsShape,
-    /// Answer with server-sent events.
-    pub stream: bool,
-    /// Streaming: end with a usage chunk.
-    pub include_usage: bool,
-    /// Choices per prompt.
-    pub n: usize,
-    /// Chat: how each choice's text splits into reasoning, content and tool calls.
-    pub output: OutputOptions,
-}
 
 /// The prompt, before tokenization.
 #[derive(Debug)]
@@ -101,7 +52,11 @@ pub struct Parsed {
     prompt: PromptInput,
     sampling: SamplingParams,
     stop: StopCriteria,
-    max_tokens: Option<(usize, &'static str)>,
+    max_tokens: Option<usize>,
+    /// What the request calls its fields.
+    dialect: Dialect,
+    /// The name its token limit goes by.
+    max_tokens_param: &'static str,
     priority: i32,
     grammar: Option<GrammarRequest>,
     text: TextOptions,
@@ -116,17 +71,18 @@ pub struct Validated {
     pub text: TextOptions,
 }
 
-/// Checks every field of `req` (stage 1).
+/// Checks every field of `req`, which came in as `dialect` (stage 1).
 ///
 /// # Errors
 /// A 400 naming the first field out of range.
-pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Result<Parsed, ApiError> {
+pub fn parse(req: GenerationRequest, dialect: Dialect, state: &AppState) -> Result<Parsed, ApiError> {
+    let endpoint = dialect.endpoint();
     let n = match req.n.map_or(Ok(1), usize::try_from) {
-        Ok(n @ 1..=MAX_N) => n,
-        _ => return Err(ApiError::invalid("n", format!("must be between 1 and {MAX_N}; got {}", req.n.unwrap_or(0)))),
+        Ok(n) if n <= MAX_N => n,
+        _ => return Err(ApiError::invalid("n", format!("must be at most {MAX_N}; got {}", req.n.unwrap_or(0)))),
     };
     let cap = state.config().max_tokens_default;
-    let max_tokens = max_tokens(&req, endpoint, cap)?;
+    let (max_tokens, max_tokens_param) = max_tokens(&req, dialect, cap)?;
     let (logprobs, shape) = logprobs(&req, endpoint)?;
     let sampling = SamplingParams {
         temperature: req.temperature.unwrap_or(1.0),
@@ -154,14 +110,15 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
         Endpoint::Chat => tools::parse(req.tools, req.tool_choice, req.parallel_tool_calls)?,
         Endpoint::Completions => None,
     };
-    let grammar = grammar(structured::parse(req.response_format, req.structured_outputs)?, setup.as_ref())?;
+    let grammar =
+        grammar(structured::parse(req.response_format, req.structured_outputs, dialect)?, setup.as_ref(), dialect)?;
     let output = match endpoint {
         Endpoint::Chat => output_options(state, setup.as_ref(), grammar.is_some()),
         Endpoint::Completions => OutputOptions::default(),
     };
     let text = TextOptions {
         endpoint,
-        stop: stop_strings(req.stop)?,
+        stop: stop_strings(req.stop, dialect)?,
         skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
         logprobs: shape,
         stream: req.stream.unwrap_or(false),
@@ -178,7 +135,8 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
                 ..RenderOptions::default()
             };
             let Some(template) = state.template() else {
-                return Err(ApiError::invalid("messages", "this model has no chat template; use /v1/completions"));
+                let msg = "this model has no chat template; use /v1/completions";
+                return Err(ApiError::invalid(dialect.prompt(), msg));
             };
             let shown = setup.as_ref().filter(|s| s.choice != ToolChoice::None);
             let reads_tools = tools::template_reads_tools(template.source());
@@ -186,22 +144,29 @@ pub fn parse(req: GenerationRequest, endpoint: Endpoint, state: &AppState) -> Re
             if reads_tools {
                 options.tools = shown.map(|s| s.tools.clone());
             }
-            let messages = tools::prepare_messages(messages(req.messages)?, shown, reads_tools);
+            let messages = tools::prepare_messages(messages(req.messages, dialect)?, shown, reads_tools);
             PromptInput::Chat { messages, options }
         }
         Endpoint::Completions => prompts(req.prompt)?,
     };
-    check_sequences(&prompt, n, endpoint, state.config().max_sequences_per_request)?;
-    let priority = priority(req.priority, state.config().priority_scheduling)?;
-    Ok(Parsed { prompt, sampling, stop, max_tokens, priority, grammar, text })
+    check_sequences(&prompt, n, dialect, state.config().max_sequences_per_request)?;
+    let priority = priority(req.priority, state.config().policy)?;
+    Ok(Parsed { prompt, sampling, stop, max_tokens, dialect, max_tokens_param, priority, grammar, text })
 }
 
 /// The grammar a request's output is held to: its `response_format` or
 /// `structured_outputs`, or the one its tool choice enforces (never both).
-fn grammar(format: Option<GrammarRequest>, setup: Option<&ToolSetup>) -> Result<Option<GrammarRequest>, ApiError> {
+fn grammar(
+    format: Option<GrammarRequest>,
+    setup: Option<&ToolSetup>,
+    dialect: Dialect,
+) -> Result<Option<GrammarRequest>, ApiError> {
     match (format, setup.and_then(ToolSetup::grammar)) {
         (Some(_), Some(_)) => {
-            let msg = "a `required` or named tool choice already fixes the output; drop response_format";
+            let msg = format!(
+                "a `required` or named tool choice already fixes the output; drop {}",
+                dialect.response_format("")
+            );
             Err(ApiError::invalid("tool_choice", msg))
         }
         (format, tools) => Ok(format.or(tools)),
@@ -224,16 +189,16 @@ fn output_options(state: &AppState, setup: Option<&ToolSetup>, constrained: bool
         Some(ToolChoice::Required) => ToolMode::Required,
         Some(ToolChoice::Named(name)) => ToolMode::Named(name.clone()),
     };
-    let reasoning = config.reasoning_parser.filter(|&k| !constrained || k == ReasoningKind::Qwen3);
+    let reasoning = config.reasoning_parser.filter(|&k| !constrained || k == ReasoningParser::Qwen3);
     OutputOptions { reasoning, tools }
 }
 
 /// `priority`: 0 unless given; another value only where the engine schedules by it (as
 /// vLLM answers such a request to a server without priority scheduling: an error).
-fn priority(given: Option<i64>, scheduling: bool) -> Result<i32, ApiError> {
+fn priority(given: Option<i64>, policy: Policy) -> Result<i32, ApiError> {
     match given {
         None | Some(0) => Ok(0),
-        Some(p) if !scheduling => Err(ApiError::invalid(
+        Some(p) if policy != Policy::Priority => Err(ApiError::invalid(
             "priority",
             format!("{p}: this server does not schedule by priority (start it with --policy priority)"),
         )),
@@ -242,7 +207,7 @@ fn priority(given: Option<i64>, scheduling: bool) -> Result<i32, ApiError> {
 }
 
 /// Prompts × `n` within `limit`; the field named is `n` unless the prompts alone exceed it.
-fn check_sequences(prompt: &PromptInput, n: usize, endpoint: Endpoint, limit: usize) -> Result<(), ApiError> {
+fn check_sequences(prompt: &PromptInput, n: usize, dialect: Dialect, limit: usize) -> Result<(), ApiError> {
     let prompts = match prompt {
         PromptInput::Texts(t) => t.len(),
         PromptInput::Ids(i) => i.len(),
@@ -252,7 +217,7 @@ fn check_sequences(prompt: &PromptInput, n: usize, endpoint: Endpoint, limit: us
     if sequences <= limit {
         return Ok(());
     }
-    let param = if prompts > limit && n <= limit { endpoint.prompt_param() } else { "n" };
+    let param = if prompts > limit && n <= limit { dialect.prompt() } else { "n" };
     let msg = format!(
         "{prompts} prompt(s) × n = {n} is {sequences} sequences; this server runs at most {limit} per request \
          (--max-sequences-per-request)"
@@ -276,20 +241,19 @@ pub fn tokenize(parsed: Parsed, state: &AppState) -> Result<Validated, ApiError>
     };
     let constraint = parsed.grammar.as_ref().map(|g| structured::compile(state, g)).transpose()?;
     let limits = state.engine().limits();
-    let param = parsed.text.endpoint.prompt_param();
     let mut requests = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
         // Without `max_tokens`, what the context leaves, up to `--max-tokens-default` (an
         // over-long prompt is refused for itself below).
         let max_new_tokens = match parsed.max_tokens {
-            Some((max, _)) => max,
+            Some(max) => max,
             None => limits.max_context.saturating_sub(prompt.len()).min(state.config().max_tokens_default).max(1),
         };
         let mut sampling = parsed.sampling.clone();
         sampling.seed = sampling.seed.wrapping_add(i as u64);
         let stop = StopCriteria { max_new_tokens, ..parsed.stop.clone() };
         let request = EngineRequest::new(prompt, sampling, stop, parsed.text.n, &limits)
-            .map_err(|e| api_error(e, param, parsed.max_tokens.map(|(_, name)| name)))?;
+            .map_err(|e| api_error(e, parsed.dialect, parsed.max_tokens_param))?;
         let request = request.with_priority(parsed.priority);
         requests.push(match &constraint {
             Some(c) => request.with_constraint(c.clone()),
@@ -310,38 +274,26 @@ pub fn chat_ids(state: &AppState, messages: &[ChatMessage], options: &RenderOpti
     encode_chat(state.tokenizer(), template, messages, options, plain).map_err(ApiError::from_text)
 }
 
-/// A request the engine's limits refuse, with its fields as this endpoint's API names them:
-/// the prompt is `param` (`prompt`, `messages`, `input`), `max_tokens` the name the client
-/// used (`max_completion_tokens` in chat).
-fn api_error(mut e: RequestError, param: &'static str, max_tokens: Option<&'static str>) -> ApiError {
-    match e.field {
-        "prompt" => e.field = param,
-        "max_tokens" => {
-            if let Some(name) = max_tokens.filter(|&n| n != "max_tokens") {
-                e.msg = e.msg.replace("max_tokens", name);
-                e.field = name;
-            }
-        }
-        _ => {}
-    }
-    e.into()
+/// A request the engine's limits refuse, with its field as `dialect` names it, the token
+/// limit going by `max_tokens`.
+fn api_error(e: RequestError, dialect: Dialect, max_tokens: &'static str) -> ApiError {
+    ApiError::refused(e.kind, dialect.field(e.field, max_tokens), e.msg)
 }
 
-/// `max_completion_tokens` (chat) or `max_tokens`, with the name it was given by; at most
-/// `cap` (`--max-tokens-default`).
+/// The token limit (`max_completion_tokens` in chat, else `max_tokens`, as `dialect` calls
+/// it), at most `cap` (`--max-tokens-default`), with the name it goes by. Zero is the
+/// engine's to refuse.
 fn max_tokens(
     req: &GenerationRequest,
-    endpoint: Endpoint,
+    dialect: Dialect,
     cap: usize,
-) -> Result<Option<(usize, &'static str)>, ApiError> {
-    let given = match (endpoint, req.max_completion_tokens) {
-        (Endpoint::Chat, Some(m)) => Some((m, "max_completion_tokens")),
-        _ => req.max_tokens.map(|m| (m, "max_tokens")),
-    };
-    let Some((given, param)) = given else { return Ok(None) };
+) -> Result<(Option<usize>, &'static str), ApiError> {
+    let completion_tokens = dialect == Dialect::Chat && req.max_completion_tokens.is_some();
+    let param = dialect.max_tokens(completion_tokens);
+    let given = if completion_tokens { req.max_completion_tokens } else { req.max_tokens };
+    let Some(given) = given else { return Ok((None, param)) };
     match usize::try_from(given) {
-        Ok(0) => Err(ApiError::invalid(param, "must be at least 1")),
-        Ok(max) if max <= cap => Ok(Some((max, param))),
+        Ok(max) if max <= cap => Ok((Some(max), param)),
         _ => {
             let msg =
                 format!("must be at most {cap}, this server's limit per choice (--max-tokens-default); got {given}");
@@ -350,23 +302,19 @@ fn max_tokens(
     }
 }
 
-/// The engine's `logprobs` setting and the response shape.
+/// The engine's `logprobs` setting and the response shape (how many alternatives the
+/// sampler can report is the engine's to check).
 fn logprobs(req: &GenerationRequest, endpoint: Endpoint) -> Result<(Option<usize>, LogprobsShape), ApiError> {
-    let in_range = |param: &str, k: u64| match usize::try_from(k) {
-        Ok(k) if k <= MAX_TOP_LOGPROBS => Ok(k),
-        _ => Err(ApiError::invalid(param, format!("must be between 0 and {MAX_TOP_LOGPROBS}; got {k}"))),
-    };
+    let count = |k: u64| usize::try_from(k).unwrap_or(usize::MAX);
     match endpoint {
         Endpoint::Chat => match (req.logprobs, req.top_logprobs) {
             (Some(Logprobs::Count(_)), _) => Err(ApiError::invalid("logprobs", "must be a boolean for chat")),
-            (Some(Logprobs::Bool(true)), k) => {
-                Ok((Some(in_range("top_logprobs", k.unwrap_or(0))?), LogprobsShape::Chat))
-            }
+            (Some(Logprobs::Bool(true)), k) => Ok((Some(count(k.unwrap_or(0))), LogprobsShape::Chat)),
             (_, Some(_)) => Err(ApiError::invalid("top_logprobs", "requires `logprobs: true`")),
             _ => Ok((None, LogprobsShape::Off)),
         },
         Endpoint::Completions => match req.logprobs {
-            Some(Logprobs::Count(k)) => Ok((Some(in_range("logprobs", k)?), LogprobsShape::Legacy)),
+            Some(Logprobs::Count(k)) => Ok((Some(count(k)), LogprobsShape::Legacy)),
             Some(Logprobs::Bool(true)) => Err(ApiError::invalid("logprobs", "must be an integer for completions")),
             Some(Logprobs::Bool(false)) | None => Ok((None, LogprobsShape::Off)),
         },
@@ -400,26 +348,28 @@ fn seed(seed: Option<&serde_json::Number>) -> Result<Option<u64>, ApiError> {
     }
 }
 
-fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+fn stop_strings(stop: Option<Stop>, dialect: Dialect) -> Result<Vec<String>, ApiError> {
+    let (param, what) = dialect.stop();
     let stop = match stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(list)) => list,
     };
     if stop.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid("stop", format!("at most {MAX_STOP_STRINGS} stop strings; got {}", stop.len())));
+        return Err(ApiError::invalid(param, format!("at most {MAX_STOP_STRINGS} {what}; got {}", stop.len())));
     }
     if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        return Err(ApiError::invalid(param, format!("{what} must not be empty")));
     }
     Ok(stop)
 }
 
 /// The conversation, with text parts joined into strings (other parts are refused).
-fn messages(messages: Option<Vec<ChatMessage>>) -> Result<Vec<ChatMessage>, ApiError> {
-    let messages = messages.ok_or_else(|| ApiError::invalid("messages", "is required"))?;
+fn messages(messages: Option<Vec<ChatMessage>>, dialect: Dialect) -> Result<Vec<ChatMessage>, ApiError> {
+    let param = dialect.prompt();
+    let messages = messages.ok_or_else(|| ApiError::invalid(param, "is required"))?;
     if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "must hold at least one message"));
+        return Err(ApiError::invalid(param, "must hold at least one message"));
     }
     for (i, m) in messages.iter().enumerate() {
         let Some(MessageContent::Parts(parts)) = &m.content else { continue };
@@ -427,7 +377,7 @@ fn messages(messages: Option<Vec<ChatMessage>>) -> Result<Vec<ChatMessage>, ApiE
             let kind = part.get("type").and_then(serde_json::Value::as_str);
             if kind != Some("text") || !part.get("text").is_some_and(serde_json::Value::is_string) {
                 let msg = format!("only text parts are supported; got {}", serde_json::Value::Object(part.clone()));
-                return Err(ApiError::invalid(format!("messages[{i}].content"), msg));
+                return Err(ApiError::invalid(format!("{param}[{i}].content"), msg));
             }
         }
     }

@@ -21,11 +21,10 @@
 
 use anyhow::{Context, Result};
 use met_cache::KvCache;
-use met_config::{EngineConfig, SamplingParams};
+use met_config::{EngineConfig, EngineSetup, SamplingParams};
 use met_kernels::SampleRow;
 use met_model_layers::{ForwardBatch, LogitRows, Model};
 
-use crate::cli::EngineArgs;
 use crate::startup::topology::Topology;
 
 /// The KV cache on a device that reports no memory of its own (the CPU), all ranks'
@@ -40,17 +39,12 @@ pub const CPU_KV_BYTES: usize = 1 << 30;
 ///
 /// # Errors
 /// When the warm-up forward fails.
-pub fn kv_blocks(
-    e: &EngineArgs,
-    config: &EngineConfig,
-    model: &dyn Model,
-    devices: &Topology,
-    demand: usize,
-) -> Result<usize> {
-    if let Some(blocks) = e.kv_blocks {
+pub fn kv_blocks(setup: &EngineSetup, model: &dyn Model, devices: &Topology, demand: usize) -> Result<usize> {
+    if let Some(blocks) = setup.kv_blocks {
         return Ok(blocks);
     }
-    let budget = match kv_blocks_after_warmup(model, devices, config, e.gpu_memory_utilization)? {
+    let config = &setup.engine;
+    let budget = match kv_blocks_after_warmup(model, devices, config, setup.gpu_memory_utilization)? {
         Some(blocks) => blocks,
         None => {
             let all_ranks = model.kv_layout().bytes_per_block(config.block_size) * devices.world_size();
@@ -170,18 +164,13 @@ mod tests {
         warm_up(&*model, &devices, &config).unwrap();
 
         // The one sizing rule: the demand, within the CPU's budget, unless --kv-blocks.
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            engine: EngineArgs,
-        }
-        let flags = |extra: &[&str]| <Flags as clap::Parser>::parse_from(["met"].iter().chain(extra)).engine;
-        let blocks = |e: &EngineArgs, demand| kv_blocks(e, &config, &*model, &devices, demand).unwrap();
+        let sized = |kv_blocks| EngineSetup { kv_blocks, ..EngineSetup::new(config.clone(), 0) };
+        let blocks = |setup: &EngineSetup, demand| kv_blocks(setup, &*model, &devices, demand).unwrap();
         let cpu_budget = CPU_KV_BYTES / model.kv_layout().bytes_per_block(config.block_size);
-        assert_eq!(blocks(&flags(&[]), 10), 10);
-        assert_eq!(blocks(&flags(&[]), usize::MAX), cpu_budget);
-        assert_eq!(blocks(&flags(&[]), 0), 1, "never an empty cache");
-        assert_eq!(blocks(&flags(&["--kv-blocks", "7"]), 10), 7);
+        assert_eq!(blocks(&sized(None), 10), 10);
+        assert_eq!(blocks(&sized(None), usize::MAX), cpu_budget);
+        assert_eq!(blocks(&sized(None), 0), 1, "never an empty cache");
+        assert_eq!(blocks(&sized(Some(7)), 10), 7);
 
         // Split over two ranks, each holds the one KV head (replicated): the CPU's budget
         // covers both shares, so half as many blocks fit.
@@ -191,7 +180,7 @@ mod tests {
         let split = load_tensor_parallel(&cfg, &store, &ranks, &group, &LoadOptions::default()).unwrap();
         assert_eq!(split.kv_layout(), model.kv_layout(), "one KV head per rank, as on one device");
         let devices = Topology::ranks(ranks);
-        let split_blocks = kv_blocks(&flags(&[]), &config, &*split, &devices, usize::MAX).unwrap();
+        let split_blocks = kv_blocks(&sized(None), &*split, &devices, usize::MAX).unwrap();
         assert_eq!(split_blocks, cpu_budget / 2);
     }
 }

@@ -8,14 +8,13 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use met_config::GenerationConfig;
+use met_config::{GenerationConfig, LoadConfig, LoadFormat};
 use met_kernels::HostTensor;
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, load_model, models, tensor_specs};
 use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
-use crate::cli::{LoadFormat, ModelArgs};
 use crate::resolve::{ModelSource, SearchPaths, resolve};
 use crate::startup::topology::{self, Topology};
 use met_text::Tokenizer;
@@ -54,9 +53,12 @@ impl WeightProgress for NoProgress {
     fn finish(&self) {}
 }
 
-/// Runs startup phases 1 to 5 and 8 for `args`.
-pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
-    let (Weights { topology, model }, text) = load_weights(args, &NoProgress)?;
+/// Runs startup phases 1 to 5 and 8 for `config`.
+///
+/// # Errors
+/// A model that cannot be found, read or loaded, or devices that do not open.
+pub fn load(config: &LoadConfig) -> Result<LoadedModel> {
+    let (Weights { topology, model }, text) = load_weights(config, &NoProgress)?;
     let Text { tokenizer, eos_token_ids, source } = text.load()?;
     Ok(LoadedModel { tokenizer, topology, model, eos_token_ids, source })
 }
@@ -126,7 +128,10 @@ impl TextSource {
 
 /// Startup phases 1 to 5 for `args`, telling `progress` about every tensor read; phase 8
 /// (the tokenizer) is [`TextSource::load`].
-pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(Weights, TextSource)> {
+///
+/// # Errors
+/// A model that cannot be found, read or loaded, or devices that do not open.
+pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<(Weights, TextSource)> {
     let timer = PhaseTimer::start(Phase::Resolve);
     let source = resolve(args.model.as_deref(), &SearchPaths::from_env())?;
     timer.done(source.path().display());
@@ -166,7 +171,7 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
 
     let timer = PhaseTimer::start(Phase::Weights);
     let owned: Box<dyn WeightStore>;
-    let store: &dyn WeightStore = match (args.load_format, &source, &gguf) {
+    let store: &dyn WeightStore = match (args.format, &source, &gguf) {
         (LoadFormat::Dummy, ..) => {
             owned = Box::new(DummyStore::new(tensor_specs(&config)?, args.dummy_seed, backend.float_dtype()));
             &*owned
@@ -177,7 +182,7 @@ pub fn load_weights(args: &ModelArgs, progress: &dyn WeightProgress) -> Result<(
             &*owned
         }
     };
-    let options = LoadOptions { attention_backend: args.attention_backend.clone() };
+    let options = LoadOptions { attention_backend: args.attention };
     // Each rank reads its share of every tensor.
     progress.start(tensor_specs(&config).map_or(0, |specs| specs.len() * topology.world_size()));
     let counted = Counted { inner: store, progress };

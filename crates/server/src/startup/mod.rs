@@ -1,10 +1,10 @@
-//! Startup: turning flags and a model into a running engine, in the numbered phases of
+//! Startup: turning settings and a model into a running engine, in the numbered phases of
 //! DESIGN §3. Each phase logs one line (`[ N] name (ms): detail`); `met serve` runs them in
 //! order, and `/health` answers 503 until phase 11.
 //!
 //! | # | phase | where |
 //! |---|---|---|
-//! | 0 | settings: flags checked (`engine_config` once, `--policy` by clap) | `serve` |
+//! | 0 | settings: flags become `met-config` types, checked once | `cli` |
 //! | 1–5 | resolve, config, device, topology, weights | [`load::load_weights`] ([`topology::open`] for 3–4) |
 //! | 6 | KV cache: one sizing rule, then the allocation | [`kv_budget::kv_blocks`], [`engine::build_engine`] |
 //! | 7 | warm-up: CUDA graphs of decode steps | [`engine::build_engine`] |

@@ -9,12 +9,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use met_cache::{KvLayout, PagedKvCache};
-use met_config::ModelConfig;
+use met_config::{LoadConfig, ModelConfig};
 use met_kernels::{Collective, Devices, GpuBackend, open_backend};
 use met_model_layers::parallel::check_world;
 use met_telemetry::{Phase, PhaseTimer};
-
-use crate::cli::ModelArgs;
 
 /// The devices of a loaded model, rank by rank (one without tensor parallelism).
 #[derive(Clone)]
@@ -92,7 +90,7 @@ impl Topology {
 /// `--tensor-parallel-size` that does not divide the model or cannot run on the devices
 /// (too few GPUs, no NCCL, CUDA not compiled in), named with the flag; a device that fails
 /// to open.
-pub fn open(args: &ModelArgs, config: &ModelConfig) -> Result<(Topology, Vec<Arc<dyn Collective>>)> {
+pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Arc<dyn Collective>>)> {
     let n = args.tensor_parallel_size;
     let flag = || format!("--tensor-parallel-size {n}");
     check_world(config, n).with_context(flag)?;

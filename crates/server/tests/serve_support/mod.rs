@@ -20,11 +20,11 @@ use axum::http::{Request, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
 use met_cache::PagedKvCache;
-use met_config::EngineConfig;
+use met_config::{EngineConfig, Policy, ReasoningParser, ToolCallParser};
 use met_kernels::CpuBackend;
 use met_scheduler::mock::{Faults, MockModel};
 use met_scheduler::{Engine, Fcfs, Priority, SchedulingPolicy};
-use met_server::serve::{AppState, HttpOptions, ParserKind, ReasoningKind, ServerConfig, app_with};
+use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
 use met_telemetry::Metrics;
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde_json::{Value, json};
@@ -64,9 +64,9 @@ pub struct Options {
     /// The chat template (the plain ChatML one above when `None`).
     pub chat_template: Option<&'static str>,
     /// `--tool-call-parser`.
-    pub tool_call_parser: Option<ParserKind>,
+    pub tool_call_parser: Option<ToolCallParser>,
     /// `--reasoning-parser`.
-    pub reasoning_parser: Option<ReasoningKind>,
+    pub reasoning_parser: Option<ReasoningParser>,
     /// The mock model's context length.
     pub max_context: usize,
 }
@@ -151,7 +151,7 @@ impl TestServer {
             max_sequences_per_request: options.max_sequences_per_request,
             max_tokens_default: options.max_tokens_default,
             no_special_tokens_in_user_content: options.no_special_tokens_in_user_content,
-            priority_scheduling: options.priority_policy,
+            policy: if options.priority_policy { Policy::Priority } else { Policy::Fcfs },
             tool_call_parser: options.tool_call_parser,
             reasoning_parser: options.reasoning_parser,
         };

@@ -23,10 +23,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use super::dataset::{BenchRequest, Prompt};
-use super::metrics::{ErrorKind, Record, Timing};
-use super::sse::SseDecoder;
-use crate::cli::BenchEndpoint;
+use crate::args::Endpoint;
+use crate::dataset::{BenchRequest, Prompt};
+use crate::metrics::{ErrorKind, Record, Timing};
+use crate::sse::SseDecoder;
 
 /// `--base-url`, checked: plain HTTP, a host, no query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,10 +75,10 @@ impl BaseUrl {
 }
 
 /// The path under `/v1` of an endpoint.
-pub fn endpoint_path(endpoint: BenchEndpoint) -> &'static str {
+pub fn endpoint_path(endpoint: Endpoint) -> &'static str {
     match endpoint {
-        BenchEndpoint::Completions => "/completions",
-        BenchEndpoint::Chat => "/chat/completions",
+        Endpoint::Completions => "/completions",
+        Endpoint::Chat => "/chat/completions",
     }
 }
 
@@ -90,7 +90,7 @@ pub const CHAT_NEEDS_TEXT: &str =
 ///
 /// # Errors
 /// A token-id prompt for the chat endpoint, which takes messages of text only.
-pub fn request_body(endpoint: BenchEndpoint, model: &str, request: &BenchRequest) -> Result<Bytes> {
+pub fn request_body(endpoint: Endpoint, model: &str, request: &BenchRequest) -> Result<Bytes> {
     let mut body = json!({
         "model": model,
         "max_tokens": request.max_tokens,
@@ -99,10 +99,10 @@ pub fn request_body(endpoint: BenchEndpoint, model: &str, request: &BenchRequest
         "stream_options": {"include_usage": true},
     });
     match (endpoint, &request.prompt) {
-        (BenchEndpoint::Completions, Prompt::Text(text)) => body["prompt"] = json!(text),
-        (BenchEndpoint::Completions, Prompt::Ids(ids)) => body["prompt"] = json!(ids),
-        (BenchEndpoint::Chat, Prompt::Text(text)) => body["messages"] = json!([{"role": "user", "content": text}]),
-        (BenchEndpoint::Chat, Prompt::Ids(_)) => bail!(CHAT_NEEDS_TEXT),
+        (Endpoint::Completions, Prompt::Text(text)) => body["prompt"] = json!(text),
+        (Endpoint::Completions, Prompt::Ids(ids)) => body["prompt"] = json!(ids),
+        (Endpoint::Chat, Prompt::Text(text)) => body["messages"] = json!([{"role": "user", "content": text}]),
+        (Endpoint::Chat, Prompt::Ids(_)) => bail!(CHAT_NEEDS_TEXT),
     }
     if request.exact_length {
         body["ignore_eos"] = json!(true);
@@ -348,8 +348,7 @@ mod tests {
     fn bodies_carry_the_prompt_and_exact_lengths() {
         let ids =
             BenchRequest { prompt: Prompt::Ids(vec![5, 6]), prompt_tokens: Some(2), max_tokens: 4, exact_length: true };
-        let body: Value =
-            serde_json::from_slice(&request_body(BenchEndpoint::Completions, "m", &ids).unwrap()).unwrap();
+        let body: Value = serde_json::from_slice(&request_body(Endpoint::Completions, "m", &ids).unwrap()).unwrap();
         assert_eq!(body["prompt"], json!([5, 6]));
         assert_eq!(
             (body["max_tokens"].clone(), body["min_tokens"].clone(), body["ignore_eos"].clone()),
@@ -359,10 +358,10 @@ mod tests {
             (body["stream"].clone(), body["stream_options"]["include_usage"].clone()),
             (json!(true), json!(true))
         );
-        assert!(request_body(BenchEndpoint::Chat, "m", &ids).unwrap_err().to_string().contains("--endpoint"));
+        assert!(request_body(Endpoint::Chat, "m", &ids).unwrap_err().to_string().contains("--endpoint"));
         let text =
             BenchRequest { prompt: Prompt::Text("hi".into()), prompt_tokens: None, max_tokens: 4, exact_length: false };
-        let body: Value = serde_json::from_slice(&request_body(BenchEndpoint::Chat, "m", &text).unwrap()).unwrap();
+        let body: Value = serde_json::from_slice(&request_body(Endpoint::Chat, "m", &text).unwrap()).unwrap();
         assert_eq!(body["messages"], json!([{"role": "user", "content": "hi"}]));
         assert!(body.get("ignore_eos").is_none() && body.get("prompt").is_none());
     }

@@ -1,68 +1,21 @@
-//! `met bench`: the instrument speed claims are measured with.
-//!
-//! `met bench throughput` and `met bench latency` ([`offline`]) drive the engine alone,
-//! without HTTP, on any model or dummy weights.
-//!
-//! `met bench serve --base-url URL` is a load generator for any OpenAI-compatible server
-//! (met, vLLM, SGLang, llama.cpp's `llama-server`), after vLLM's `bench serve`: it streams
-//! every request, times each chunk, and reports TTFT, TPOT, ITL and end-to-end latency
-//! (mean, p50, p90, p99), request and token throughput, goodput under SLOs and errors by
-//! kind, one table row and one JSON entry per ladder point (`--concurrency 1,4,16` or
-//! `--request-rate 1,2,4`). `met bench plot` draws result files side by side.
-//!
-//! It is bounded: `--num-prompts` (plus `--num-warmup`) requests per point, `--timeout-s`
-//! per request, `--max-duration-s` for everything; and it only ever connects to the host
-//! of `--base-url`. Bad flags and files are errors before the first request.
-//!
-//! Modules: `dataset` (prompts), `rng` (seeded streams, gamma arrivals), `sse` (the event
-//! decoder), `client` (HTTP and per-chunk timing), `runner` (one ladder point under its
-//! arrival pattern), [`metrics`] (records to figures), [`report`] (the JSON result and the
-//! table) and [`plot`] (the SVG).
-
-mod client;
-mod dataset;
-pub mod metrics;
-pub mod offline;
-pub mod plot;
-pub mod report;
-mod rng;
-mod runner;
-mod sse;
+//! The load generator's run: every ladder point of one [`ServeArgs`] in order, each a
+//! warm-up and then the measured requests under its arrival pattern, into one
+//! [`BenchResult`].
 
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use self::client::{BaseUrl, CHAT_NEEDS_TEXT, Client, endpoint_path, request_body};
-use self::dataset::{BenchRequest, DEFAULT_OUTPUT_LEN, Dataset, DatasetSpec};
-use self::metrics::{ErrorKind, Figures, Slo};
-use self::report::{BenchResult, DatasetInfo, Machine, RunResult, SpeculativeFigures};
-use self::runner::{Load, Prepared, Target, run_point};
-use crate::cli::{BenchArgs, BenchCommand, BenchDataset, BenchEndpoint, BenchServeArgs};
-
-/// Runs `met bench serve` or `met bench plot`.
-///
-/// # Errors
-/// Bad flags or files, a server that cannot be reached, a result that cannot be written.
-pub fn run(args: BenchArgs) -> Result<()> {
-    match args.command {
-        BenchCommand::Serve(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("met-bench")
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(serve(&args)).map(drop)
-        }
-        BenchCommand::Plot(args) => plot::plot_files(&args.results, &args.output),
-        BenchCommand::Throughput(args) => offline::throughput(&args),
-        BenchCommand::Latency(args) => offline::latency(&args),
-    }
-}
+use crate::args::{DatasetKind, Endpoint, ServeArgs};
+use crate::client::{BaseUrl, CHAT_NEEDS_TEXT, Client, endpoint_path, request_body};
+use crate::dataset::{BenchRequest, DEFAULT_OUTPUT_LEN, Dataset, DatasetSpec};
+use crate::metrics::{ErrorKind, Figures, Slo};
+use crate::plot;
+use crate::report::{self, BenchResult, DatasetInfo, Machine, RunResult, SpeculativeFigures};
+use crate::runner::{Load, Prepared, Target, run_point};
 
 /// Runs `met bench serve`: every ladder point in order, printing a table row after each
 /// (unless `--quiet`), then writes `--output` and `--plot`. Returns the result it wrote.
@@ -71,10 +24,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// Bad flags or dataset, no model id (none given and `GET /v1/models` failed), every
 /// warm-up request failing to connect, or an output file that cannot be written. Failed
 /// measured requests are figures, not errors.
-pub async fn serve(args: &BenchServeArgs) -> Result<BenchResult> {
+pub async fn serve(args: &ServeArgs) -> Result<BenchResult> {
     let plan = Plan::from_args(args)?;
     let dataset = Dataset::load(dataset_spec(args))?;
-    if args.endpoint == BenchEndpoint::Chat && dataset.has_id_prompts() {
+    if args.endpoint == Endpoint::Chat && dataset.has_id_prompts() {
         bail!(CHAT_NEEDS_TEXT);
     }
     let client = Client::new(plan.base, args.api_key.clone(), plan.timeout);
@@ -125,7 +78,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn from_args(args: &BenchServeArgs) -> Result<Self> {
+    fn from_args(args: &ServeArgs) -> Result<Self> {
         let base = BaseUrl::parse(&args.base_url)?;
         let loads = if args.request_rate.is_empty() {
             let ladder = if args.concurrency.is_empty() { vec![1] } else { args.concurrency.clone() };
@@ -157,7 +110,7 @@ fn positive(flag: &str, value: f64) -> Result<f64> {
     if value.is_finite() && value > 0.0 { Ok(value) } else { bail!("{flag}: `{value}` must be a positive number") }
 }
 
-fn dataset_spec(args: &BenchServeArgs) -> DatasetSpec {
+fn dataset_spec(args: &ServeArgs) -> DatasetSpec {
     DatasetSpec {
         kind: args.dataset,
         path: args.dataset_path.clone(),
@@ -178,7 +131,7 @@ async fn discover_model(client: &Client, base_url: &str) -> Result<String> {
 
 /// One benchmark's fixed parts.
 struct Bench<'a> {
-    args: &'a BenchServeArgs,
+    args: &'a ServeArgs,
     dataset: Dataset,
     model: String,
     slo: Slo,
@@ -245,15 +198,15 @@ impl Bench<'_> {
     fn result(&self, date: String, runs: Vec<RunResult>) -> BenchResult {
         let args = self.args;
         let spec = self.dataset.spec();
-        let random = spec.kind == BenchDataset::Random;
+        let random = spec.kind == DatasetKind::Random;
         BenchResult {
             label: args.label.clone(),
             command_line: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
             base_url: args.base_url.clone(),
-            endpoint: value_name(args.endpoint),
+            endpoint: args.endpoint.name().to_owned(),
             model: self.model.clone(),
             dataset: DatasetInfo {
-                name: value_name(spec.kind),
+                name: spec.kind.name().to_owned(),
                 path: spec.path.as_ref().map(|p| p.display().to_string()),
                 input_len: random.then_some(spec.input_len),
                 output_len: if random { Some(spec.output_len.unwrap_or(DEFAULT_OUTPUT_LEN)) } else { spec.output_len },
@@ -274,11 +227,6 @@ impl Bench<'_> {
             runs,
         }
     }
-}
-
-/// A clap value's name (`random`, `chat`).
-fn value_name(value: impl ValueEnum) -> String {
-    value.to_possible_value().map_or_else(String::new, |v| v.get_name().to_owned())
 }
 
 fn load_name(load: Load) -> String {

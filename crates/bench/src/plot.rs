@@ -13,8 +13,8 @@ use anyhow::{Context, Result, bail};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::metrics::Summary;
-use super::report::{BenchResult, RunResult};
+use crate::metrics::Summary;
+use crate::report::{BenchResult, RunResult};
 
 /// The SVG's size in pixels.
 const SIZE: (u32, u32) = (1500, 460);

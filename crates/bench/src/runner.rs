@@ -18,9 +18,9 @@ use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::client::Client;
-use super::metrics::Record;
-use super::rng::{Rng, interarrival};
+use crate::client::Client;
+use crate::metrics::Record;
+use crate::rng::{Rng, interarrival};
 
 /// How requests arrive at one ladder point.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::metrics::{Figures, Slo, Summary};
+use crate::metrics::{Figures, Slo, Summary};
 
 /// Everything one `met bench serve` invocation measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -167,12 +167,6 @@ impl SpeculativeFigures {
             acceptance_rate: ratio(accepted_tokens, draft_tokens),
             tokens_per_step: ratio(accepted_tokens, drafts).map(|r| 1.0 + r),
         }
-    }
-
-    /// The figures an engine's `metrics` counted since it started.
-    pub fn of_engine(metrics: &met_telemetry::Metrics) -> Self {
-        let m = metrics;
-        Self::from_counts(m.spec_drafts.get(), m.spec_draft_tokens.get(), m.spec_accepted_tokens.get())
     }
 }
 

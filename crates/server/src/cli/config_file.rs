@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, Parser};
 
-use crate::cli::{Cli, Command, ServeArgs};
+use super::{Cli, Command, ServeArgs};
 
 /// `met serve`'s arguments with `path`'s flags merged in under `argv` (the real command
 /// line, program name first).

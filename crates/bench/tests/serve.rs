@@ -1,4 +1,4 @@
-//! `met bench serve` and `met bench plot` against an in-process fake OpenAI server: an axum
+//! The load generator (`met bench serve`) and the plotter against an in-process fake OpenAI server: an axum
 //! router on 127.0.0.1:0 that streams SSE with set delays, and fails on purpose by request
 //! index (status 500, a dropped connection, a stream that stops short, malformed data, an
 //! error event, a hang). Only loopback is used; every test finishes in well under a second
@@ -7,6 +7,7 @@
 //! Timing checks are one-sided where the fake fixes a floor (a first token after 30 ms
 //! cannot arrive sooner) and generous above it, so a loaded CI machine does not flake them.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,9 +18,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use met_server::bench::metrics::{Summary, percentile};
-use met_server::bench::report::BenchResult;
-use met_server::cli::{BenchArgs, BenchCommand, BenchServeArgs, Cli, Command};
+use met_bench::ServeArgs;
+use met_bench::metrics::{Summary, percentile};
+use met_bench::report::BenchResult;
 use serde_json::{Value, json};
 
 /// What the fake does with one request.
@@ -174,21 +175,25 @@ fn script(reply: Reply, body: &Value) -> Vec<(u64, Option<String>)> {
     }
 }
 
+/// The flags of `met bench serve`, as a command of their own.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
 /// `met bench serve --base-url BASE --quiet EXTRA...`, parsed as the binary parses it.
-fn args(base: &str, extra: &[&str]) -> BenchServeArgs {
-    let argv = ["met", "bench", "serve", "--base-url", base, "--quiet"].into_iter().chain(extra.iter().copied());
-    match clap::Parser::try_parse_from(argv).map(|cli: Cli| cli.command) {
-        Ok(Command::Bench(BenchArgs { command: BenchCommand::Serve(args) })) => *args,
-        other => panic!("{other:?}"),
-    }
+fn args(base: &str, extra: &[&str]) -> ServeArgs {
+    let argv = ["serve", "--base-url", base, "--quiet"].into_iter().chain(extra.iter().copied());
+    <Cli as clap::Parser>::try_parse_from(argv).unwrap().args
 }
 
 async fn bench(base: &str, extra: &[&str]) -> BenchResult {
-    met_server::bench::serve(&args(base, extra)).await.unwrap()
+    met_bench::serve(&args(base, extra)).await.unwrap()
 }
 
 async fn bench_err(base: &str, extra: &[&str]) -> String {
-    format!("{:#}", met_server::bench::serve(&args(base, extra)).await.unwrap_err())
+    format!("{:#}", met_bench::serve(&args(base, extra)).await.unwrap_err())
 }
 
 fn summary(s: &Option<Summary>) -> Summary {
@@ -450,9 +455,8 @@ async fn plots_are_well_formed_svg_with_one_line_per_result_file() {
     assert_eq!(lines.values().copied().collect::<Vec<_>>(), [3], "one result, one colour: {lines:?}");
     assert!(single.contains(">met<") || single.contains("met p50"), "the label is drawn");
 
-    let argv = ["met", "bench", "plot", &path("met.json"), &path("peer.json"), "-o", &path("cmp.svg")];
-    let Command::Bench(args) = <Cli as clap::Parser>::try_parse_from(argv).unwrap().command else { panic!("bench") };
-    met_server::bench::run(args).unwrap();
+    met_bench::plot::plot_files(&[path("met.json").into(), path("peer.json").into()], Path::new(&path("cmp.svg")))
+        .unwrap();
     let svg = std::fs::read_to_string(path("cmp.svg")).unwrap();
     let lines = lines_by_colour(&svg, 3);
     // One line per file in each panel: throughput, TTFT p50, TPOT p50 (the dashed p99s are
@@ -462,14 +466,11 @@ async fn plots_are_well_formed_svg_with_one_line_per_result_file() {
 
     let rate = ["--request-rate", "100", "--num-prompts", "2", "--output-len", "2", "--output", &path("rate.json")];
     bench(&fake.base, &rate).await;
-    let err = met_server::bench::plot::plot_files(
-        &[path("met.json").into(), path("rate.json").into()],
-        std::path::Path::new(&path("x.svg")),
-    )
-    .unwrap_err();
+    let err =
+        met_bench::plot::plot_files(&[path("met.json").into(), path("rate.json").into()], Path::new(&path("x.svg")))
+            .unwrap_err();
     assert!(err.to_string().contains("cannot overlay"), "{err}");
-    let err = met_server::bench::plot::plot_files(&[path("nope.json").into()], std::path::Path::new(&path("x.svg")))
-        .unwrap_err();
+    let err = met_bench::plot::plot_files(&[path("nope.json").into()], Path::new(&path("x.svg"))).unwrap_err();
     assert!(format!("{err:#}").contains("nope.json"), "{err:#}");
 }
 
@@ -499,7 +500,7 @@ async fn bad_input_is_an_error_naming_the_flag_or_file() {
     }
     for (extra, says) in [(&["--dataset", "imagenet"][..], "--dataset"), (&["--concurrency", ""][..], "--concurrency")]
     {
-        let argv = ["met", "bench", "serve", "--base-url", base].into_iter().chain(extra.iter().copied());
+        let argv = ["serve", "--base-url", base].into_iter().chain(extra.iter().copied());
         let err = <Cli as clap::Parser>::try_parse_from(argv).unwrap_err().to_string();
         assert!(err.contains(says), "{extra:?}: {err}");
     }

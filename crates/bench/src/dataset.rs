@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use super::rng::Rng;
-use crate::cli::{BenchDataset, IdRange};
+use crate::args::{DatasetKind, IdRange};
+use crate::rng::Rng;
 
 /// Output tokens per request when nothing else says.
 pub const DEFAULT_OUTPUT_LEN: usize = 128;
@@ -46,7 +46,7 @@ pub struct BenchRequest {
 #[derive(Debug, Clone)]
 pub struct DatasetSpec {
     /// Which dataset.
-    pub kind: BenchDataset,
+    pub kind: DatasetKind,
     /// Its file, for `jsonl` and `sharegpt`.
     pub path: Option<PathBuf>,
     /// Random prompt tokens after the prefix.
@@ -85,14 +85,14 @@ impl Dataset {
     /// error names the file and line), or lengths that make no request.
     pub fn load(spec: DatasetSpec) -> Result<Self> {
         let items = match spec.kind {
-            BenchDataset::Random => {
+            DatasetKind::Random => {
                 if spec.input_len + spec.prefix_len == 0 {
                     bail!("--input-len and --prefix-len are both 0: a random prompt needs a token");
                 }
                 Vec::new()
             }
-            BenchDataset::Jsonl => read_jsonl(required_path(&spec)?, &spec)?,
-            BenchDataset::Sharegpt => read_sharegpt(required_path(&spec)?, &spec)?,
+            DatasetKind::Jsonl => read_jsonl(required_path(&spec)?, &spec)?,
+            DatasetKind::Sharegpt => read_sharegpt(required_path(&spec)?, &spec)?,
         };
         if spec.output_len == Some(0) {
             bail!("--output-len must be at least 1");
@@ -109,12 +109,12 @@ impl Dataset {
 
     /// Whether some prompt is token ids (only `/v1/completions` takes those).
     pub fn has_id_prompts(&self) -> bool {
-        self.spec.kind == BenchDataset::Random || self.items.iter().any(|r| matches!(r.prompt, Prompt::Ids(_)))
+        self.spec.kind == DatasetKind::Random || self.items.iter().any(|r| matches!(r.prompt, Prompt::Ids(_)))
     }
 
     /// `count` requests for ladder point `point` (measured, or its warm-up).
     pub fn requests(&self, point: usize, count: usize, warmup: bool) -> Vec<BenchRequest> {
-        if self.spec.kind != BenchDataset::Random {
+        if self.spec.kind != DatasetKind::Random {
             return self.items.iter().cycle().take(count).cloned().collect();
         }
         let salt = point as u64 + 2 + if warmup { WARMUP_STREAM } else { 0 };
@@ -139,7 +139,7 @@ fn required_path(spec: &DatasetSpec) -> Result<&Path> {
     spec.path.as_deref().with_context(|| {
         format!(
             "--dataset {}: needs --dataset-path FILE",
-            if spec.kind == BenchDataset::Jsonl { "jsonl" } else { "sharegpt" }
+            if spec.kind == DatasetKind::Jsonl { "jsonl" } else { "sharegpt" }
         )
     })
 }
@@ -242,7 +242,7 @@ fn read_sharegpt(path: &Path, spec: &DatasetSpec) -> Result<Vec<BenchRequest>> {
 mod tests {
     use super::*;
 
-    fn spec(kind: BenchDataset, path: Option<PathBuf>) -> DatasetSpec {
+    fn spec(kind: DatasetKind, path: Option<PathBuf>) -> DatasetSpec {
         DatasetSpec {
             kind,
             path,
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn random_prompts_share_the_prefix_and_have_exact_lengths() {
-        let data = Dataset::load(spec(BenchDataset::Random, None)).unwrap();
+        let data = Dataset::load(spec(DatasetKind::Random, None)).unwrap();
         let first = data.requests(0, 5, false);
         assert_eq!(first, data.requests(0, 5, false), "seeded");
         let ids = |r: &BenchRequest| match &r.prompt {
@@ -282,19 +282,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jsonl = dir.path().join("p.jsonl");
         std::fs::write(&jsonl, "{\"prompt\": \"hi\", \"max_tokens\": 3}\n\n{\"prompt\": [1, 2]}\n").unwrap();
-        let data = Dataset::load(spec(BenchDataset::Jsonl, Some(jsonl.clone()))).unwrap();
+        let data = Dataset::load(spec(DatasetKind::Jsonl, Some(jsonl.clone()))).unwrap();
         let r = data.requests(0, 3, false);
         assert_eq!((r[0].max_tokens, r[1].max_tokens, r[1].prompt_tokens), (3, 128, Some(2)));
         assert_eq!(r[2], r[0], "cycled");
         assert!(data.has_id_prompts());
 
         std::fs::write(&jsonl, "{\"prompt\": \"a\"}\n{\"text\": 1}\n").unwrap();
-        let err = format!("{:#}", Dataset::load(spec(BenchDataset::Jsonl, Some(jsonl.clone()))).unwrap_err());
+        let err = format!("{:#}", Dataset::load(spec(DatasetKind::Jsonl, Some(jsonl.clone()))).unwrap_err());
         assert!(err.contains("p.jsonl:2"), "{err}");
-        let err = format!("{:#}", Dataset::load(spec(BenchDataset::Jsonl, None)).unwrap_err());
+        let err = format!("{:#}", Dataset::load(spec(DatasetKind::Jsonl, None)).unwrap_err());
         assert!(err.contains("--dataset-path"), "{err}");
         let missing = dir.path().join("missing.json");
-        let err = format!("{:#}", Dataset::load(spec(BenchDataset::Sharegpt, Some(missing))).unwrap_err());
+        let err = format!("{:#}", Dataset::load(spec(DatasetKind::Sharegpt, Some(missing))).unwrap_err());
         assert!(err.contains("missing.json"), "{err}");
 
         let share = dir.path().join("s.json");
@@ -304,12 +304,12 @@ mod tests {
             {"id": "no turns"},
         ]);
         std::fs::write(&share, conv.to_string()).unwrap();
-        let data = Dataset::load(spec(BenchDataset::Sharegpt, Some(share.clone()))).unwrap();
+        let data = Dataset::load(spec(DatasetKind::Sharegpt, Some(share.clone()))).unwrap();
         let r = data.requests(0, 2, false);
         assert_eq!(r[0].prompt, Prompt::Text("question".into()));
         assert_eq!((r[0].max_tokens, r[0].prompt_tokens, r.len()), (10, None, 2));
         assert!(!data.has_id_prompts());
-        let mut fixed = spec(BenchDataset::Sharegpt, Some(share));
+        let mut fixed = spec(DatasetKind::Sharegpt, Some(share));
         fixed.output_len = Some(7);
         assert_eq!(Dataset::load(fixed).unwrap().requests(0, 1, false)[0].max_tokens, 7);
     }

@@ -24,75 +24,49 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
-use met_config::SamplingParams;
+use met_bench::metrics::Summary;
+use met_bench::report::{Machine, SpeculativeFigures, git_commit};
+use met_bench::rng::Rng;
+use met_config::{EngineSetup, LoadConfig, SamplingParams};
 use met_kernels::GpuBackend;
 use met_scheduler::{Engine, EngineRequest, FinishReason, RequestStream, StopCriteria};
 use met_telemetry::{Metrics, StepPhases};
 use serde::Serialize;
 
-use super::metrics::Summary;
-use super::report::{Machine, SpeculativeFigures, git_commit};
-use super::rng::Rng;
-use crate::cli::{EngineArgs, ModelArgs};
-use crate::generate::{Draft, sized_engine};
+use crate::batch::{Draft, sized_engine, speculative_figures};
 use crate::startup::load::{LoadedModel, load};
 
-/// `met bench throughput`.
-#[derive(Debug, Args)]
-pub struct ThroughputArgs {
-    /// The model.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Engine settings (the KV cache holds every request at once unless `--kv-blocks`).
-    #[command(flatten)]
-    pub engine: EngineArgs,
+/// `met bench throughput`: requests submitted at once.
+#[derive(Debug, Clone)]
+pub struct Throughput {
     /// Requests, all submitted at once.
-    #[arg(long, default_value_t = 256)]
     pub num_prompts: usize,
     /// Prompt tokens of each request.
-    #[arg(long, default_value_t = 128)]
     pub input_len: usize,
     /// Generated tokens of each request.
-    #[arg(long, default_value_t = 256)]
     pub output_len: usize,
     /// Seed of the random prompts.
-    #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Write the JSON result here.
-    #[arg(long)]
+    /// Where the JSON result goes.
     pub output: Option<PathBuf>,
 }
 
-/// `met bench latency`.
-#[derive(Debug, Args)]
-pub struct LatencyArgs {
-    /// The model.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Engine settings.
-    #[command(flatten)]
-    pub engine: EngineArgs,
+/// `met bench latency`: one batch, timed step by step.
+#[derive(Debug, Clone)]
+pub struct Latency {
     /// Requests in the batch.
-    #[arg(long, default_value_t = 1)]
     pub batch_size: usize,
     /// Prompt tokens of each request.
-    #[arg(long, default_value_t = 128)]
     pub input_len: usize,
     /// Generated tokens of each request.
-    #[arg(long, default_value_t = 256)]
     pub output_len: usize,
     /// Measured iterations.
-    #[arg(long, default_value_t = 3)]
     pub num_iters: usize,
     /// Uncounted iterations first.
-    #[arg(long, default_value_t = 1)]
     pub num_warmup: usize,
     /// Seed of the random prompts.
-    #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Write the JSON result here.
-    #[arg(long)]
+    /// Where the JSON result goes.
     pub output: Option<PathBuf>,
 }
 
@@ -217,22 +191,22 @@ impl std::fmt::Display for PhaseMedians {
     }
 }
 
-/// Runs `met bench throughput`.
+/// Runs `met bench throughput` on the model `load_config` says, in an engine `setup` says.
 ///
 /// # Errors
 /// Bad flags, a model that does not load, or an engine failure.
-pub fn throughput(args: &ThroughputArgs) -> Result<()> {
+pub fn throughput(load_config: &LoadConfig, setup: &EngineSetup, args: &Throughput) -> Result<()> {
     check_lengths(args.num_prompts, "--num-prompts", args.input_len, args.output_len)?;
     let start = Instant::now();
-    let LoadedModel { model, topology, .. } = load(&args.model)?;
+    let LoadedModel { model, topology, .. } = load(load_config)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
     let device = topology.describe();
     let waits = Arc::clone(topology.lead());
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, &topology, &requests, Arc::clone(&metrics))?;
-    let header = header("throughput", device, &args.model, start.elapsed().as_secs_f64());
+    let mut engine = sized_engine(setup, model, &topology, &requests, Arc::clone(&metrics))?;
+    let header = header("throughput", device, load_config, start.elapsed().as_secs_f64());
 
     let requests = Draft::make_all(requests, &engine.limits(), "request")?;
     let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
@@ -259,7 +233,7 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
         decode_steps: decode.len(),
         decode_host_share: decode_host.filter(|_| decode_s > 0.0).map(|h| h / decode_s),
         decode_phases_ms: PhaseMedians::of(&decode),
-        speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
+        speculative: setup.speculative.is_some().then(|| speculative_figures(&metrics)),
     };
     let host = result.decode_host_share.map(|h| format!(", host {:.1}% of it", 100.0 * h)).unwrap_or_default();
     println!(
@@ -279,17 +253,17 @@ pub fn throughput(args: &ThroughputArgs) -> Result<()> {
     write(args.output.as_ref(), &result)
 }
 
-/// Runs `met bench latency`.
+/// Runs `met bench latency` on the model `load_config` says, in an engine `setup` says.
 ///
 /// # Errors
 /// Bad flags, a model that does not load, or an engine failure.
-pub fn latency(args: &LatencyArgs) -> Result<()> {
+pub fn latency(load_config: &LoadConfig, setup: &EngineSetup, args: &Latency) -> Result<()> {
     check_lengths(args.batch_size, "--batch-size", args.input_len, args.output_len)?;
     if args.num_iters == 0 {
         bail!("--num-iters must be at least 1");
     }
     let start = Instant::now();
-    let LoadedModel { model, topology, .. } = load(&args.model)?;
+    let LoadedModel { model, topology, .. } = load(load_config)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let batch =
@@ -297,8 +271,8 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
     let device = topology.describe();
     let waits = Arc::clone(topology.lead());
     let metrics = Arc::new(Metrics::new());
-    let mut engine = sized_engine(&args.engine, model, &topology, &batch(0), Arc::clone(&metrics))?;
-    let header = header("latency", device, &args.model, start.elapsed().as_secs_f64());
+    let mut engine = sized_engine(setup, model, &topology, &batch(0), Arc::clone(&metrics))?;
+    let header = header("latency", device, load_config, start.elapsed().as_secs_f64());
 
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut decode_steps: Vec<Step> = Vec::new();
@@ -330,7 +304,7 @@ pub fn latency(args: &LatencyArgs) -> Result<()> {
         decode_phases_ms: PhaseMedians::of(&decode_steps.iter().collect::<Vec<_>>()),
         batch_ms: summary(&whole, "batch")?,
         decode_tokens_per_s: decode_step_ms.map(|d| args.batch_size as f64 * 1e3 / d.p50),
-        speculative: args.engine.speculative.is_some().then(|| SpeculativeFigures::of_engine(&metrics)),
+        speculative: setup.speculative.is_some().then(|| speculative_figures(&metrics)),
     };
     let decode = match (result.decode_step_ms, result.decode_tokens_per_s) {
         (Some(d), Some(t)) => {
@@ -399,6 +373,7 @@ fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usi
             },
             n: 1,
             priority: 0,
+            seed: None,
         })
         .collect()
 }
@@ -471,7 +446,7 @@ fn drive(engine: &mut Engine, requests: Vec<EngineRequest>, device: &dyn GpuBack
     Ok(Run { steps, tokens })
 }
 
-fn header(bench: &'static str, device: String, model: &ModelArgs, load_s: f64) -> Header {
+fn header(bench: &'static str, device: String, load: &LoadConfig, load_s: f64) -> Header {
     Header {
         bench,
         command_line: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
@@ -480,7 +455,7 @@ fn header(bench: &'static str, device: String, model: &ModelArgs, load_s: f64) -
         date: jiff::Timestamp::now().to_string(),
         machine: Machine::detect(),
         device,
-        model: model.model.clone().unwrap_or_else(|| "the default model".into()),
+        model: load.model.clone().unwrap_or_else(|| "the default model".into()),
         load_s,
     }
 }

@@ -1,0 +1,87 @@
+//! `LoadConfig`: which model startup loads, from where, onto which devices and kernels
+//! (startup phases 1 to 5), and the closed sets it chooses from.
+
+use crate::engine::InvalidSetting;
+use crate::named::named_enum;
+
+named_enum! {
+    /// Which device to run on.
+    pub enum DeviceKind ("device", default Auto) {
+        /// CUDA when it was compiled in and a GPU opens, else the CPU.
+        Auto = "auto",
+        /// The multithreaded CPU backend.
+        Cpu = "cpu",
+        /// An NVIDIA GPU through CUDA (needs the `cuda` feature at build time).
+        Cuda = "cuda",
+    }
+}
+
+named_enum! {
+    /// How the CPU computes few-row products (decode) with packed Q4_0 / Q4_1 / Q8_0 weights.
+    pub enum CpuDots ("CPU dot products", default Exact) {
+        /// f32 products of the exact weights and activations: the reference the equivalence
+        /// tests use.
+        Exact = "exact",
+        /// Integer products with activations quantised to 8 bits per 32-element block, as
+        /// llama.cpp's q8 dots: faster decode; a greedy pick can change where the top two
+        /// tokens are within the quantisation noise.
+        Int8 = "int8",
+    }
+}
+
+named_enum! {
+    /// Which attention kernels a model runs.
+    pub enum AttentionBackendKind ("attention backend", default Flash) {
+        /// The device's fastest kernels.
+        Flash = "flash",
+        /// The reference paged-attention kernels.
+        Paged = "paged",
+    }
+}
+
+named_enum! {
+    /// Where weights come from.
+    pub enum LoadFormat ("load format", default Auto) {
+        /// The checkpoint's files (safetensors, or the GGUF file).
+        Auto = "auto",
+        /// Seeded random weights shaped by `config.json` alone (for benchmarks).
+        Dummy = "dummy",
+    }
+}
+
+/// Which model to load and how (startup phases 1 to 5).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoadConfig {
+    /// A Hugging Face directory, a `.gguf` file or a hub id in the local Hugging Face cache;
+    /// `None` for the embedded default model.
+    pub model: Option<String>,
+    /// Where the weights come from.
+    pub format: LoadFormat,
+    /// Seed of [`LoadFormat::Dummy`] weights.
+    pub dummy_seed: u64,
+    /// A JSON object whose fields replace those of the model's configuration.
+    pub hf_overrides: Option<String>,
+    /// The device to run on.
+    pub device: DeviceKind,
+    /// The CPU's few-row quantised products.
+    pub cpu_dots: CpuDots,
+    /// The attention kernels.
+    pub attention: AttentionBackendKind,
+    /// Devices the model is split across (tensor parallelism); 1 for none.
+    pub tensor_parallel_size: usize,
+}
+
+impl LoadConfig {
+    /// The model at `model` (or the default one) with every other setting at its default.
+    pub fn model(model: Option<String>) -> Self {
+        Self { model, tensor_parallel_size: 1, ..Self::default() }
+    }
+
+    /// Checks the settings that cannot work for any model.
+    ///
+    /// # Errors
+    /// A tensor-parallel size of zero.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        crate::engine::positive(&[("tensor-parallel-size", self.tensor_parallel_size)])
+    }
+}
