@@ -1,43 +1,59 @@
 //! The engine: a model, its KV cache and the scheduler, stepped on one thread.
 //!
-//! `step` is the whole serving loop in four lines: reap cancelled requests, schedule a
-//! batch, run it through the model, sample and hand the results back to the scheduler.
+//! [`Engine::step`] is the serving loop, a line per phase: schedule a batch, run it through
+//! the model, catch up with the step still in flight, sample, and hand the results back to
+//! the scheduler (postprocess). Each phase can end the step: nothing to schedule, a fault,
+//! or draws left on the device for the next step to read. How logits become tokens (grammar
+//! masks, the sampler's rows, draws taken now or left on the device) is `draw.rs`.
 //!
 //! With asynchronous scheduling (on where the backend queues work), a decode step is left
 //! in flight: its tokens stay on the device ([`GpuBackend::sample_later`]). The next call
 //! plans the step after it without them ([`Scheduler::continue_plan`]), queues that step
-//! with its ids read from the device ([`Model::forward_fed`]), and only then waits for the
-//! tokens and hands them to the scheduler, so the host's scheduling and bookkeeping run
-//! while the device computes. A sequence that a stop token ended meanwhile has its extra
-//! row discarded; anything else that needs the tokens first (admissions, preemption,
-//! speculation) schedules after them, as without it. So the same batches run either way,
-//! but for those discarded rows (on a GPU, a batch one row larger can round the others
-//! differently, as any other change of batch can).
+//! with its ids read from the device ([`Model::forward_fed`]), and only then catches up:
+//! waits for the tokens and hands them to the scheduler, so the host's scheduling and
+//! bookkeeping run while the device computes (`ahead.rs`). A sequence that a stop token
+//! ended meanwhile has its extra row discarded; anything else that needs the tokens first
+//! (admissions, preemption, speculation) schedules after them, as without it. So the same
+//! batches run either way, but for those discarded rows (on a GPU, a batch one row larger
+//! can round the others differently, as any other change of batch can).
 //!
-//! One bad sequence never fails its batch: when the forward pass or the sampler fails for
-//! the batch, each sequence is run (or its row sampled) alone, and only those that fail
-//! alone end, with [`FinishReason::Error`]; the others go on with the outputs they would
-//! have had anyway (sampling is a pure function of a row). A device error belongs to no
-//! sequence: it is an engine-level fault, as is a panic inside a step ([`crate::spawn`]
-//! catches it). A fault ends every request with an error and is recorded once in the
-//! engine's [`Health`], which handles report and refuse new work by.
+//! One bad sequence never fails its batch (`isolate.rs`): when the forward pass or the
+//! sampler fails for the batch, each sequence is run (or its row sampled) alone, and only
+//! those that fail alone end, with [`FinishReason::Error`]; the others go on with the
+//! outputs they would have had anyway (sampling is a pure function of a row). A device
+//! error belongs to no sequence: it is an engine-level fault, as is a panic inside a step
+//! ([`crate::spawn`] catches it). A fault ends every request with an error and is recorded
+//! once in the engine's [`Health`], which handles report and refuse new work by.
 
-use std::sync::{Arc, OnceLock};
+mod ahead;
+mod draw;
+mod isolate;
+
+use std::sync::Arc;
 use std::time::Instant;
 
 use met_cache::KvCache;
 use met_config::EngineConfig;
-use met_kernels::{DType, GpuBackend, HostTensor, LaterSample, SampleRow, Sampled, Tensor};
-use met_model_layers::Model;
+use met_kernels::{GpuBackend, Tensor};
+use met_model_layers::{Model, ModelError};
 use met_speculative::{DraftModelProposer, Proposer, SpeculativeConfig};
 use met_telemetry::{Metrics, StepStats};
 
+use self::ahead::{InFlight, Next};
+use self::draw::Draws;
+use crate::health::Health;
 use crate::policy::SchedulingPolicy;
 use crate::request::{EngineLimits, EngineRequest, FinishReason, RequestShared, RequestStream, TokenEvent};
-use crate::scheduler::{EntryResult, Plan, Scheduled, Scheduler};
+use crate::scheduler::{EntryResult, Plan, Scheduler};
 use crate::sequence::Sequence;
 use crate::speculate::Speculation;
 use crate::{EngineError, RequestId, SubmitError};
+
+/// A step's logits, or why its forward pass failed.
+type Logits = Result<Tensor, ModelError>;
+
+/// A step's result for each of its entries, or the engine-level fault that ended it.
+type Results = Result<Vec<EntryResult>, EngineError>;
 
 /// Everything the engine thread owns.
 pub struct Engine {
@@ -54,46 +70,6 @@ pub struct Engine {
     ahead: bool,
     /// The step whose tokens are still on the device.
     in_flight: Option<InFlight>,
-}
-
-/// A step queued and sampled, its draws not read yet.
-struct InFlight {
-    plan: Plan,
-    /// Kept to draw row by row when the batch's draws fail.
-    logits: Tensor,
-    draws: LaterSample,
-}
-
-/// An engine-level fault, once one happened: shared by the engine and its handles.
-#[derive(Debug, Default)]
-pub(crate) struct Health {
-    fault: OnceLock<String>,
-    changed: tokio::sync::Notify,
-}
-
-impl Health {
-    /// Records `fault` (the first one wins) and wakes whoever waits for it.
-    pub(crate) fn fail(&self, fault: String) {
-        let _ = self.fault.set(fault);
-        self.changed.notify_waiters();
-    }
-
-    /// The fault, if one happened.
-    pub(crate) fn fault(&self) -> Option<&str> {
-        self.fault.get().map(String::as_str)
-    }
-
-    /// Waits until a fault happens and returns it.
-    pub(crate) async fn wait(&self) -> String {
-        loop {
-            // Registered before the check, so a fault recorded in between still wakes it.
-            let changed = self.changed.notified();
-            if let Some(fault) = self.fault() {
-                return fault.to_owned();
-            }
-            changed.await;
-        }
-    }
 }
 
 impl Engine {
@@ -235,120 +211,100 @@ impl Engine {
         self.scheduler.has_work()
     }
 
-    /// Runs one step: schedule, forward, sample, postprocess. A sequence that fails ends
-    /// alone; an engine-level fault ends every request (see [`Engine::fault`]). With
-    /// asynchronous scheduling a decode step's postprocessing happens in the next call,
-    /// after the step that follows it is queued (see the module's docs).
+    /// Runs one step: schedule, forward, catch up with the step in flight, sample,
+    /// postprocess. A phase that leaves the next nothing to do ends the step: nothing was
+    /// scheduled, a fault, or draws left in flight, which the next call postprocesses after
+    /// queueing the step that follows (see the module's docs). A sequence that fails ends
+    /// alone; an engine-level fault ends every request (see [`Engine::fault`]).
     pub fn step(&mut self) {
         let start = Instant::now();
         let mut counts = StepStats::default();
-        if let Some(prev) = self.in_flight.take() {
-            let next = self.scheduler.continue_plan(&prev.plan, &*self.kv);
-            counts.phases.schedule = start.elapsed();
-            match next {
-                Some((plan, fed)) => self.step_ahead(prev, plan, &fed, &mut counts),
-                None => {
-                    self.resolve(prev, &mut counts);
-                    self.step_now(&mut counts);
-                }
-            }
-        } else {
-            self.step_now(&mut counts);
+        let drawn = self
+            .schedule(&mut counts)
+            .map(|next| self.forward(next, &mut counts))
+            .and_then(|(next, logits)| self.catch_up(next, logits, &mut counts))
+            .and_then(|(plan, logits)| self.sample(plan, logits, &mut counts));
+        if let Some((plan, results)) = drawn {
+            self.postprocess(plan, results, &mut counts);
         }
         self.record(counts, start);
     }
 
-    /// A step planned with every token known: leaves it in flight when it may be.
-    fn step_now(&mut self, counts: &mut StepStats) {
-        if self.fault().is_some() {
-            return;
+    /// The step to run: planned ahead of the step in flight when only its tokens could
+    /// change the plan; otherwise, that step resolved, planned with every token known.
+    /// `None` when there is nothing to run, or after a fault.
+    fn schedule(&mut self, counts: &mut StepStats) -> Option<Next> {
+        if let Some(prev) = self.in_flight.take() {
+            if let Some((plan, fed)) = self.plan_ahead(&prev, counts) {
+                return Some(Next::Ahead { plan, prev, fed });
+            }
+            self.resolve(prev, counts);
         }
-        let start = Instant::now();
+        if self.fault().is_some() {
+            return None;
+        }
+        let begun = Instant::now();
         self.scheduler.reap();
         let plan = self.scheduler.schedule(&*self.kv, &*self.model, counts);
-        counts.phases.schedule += start.elapsed();
-        if plan.entries.is_empty() {
-            self.scheduler.recycle(plan);
-            return;
-        }
-        if self.ahead {
-            let begun = Instant::now();
-            let forward = self.forward_and_mask(&plan);
-            counts.phases.forward += begun.elapsed();
-            return self.sample_or_settle(plan, forward, counts);
-        }
-        let results = self.run(&plan, counts);
-        self.settle(plan, results, counts);
+        counts.phases.schedule += begun.elapsed();
+        self.unless_empty(plan).map(Next::Now)
     }
 
-    /// Queues `plan`, the step after `prev`, with its ids read from `prev`'s draws; then
-    /// resolves `prev` and leaves `plan` in flight.
-    fn step_ahead(&mut self, prev: InFlight, mut plan: Plan, fed: &[u32], counts: &mut StepStats) {
+    /// Queues the forward pass of `next`: a step planned now with the masks of its
+    /// constrained sequences computed meanwhile, one planned ahead with its ids read from
+    /// the draws of the step in flight.
+    fn forward(&mut self, next: Next, counts: &mut StepStats) -> (Next, Logits) {
         let begun = Instant::now();
-        let forward = self.model.forward_fed(&plan.batch, &prev.draws.tokens, fed, &mut *self.kv);
-        counts.phases.forward += begun.elapsed();
-        counts.ahead = true;
-        counts.batch_tokens = plan.batch.num_tokens();
-        let keys = self.scheduler.keys(&plan.entries);
-        self.resolve(prev, counts);
-        if self.fault().is_some() {
-            self.scheduler.recycle(plan);
-            return;
-        }
-        self.scheduler.reap();
-        self.scheduler.remap(&mut plan, &keys);
-        if plan.entries.is_empty() {
-            self.scheduler.recycle(plan);
-            return;
-        }
-        if forward.is_ok() && self.scheduler.constrains(&plan.entries) {
-            // Their states have just taken `prev`'s tokens.
-            self.scheduler.compute_masks(&plan.entries, self.model.vocab_size());
-        }
-        self.sample_or_settle(plan, forward, counts);
-    }
-
-    /// Leaves `plan`'s draws in flight once its forward pass is queued; when the pass or
-    /// the draws fail, finds the sequences that fail alone and settles the step now.
-    fn sample_or_settle(
-        &mut self,
-        plan: Plan,
-        forward: Result<Tensor, met_model_layers::ModelError>,
-        counts: &mut StepStats,
-    ) {
-        let results = match forward {
-            Ok(logits) => {
-                let begun = Instant::now();
-                let draws = self.sample_later(&logits, &plan.entries);
-                counts.phases.sample += begun.elapsed();
-                match draws {
-                    Ok(draws) => {
-                        self.in_flight = Some(InFlight { plan, logits, draws });
-                        return;
-                    }
-                    Err(e) => blame(e).and_then(|_| self.sample(&logits, &plan.entries)),
-                }
+        let logits = match &next {
+            Next::Now(plan) => self.forward_and_mask(plan),
+            Next::Ahead { plan, prev, fed } => {
+                counts.ahead = true;
+                counts.batch_tokens = plan.batch.num_tokens();
+                self.model.forward_fed(&plan.batch, &prev.draws.tokens, fed, &mut *self.kv)
             }
-            Err(e) => blame(e.into()).and_then(|_| self.run_alone(&plan)),
         };
-        self.settle(plan, results, counts);
+        counts.phases.forward += begun.elapsed();
+        (next, logits)
     }
 
-    /// Waits for `prev`'s draws and hands them to the scheduler.
-    fn resolve(&mut self, prev: InFlight, counts: &mut StepStats) {
-        let begun = Instant::now();
-        let InFlight { plan, logits, draws } = prev;
-        let results = match draws.wait() {
-            Ok(sampled) => Ok(self.entry_results(&plan.entries, sampled.into_iter().map(Ok))),
-            // A row that cannot be drawn: draw row by row to find it.
-            Err(e) => blame(e.into()).and_then(|_| self.sample(&logits, &plan.entries)),
+    /// For a step planned ahead, resolves the step in flight now that this one is queued,
+    /// and fits the plan to what its tokens did ([`Self::resolve_behind`]). `None` when no
+    /// entry is left to sample, or after a fault.
+    fn catch_up(&mut self, next: Next, logits: Logits, counts: &mut StepStats) -> Option<(Plan, Logits)> {
+        match next {
+            Next::Now(plan) => Some((plan, logits)),
+            Next::Ahead { plan, prev, .. } => {
+                let plan = self.resolve_behind(prev, plan, logits.is_ok(), counts)?;
+                Some((plan, logits))
+            }
+        }
+    }
+
+    /// Draws `plan`'s tokens from `logits`: left in flight on the device when scheduling
+    /// runs ahead (`None`), else every entry's result. When the forward pass or the
+    /// draws fail for the batch, the sequences that fail alone are found.
+    fn sample(&mut self, plan: Plan, logits: Logits, counts: &mut StepStats) -> Option<(Plan, Results)> {
+        let logits = match logits {
+            Ok(logits) => logits,
+            Err(e) => {
+                let results = self.run_alone(e.into(), &plan);
+                return Some((plan, results));
+            }
         };
+        let begun = Instant::now();
+        let draws = self.draw(&logits, &plan.entries);
         counts.phases.sample += begun.elapsed();
-        self.settle(plan, results, counts);
+        match draws {
+            Draws::Later(draws) => {
+                self.in_flight = Some(InFlight { plan, logits, draws });
+                None
+            }
+            Draws::Now(results) => Some((plan, results)),
+        }
     }
 
     /// Hands a step's results to the scheduler, or ends every request on a fault.
-    fn settle(&mut self, plan: Plan, results: Result<Vec<EntryResult>, EngineError>, counts: &mut StepStats) {
+    fn postprocess(&mut self, plan: Plan, results: Results, counts: &mut StepStats) {
         match results {
             Ok(results) => {
                 let begun = Instant::now();
@@ -358,6 +314,24 @@ impl Engine {
             Err(fault) => self.fail(&fault.to_string()),
         }
         self.scheduler.recycle(plan);
+    }
+
+    /// `plan`, unless it has no entries (then taken back for reuse).
+    fn unless_empty(&mut self, plan: Plan) -> Option<Plan> {
+        if plan.entries.is_empty() {
+            self.scheduler.recycle(plan);
+            return None;
+        }
+        Some(plan)
+    }
+
+    fn record(&mut self, mut stats: StepStats, start: Instant) {
+        stats.duration = start.elapsed();
+        stats.waiting = self.scheduler.num_waiting();
+        stats.running = self.scheduler.num_running();
+        stats.kv_blocks_used = self.kv.num_blocks() - self.kv.num_free_blocks();
+        self.metrics.step(&stats);
+        self.last_step = stats;
     }
 
     /// What the last step did and where its time went.
@@ -382,140 +356,6 @@ impl Engine {
         Arc::clone(&self.health)
     }
 
-    /// Forwards and samples `plan`: one result per entry. When the batch fails, each
-    /// sequence runs alone to find the ones that fail; only a device error is `Err`.
-    fn run(&mut self, plan: &Plan, counts: &mut StepStats) -> Result<Vec<EntryResult>, EngineError> {
-        let begun = Instant::now();
-        let forward = self.forward_and_mask(plan);
-        counts.phases.forward = begun.elapsed();
-        let batch_error = match forward {
-            Ok(logits) => {
-                let begun = Instant::now();
-                let results = self.sample(&logits, &plan.entries);
-                counts.phases.sample = begun.elapsed();
-                return results;
-            }
-            Err(e) => EngineError::from(e),
-        };
-        blame(batch_error)?;
-        self.run_alone(plan)
-    }
-
-    /// Runs and samples each entry of `plan` alone, after the batch failed: only the
-    /// sequences that fail alone fail. Rerunning a sequence writes the same K/V at the same
-    /// slots again.
-    fn run_alone(&mut self, plan: &Plan) -> Result<Vec<EntryResult>, EngineError> {
-        let mut results = Vec::with_capacity(plan.entries.len());
-        for entry in &plan.entries {
-            let batch = self.scheduler.batch_of(entry);
-            // Its logits are the only ones of its batch.
-            let alone = Scheduled { logits_row: 0, ..*entry };
-            let result = match self.model.forward(&batch, &mut *self.kv) {
-                Ok(logits) => self.sample(&logits, &[alone])?.remove(0),
-                Err(e) => EntryResult::Failed(blame(e.into())?),
-            };
-            results.push(result);
-        }
-        Ok(results)
-    }
-
-    /// The forward pass of `plan`, with the masks of its constrained sequences computed
-    /// meanwhile on a thread of their own (the masks depend only on tokens already sampled).
-    fn forward_and_mask(&mut self, plan: &Plan) -> Result<Tensor, met_model_layers::ModelError> {
-        let (model, kv, scheduler) = (&self.model, &mut self.kv, &mut self.scheduler);
-        if !scheduler.constrains(&plan.entries) {
-            return model.forward(&plan.batch, &mut **kv);
-        }
-        let vocab = model.vocab_size();
-        std::thread::scope(|s| {
-            let masks = s.spawn(|| scheduler.compute_masks(&plan.entries, vocab));
-            let logits = model.forward(&plan.batch, &mut **kv);
-            if let Err(panic) = masks.join() {
-                std::panic::resume_unwind(panic);
-            }
-            logits
-        })
-    }
-
-    /// `logits` with every constrained row masked to the tokens its constraint allows, its
-    /// rows those of `entries`' sampler rows; `None` when no row is constrained.
-    fn masked(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Option<Tensor>, EngineError> {
-        let vocab = self.model.vocab_size();
-        let Some((rows, masks)) = self.scheduler.logit_masks(entries, vocab) else { return Ok(None) };
-        let b = &self.backend;
-        let rows_t = b.upload(&HostTensor::from_u32(&rows, &[rows.len()]), DType::U32)?;
-        let masks_t =
-            b.upload(&HostTensor::from_u32(&masks, &[rows.len(), masks.len() / rows.len().max(1)]), DType::U32)?;
-        Ok(Some(b.mask_logits(logits, &rows_t, &masks_t)?))
-    }
-
-    /// Samples the rows of `entries` from `logits` (each sampling entry's rows, in order:
-    /// one, or one per draft token more). When the batch fails, each row is sampled alone
-    /// to find the ones that fail; an entry with a failed row fails.
-    fn sample(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<Vec<EntryResult>, EngineError> {
-        let sampled = self.with_rows(logits, entries, |logits, rows| match self.backend.sample(logits, rows) {
-            Ok(samples) => Ok(samples.into_iter().map(Ok).collect()),
-            Err(e) => {
-                blame(e.into())?;
-                let alone = |row: &SampleRow<'_>| match self.backend.sample(logits, std::slice::from_ref(row)) {
-                    Ok(mut one) => Ok(Ok(one.remove(0))),
-                    Err(e) => blame(e.into()).map(Err),
-                };
-                rows.iter().map(alone).collect::<Result<Vec<_>, _>>()
-            }
-        })?;
-        Ok(self.entry_results(entries, sampled.into_iter()))
-    }
-
-    /// [`Self::sample`]'s draws left on the device ([`GpuBackend::sample_later`]).
-    fn sample_later(&self, logits: &Tensor, entries: &[Scheduled]) -> Result<LaterSample, EngineError> {
-        self.with_rows(logits, entries, |logits, rows| Ok(self.backend.sample_later(logits, rows)?))
-    }
-
-    /// Runs `draw` over the sampler rows of `entries`, on `logits` with the constrained
-    /// rows masked (then holding only the sampled rows, in order).
-    fn with_rows<T>(
-        &self,
-        logits: &Tensor,
-        entries: &[Scheduled],
-        draw: impl FnOnce(&Tensor, &[SampleRow<'_>]) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        let masked = self.masked(logits, entries)?;
-        let inputs = self.scheduler.sample_inputs(entries, self.model.vocab_size());
-        let rows = self.scheduler.sample_rows(entries, &inputs, masked.is_some());
-        draw(masked.as_ref().unwrap_or(logits), &rows)
-    }
-
-    /// One result per entry from the draws of its rows, in order.
-    fn entry_results(
-        &self,
-        entries: &[Scheduled],
-        mut sampled: impl Iterator<Item = Result<Sampled, String>>,
-    ) -> Vec<EntryResult> {
-        let results = entries.iter().map(|e| {
-            if !e.sample {
-                return EntryResult::Computed;
-            }
-            if let Some(msg) = self.scheduler.mask_error(e) {
-                sampled.by_ref().take(e.samples()).for_each(drop);
-                return EntryResult::Failed(msg);
-            }
-            // Taken in full before looking at them, so the next entry starts at its own rows.
-            let mine: Vec<Result<_, String>> = sampled.by_ref().take(e.samples()).collect();
-            mine.into_iter().collect::<Result<Vec<_>, _>>().map_or_else(EntryResult::Failed, EntryResult::Sampled)
-        });
-        results.collect()
-    }
-
-    fn record(&mut self, mut stats: StepStats, start: Instant) {
-        stats.duration = start.elapsed();
-        stats.waiting = self.scheduler.num_waiting();
-        stats.running = self.scheduler.num_running();
-        stats.kv_blocks_used = self.kv.num_blocks() - self.kv.num_free_blocks();
-        self.metrics.step(&stats);
-        self.last_step = stats;
-    }
-
     /// Distinct KV blocks held by running sequences.
     pub fn held_blocks(&self) -> usize {
         self.scheduler.held_blocks()
@@ -529,15 +369,5 @@ impl Engine {
     /// KV blocks in the pool.
     pub fn total_blocks(&self) -> usize {
         self.kv.num_blocks()
-    }
-}
-
-/// The message a sequence that failed ends with, or the error back when it is the
-/// engine's (a device error, which no sequence owns).
-fn blame(e: EngineError) -> Result<String, EngineError> {
-    let device = |e: &met_kernels::Error| matches!(e, met_kernels::Error::Device(_));
-    match &e {
-        EngineError::Kernels(k) | EngineError::Model(met_model_layers::ModelError::Kernels(k)) if device(k) => Err(e),
-        _ => Ok(e.to_string()),
     }
 }

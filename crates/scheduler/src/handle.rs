@@ -19,7 +19,8 @@ use std::thread::JoinHandle;
 use tokio::sync::mpsc as events;
 
 use crate::EngineLimits;
-use crate::engine::{Engine, Health};
+use crate::engine::Engine;
+use crate::health::Health;
 use crate::request::{EngineRequest, RequestStream, TokenEvent};
 use crate::{RequestId, SubmitError};
 

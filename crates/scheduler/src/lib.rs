@@ -18,6 +18,7 @@
 mod constraint;
 mod engine;
 mod handle;
+mod health;
 pub mod mock;
 mod policy;
 mod request;
