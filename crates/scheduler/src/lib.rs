@@ -16,10 +16,12 @@
 //! the engine, which its handles report ([`EngineHandle::fault`]).
 
 mod constraint;
+mod draft;
 mod engine;
 mod handle;
 mod health;
 pub mod mock;
+mod outbox;
 mod policy;
 mod request;
 mod scheduler;

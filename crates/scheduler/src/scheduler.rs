@@ -11,22 +11,21 @@
 //! engine never deadlocks; one that cannot fit even alone ends with `Length`. A sequence the
 //! model or sampler failed on ends its whole request (every continuation) with `Error`.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use met_cache::KvCache;
+use met_cache::{KvCache, SequenceBlocks};
 use met_config::EngineConfig;
 use met_kernels::{SampleRow, Sampled};
 use met_model_layers::{ForwardBatch, LogitRows, Model};
 use met_speculative::TargetView;
+use met_telemetry::{FinishLabel, Metrics, StepStats};
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use met_telemetry::{FinishLabel, Metrics, RequestStats, StepStats};
-
-use crate::constraint::Constrained;
+use crate::constraint::{Constrained, mask_words};
 use crate::policy::SchedulingPolicy;
-use crate::request::{FinishReason, GeneratedToken, RequestId, TokenEvent};
+use crate::request::{FinishReason, GeneratedToken, RequestId};
 use crate::sequence::{Running, Sequence};
 use crate::speculate::Speculation;
 
@@ -39,7 +38,7 @@ pub(crate) struct Scheduled {
     pub(crate) len: usize,
     /// Whether this step completes the sequence's pending tokens and so samples a token.
     pub(crate) sample: bool,
-    /// Proposed tokens verified after the decode row (the sequence's `draft`); each adds a
+    /// Proposed tokens verified after the decode row (the sequence's draft); each adds a
     /// logits row and a sample.
     pub(crate) draft: usize,
     /// The step's logits row of its first sample.
@@ -88,14 +87,6 @@ pub(crate) struct Scheduler {
     speculation: Option<Speculation>,
 }
 
-/// What the sampler needs besides the plan: per logits row, the tokens it may not draw,
-/// and the output of each drafted sequence extended by its draft.
-#[derive(Debug, Default)]
-pub(crate) struct SampleInputs {
-    banned: Vec<Vec<u32>>,
-    drafted: Vec<Vec<u32>>,
-}
-
 impl Scheduler {
     pub(crate) fn new(
         config: EngineConfig,
@@ -136,25 +127,57 @@ impl Scheduler {
         let metrics = &self.metrics;
         self.waiting.iter_mut().for_each(Sequence::flush);
         self.running.iter_mut().for_each(|r| r.flush());
-        for seq in self.waiting.extract_if(.., |s| s.request.cancelled()) {
-            metrics.finished(FinishLabel::Cancelled, request_stats(&seq));
+        for seq in self.waiting.extract_if(.., |s| s.request().cancelled()) {
+            metrics.finished(FinishLabel::Cancelled, seq.stats());
         }
-        for run in self.running.extract_if(.., |r| r.request.cancelled()) {
-            metrics.finished(FinishLabel::Cancelled, request_stats(&run));
+        for run in self.running.extract_if(.., |r| r.request().cancelled()) {
+            metrics.finished(FinishLabel::Cancelled, run.stats());
             if let Some(spec) = &mut self.speculation {
                 spec.forget(&run);
             }
         }
         self.draining.iter_mut().for_each(Sequence::flush);
-        self.draining.retain(|s| s.paused() && !s.request.cancelled());
+        self.draining.retain(|s| s.paused() && !s.request().cancelled());
     }
 
-    /// Chooses this step's work; a proposer that drafts with the target gets `model`.
-    pub(crate) fn schedule(&mut self, kv: &dyn KvCache, model: &dyn Model, counts: &mut StepStats) -> Plan {
-        self.tick += 1;
+    /// An empty plan, in the last one's allocations.
+    fn empty_plan(&mut self) -> Plan {
         let mut plan = std::mem::take(&mut self.spare);
         plan.batch.clear();
         plan.entries.clear();
+        plan
+    }
+
+    /// Takes back a finished step's plan for reuse.
+    pub(crate) fn recycle(&mut self, plan: Plan) {
+        self.spare = plan;
+    }
+
+    pub(crate) fn held_blocks(&self) -> usize {
+        let mut ids: Vec<u32> = self.running.iter().flat_map(|r| r.blocks.block_ids().iter().map(|b| b.0)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
+    pub(crate) fn stream_capacity(&self) -> usize {
+        self.config.stream_capacity
+    }
+
+    pub(crate) fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub(crate) fn num_running(&self) -> usize {
+        self.running.len()
+    }
+}
+
+impl Scheduler {
+    /// Chooses this step's work; a proposer that drafts with the target gets `model`.
+    pub(crate) fn schedule(&mut self, kv: &dyn KvCache, model: &dyn Model, counts: &mut StepStats) -> Plan {
+        self.tick += 1;
+        let mut plan = self.empty_plan();
         let mut budget = self.config.max_batch_tokens;
         self.schedule_running(kv, model, &mut plan, &mut budget, counts);
         self.admit_waiting(kv, &mut plan, &mut budget, counts);
@@ -165,7 +188,7 @@ impl Scheduler {
             .map(|e| {
                 let s = &self.running[e.seq];
                 // Rows before the last sampled token are prompt (or recomputed) tokens.
-                s.request.prompt_len.saturating_sub(s.computed).min(e.len)
+                s.request().prompt_len.saturating_sub(s.computed()).min(e.len)
             })
             .sum();
         plan
@@ -198,8 +221,7 @@ impl Scheduler {
 
     /// Proposes up to `room` tokens for `running[i]` to verify after its decode row and
     /// reserves their slots with the row's; returns the draft's length, 0 (and no
-    /// reservation) without a proposal or when the blocks are not free. A draft never
-    /// preempts: it is only worth the rows when it costs nothing else. A proposer that
+    /// reservation) without a proposal or when the blocks are not free. A proposer that
     /// drafts in the target's cache gets the slots of a full draft first, and what it
     /// leaves unused goes back.
     fn reserve_draft(&mut self, kv: &dyn KvCache, model: &dyn Model, i: usize, room: usize) -> usize {
@@ -212,10 +234,10 @@ impl Scheduler {
         let generated = seq.output().len();
         // Every accepted token and the target's own one must fit the length and context.
         let room = room
-            .min(seq.request.stop.max_new_tokens.saturating_sub(generated + 1))
-            .min(self.max_context.saturating_sub(seq.tokens.len()));
+            .min(seq.request().stop.max_new_tokens.saturating_sub(generated + 1))
+            .min(self.max_context.saturating_sub(seq.tokens().len()));
         let target = if spec.uses_target() && seq.to_compute() == 1 && spec.room(seq, room) > 0 {
-            if kv.reserve(blocks, seq.tokens.len() + spec.room(seq, room)).is_err() {
+            if kv.reserve(blocks, seq.tokens().len() + spec.room(seq, room)).is_err() {
                 return 0;
             }
             Some(TargetView { model, kv, blocks })
@@ -226,9 +248,9 @@ impl Scheduler {
         let draft = spec.draft(seq, room, target);
         if reserved {
             // The decode row's own slot stays reserved whatever was proposed.
-            blocks.truncate(seq.tokens.len() + draft);
-        } else if draft > 0 && kv.reserve(blocks, seq.tokens.len() + draft).is_err() {
-            seq.clear_draft();
+            blocks.truncate(seq.tokens().len() + draft);
+        } else if draft > 0 && kv.reserve(blocks, seq.tokens().len() + draft).is_err() {
+            seq.draft.clear();
             return 0;
         }
         draft
@@ -239,7 +261,7 @@ impl Scheduler {
     fn make_room(&mut self, kv: &dyn KvCache, i: usize, n: usize, counts: &mut StepStats) -> bool {
         loop {
             let Running { seq, blocks } = &mut self.running[i];
-            if kv.reserve(blocks, seq.computed + n).is_ok() {
+            if kv.reserve(blocks, seq.computed() + n).is_ok() {
                 return true;
             }
             let infos: Vec<_> = self.running[i..].iter().map(|r| r.info()).collect();
@@ -247,7 +269,7 @@ impl Scheduler {
             if victim == i && self.running[..i].iter().all(|r| r.blocks.block_ids().is_empty()) {
                 // Nothing else holds blocks: the sequence cannot fit even alone.
                 let seq = self.running.remove(i).release();
-                self.retire(seq, None, FinishReason::Length);
+                self.retire(seq, FinishReason::Length);
                 return false;
             }
             self.preempt(victim);
@@ -258,13 +280,13 @@ impl Scheduler {
         }
     }
 
+    /// Sends `running[i]` back to waiting without its blocks, to recompute its tokens.
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i).release();
         if let Some(spec) = &mut self.speculation {
             spec.forget(&seq);
         }
-        seq.computed = 0;
-        seq.clear_draft();
+        seq.recompute();
         self.waiting.push(seq);
     }
 
@@ -276,40 +298,42 @@ impl Scheduler {
             let seq = &self.waiting[j];
             // A continuation other than the first waits until the first computed the
             // prompt, so it can share those blocks.
-            if seq.paused() || (seq.index > 0 && !seq.request.prompt_ready()) {
+            if seq.paused() || (seq.index() > 0 && !seq.request().prompt_ready()) {
                 j += 1;
                 continue;
             }
-            if seq.tokens.len().div_ceil(kv.block_size()) > kv.num_blocks() {
+            if seq.tokens().len().div_ceil(kv.block_size()) > kv.num_blocks() {
                 let seq = self.waiting.remove(j);
-                self.retire(seq, None, FinishReason::Length);
+                self.retire(seq, FinishReason::Length);
                 continue;
             }
-            let mut blocks = kv.new_sequence();
-            let limit = seq.tokens.len() - 1;
-            let hit = match self.sibling_blocks(seq) {
-                Some(sibling) => {
-                    blocks = kv.fork(sibling, limit.min(seq.request.prompt_len));
-                    blocks.capacity()
-                }
-                None => kv.match_prefix(&mut blocks, &seq.tokens, limit),
-            };
-            let n = (seq.tokens.len() - hit).min(*budget).min(self.chunk_limit());
-            if kv.reserve(&mut blocks, hit + n).is_err() {
+            let (blocks, hit) = self.cached_prefix(kv, seq);
+            let n = (seq.tokens().len() - hit).min(*budget).min(self.chunk_limit());
+            let Some(blocks) = reserved(kv, blocks, hit + n) else {
                 break; // Head-of-line: later sequences wait behind this one.
-            }
+            };
             let mut seq = self.waiting.remove(j);
-            if !seq.admitted_before {
-                seq.cached_prompt_tokens = hit.min(seq.request.prompt_len);
-                seq.admitted_before = true;
-            }
             counts.prefix_cache_hit_tokens += hit;
-            seq.computed = hit;
-            seq.admitted = self.tick;
+            seq.admit(hit, self.tick);
             self.running.push(Running { seq, blocks });
             self.push(plan, self.running.len() - 1, n, 0);
             *budget -= n;
         }
+    }
+
+    /// New blocks for waiting `seq` holding what the cache already has of its tokens (its
+    /// first continuation's prompt blocks, or a cached prefix), and how many tokens that is.
+    /// The last token is always left to compute, for its logits.
+    fn cached_prefix(&self, kv: &dyn KvCache, seq: &Sequence) -> (SequenceBlocks, usize) {
+        let limit = seq.tokens().len() - 1;
+        if let Some(sibling) = self.sibling_blocks(seq) {
+            let blocks = kv.fork(sibling, limit.min(seq.request().prompt_len));
+            let hit = blocks.capacity();
+            return (blocks, hit);
+        }
+        let mut blocks = kv.new_sequence();
+        let hit = kv.match_prefix(&mut blocks, seq.tokens(), limit);
+        (blocks, hit)
     }
 
     fn chunk_limit(&self) -> usize {
@@ -317,19 +341,19 @@ impl Scheduler {
     }
 
     /// The blocks of the request's first continuation, once its prompt is computed.
-    fn sibling_blocks(&self, seq: &Sequence) -> Option<&met_cache::SequenceBlocks> {
-        if seq.index == 0 {
+    fn sibling_blocks(&self, seq: &Sequence) -> Option<&SequenceBlocks> {
+        if seq.index() == 0 {
             return None;
         }
         self.running
             .iter()
-            .find(|s| s.request.id == seq.request.id && s.index == 0 && s.computed >= s.request.prompt_len)
+            .find(|s| s.request().id == seq.request().id && s.index() == 0 && s.prompt_computed())
             .map(|s| &s.blocks)
     }
 
     /// Plans `n` rows of `running[i]`, the last `draft` of them its proposed tokens.
     fn push(&self, plan: &mut Plan, i: usize, n: usize, draft: usize) {
-        let sample = self.running[i].computed + n - draft == self.running[i].tokens.len();
+        let sample = self.running[i].computed() + n - draft == self.running[i].tokens().len();
         let e = Scheduled { seq: i, len: n, sample, draft, logits_row: plan.batch.logit_rows.len() };
         self.push_to(&mut plan.batch, e);
         plan.entries.push(e);
@@ -338,47 +362,51 @@ impl Scheduler {
     /// Appends entry `e`'s rows to `batch`.
     fn push_to(&self, batch: &mut ForwardBatch, e: Scheduled) {
         let Running { seq, blocks } = &self.running[e.seq];
-        let pending = &seq.tokens[seq.computed..seq.computed + e.len - e.draft];
+        let pending = &seq.tokens()[seq.computed()..seq.computed() + e.len - e.draft];
         if e.draft == 0 {
             let rows = if e.sample { LogitRows::Last } else { LogitRows::None };
-            batch.push(pending, seq.computed, blocks, rows);
+            batch.push(pending, seq.computed(), blocks, rows);
         } else {
-            let rows = [pending, &seq.draft[..e.draft]].concat();
-            batch.push(&rows, seq.computed, blocks, LogitRows::All);
+            let rows = [pending, &seq.draft.tokens()[..e.draft]].concat();
+            batch.push(&rows, seq.computed(), blocks, LogitRows::All);
         }
     }
 
+    /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
+    pub(crate) fn batch_of(&self, e: &Scheduled) -> ForwardBatch {
+        let mut batch = ForwardBatch::default();
+        self.push_to(&mut batch, *e);
+        batch
+    }
+}
+
+/// `blocks` with room for `tokens`, or `None` (and the blocks back to the cache) when the
+/// cache has too few free.
+fn reserved(kv: &dyn KvCache, mut blocks: SequenceBlocks, tokens: usize) -> Option<SequenceBlocks> {
+    kv.reserve(&mut blocks, tokens).ok().map(|()| blocks)
+}
+
+impl Scheduler {
     /// The step after `prev`, planned while `prev`'s draws are still on the device, when
-    /// nothing but those draws could change it: every entry of `prev` samples one token
-    /// (no draft), every running sequence is in it and none is paused, no waiting sequence
-    /// could be admitted, and each block table has room for one more token. Each sequence
-    /// that `prev`'s token will not end by length gets one decode row, whose token id is
-    /// element `fed[i]` of `prev`'s draws for row `i`; one that a stop token ends leaves
-    /// the plan when `prev` is resolved ([`Self::remap`]). `None`: schedule after `prev`.
+    /// nothing but those draws could change it (see the module's docs). Each sequence that
+    /// `prev`'s token will not end by length gets one decode row, whose token id is element
+    /// `fed[i]` of `prev`'s draws for row `i`; one that a stop token ends leaves the plan
+    /// when `prev` is resolved ([`Self::remap`]). `None`: schedule after `prev`.
     pub(crate) fn continue_plan(&mut self, prev: &Plan, kv: &dyn KvCache) -> Option<(Plan, Vec<u32>)> {
-        let n = prev.entries.len();
-        let admissible = n < self.config.max_num_seqs && self.waiting.iter().any(|s| !s.paused());
-        if self.speculation.is_some()
-            || admissible
-            || n != self.running.len()
-            || n > self.config.max_batch_tokens
-            || prev.entries.iter().any(|e| !e.sample || e.draft > 0 || self.running[e.seq].paused())
-        {
+        if !self.may_plan_ahead(prev) {
             return None;
         }
-        let mut plan = std::mem::take(&mut self.spare);
-        plan.batch.clear();
-        plan.entries.clear();
-        let mut fed = Vec::with_capacity(n);
+        let mut plan = self.empty_plan();
+        let mut fed = Vec::with_capacity(prev.entries.len());
         for (row, e) in prev.entries.iter().enumerate() {
             let Running { seq, blocks } = &mut self.running[e.seq];
             // The position of `prev`'s draw, which this row computes.
-            let position = seq.tokens.len();
-            if seq.output().len() + 1 >= seq.request.stop.max_new_tokens || position + 1 >= self.max_context {
+            let position = seq.tokens().len();
+            if seq.output().len() + 1 >= seq.request().stop.max_new_tokens || position + 1 >= self.max_context {
                 continue;
             }
             if kv.reserve(blocks, position + 1).is_err() {
-                self.spare = plan;
+                self.recycle(plan);
                 return None;
             }
             let logits_row = plan.batch.logit_rows.len();
@@ -387,11 +415,22 @@ impl Scheduler {
             fed.push(row as u32);
         }
         if plan.entries.is_empty() {
-            self.spare = plan;
+            self.recycle(plan);
             return None;
         }
         self.tick += 1;
         Some((plan, fed))
+    }
+
+    /// Whether only `prev`'s draws stand between the scheduler and the plan after it.
+    fn may_plan_ahead(&self, prev: &Plan) -> bool {
+        let n = prev.entries.len();
+        let admissible = n < self.config.max_num_seqs && self.waiting.iter().any(|s| !s.paused());
+        self.speculation.is_none()
+            && !admissible
+            && n == self.running.len()
+            && n <= self.config.max_batch_tokens
+            && prev.entries.iter().all(|e| e.sample && e.draft == 0 && !self.running[e.seq].paused())
     }
 
     /// The sequence of each of `entries`, for [`Self::remap`].
@@ -404,15 +443,24 @@ impl Scheduler {
     /// failed or cancelled meanwhile); the rows they computed are left unread. The batch is
     /// left as it ran.
     pub(crate) fn remap(&self, plan: &mut Plan, keys: &[u64]) {
-        let now: std::collections::HashMap<u64, usize> =
-            self.running.iter().enumerate().map(|(i, r)| (r.key(), i)).collect();
+        let now: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, r)| (r.key(), i)).collect();
         let mut keys = keys.iter();
         plan.entries.retain_mut(|e| {
             let key = keys.next().expect("one key per entry");
             now.get(key).map(|&i| e.seq = i).is_some()
         });
     }
+}
 
+/// What the sampler needs besides the plan: per logits row, the tokens it may not draw,
+/// and the output of each drafted sequence extended by its draft.
+#[derive(Debug, Default)]
+pub(crate) struct SampleInputs {
+    banned: Vec<Vec<u32>>,
+    drafted: Vec<Vec<u32>>,
+}
+
+impl Scheduler {
     /// What the sampler needs for the logits rows of `entries` among `vocab` tokens: each
     /// row's banned tokens (end tokens before `min_tokens`, counted as if the draft's
     /// tokens before the row had been generated) and each draft's extended output.
@@ -421,9 +469,9 @@ impl Scheduler {
         for e in entries.iter().filter(|e| e.sample) {
             let s = &self.running[e.seq];
             let generated = s.output().len();
-            inputs.banned.extend((0..=e.draft).map(|j| s.request.stop.banned(generated + j, vocab)));
+            inputs.banned.extend((0..=e.draft).map(|j| s.request().stop.banned(generated + j, vocab)));
             if e.draft > 0 {
-                inputs.drafted.push([s.output(), &s.draft[..e.draft]].concat());
+                inputs.drafted.push([s.output(), &s.draft.tokens()[..e.draft]].concat());
             }
         }
         inputs
@@ -431,10 +479,8 @@ impl Scheduler {
 
     /// The sampler's row for each logits row of `entries`, in order: the entry's own logits
     /// rows, or with `compact` (logits that hold only the sampled rows, in order) row `r`
-    /// reads logits row `r`. A draft's row `j` sees the output extended by the draft's
-    /// first `j` tokens at step `generated + j`, as plain decoding would have sampled it,
-    /// and verifies the draft's token `j` against its distribution when the proposer gave
-    /// one.
+    /// reads logits row `r`. A draft's row verifies the draft's token against its
+    /// distribution when the proposer gave one.
     pub(crate) fn sample_rows<'a>(
         &'a self,
         entries: &[Scheduled],
@@ -451,13 +497,13 @@ impl Scheduler {
                 let row = rows.len();
                 rows.push(SampleRow {
                     logits_row: if compact { row } else { e.logits_row + j },
-                    params: &s.request.sampling,
+                    params: &s.request().sampling,
                     prompt: s.prompt(),
                     output: &output[..generated + j],
-                    seed: s.seed,
+                    seed: s.seed(),
                     step: (generated + j) as u64,
                     banned: &inputs.banned[row],
-                    draft: s.draft_token(j),
+                    draft: s.draft.token(j),
                 });
             }
         }
@@ -503,7 +549,7 @@ impl Scheduler {
         if !self.constrains(entries) {
             return None;
         }
-        let words = crate::constraint::mask_words(vocab);
+        let words = mask_words(vocab);
         let (mut rows, mut masks) = (Vec::new(), Vec::new());
         for e in entries.iter().filter(|e| e.sample) {
             for j in 0..e.samples() {
@@ -524,14 +570,9 @@ impl Scheduler {
         let c = self.running[e.seq].constraint.as_ref()?;
         c.error.as_ref().map(|msg| format!("structured output: {msg}"))
     }
+}
 
-    /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
-    pub(crate) fn batch_of(&self, e: &Scheduled) -> ForwardBatch {
-        let mut batch = ForwardBatch::default();
-        self.push_to(&mut batch, *e);
-        batch
-    }
-
+impl Scheduler {
     /// Applies a step's results, one per entry: advances computed tokens, registers full
     /// blocks in the prefix cache, appends sampled tokens, sends events and retires finished
     /// sequences, then ends the requests of failed entries.
@@ -550,35 +591,13 @@ impl Scheduler {
         let now = Instant::now();
         let mut failed: Vec<(RequestId, String)> = Vec::new();
         for (e, result) in plan.entries.iter().zip(results) {
-            let Running { seq, blocks } = &mut self.running[e.seq];
-            let draft = std::mem::take(&mut seq.draft);
-            if let EntryResult::Failed(msg) = result {
-                failed.push((seq.request.id, msg));
-                continue;
+            match result {
+                EntryResult::Failed(msg) => failed.push((self.running[e.seq].request().id, msg)),
+                EntryResult::Computed => self.apply(e, None, kv, now, counts),
+                EntryResult::Sampled(samples) => self.apply(e, Some(samples), kv, now, counts),
             }
-            seq.computed += e.len - e.draft;
-            if let EntryResult::Sampled(samples) = result {
-                let accepted = accept(seq, samples, &draft[..e.draft], now, &self.metrics, self.max_context);
-                counts.generated_tokens += accepted + 1;
-                if e.draft > 0 {
-                    counts.drafts += 1;
-                    counts.draft_tokens += e.draft;
-                    counts.accepted_tokens += accepted;
-                    blocks.truncate(seq.computed);
-                    if let Some(spec) = &mut self.speculation {
-                        spec.observe(seq, e.draft, accepted);
-                    }
-                }
-            }
-            kv.commit(blocks, &seq.tokens, seq.computed);
-            if seq.index == 0 && seq.computed >= seq.request.prompt_len {
-                seq.request.prompt_ready.store(true, Ordering::Relaxed);
-            }
-            // Keep the allocation for the next draft.
-            seq.draft = draft;
-            seq.clear_draft();
         }
-        let done: Vec<Sequence> = self.running.extract_if(.., |s| s.finished).map(Running::release).collect();
+        let done: Vec<Sequence> = self.running.extract_if(.., |s| s.has_ended()).map(Running::release).collect();
         for seq in done {
             self.drain(seq);
         }
@@ -587,41 +606,48 @@ impl Scheduler {
         }
     }
 
+    /// Applies entry `e` to its sequence: its rows are computed, its `samples` (sampled at
+    /// `now`) appended while they agree with its draft, and its full blocks committed.
+    fn apply(
+        &mut self,
+        e: &Scheduled,
+        samples: Option<Vec<Sampled>>,
+        kv: &dyn KvCache,
+        now: Instant,
+        counts: &mut StepStats,
+    ) {
+        let Running { seq, blocks } = &mut self.running[e.seq];
+        let draft = std::mem::take(&mut seq.draft);
+        seq.mark_computed(e.len - e.draft);
+        if let Some(samples) = samples {
+            let accepted = accept(seq, samples, &draft.tokens()[..e.draft], now, &self.metrics, self.max_context);
+            counts.generated_tokens += accepted + 1;
+            if e.draft > 0 {
+                counts.drafts += 1;
+                counts.draft_tokens += e.draft;
+                counts.accepted_tokens += accepted;
+                blocks.truncate(seq.computed());
+                if let Some(spec) = &mut self.speculation {
+                    spec.observe(seq, e.draft, accepted);
+                }
+            }
+        }
+        kv.commit(blocks, seq.tokens(), seq.computed());
+        if seq.index() == 0 && seq.prompt_computed() {
+            seq.request().prompt_ready.store(true, Ordering::Relaxed);
+        }
+        // Keep the allocations for the next draft.
+        seq.draft = draft;
+        seq.draft.clear();
+    }
+
     /// Ends every unfinished continuation of request `id` with `Error(msg)`: a request whose
     /// sequence failed has failed (and its siblings may be waiting for that one's prompt).
     fn fail_request(&mut self, id: RequestId, msg: &str) {
-        let running = self.running.extract_if(.., |r| r.request.id == id).map(Running::release);
-        let seqs: Vec<Sequence> = running.chain(self.waiting.extract_if(.., |s| s.request.id == id)).collect();
+        let running = self.running.extract_if(.., |r| r.request().id == id).map(Running::release);
+        let seqs: Vec<Sequence> = running.chain(self.waiting.extract_if(.., |s| s.request().id == id)).collect();
         for seq in seqs {
-            self.retire(seq, None, FinishReason::Error(msg.to_owned()));
-        }
-    }
-
-    /// Takes back a finished step's plan for reuse.
-    pub(crate) fn recycle(&mut self, plan: Plan) {
-        self.spare = plan;
-    }
-
-    /// Sends a sequence's last event and drops it.
-    fn retire(&mut self, mut seq: Sequence, token: Option<GeneratedToken>, reason: FinishReason) {
-        seq.finish_reason = Some(label(&reason));
-        let event = event(&seq, token, Some(reason));
-        seq.emit(event);
-        self.drain(seq);
-    }
-
-    /// Keeps a finished sequence (its blocks already released) only until its events are
-    /// delivered.
-    fn drain(&mut self, mut seq: Sequence) {
-        if let Some(spec) = &mut self.speculation {
-            spec.forget(&seq);
-        }
-        if let Some(reason) = seq.finish_reason.take() {
-            self.metrics.finished(reason, request_stats(&seq));
-        }
-        seq.finished = true;
-        if seq.paused() {
-            self.draining.push(seq);
+            self.retire(seq, FinishReason::Error(msg.to_owned()));
         }
     }
 
@@ -630,27 +656,28 @@ impl Scheduler {
         let running = std::mem::take(&mut self.running).into_iter().map(Running::release);
         let seqs: Vec<Sequence> = running.chain(std::mem::take(&mut self.waiting)).collect();
         for seq in seqs {
-            self.retire(seq, None, reason.clone());
+            self.retire(seq, reason.clone());
         }
     }
 
-    pub(crate) fn held_blocks(&self) -> usize {
-        let mut ids: Vec<u32> = self.running.iter().flat_map(|r| r.blocks.block_ids().iter().map(|b| b.0)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.len()
+    /// Sends a sequence's last event, without a token, and drops it.
+    fn retire(&mut self, mut seq: Sequence, reason: FinishReason) {
+        seq.end(None, reason);
+        self.drain(seq);
     }
 
-    pub(crate) fn stream_capacity(&self) -> usize {
-        self.config.stream_capacity
-    }
-
-    pub(crate) fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    pub(crate) fn num_running(&self) -> usize {
-        self.running.len()
+    /// Records a sequence that ended in the metrics, and keeps it (its blocks already
+    /// released) only until its events are delivered.
+    fn drain(&mut self, mut seq: Sequence) {
+        if let Some(spec) = &mut self.speculation {
+            spec.forget(&seq);
+        }
+        if let Some(reason) = seq.take_ended() {
+            self.metrics.finished(reason, seq.stats());
+        }
+        if seq.paused() {
+            self.draining.push(seq);
+        }
     }
 }
 
@@ -672,7 +699,7 @@ fn accept(
         if append(seq, s, now, metrics, max_context) || !agrees {
             break;
         }
-        seq.computed += 1;
+        seq.mark_computed(1);
         accepted += 1;
     }
     accepted
@@ -680,28 +707,32 @@ fn accept(
 
 /// Appends sampled token `s` to `seq` and sends its event; returns whether it ended `seq`.
 fn append(seq: &mut Sequence, s: Sampled, now: Instant, metrics: &Metrics, max_context: usize) -> bool {
-    seq.tokens.push(s.token);
-    match seq.last_token.replace(now) {
-        None => metrics.first_token(now - seq.request.arrived),
+    match seq.push_token(s.token, now) {
+        None => metrics.first_token(now - seq.request().arrived),
         Some(last) => metrics.inter_token(now - last),
     }
-    let generated = seq.output().len();
-    let stop = &seq.request.stop;
-    let finish = if stop.is_stop(s.token, generated) {
-        Some(FinishReason::Stop)
-    } else if let Some(reason) = seq.constraint.as_mut().and_then(|c| advance(c, s.token)) {
-        Some(reason)
-    } else if generated >= stop.max_new_tokens || seq.tokens.len() >= max_context {
-        Some(FinishReason::Length)
-    } else {
-        None
-    };
+    let finish = stop_reason(seq, s.token, max_context);
     let token = GeneratedToken { id: s.token, logprob: s.logprob, top_logprobs: s.top_logprobs };
-    let event = event(seq, Some(token), finish.clone());
-    seq.finish_reason = finish.as_ref().map(label);
-    seq.finished = finish.is_some();
-    seq.emit(event);
-    seq.finished
+    match finish {
+        Some(reason) => seq.end(Some(token), reason),
+        None => seq.send_token(token),
+    }
+    seq.has_ended()
+}
+
+/// How `seq` ends with its just appended `token`, if it does: a stop token, its constraint
+/// complete or refusing the token, or its length.
+fn stop_reason(seq: &mut Sequence, token: u32, max_context: usize) -> Option<FinishReason> {
+    let generated = seq.output().len();
+    let stop = &seq.request().stop;
+    if stop.is_stop(token, generated) {
+        return Some(FinishReason::Stop);
+    }
+    if let Some(reason) = seq.constraint.as_mut().and_then(|c| advance(c, token)) {
+        return Some(reason);
+    }
+    let stop = &seq.request().stop;
+    (generated >= stop.max_new_tokens || seq.tokens().len() >= max_context).then_some(FinishReason::Length)
 }
 
 /// Moves a sequence's constraint past `token`: how the sequence ends when the constraint
@@ -710,26 +741,5 @@ fn advance(c: &mut Constrained, token: u32) -> Option<FinishReason> {
     match c.state.accept(token) {
         Err(msg) => Some(FinishReason::Error(format!("structured output: {msg}"))),
         Ok(()) => c.state.is_complete().then_some(FinishReason::Stop),
-    }
-}
-
-fn event(seq: &Sequence, token: Option<GeneratedToken>, finish: Option<FinishReason>) -> TokenEvent {
-    TokenEvent { index: seq.index, token, cached_prompt_tokens: seq.cached_prompt_tokens, finish }
-}
-
-fn label(reason: &FinishReason) -> FinishLabel {
-    match reason {
-        FinishReason::Stop => FinishLabel::Stop,
-        FinishReason::Length => FinishLabel::Length,
-        FinishReason::Cancelled => FinishLabel::Cancelled,
-        FinishReason::Error(_) => FinishLabel::Error,
-    }
-}
-
-fn request_stats(seq: &Sequence) -> RequestStats {
-    RequestStats {
-        duration: seq.request.arrived.elapsed(),
-        prompt_tokens: seq.request.prompt_len,
-        generated_tokens: seq.output().len(),
     }
 }

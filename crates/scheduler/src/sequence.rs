@@ -1,51 +1,50 @@
 //! One continuation of a request inside the engine: its tokens, how many of them are in
-//! the KV cache and the events it could not deliver yet ([`Sequence`]), and the blocks it
-//! holds while it runs ([`Running`]). A waiting or finished sequence holds no blocks by
-//! type, not by convention.
+//! the KV cache, its draft and constraint and the events it could not deliver yet
+//! ([`Sequence`]), and the blocks it holds while it runs ([`Running`]).
+//!
+//! **Invariants:** a waiting or finished sequence holds no blocks by type, not by
+//! convention. Its request, continuation index and seed never change; its tokens only grow,
+//! by sampled tokens ([`Sequence::push_token`]), and its computed tokens never pass them. A
+//! value that only means something in one state exists only in it: the prompt tokens
+//! reported as cached once the sequence was first admitted, how it ended from the event
+//! that ended it until its metrics are recorded.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-
 use std::time::Instant;
 
 use met_cache::SequenceBlocks;
-use met_kernels::DraftToken;
-use met_telemetry::FinishLabel;
-use tokio::sync::mpsc::error::TrySendError;
+use met_telemetry::{FinishLabel, RequestStats};
 
 use crate::constraint::Constrained;
+use crate::draft::Draft;
+use crate::outbox::Outbox;
 use crate::policy::SeqInfo;
-use crate::request::{RequestShared, TokenEvent};
+use crate::request::{FinishReason, GeneratedToken, RequestShared, TokenEvent};
 
 #[derive(Debug)]
 pub(crate) struct Sequence {
-    pub(crate) request: Arc<RequestShared>,
+    request: Arc<RequestShared>,
     /// Which of the request's `n` continuations.
-    pub(crate) index: usize,
+    index: usize,
+    seed: u64,
     /// Prompt followed by the generated tokens.
-    pub(crate) tokens: Vec<u32>,
+    tokens: Vec<u32>,
     /// Leading tokens whose K/V is in the cache.
-    pub(crate) computed: usize,
-    /// Prompt tokens reused at first admission (reported to the client).
-    pub(crate) cached_prompt_tokens: usize,
-    pub(crate) admitted_before: bool,
-    pub(crate) seed: u64,
+    computed: usize,
+    /// Prompt tokens the cache held at its first admission (reported to the client);
+    /// `None` until then, and kept as it was through preemption and readmission.
+    cached_prompt: Option<usize>,
     /// Scheduler tick of the last admission.
-    pub(crate) admitted: u64,
-    /// Events the client's bounded stream had no room for; the sequence pauses until
-    /// they are delivered.
-    pub(crate) pending: VecDeque<TokenEvent>,
-    pub(crate) finished: bool,
-    /// Set when the sequence ends, until its finish is recorded in the metrics.
-    pub(crate) finish_reason: Option<FinishLabel>,
+    admitted: u64,
     /// When its last token was sampled (inter-token latency).
-    pub(crate) last_token: Option<Instant>,
-    /// Proposed tokens verified after its decode row this step (speculative decoding);
-    /// never part of `tokens` until the target agrees with them.
-    pub(crate) draft: Vec<u32>,
-    /// The draft's distribution at each of `draft`'s tokens (`[draft.len(), vocab]`), or
-    /// empty for point-mass proposals.
-    pub(crate) draft_probs: Vec<f32>,
+    last_token: Option<Instant>,
+    /// Events the client's bounded stream had no room for; the sequence pauses until they
+    /// are delivered.
+    outbox: Outbox,
+    /// How it ended, from the event that ended it until its metrics record it.
+    ended: Option<FinishLabel>,
+    /// Proposed tokens verified after its decode row this step (speculative decoding).
+    pub(crate) draft: Draft,
     /// Its place in the request's constraint (structured output), if it has one.
     pub(crate) constraint: Option<Constrained>,
 }
@@ -57,20 +56,37 @@ impl Sequence {
         Self {
             request,
             index,
+            seed,
             tokens: prompt,
             computed: 0,
-            cached_prompt_tokens: 0,
-            admitted_before: false,
-            seed,
+            cached_prompt: None,
             admitted: 0,
-            pending: VecDeque::new(),
-            finished: false,
-            finish_reason: None,
             last_token: None,
-            draft: Vec::new(),
-            draft_probs: Vec::new(),
+            outbox: Outbox::default(),
+            ended: None,
+            draft: Draft::default(),
             constraint,
         }
+    }
+
+    /// What every continuation of its request shares.
+    pub(crate) fn request(&self) -> &RequestShared {
+        &self.request
+    }
+
+    /// Which of the request's `n` continuations it is.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The seed of its own random stream.
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Prompt followed by the generated tokens.
+    pub(crate) fn tokens(&self) -> &[u32] {
+        &self.tokens
     }
 
     pub(crate) fn prompt(&self) -> &[u32] {
@@ -81,9 +97,19 @@ impl Sequence {
         &self.tokens[self.request.prompt_len..]
     }
 
+    /// Leading tokens whose K/V is in the cache.
+    pub(crate) fn computed(&self) -> usize {
+        self.computed
+    }
+
     /// Tokens not yet in the cache: the rest of the prompt, or the last sampled token.
     pub(crate) fn to_compute(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Whether the whole prompt is in the cache.
+    pub(crate) fn prompt_computed(&self) -> bool {
+        self.computed >= self.request.prompt_len
     }
 
     /// A key unique to this continuation of this request, for proposers that keep
@@ -102,55 +128,77 @@ impl Sequence {
         }
     }
 
-    /// Drops this step's draft, keeping its allocations.
-    pub(crate) fn clear_draft(&mut self) {
-        self.draft.clear();
-        self.draft_probs.clear();
+    /// Admits it at scheduler tick `tick` with its first `hit` tokens already in the cache.
+    pub(crate) fn admit(&mut self, hit: usize, tick: u64) {
+        self.cached_prompt.get_or_insert(hit.min(self.request.prompt_len));
+        self.computed = hit;
+        self.admitted = tick;
     }
 
-    /// Draft token `j` with the distribution it was drawn from, for the sampler to verify;
-    /// `None` past the draft (the row after it) and for point-mass proposals.
-    pub(crate) fn draft_token(&self, j: usize) -> Option<DraftToken<'_>> {
-        let vocab = self.draft_probs.len().checked_div(self.draft.len())?;
-        let token = *self.draft.get(j)?;
-        (vocab > 0).then(|| DraftToken { token, probs: &self.draft_probs[j * vocab..(j + 1) * vocab] })
+    /// Records that `n` more of its tokens are in the cache.
+    pub(crate) fn mark_computed(&mut self, n: usize) {
+        self.computed += n;
+    }
+
+    /// Forgets its computed tokens and its draft (preemption by recompute: it computes
+    /// them again once readmitted).
+    pub(crate) fn recompute(&mut self) {
+        self.computed = 0;
+        self.draft.clear();
+    }
+
+    /// Appends sampled `token` at time `now`; returns when the token before it was sampled,
+    /// `None` for its first.
+    pub(crate) fn push_token(&mut self, token: u32, now: Instant) -> Option<Instant> {
+        self.tokens.push(token);
+        self.last_token.replace(now)
+    }
+
+    /// Sends a generated token that does not end it.
+    pub(crate) fn send_token(&mut self, token: GeneratedToken) {
+        self.send(Some(token), None);
+    }
+
+    /// Sends its last event, with the token that ended it if one did, and keeps how it
+    /// ended until its metrics are recorded ([`Self::take_ended`]).
+    pub(crate) fn end(&mut self, token: Option<GeneratedToken>, reason: FinishReason) {
+        self.ended = Some(label(&reason));
+        self.send(token, Some(reason));
+    }
+
+    /// Whether it has sent its last event.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.is_some()
+    }
+
+    /// How it ended, once, for the metrics.
+    pub(crate) fn take_ended(&mut self) -> Option<FinishLabel> {
+        self.ended.take()
+    }
+
+    /// What the metrics record of its request when it ends.
+    pub(crate) fn stats(&self) -> RequestStats {
+        RequestStats {
+            duration: self.request.arrived.elapsed(),
+            prompt_tokens: self.request.prompt_len,
+            generated_tokens: self.output().len(),
+        }
     }
 
     /// Whether undelivered events hold the sequence back.
     pub(crate) fn paused(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
-    /// Sends `event`, queueing it when the stream is full.
-    pub(crate) fn emit(&mut self, event: TokenEvent) {
-        if !self.pending.is_empty() {
-            self.pending.push_back(event);
-            return self.flush();
-        }
-        match self.request.events.try_send(event) {
-            Ok(()) => {}
-            Err(TrySendError::Full(event)) => self.pending.push_back(event),
-            // The client is gone; cancellation reaps the sequence.
-            Err(TrySendError::Closed(_)) => {}
-        }
+        !self.outbox.is_empty()
     }
 
     /// Delivers queued events while the stream has room.
     pub(crate) fn flush(&mut self) {
-        while let Some(event) = self.pending.pop_front() {
-            match self.request.events.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(event)) => {
-                    self.pending.push_front(event);
-                    return;
-                }
-                // The client is gone; cancellation reaps the sequence.
-                Err(TrySendError::Closed(_)) => {
-                    self.pending.clear();
-                    return;
-                }
-            }
-        }
+        self.outbox.flush(&self.request.events);
+    }
+
+    fn send(&mut self, token: Option<GeneratedToken>, finish: Option<FinishReason>) {
+        let cached_prompt_tokens = self.cached_prompt.unwrap_or(0);
+        let event = TokenEvent { index: self.index, token, cached_prompt_tokens, finish };
+        self.outbox.send(&self.request.events, event);
     }
 }
 
@@ -180,6 +228,16 @@ impl std::ops::Deref for Running {
 impl std::ops::DerefMut for Running {
     fn deref_mut(&mut self) -> &mut Sequence {
         &mut self.seq
+    }
+}
+
+/// The metrics' label of a finish.
+fn label(reason: &FinishReason) -> FinishLabel {
+    match reason {
+        FinishReason::Stop => FinishLabel::Stop,
+        FinishReason::Length => FinishLabel::Length,
+        FinishReason::Cancelled => FinishLabel::Cancelled,
+        FinishReason::Error(_) => FinishLabel::Error,
     }
 }
 

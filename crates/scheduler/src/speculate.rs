@@ -95,38 +95,27 @@ impl Speculation {
         self.k.get(&key).copied().unwrap_or(self.num_tokens)
     }
 
-    /// Fills `seq.draft` with at most `room` proposed tokens (and no more than the engine's
-    /// `k`), and `seq.draft_probs` with their distributions when the proposer has them, when
-    /// `seq` is about to decode; returns the draft's length.
+    /// Fills `seq`'s draft with at most `room` proposed tokens (and no more than the
+    /// engine's `k`), with their distributions when the proposer has them, when `seq` is
+    /// about to decode; returns the draft's length.
     ///
     /// A proposer that [uses the target](Proposer::uses_target) gets `target`, whose
-    /// blocks must already have room for `room` tokens past `seq.tokens`.
+    /// blocks must already have room for `room` tokens past `seq`'s tokens.
     pub(crate) fn draft(&mut self, seq: &mut Sequence, room: usize, target: Option<TargetView<'_>>) -> usize {
-        seq.clear_draft();
         let room = self.room(seq, room);
         if room == 0 || seq.to_compute() != 1 {
+            seq.draft.clear();
             return 0;
         }
         let ctx = ProposalContext {
             sequence: seq.key(),
-            tokens: &seq.tokens,
-            prompt_len: seq.request.prompt_len,
+            tokens: seq.tokens(),
+            prompt_len: seq.request().prompt_len,
             max_tokens: room,
             target: target.filter(|_| self.proposer.uses_target()),
         };
         self.proposer.propose(&ctx, &mut self.proposal);
-        let valid = self.proposal.tokens.iter().take(room).take_while(|&&t| (t as usize) < self.vocab_size);
-        seq.draft.extend(valid);
-        // Distributions of another shape are dropped: the point-mass rule is exact for any
-        // proposal, only its acceptance is lower.
-        let rows = seq.draft.len() * self.vocab_size;
-        match &self.proposal.probs {
-            Some(probs) if probs.len() == self.proposal.tokens.len() * self.vocab_size => {
-                seq.draft_probs.extend_from_slice(&probs[..rows]);
-            }
-            _ => {}
-        }
-        seq.draft.len()
+        seq.draft.take(&self.proposal, room, self.vocab_size)
     }
 
     /// The most tokens a draft of `seq` may hold when `room` fit.
