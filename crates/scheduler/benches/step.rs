@@ -11,7 +11,7 @@ use met_cache::PagedKvCache;
 use met_config::{EngineConfig, SamplingParams};
 use met_kernels::CpuBackend;
 use met_scheduler::mock::MockModel;
-use met_scheduler::{Engine, EngineRequest, Fcfs, RequestStream, StopCriteria};
+use met_scheduler::{Engine, EngineRequest, RequestStream, StopCriteria};
 use met_telemetry::Metrics;
 
 const SEQS: usize = 256;
@@ -23,8 +23,7 @@ fn engine_in_decode() -> (Engine, Vec<RequestStream>) {
     let backend = Arc::new(CpuBackend::new());
     let kv = PagedKvCache::new(&*backend, MockModel::layout(), config.block_size, SEQS * 40, true).unwrap();
     let model = Box::new(MockModel::last_token_only(32, 1 << 16));
-    let mut engine =
-        Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::new(Metrics::new())).unwrap();
+    let mut engine = Engine::new(model, backend, Box::new(kv), config, Arc::new(Metrics::new())).unwrap();
     let streams = (0..SEQS as u32)
         .map(|i| {
             let prompt = (0..8).map(|j| (i + j) % 32).collect();

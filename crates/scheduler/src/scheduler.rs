@@ -112,6 +112,11 @@ impl Scheduler {
         }
     }
 
+    /// Admits and preempts as `policy` says from now on.
+    pub(crate) fn set_policy(&mut self, policy: Box<dyn SchedulingPolicy>) {
+        self.policy = policy;
+    }
+
     /// Verifies proposals of `speculation` from now on.
     pub(crate) fn speculate(&mut self, speculation: Speculation) {
         self.speculation = Some(speculation);

@@ -45,7 +45,7 @@ use met_kernels::{CudaBackend, GpuBackend};
 use met_model_layers::attention::AttentionBackendKind;
 use met_model_layers::{ForwardBatch, GraphCapture, GraphSettings, LoadOptions, LogitRows, Model, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
-use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
+use met_scheduler::{Engine, EngineRequest, StopCriteria};
 use met_telemetry::Metrics;
 
 #[path = "gpu/router_spy.rs"]
@@ -259,8 +259,7 @@ fn through_engine_with(
         let capture = m.capture_graphs(&kv, &GraphSettings::up_to(8)).unwrap();
         assert!(matches!(capture, GraphCapture::Captured { .. }), "{}: {capture}", f.name);
     }
-    let mut engine =
-        Engine::new(m, Arc::clone(backend), Box::new(kv), config, Box::new(Fcfs), Arc::new(Metrics::new())).unwrap();
+    let mut engine = Engine::new(m, Arc::clone(backend), Box::new(kv), config, Arc::new(Metrics::new())).unwrap();
     let mut streams: Vec<_> = f
         .prompts
         .iter()

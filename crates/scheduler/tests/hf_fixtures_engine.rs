@@ -16,7 +16,7 @@ use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
 use met_model_layers::{LoadOptions, Model, load_model};
 use met_model_weights::SafetensorsStore;
-use met_scheduler::{Engine, EngineRequest, Fcfs, StopCriteria};
+use met_scheduler::{Engine, EngineRequest, StopCriteria};
 use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
@@ -60,7 +60,7 @@ fn run_engine(
     let Fixture { model, backend, prompts, .. } = load(name);
     let kv = PagedKvCache::new(&*backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
     let metrics = Arc::new(Metrics::new());
-    let mut engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+    let mut engine = Engine::new(model, backend, Box::new(kv), config, Arc::clone(&metrics)).unwrap();
     if let Some(speculative) = speculative {
         engine = engine.with_speculative(speculative).unwrap();
     }
@@ -113,7 +113,7 @@ fn run_split(
         PagedKvCache::sharded(&ranks, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
     let metrics = Arc::new(Metrics::new());
     let lead = Arc::clone(&backends[0]);
-    let mut engine = Engine::new(model, lead, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics)).unwrap();
+    let mut engine = Engine::new(model, lead, Box::new(kv), config, Arc::clone(&metrics)).unwrap();
     if let Some(speculative) = speculative {
         engine = engine.with_speculative(speculative).unwrap();
     }

@@ -32,7 +32,7 @@ use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::CpuBackend;
 use met_scheduler::mock::MockModel;
-use met_scheduler::{Engine, Fcfs};
+use met_scheduler::Engine;
 use met_server::serve::{AppState, ServerConfig, app};
 use met_telemetry::Metrics;
 use serde_json::{Value, json};
@@ -53,8 +53,7 @@ fn server() -> Router {
     let kv =
         PagedKvCache::new(&*backend, MockModel::layout(), config.block_size, KV_BLOCKS, true).expect("a valid cache");
     let model = Box::new(MockModel::last_token_only(tokenizer.vocab_size(), MAX_CONTEXT));
-    let engine = Engine::new(model, backend, Box::new(kv), config, Box::new(Fcfs), Arc::clone(&metrics))
-        .expect("a valid engine");
+    let engine = Engine::new(model, backend, Box::new(kv), config, Arc::clone(&metrics)).expect("a valid engine");
     let (handle, _thread) = met_scheduler::spawn(engine);
     let server_config = ServerConfig {
         model_name: MODEL.into(),

@@ -72,10 +72,10 @@ impl Setup {
             backend,
             Box::new(kv),
             self.config.clone(),
-            policy,
             Arc::clone(&metrics),
         )
-        .unwrap();
+        .unwrap()
+        .with_policy(policy);
         (engine, metrics)
     }
 }

@@ -133,7 +133,7 @@ mod tests {
     use met_config::{EngineConfig, SamplingParams};
     use met_kernels::CpuBackend;
     use met_scheduler::mock::MockModel;
-    use met_scheduler::{Engine, EngineRequest, FinishReason, StopCriteria, policy};
+    use met_scheduler::{Engine, EngineRequest, FinishReason, StopCriteria};
     use met_telemetry::Metrics;
 
     use super::*;
@@ -157,8 +157,7 @@ mod tests {
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, 64, true).unwrap();
         let model = inject(Some(fault), Box::new(MockModel::new(VOCAB, 256)));
         assert_eq!((model.vocab_size(), model.max_context()), (VOCAB, 256), "forwarded to the model");
-        let policy = policy(config.policy);
-        let engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::new(Metrics::new())).unwrap();
+        let engine = Engine::new(model, backend, Box::new(kv), config, Arc::new(Metrics::new())).unwrap();
         let (handle, thread) = met_scheduler::spawn(engine);
         let stop = StopCriteria { max_new_tokens: 64, ignore_eos: true, ..StopCriteria::default() };
         let request = EngineRequest::new(vec![5, 6, 7], SamplingParams::greedy(), stop, 1, &handle.limits()).unwrap();

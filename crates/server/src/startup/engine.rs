@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use met_config::{CpuDots, DeviceKind, EngineSetup, LoadConfig, SpeculativeMethod};
 use met_kernels::GpuBackend;
 use met_model_layers::{GraphSettings, Model};
-use met_scheduler::{Engine, policy};
+use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 
 use crate::startup::load::{NoProgress, Weights, load_weights};
@@ -56,7 +56,7 @@ pub fn build_engine(
         }
     }
     let backend = devices.lead();
-    let engine = Engine::new(model, Arc::clone(backend), Box::new(kv), config.clone(), policy(config.policy), metrics)?;
+    let engine = Engine::new(model, Arc::clone(backend), Box::new(kv), config.clone(), metrics)?;
     let Some(mut speculative) = setup.speculative.clone() else { return Ok(engine) };
     if speculative.max_batch.is_none() && backend.device() == DeviceKind::Cpu {
         speculative.max_batch = Some(CPU_SPECULATIVE_MAX_BATCH);

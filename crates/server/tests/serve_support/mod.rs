@@ -22,8 +22,8 @@ use futures_util::StreamExt;
 use met_cache::PagedKvCache;
 use met_config::{EngineConfig, Policy, ReasoningParser, ToolCallParser};
 use met_kernels::CpuBackend;
+use met_scheduler::Engine;
 use met_scheduler::mock::{Faults, MockModel};
-use met_scheduler::{Engine, Fcfs, Priority, SchedulingPolicy};
 use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
 use met_telemetry::Metrics;
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
@@ -131,13 +131,12 @@ impl TestServer {
             block_size: 4,
             stream_capacity: options.stream_capacity,
             max_num_seqs: options.max_num_seqs.unwrap_or(defaults.max_num_seqs),
+            policy: if options.priority_policy { Policy::Priority } else { Policy::Fcfs },
             ..defaults
         };
-        let policy: Box<dyn SchedulingPolicy> =
-            if options.priority_policy { Box::new(Priority) } else { Box::new(Fcfs) };
         let kv = PagedKvCache::new(&*backend, MockModel::layout(), 4, options.kv_blocks, true).unwrap();
         let model = Box::new(MockModel::new(vocab, options.max_context).with_faults(options.faults));
-        let mut engine = Engine::new(model, backend, Box::new(kv), config, policy, Arc::clone(&metrics)).unwrap();
+        let mut engine = Engine::new(model, backend, Box::new(kv), config, Arc::clone(&metrics)).unwrap();
         if let Some(speculative) = &options.speculative {
             engine = engine.with_speculative(speculative).unwrap();
         }
