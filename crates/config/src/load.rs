@@ -73,7 +73,7 @@ pub struct LoadConfig {
 
 impl LoadConfig {
     /// The model at `model` (or the default one) with every other setting at its default.
-    pub fn model(model: Option<String>) -> Self {
+    pub fn for_model(model: Option<String>) -> Self {
         Self { model, tensor_parallel_size: 1, ..Self::default() }
     }
 

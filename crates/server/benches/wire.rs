@@ -31,8 +31,8 @@ use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_
 use met_cache::PagedKvCache;
 use met_config::EngineConfig;
 use met_kernels::CpuBackend;
-use met_scheduler::mock::MockModel;
 use met_scheduler::Engine;
+use met_scheduler::mock::MockModel;
 use met_server::serve::{AppState, ServerConfig, app};
 use met_telemetry::Metrics;
 use serde_json::{Value, json};

@@ -14,6 +14,10 @@
 //!   hits): the prefill time (until every request has its first token), every decode step's
 //!   latency (p50/p90/p99), and the whole batch's latency.
 //!
+//! They live here, beside the engine's startup, not in `met-bench`: they are callers of the
+//! engine, while `met-bench` knows no met crate so that it measures any server alike; they
+//! share its result header, figures and random streams.
+//!
 //! Each step's clock stops after the engine has the step's sampled tokens on the host, so
 //! device work is included. Both print a summary and write one JSON result with
 //! `--output`, with the same header as `met bench serve` (command line, met version,

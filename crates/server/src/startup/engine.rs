@@ -79,7 +79,7 @@ fn load_draft(path: &str, target: &dyn GpuBackend) -> Result<Weights> {
         // but acceptance: the fast ones.
         cpu_dots: CpuDots::Int8,
         // A draft is small: it runs on rank 0's device alone.
-        ..LoadConfig::model(Some(path.to_owned()))
+        ..LoadConfig::for_model(Some(path.to_owned()))
     };
     tracing::info!("loading the draft model {path}");
     let (weights, _) = load_weights(&load, &NoProgress).with_context(|| format!("--draft-model {path}"))?;
