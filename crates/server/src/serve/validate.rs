@@ -75,16 +75,50 @@ pub struct Validated {
 ///
 /// # Errors
 /// A 400 naming the first field out of range.
-pub fn parse(req: GenerationRequest, dialect: Dialect, state: &AppState) -> Result<Parsed, ApiError> {
+pub fn parse(mut req: GenerationRequest, dialect: Dialect, state: &AppState) -> Result<Parsed, ApiError> {
     let endpoint = dialect.endpoint();
     let n = match req.n.map_or(Ok(1), usize::try_from) {
         Ok(n) if n <= MAX_N => n,
         _ => return Err(ApiError::invalid("n", format!("must be at most {MAX_N}; got {}", req.n.unwrap_or(0)))),
     };
-    let cap = state.config().max_tokens_default;
-    let (max_tokens, max_tokens_param) = max_tokens(&req, dialect, cap)?;
+    let (max_tokens, max_tokens_param) = max_tokens(&req, dialect, state.config().max_tokens_default)?;
     let (logprobs, shape) = logprobs(&req, endpoint)?;
-    let sampling = SamplingParams {
+    let sampling = sampling(&mut req, logprobs)?;
+    let stop = stop_criteria(&mut req, state);
+    let setup = match endpoint {
+        Endpoint::Chat => tools::parse(req.tools.take(), req.tool_choice.take(), req.parallel_tool_calls)?,
+        Endpoint::Completions => None,
+    };
+    let format = structured::parse(req.response_format.take(), req.structured_outputs.take(), dialect)?;
+    let grammar = grammar(format, setup.as_ref(), dialect)?;
+    let output = match endpoint {
+        Endpoint::Chat => output_options(state, setup.as_ref(), grammar.is_some()),
+        Endpoint::Completions => OutputOptions::default(),
+    };
+    let text = TextOptions {
+        endpoint,
+        stop: stop_strings(req.stop.take(), dialect)?,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        logprobs: shape,
+        stream: req.stream.unwrap_or(false),
+        include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
+        n,
+        output,
+    };
+    let prompt = match endpoint {
+        Endpoint::Chat => chat_prompt(&mut req, dialect, state, setup.as_ref())?,
+        Endpoint::Completions => prompts(req.prompt.take())?,
+    };
+    check_sequences(&prompt, n, dialect, state.config().max_sequences_per_request)?;
+    let priority = priority(req.priority, state.config().policy)?;
+    Ok(Parsed { prompt, sampling, stop, max_tokens, dialect, max_tokens_param, priority, grammar, text })
+}
+
+/// The request's sampling settings, its seed pinned (a random one when it gives none, so its
+/// draws never depend on what shares the batch). Their ranges are the engine's to check
+/// (`EngineRequest::new`, in [`tokenize`]).
+fn sampling(req: &mut GenerationRequest, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+    Ok(SamplingParams {
         temperature: req.temperature.unwrap_or(1.0),
         top_k: top_k(req.top_k)?,
         top_p: req.top_p.unwrap_or(1.0),
@@ -92,66 +126,48 @@ pub fn parse(req: GenerationRequest, dialect: Dialect, state: &AppState) -> Resu
         repetition_penalty: req.repetition_penalty.unwrap_or(1.0),
         presence_penalty: req.presence_penalty.unwrap_or(0.0),
         frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        logit_bias: logit_bias(req.logit_bias)?,
+        logit_bias: logit_bias(req.logit_bias.take())?,
         seed: seed(req.seed.as_ref())?.unwrap_or_else(random_seed),
         logprobs,
-    };
-    // Sampling values and min_tokens are checked with the rest when the engine request is
-    // made (`EngineRequest::new`, in `tokenize`).
-    let min_tokens = usize::try_from(req.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
-    let stop = StopCriteria {
+    })
+}
+
+/// When the request's sequences stop, but for `max_new_tokens`, which depends on each
+/// prompt's length ([`tokenize`]); `min_tokens` is checked with it by the engine.
+fn stop_criteria(req: &mut GenerationRequest, state: &AppState) -> StopCriteria {
+    StopCriteria {
         max_new_tokens: 0,
-        min_new_tokens: min_tokens,
-        stop_token_ids: req.stop_token_ids.unwrap_or_default(),
+        min_new_tokens: usize::try_from(req.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX),
+        stop_token_ids: req.stop_token_ids.take().unwrap_or_default(),
         eos_token_ids: state.config().eos_token_ids.clone(),
         ignore_eos: req.ignore_eos.unwrap_or(false),
+    }
+}
+
+/// A chat request's conversation and how the template renders it: the tools shown to it
+/// (through the template's own `tools`, or a system message for a template that never reads
+/// them) and the request's template options.
+fn chat_prompt(
+    req: &mut GenerationRequest,
+    dialect: Dialect,
+    state: &AppState,
+    setup: Option<&ToolSetup>,
+) -> Result<PromptInput, ApiError> {
+    let Some(template) = state.template() else {
+        let msg = "this model has no chat template; use /v1/completions";
+        return Err(ApiError::invalid(dialect.prompt(), msg));
     };
-    let setup = match endpoint {
-        Endpoint::Chat => tools::parse(req.tools, req.tool_choice, req.parallel_tool_calls)?,
-        Endpoint::Completions => None,
+    let shown = setup.filter(|s| s.choice != ToolChoice::None);
+    let reads_tools = tools::template_reads_tools(template.source());
+    let options = RenderOptions {
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        continue_final_message: req.continue_final_message.unwrap_or(false),
+        kwargs: req.chat_template_kwargs.take().unwrap_or_default(),
+        tools: shown.filter(|_| reads_tools).map(|s| s.tools.clone()),
+        ..RenderOptions::default()
     };
-    let grammar =
-        grammar(structured::parse(req.response_format, req.structured_outputs, dialect)?, setup.as_ref(), dialect)?;
-    let output = match endpoint {
-        Endpoint::Chat => output_options(state, setup.as_ref(), grammar.is_some()),
-        Endpoint::Completions => OutputOptions::default(),
-    };
-    let text = TextOptions {
-        endpoint,
-        stop: stop_strings(req.stop, dialect)?,
-        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-        logprobs: shape,
-        stream: req.stream.unwrap_or(false),
-        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        n,
-        output,
-    };
-    let prompt = match endpoint {
-        Endpoint::Chat => {
-            let options = RenderOptions {
-                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-                continue_final_message: req.continue_final_message.unwrap_or(false),
-                kwargs: req.chat_template_kwargs.unwrap_or_default(),
-                ..RenderOptions::default()
-            };
-            let Some(template) = state.template() else {
-                let msg = "this model has no chat template; use /v1/completions";
-                return Err(ApiError::invalid(dialect.prompt(), msg));
-            };
-            let shown = setup.as_ref().filter(|s| s.choice != ToolChoice::None);
-            let reads_tools = tools::template_reads_tools(template.source());
-            let mut options = options;
-            if reads_tools {
-                options.tools = shown.map(|s| s.tools.clone());
-            }
-            let messages = tools::prepare_messages(messages(req.messages, dialect)?, shown, reads_tools);
-            PromptInput::Chat { messages, options }
-        }
-        Endpoint::Completions => prompts(req.prompt)?,
-    };
-    check_sequences(&prompt, n, dialect, state.config().max_sequences_per_request)?;
-    let priority = priority(req.priority, state.config().policy)?;
-    Ok(Parsed { prompt, sampling, stop, max_tokens, dialect, max_tokens_param, priority, grammar, text })
+    let messages = tools::prepare_messages(messages(req.messages.take(), dialect)?, shown, reads_tools);
+    Ok(PromptInput::Chat { messages, options })
 }
 
 /// The grammar a request's output is held to: its `response_format` or
