@@ -1,12 +1,17 @@
 //! The live part of `cargo xtask test`: `met serve` on the default model, driven by the
 //! official `openai` and `anthropic` Python clients (`crates/server/tests/live/`: the
-//! OpenAI API in `test_openai.py`, what agents send in `test_agents.py`).
+//! OpenAI API in `test_openai.py`, bad input and hostile clients in `test_errors.py`,
+//! engine faults in `test_faults.py`, many clients and a soak in `test_load.py`, what agents
+//! send in `test_agents.py`; the first four share `live_common.py`).
+//!
+//! Each suite is a unittest script, run in a process of its own with the same arguments
+//! (`-k NAME` picks tests in every suite); a suite that a filter leaves empty is no failure.
 //!
 //! The client lives in a virtualenv outside the clone (`$MET_HOME/venv-live`), reinstalled
 //! only when `requirements.txt` changes. The server gets a free port, a random API key and
-//! a log file under the target directory; once `/health` answers 200 the suite runs, then
+//! a log file under the target directory; once `/health` answers 200 the suites run, then
 //! the server gets SIGTERM while a stream is in flight: the stream must finish and the
-//! server exit 0 within a bound. The suite's result and the shutdown's both decide the
+//! server exit 0 within a bound. The suites' results and the shutdown's all decide the
 //! outcome. A [`Server`] kills its process when dropped, so no
 //! failure path leaves one behind.
 
@@ -25,7 +30,13 @@ use sha2::{Digest, Sha256};
 use crate::root;
 
 /// The suites, run one after the other against the same server.
-const SUITES: [&str; 2] = ["crates/server/tests/live/test_openai.py", "crates/server/tests/live/test_agents.py"];
+const SUITES: [&str; 5] = [
+    "crates/server/tests/live/test_openai.py",
+    "crates/server/tests/live/test_errors.py",
+    "crates/server/tests/live/test_faults.py",
+    "crates/server/tests/live/test_load.py",
+    "crates/server/tests/live/test_agents.py",
+];
 const REQUIREMENTS: &str = "crates/server/tests/live/requirements.txt";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
