@@ -23,6 +23,9 @@ How to run (from the repository root; a few minutes on 2 CPU cores)
 The default path is $MET_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf (MET_HOME defaults to
 ~/.cache/met). The file's sha256 is checked first. `--only smollm2` or `--only templates` writes one
 of the two files. This is a developer tool; nothing in the build or CI needs Python.
+
+The template fixtures are rendered by `smollm2_templates.py` beside this script, and both files
+are written as deterministic JSON by `fixture_json.py`; the script imports both from its own folder.
 """
 
 from __future__ import annotations
@@ -30,25 +33,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import importlib.metadata
-import json
-import math
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from fixture_json import FIXTURES, sorted_keys, versions, write_json
+from smollm2_templates import TEMPLATES_OUT, templates_reference
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MAX_NEW_TOKENS = 32
 LOW_MARGIN = 1e-3
-
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "crates" / "server" / "tests" / "fixtures"
 SMOLLM2_OUT = FIXTURES / "smollm2" / "reference.json"
-TEMPLATES_DIR = FIXTURES / "templates"
-TEMPLATES_OUT = TEMPLATES_DIR / "reference.json"
 
 # ---------------------------------------------------------------------------------------------------
 # Inputs
@@ -163,138 +161,6 @@ TOKENIZE_STRINGS = [
     ("single_space", " "),
 ]
 
-# Templates: every conversation is rendered with every template.
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city (°C or °F). Use when asked about <weather> & 'climate'.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "description": "City name, e.g. Zürich"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "convert",
-            "description": "Convert an amount between currencies.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "amount": {"type": "number", "minimum": 0.01, "default": 1},
-                    "from": {"type": "string"},
-                    "to": {"type": "string"},
-                },
-                "required": ["amount", "from", "to"],
-            },
-            "strict": True,
-        },
-    },
-]
-
-DATE_STRING = "26 Jul 2024"
-
-TEMPLATE_CONVERSATIONS = [
-    {
-        "name": "system_user",
-        "messages": [
-            {"role": "system", "content": "  You are terse.\n"},
-            {"role": "user", "content": "Hello there!  How are you?"},
-        ],
-        "add_generation_prompt": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "multi_turn",
-        "messages": [
-            {"role": "user", "content": "What is 2 + 2?"},
-            {"role": "assistant", "content": " It is 4. "},
-            {"role": "user", "content": "/double that\nplease"},
-        ],
-        "add_generation_prompt": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "no_generation_prompt",
-        "messages": [
-            {"role": "system", "content": "Be kind."},
-            {"role": "user", "content": "Thanks!"},
-            {"role": "assistant", "content": "You're welcome — ¡de nada! 😊"},
-        ],
-        "add_generation_prompt": False,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "with_tools",
-        "messages": [
-            {"role": "system", "content": "You can call tools."},
-            {"role": "user", "content": "Weather in Zürich?"},
-            {
-                "role": "assistant",
-                "tool_calls": [
-                    {
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
-                    }
-                ],
-            },
-            {"role": "tool", "content": '{"temp": 21.5, "sky": "clear <sunny>"}'},
-        ],
-        "tools": TOOLS,
-        "add_generation_prompt": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "content_parts",
-        "messages": [
-            {"role": "system", "content": [{"type": "text", "text": "Answer briefly. "}]},
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": " Second part."}],
-            },
-            {"role": "assistant", "content": [{"type": "text", "text": "Noted."}]},
-            {"role": "user", "content": [{"type": "text", "text": "  Now summarise.  "}]},
-        ],
-        "add_generation_prompt": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "assistant_prefill",
-        "messages": [
-            {"role": "user", "content": "Name a fruit."},
-            {"role": "assistant", "content": "A good one is "},
-        ],
-        "add_generation_prompt": False,
-        "continue_final_message": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "bad_role",
-        "messages": [
-            {"role": "user", "content": "Tell me a story."},
-            {"role": "narrator", "content": "Once upon a time..."},
-        ],
-        "add_generation_prompt": True,
-        "kwargs": {"date_string": DATE_STRING},
-    },
-    {
-        "name": "date_from_strftime_now",
-        "messages": [{"role": "user", "content": "What day is it?"}],
-        "add_generation_prompt": True,
-        "kwargs": {},
-    },
-]
-
-TEMPLATE_NAMES = ["bracket_turns", "namespace_system", "json_tools", "parts_prefill"]
-STRFTIME_FORMAT = "%d %b %Y"
-
 # ---------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------
@@ -311,59 +177,6 @@ def sha256_of(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def sorted_keys(value):
-    """A copy with every dict's keys in sorted order.
-
-    The fixture files are written with sorted keys, so the inputs are rendered in that same order:
-    `tojson` then prints keys exactly as a reader of the fixture sees them.
-    """
-    if isinstance(value, dict):
-        return {k: sorted_keys(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
-        return [sorted_keys(v) for v in value]
-    return value
-
-
-def dumps(value, indent: int = 0) -> str:
-    """Deterministic JSON: sorted keys, 1-space indent, lists of scalars on one line, UTF-8."""
-    pad = " " * indent
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = [
-            f'{pad} {json.dumps(k, ensure_ascii=False)}: {dumps(value[k], indent + 1)}' for k in sorted(value)
-        ]
-        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
-    if isinstance(value, list):
-        if all(not isinstance(v, (dict, list)) for v in value):
-            return "[" + ", ".join(dumps(v) for v in value) + "]"
-        items = [f"{pad} {dumps(v, indent + 1)}" for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"non-finite float {value}")
-        return json.dumps(value)
-    return json.dumps(value, ensure_ascii=False)
-
-
-def write_json(path: Path, value) -> None:
-    text = dumps(value) + "\n"
-    json.loads(text)  # sanity check
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path.relative_to(REPO)} ({len(text.encode('utf-8'))} bytes)", file=sys.stderr)
-
-
-def versions() -> dict:
-    out = {"python": sys.version.split()[0]}
-    for name in ["transformers", "torch", "gguf", "tokenizers", "jinja2", "accelerate", "numpy"]:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def load_tokenizer(gguf: Path):
@@ -591,79 +404,6 @@ def smollm2_reference(gguf: Path, sha: str, command: str, tok) -> dict:
         "special": special_section(tok, model),
         "tokenize": tokenize_rows,
         "chat": chats,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------
-# Template fixtures
-# ---------------------------------------------------------------------------------------------------
-
-
-def templates_reference(tok, command: str) -> dict:
-    import jinja2
-
-    templates = {}
-    for name in TEMPLATE_NAMES:
-        templates[name] = (TEMPLATES_DIR / f"{name}.jinja").read_text(encoding="utf-8")
-
-    today = datetime.datetime.now()
-    cases = []
-    for conv in TEMPLATE_CONVERSATIONS:
-        messages = sorted_keys(conv["messages"])
-        tools = sorted_keys(conv.get("tools")) if conv.get("tools") is not None else None
-        agp = conv.get("add_generation_prompt", False)
-        cont = conv.get("continue_final_message", False)
-        kwargs = conv.get("kwargs", {})
-        renderings = {}
-        for name, source in templates.items():
-            before = datetime.datetime.now().strftime(STRFTIME_FORMAT)
-            try:
-                text = tok.apply_chat_template(
-                    messages,
-                    chat_template=source,
-                    tools=tools,
-                    tokenize=False,
-                    add_generation_prompt=agp,
-                    continue_final_message=cont,
-                    **kwargs,
-                )
-                result = {"rendered": text}
-                after = datetime.datetime.now().strftime(STRFTIME_FORMAT)
-                if "date_string" not in kwargs and before in text:
-                    if before != after:
-                        raise RuntimeError("the date changed during rendering; run again")
-                    result["strftime_now_date"] = before
-            except jinja2.exceptions.TemplateError as err:
-                result = {"error": {"type": type(err).__name__, "message": str(err)}}
-            except ValueError as err:
-                result = {"error": {"type": type(err).__name__, "message": str(err)}}
-            renderings[name] = result
-        cases.append(
-            {
-                "name": conv["name"],
-                "messages": messages,
-                "tools": tools,
-                "add_generation_prompt": agp,
-                "continue_final_message": cont,
-                "extra_kwargs": kwargs,
-                "renderings": renderings,
-            }
-        )
-    special = tok.special_tokens_map
-    return {
-        "meta": {
-            "generated_on": today.date().isoformat(),
-            "command": command,
-            "versions": versions(),
-            "render": "tokenizer.apply_chat_template(messages, chat_template=TEMPLATE, tools=tools, tokenize=False, "
-            "add_generation_prompt=..., continue_final_message=..., **extra_kwargs) with the SmolLM2 GGUF "
-            "tokenizer; jinja2 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)",
-            "strftime_now_format": STRFTIME_FORMAT,
-            "date_string": DATE_STRING,
-        },
-        "template_kwargs": {k: special[k] for k in sorted(special)},
-        "templates": {name: f"{name}.jinja" for name in TEMPLATE_NAMES},
-        "cases": cases,
     }
 
 
