@@ -15,15 +15,17 @@
 mod ops {
     pub mod attention;
     pub mod dense;
+    pub mod draws;
     pub mod harness;
     pub mod later;
+    pub mod masks;
     pub mod moe;
     pub mod props;
     pub mod quant;
     pub mod sampling;
 }
 
-use ops::{attention, dense, harness, later, moe, props, quant, sampling};
+use ops::{attention, dense, draws, harness, later, masks, moe, props, quant, sampling};
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
 /// built by `$make`. A check that exposes a known bug of a backend can carry
@@ -81,14 +83,14 @@ macro_rules! backend_tests {
                 sampling::frequency_counts_repeats_and_presence_does_not,
                 sampling::logprobs_come_from_the_raw_logits,
                 sampling::top_k_one_is_greedy,
-                sampling::truncated_tokens_are_never_drawn,
-                sampling::draws_invert_the_cdf_at_the_shared_uniform,
-                sampling::draws_are_reproducible_and_independent_of_the_batch,
-                sampling::drawn_frequencies_match_the_distribution,
-                sampling::draft_verification_keeps_the_target_distribution,
+                draws::truncated_tokens_are_never_drawn,
+                draws::draws_invert_the_cdf_at_the_shared_uniform,
+                draws::draws_are_reproducible_and_independent_of_the_batch,
+                draws::drawn_frequencies_match_the_distribution,
+                draws::draft_verification_keeps_the_target_distribution,
                 sampling::sample_rejects_bad_arguments,
-                sampling::mask_logits_matches_reference,
-                sampling::mask_logits_rejects_bad_operands,
+                masks::mask_logits_matches_reference,
+                masks::mask_logits_rejects_bad_operands,
                 later::sample_later_equals_sample,
             );
         }
@@ -149,6 +151,6 @@ mod cuda_only {
     #[test]
     fn bf16_logits_sample_as_their_f32_values() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
-        crate::sampling::bf16_logits_sample_as_their_f32_values(&backend)
+        crate::masks::bf16_logits_sample_as_their_f32_values(&backend)
     }
 }
