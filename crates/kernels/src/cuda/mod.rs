@@ -19,17 +19,19 @@ mod device;
 mod gemm;
 mod gemv;
 mod graph;
+mod launch;
 mod moe;
 pub(crate) mod nccl;
 mod ops;
 mod sample;
+mod storage;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::CudaFunction;
 use half::bf16;
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -37,82 +39,13 @@ use rayon::prelude::*;
 use self::compile::Origin;
 use self::device::{Device, DeviceBuffer};
 use self::gemm::Blas;
+use self::launch::{KERNELS, elementwise, launch, per_row};
+use self::storage::{HOST_COPY_MAX, expect_dtype, ptr, storage};
 use crate::backend::{
     AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
-use crate::{DType, DeviceKind, HostTensor, Shape, Storage, Tensor};
-
-const NAME: &str = "cuda";
-
-/// Index tensors up to this many elements keep a host copy for validation.
-const HOST_COPY_MAX: usize = 1 << 20;
-
-/// Every kernel of the module, looked up once at startup.
-const KERNELS: &[&str] = &[
-    "cast_bf16_f32",
-    "cast_f32_bf16",
-    "add_bf16",
-    "random_uniform_bf16",
-    "rms_norm_bf16",
-    "rms_norm_bf16_wf32",
-    "add_rms_norm_bf16",
-    "add_rms_norm_bf16_wf32",
-    "rms_norm_v_bf16",
-    "rms_norm_v_bf16_wf32",
-    "add_rms_norm_v_bf16",
-    "add_rms_norm_v_bf16_wf32",
-    "rotary_bf16",
-    "silu_mul_bf16",
-    "gelu_tanh_mul_bf16",
-    "silu_mul_v_bf16",
-    "gelu_tanh_mul_v_bf16",
-    "scale_bf16",
-    "scale_f32",
-    "softcap_bf16",
-    "softcap_f32",
-    "gather_rows_bf16",
-    "gather_rows_f32",
-    "gather_u32",
-    "copy_cols_bf16",
-    "fill_rows_bf16",
-    "write_kv_bf16",
-    "qkv_rotary_write_bf16",
-    "qkv_rotary_write_bf16_nf32",
-    "paged_attention_bf16",
-    "flash_prefill_bf16_d64",
-    "flash_prefill_bf16_d128",
-    "flash_prefill_wg_bf16_d64",
-    "flash_prefill_wg_bf16_d128",
-    "flash_decode_bf16_d64_w4",
-    "flash_decode_bf16_d128_w4",
-    "flash_decode_bf16_d64_w2",
-    "flash_decode_bf16_d128_w2",
-    "decode_attention_bf16_g1_w4",
-    "decode_attention_bf16_g2_w4",
-    "decode_attention_bf16_g4_w4",
-    "decode_attention_bf16_g8_w4",
-    "decode_attention_bf16_g1_w8",
-    "decode_attention_bf16_g2_w8",
-    "decode_attention_bf16_g4_w8",
-    "topk_routing_bf16",
-    "topk_routing_f32",
-    "moe_combine_f32",
-    "moe_combine_bf16",
-    "moe_align",
-    "moe_gemm_bf16_m16",
-    "moe_gemm_bf16_m16_deep",
-    "moe_gemm_bf16_m32",
-    "moe_gemm_bf16_m64",
-    "moe_gemm_bf16_m16_unaligned",
-    "sample_rows_f32",
-    "sample_rows_bf16",
-    "argmax_parts_f32",
-    "argmax_parts_bf16",
-    "argmax_merge",
-    "mask_logits_f32",
-    "mask_logits_bf16",
-];
+use crate::{DType, DeviceKind, HostTensor, Tensor};
 
 /// Device memory of one CUDA tensor.
 pub struct CudaStorage {
@@ -221,166 +154,7 @@ impl CudaBackend {
         self.tiled_prefill = attention::TiledPrefill::MmaSync;
         self
     }
-
-    fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
-        self.kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))
-    }
-
-    /// A tensor of `dims` with uninitialised contents.
-    fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        let shape = Shape::new(dims);
-        let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false) };
-        Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
-    }
-
-    /// A `U32` tensor holding `data`, with its host copy.
-    fn upload_u32(&self, data: &[u32], dims: &[usize]) -> Result<Tensor> {
-        let buf = self.dev.alloc(size_of_val(data))?;
-        self.dev.upload(&buf, data)?;
-        let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
-        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false) };
-        Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
-    }
-
-    /// Marks `t` as holding drawn tokens ([`CudaStorage::drawn`]).
-    fn mark_drawn(&self, op: &'static str, t: &Tensor) -> Result<()> {
-        storage(op, t)?.drawn.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Whether `t` holds drawn tokens and no host copy: indexing with it checks nothing.
-    fn drawn_only(&self, op: &'static str, t: &Tensor) -> Result<bool> {
-        let s = storage(op, t)?;
-        Ok(s.drawn.load(Ordering::Relaxed) && s.host_u32.lock().is_none())
-    }
-
-    /// The host copy of an uploaded `U32` tensor, if it has one (nothing is downloaded).
-    fn host_copy_u32(&self, op: &'static str, t: &Tensor) -> Result<Option<Arc<[u32]>>> {
-        expect_dtype(op, t, &[DType::U32])?;
-        Ok(storage(op, t)?.host_u32.lock().clone())
-    }
-
-    /// Elements of a `U32` tensor on the host: its host copy, or a download.
-    fn host_u32(&self, op: &'static str, t: &Tensor) -> Result<Arc<[u32]>> {
-        expect_dtype(op, t, &[DType::U32])?;
-        let copy = storage(op, t)?.host_u32.lock().clone();
-        match copy {
-            Some(h) => Ok(h),
-            None => self.download_u32(t).map(Arc::from),
-        }
-    }
 }
-
-/// The parameter list of one kernel launch: pointers to the argument values, in order.
-#[derive(Default)]
-pub(crate) struct Params {
-    ptrs: [*mut std::ffi::c_void; Self::MAX],
-    len: usize,
-}
-
-impl Params {
-    /// More than any met kernel takes.
-    const MAX: usize = 16;
-
-    /// Appends `value`, which must stay alive (and unmoved) until the launch.
-    pub(crate) fn push<T: cudarc::driver::DeviceRepr>(&mut self, value: &T) {
-        assert!(self.len < Self::MAX, "a kernel launch with more than {} arguments", Self::MAX);
-        self.ptrs[self.len] = std::ptr::from_ref(value).cast_mut().cast();
-        self.len += 1;
-    }
-}
-
-impl CudaBackend {
-    /// Launches `func` on the compute stream. Where the GPU supports it (Hopper on), the
-    /// launch allows programmatic dependent launch: the kernel may start while the kernel
-    /// before it finishes, and every met kernel waits for its predecessor's results with
-    /// `pdl_wait_prev` (see `common.cuh`) before it reads or writes anything they share, so
-    /// a kernel's launch and its first weight loads overlap the previous kernel's tail.
-    ///
-    /// # Safety
-    /// `params` must match the kernel's parameters in number, order and type, and every
-    /// pointer among them must be a live allocation that holds what the kernel indexes.
-    unsafe fn launch_raw(&self, func: &CudaFunction, cfg: LaunchConfig, params: &mut Params) -> Result<()> {
-        use cudarc::driver::sys;
-        self.dev.bind()?;
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.dev.stream().cu_stream(),
-            attrs: &raw mut attr,
-            numAttrs: u32::from(self.pdl),
-        };
-        // SAFETY: `config` and `attr` outlive the call; the caller vouches for `params`.
-        unsafe {
-            sys::cuLaunchKernelEx(&raw const config, func.cu_function(), params.ptrs.as_mut_ptr(), std::ptr::null_mut())
-        }
-        .result()
-        .map_err(drv)
-    }
-}
-
-fn storage<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
-    match t.storage() {
-        Storage::Cuda(s) => Ok(s),
-        #[allow(unreachable_patterns)]
-        other => Err(Error::WrongDevice { op, found: other.device_name(), backend: NAME }),
-    }
-}
-
-/// The device address of a tensor's elements.
-fn ptr(op: &'static str, t: &Tensor) -> Result<u64> {
-    Ok(storage(op, t)?.buf.ptr())
-}
-
-/// Rejects a tensor whose dtype is not one of `allowed`.
-fn expect_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
-    if allowed.contains(&t.dtype()) { Ok(()) } else { Err(Error::DType { op, expected: allowed[0], got: t.dtype() }) }
-}
-
-/// Launch shape of a grid-stride elementwise kernel over `n` elements.
-fn elementwise(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// Launch shape of one block per row, with a multiple of 32 threads up to `max`.
-fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
-    let threads = (cols.div_ceil(32) * 32).clamp(32, max) as u32;
-    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// Launches kernel `$name` with `$cfg` and the arguments in order. Each argument is bound
-/// to a local first, so the parameter list points at values that outlive the launch call.
-macro_rules! launch {
-    ($be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let be = &$be;
-        let func = be.kernel($name)?;
-        let mut params = $crate::cuda::Params::default();
-        launch!(@push params; $($arg),*);
-        // SAFETY: the arguments match the kernel's parameters in number, order and type
-        // (see the `.cu` sources); every pointer is a live allocation of this device that
-        // holds what the kernel indexes, as the caller's shape checks establish.
-        unsafe { be.launch_raw(func, $cfg, &mut params) }
-    }};
-    (@push $p:ident; ) => {};
-    (@push $p:ident; $head:expr $(, $tail:expr)*) => {
-        let value = $head;
-        $p.push(&value);
-        launch!(@push $p; $($tail),*);
-    };
-}
-pub(crate) use launch;
 
 impl GpuBackend for CudaBackend {
     fn device(&self) -> DeviceKind {

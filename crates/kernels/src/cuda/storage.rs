@@ -1,0 +1,85 @@
+//! The memory behind a CUDA tensor: allocation, the host copy an uploaded index tensor
+//! keeps so that ops validate ids without reading the device, and the flag of tensors that
+//! hold tokens the sampler drew on the device (which ops index with unchecked, so a step fed
+//! from earlier draws does not wait for them). Also the accessors every op uses to reach a
+//! tensor's device memory and check its dtype.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use super::{CudaBackend, CudaStorage};
+use crate::backend::GpuBackend;
+use crate::error::{Error, Result};
+use crate::{DType, Shape, Storage, Tensor};
+
+const NAME: &str = "cuda";
+
+/// Index tensors up to this many elements keep a host copy for validation.
+pub(super) const HOST_COPY_MAX: usize = 1 << 20;
+
+impl CudaBackend {
+    /// A tensor of `dims` with uninitialised contents.
+    pub(super) fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
+        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false) };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
+    }
+
+    /// A `U32` tensor holding `data`, with its host copy.
+    pub(super) fn upload_u32(&self, data: &[u32], dims: &[usize]) -> Result<Tensor> {
+        let buf = self.dev.alloc(size_of_val(data))?;
+        self.dev.upload(&buf, data)?;
+        let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
+        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false) };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
+    }
+
+    /// Marks `t` as holding drawn tokens ([`CudaStorage::drawn`]).
+    pub(super) fn mark_drawn(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        storage(op, t)?.drawn.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether `t` holds drawn tokens and no host copy: indexing with it checks nothing.
+    pub(super) fn drawn_only(&self, op: &'static str, t: &Tensor) -> Result<bool> {
+        let s = storage(op, t)?;
+        Ok(s.drawn.load(Ordering::Relaxed) && s.host_u32.lock().is_none())
+    }
+
+    /// The host copy of an uploaded `U32` tensor, if it has one (nothing is downloaded).
+    pub(super) fn host_copy_u32(&self, op: &'static str, t: &Tensor) -> Result<Option<Arc<[u32]>>> {
+        expect_dtype(op, t, &[DType::U32])?;
+        Ok(storage(op, t)?.host_u32.lock().clone())
+    }
+
+    /// Elements of a `U32` tensor on the host: its host copy, or a download.
+    pub(super) fn host_u32(&self, op: &'static str, t: &Tensor) -> Result<Arc<[u32]>> {
+        expect_dtype(op, t, &[DType::U32])?;
+        let copy = storage(op, t)?.host_u32.lock().clone();
+        match copy {
+            Some(h) => Ok(h),
+            None => self.download_u32(t).map(Arc::from),
+        }
+    }
+}
+
+pub(super) fn storage<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
+    match t.storage() {
+        Storage::Cuda(s) => Ok(s),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::WrongDevice { op, found: other.device_name(), backend: NAME }),
+    }
+}
+
+/// The device address of a tensor's elements.
+pub(super) fn ptr(op: &'static str, t: &Tensor) -> Result<u64> {
+    Ok(storage(op, t)?.buf.ptr())
+}
+
+/// Rejects a tensor whose dtype is not one of `allowed`.
+pub(super) fn expect_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
+    if allowed.contains(&t.dtype()) { Ok(()) } else { Err(Error::DType { op, expected: allowed[0], got: t.dtype() }) }
+}
