@@ -1,7 +1,10 @@
 //! Shared helpers: build an engine over the mock model and run requests to completion
-//! while checking the cache invariants after every step.
+//! while checking the cache invariants after every step. The speculative-decoding tests'
+//! proposers and comparisons are in [`speculative`].
 
 #![allow(dead_code)]
+
+pub mod speculative;
 
 use std::sync::Arc;
 
