@@ -13,7 +13,7 @@
 //!    names are the decoder's (`model.layers.N.self_attn.q_proj.weight`, ...), so a family
 //!    that keeps Hugging Face's usual names declares none.
 //! 2. Add `<arch>::ARCH` to [`ARCHITECTURES`] (and `mod <arch>;`).
-//! 3. Add a tiny checkpoint to `scripts/hf_fixtures.py` and its name to
+//! 3. Add a tiny checkpoint to `scripts/hf_fixture_specs.py` and its name to
 //!    `tests/hf_equivalence.rs`.
 //!
 //! An op the recipe cannot yet express goes into `met-kernels` (CPU and CUDA) and a field
