@@ -16,6 +16,8 @@ mod simd;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_int;
+#[cfg(target_arch = "x86_64")]
+mod x86_isa;
 
 use std::fmt;
 

@@ -1,18 +1,21 @@
 //! AVX-512 and AVX2 (+ FMA, F16C) products of f32 activations with packed quantised rows
 //! ([`super::PackedQuant`]: f16 scales in arrays of their own, quants without their block
-//! headers).
+//! headers), and the AVX2 dequantiser of those rows.
 //!
 //! Per block: widen the quants to f32 vectors, multiply by the matching activations,
 //! scale the block's partial sum by `d`; the minimum terms `m · Σx` of a row come last from
 //! the precomputed block sums. Two rows run side by side so their FMA chains overlap
-//! and each activation vector is loaded once for both. Weights are never rounded: results
-//! differ from the scalar path only by summation order.
+//! and each activation vector is loaded once for both; several activation rows share one
+//! unpacked weight row the same way. Weights are never rounded: results differ from the
+//! scalar path only by summation order. One body ([`dots`]) serves both instruction sets
+//! and every shape, written in the operations of [`super::x86_isa`].
 
 use std::arch::x86_64::*;
 
 use super::QuantFormat;
 use super::SimdLevel as Level;
 use super::q8::WeightRow;
+use super::x86_isa::{Avx2, Avx512, Isa};
 
 /// Blocks whose scales a kernel widens to f32 at a time, into an array on the stack.
 pub(super) const WIDEN: usize = 64;
@@ -62,19 +65,31 @@ pub(super) unsafe fn scale_groups<const R: usize>(
     }
 }
 
+/// Widens the scales of the group of blocks from `c` (`WIDEN` of them, or the rest of the
+/// row) of every row into `dw[r]`; returns the group's length. Groups start at multiples
+/// of `WIDEN` (even), so two-block steps pair the blocks as they would without groups.
+///
+/// # Safety
+/// The CPU must have AVX and F16C; every row's scale array runs on past its blocks, as
+/// `WeightRow` promises.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+pub(super) unsafe fn widen_group<const R: usize>(
+    w: &[WeightRow<'_>; R],
+    c: usize,
+    dw: &mut [[f32; WIDEN]; R],
+) -> usize {
+    let n = (w[0].nb - c).min(WIDEN);
+    for (row, d) in w.iter().zip(dw.iter_mut()) {
+        // SAFETY: as the caller guarantees.
+        unsafe { widen(row.d, c, n, d) };
+    }
+    n
+}
+
 /// The process's SIMD level (see [`super::SimdLevel::current`]).
 fn level() -> Level {
     Level::current()
-}
-
-/// The sum of the eight lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn hsum256(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }
 
 /// `out[j] = x · row (rows.start + j)` of a packed matrix with SIMD; false where this CPU
@@ -94,16 +109,16 @@ pub(super) fn packed_dot_rows(
     let mut j = 0;
     while j < out.len() {
         let (ra, rb) = (rows.start + j, rows.start + (j + 1).min(out.len() - 1));
-        let (a, b) = (WeightRow::of(p, ra), WeightRow::of(p, rb));
+        let w = [WeightRow::of(p, ra), WeightRow::of(p, rb)];
         // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
         // each row holds `nb` scales (and minimums) and `nb` payloads, `x` holds `32 · nb`
         // values and `sums` `nb` (checked by the caller).
-        let (va, vb) = unsafe {
+        let [[va], [vb]] = unsafe {
             match (level, q4) {
-                (Level::Avx512, true) => packed_q4_512(x, sums, &a, &b),
-                (Level::Avx512, false) => packed_q8_512(x, &a, &b),
-                (_, true) => packed_q4_256(x, sums, &a, &b),
-                (_, false) => packed_q8_256(x, &a, &b),
+                (Level::Avx512, true) => dots_512::<true, 2, 1>(&[x], &[sums], &w),
+                (Level::Avx512, false) => dots_512::<false, 2, 1>(&[x], &[sums], &w),
+                (_, true) => dots_256::<true, 2, 1>(&[x], &[sums], &w),
+                (_, false) => dots_256::<false, 2, 1>(&[x], &[sums], &w),
             }
         };
         out[j] = va;
@@ -131,95 +146,49 @@ pub(super) fn packed_dot_rows_many(
     if level() != Level::Avx512 {
         return false;
     }
-    let q4 = p.format() != QuantFormat::Q8_0;
-    let (k, nb, n) = (p.k(), p.blocks_per_row(), rows.len());
-    let m = x.len() / k.max(1);
+    let m = x.len() / p.k().max(1);
+    let mut job = ManyRows { p, x, sums, rows, out };
     for first in (0..m).step_by(4) {
-        let take = (m - first).min(4);
-        let xs: Vec<&[f32]> = (first..first + take).map(|i| &x[i * k..(i + 1) * k]).collect();
-        let ss: Vec<&[f32]> = (first..first + take).map(|i| &sums[i * nb..(i + 1) * nb]).collect();
-        for (j, r) in rows.clone().enumerate() {
-            let row = WeightRow::of(p, r);
-            let mut got = [0f32; 4];
-            // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
-            // minimums and payloads, each activation row `32 · nb` values and each sums row
-            // `nb` (checked by the caller).
-            unsafe {
-                match (take, q4) {
-                    (4, true) => got = packed_q4_512_many::<4>(&xs, &ss, &row),
-                    (3, true) => got[..3].copy_from_slice(&packed_q4_512_many::<3>(&xs, &ss, &row)),
-                    (2, true) => got[..2].copy_from_slice(&packed_q4_512_many::<2>(&xs, &ss, &row)),
-                    (_, true) => got[..1].copy_from_slice(&packed_q4_512_many::<1>(&xs, &ss, &row)),
-                    (4, false) => got = packed_q8_512_many::<4>(&xs, &row),
-                    (3, false) => got[..3].copy_from_slice(&packed_q8_512_many::<3>(&xs, &row)),
-                    (2, false) => got[..2].copy_from_slice(&packed_q8_512_many::<2>(&xs, &row)),
-                    (_, false) => got[..1].copy_from_slice(&packed_q8_512_many::<1>(&xs, &row)),
-                }
-            }
-            for (i, g) in got[..take].iter().enumerate() {
-                out[(first + i) * n + j] = *g;
-            }
+        match (m - first).min(4) {
+            4 => job.group::<4>(first),
+            3 => job.group::<3>(first),
+            2 => job.group::<2>(first),
+            _ => job.group::<1>(first),
         }
     }
     true
 }
 
-/// One packed Q4 row against `M` activation rows: per row, exactly the operations of
-/// `packed_q4_512` (which runs them for two weight rows instead).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn packed_q4_512_many<const M: usize>(xs: &[&[f32]], sums: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
-    let mask = _mm_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); M];
-    let mut dw = [[0f32; WIDEN]; 1];
-    let step = |dw: &[[f32; WIDEN]; 1], c: usize, n: usize| {
-        for i in c..c + n {
-            // SAFETY: block `i` of the row (16 payload bytes) and activations `32i..32i+32` of
-            // every row are in bounds; loads are unaligned.
-            unsafe {
-                let qs = _mm_loadu_si128(a.qs.as_ptr().add(i * 16).cast());
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-                let d = _mm512_set1_ps(*dw[0].get_unchecked(i - c));
-                for (acc, x) in acc.iter_mut().zip(xs) {
-                    let xp = x.as_ptr().add(i * 32);
-                    let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                    *acc = _mm512_fmadd_ps(d, p, *acc);
-                }
-            }
-        }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a], &mut dw, step) };
-    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]) + min_term(a, sums[j]))
+/// The operands and output of one [`packed_dot_rows_many`] call.
+struct ManyRows<'a, 'p> {
+    p: &'p super::packed::PackedQuant,
+    x: &'a [f32],
+    sums: &'a [f32],
+    rows: std::ops::Range<usize>,
+    out: &'a mut [f32],
 }
 
-/// One packed Q8 row against `M` activation rows: per row, exactly the operations of
-/// `packed_q8_512`.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn packed_q8_512_many<const M: usize>(xs: &[&[f32]], a: &WeightRow<'_>) -> [f32; M] {
-    let mut acc = [_mm512_setzero_ps(); M];
-    let mut dw = [[0f32; WIDEN]; 1];
-    let step = |dw: &[[f32; WIDEN]; 1], c: usize, n: usize| {
-        for i in c..c + n {
-            // SAFETY: as in `packed_q4_512_many`, with 32 payload bytes per block.
-            unsafe {
-                let qs = a.qs.as_ptr().add(i * 32);
-                let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
-                let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
-                let d = _mm512_set1_ps(*dw[0].get_unchecked(i - c));
-                for (acc, x) in acc.iter_mut().zip(xs) {
-                    let xp = x.as_ptr().add(i * 32);
-                    let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                    *acc = _mm512_fmadd_ps(d, p, *acc);
-                }
+impl ManyRows<'_, '_> {
+    /// Activation rows `first..first + M` against every weight row, one weight row per
+    /// kernel call.
+    fn group<const M: usize>(&mut self, first: usize) {
+        let (k, nb, n) = (self.p.k(), self.p.blocks_per_row(), self.rows.len());
+        let xs: [&[f32]; M] = std::array::from_fn(|i| &self.x[(first + i) * k..(first + i + 1) * k]);
+        let ss: [&[f32]; M] = std::array::from_fn(|i| &self.sums[(first + i) * nb..(first + i + 1) * nb]);
+        let q4 = self.p.format() != QuantFormat::Q8_0;
+        for (j, r) in self.rows.clone().enumerate() {
+            let w = [WeightRow::of(self.p, r)];
+            // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
+            // minimums and payloads, each activation row `32 · nb` values and each sums row
+            // `nb` (checked by the caller).
+            let [got] = unsafe {
+                if q4 { dots_512::<true, 1, M>(&xs, &ss, &w) } else { dots_512::<false, 1, M>(&xs, &ss, &w) }
+            };
+            for (i, g) in got.iter().enumerate() {
+                self.out[(first + i) * n + j] = *g;
             }
         }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a], &mut dw, step) };
-    std::array::from_fn(|j| _mm512_reduce_add_ps(acc[j]))
+    }
 }
 
 /// `Σ m · s` over a row's blocks, in block order (the scalar path's order).
@@ -237,130 +206,109 @@ fn min_term(row: &WeightRow<'_>, sums: &[f32]) -> f32 {
     total
 }
 
+/// [`dots`] with AVX-512.
+///
+/// # Safety
+/// As [`dots`], on a CPU with AVX-512F, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn packed_q4_512(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
-    let mask = _mm_set1_epi8(0x0F);
-    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut dw = [[0f32; WIDEN]; 2];
-    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
-        for i in c..c + n {
-            // SAFETY: block `i` of both rows (16 payload bytes) and activations `32i..32i+32`
-            // are in bounds; loads are unaligned.
-            unsafe {
-                let xp = x.as_ptr().add(i * 32);
-                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                let one = |qs: *const u8, d: f32, acc: &mut __m512| {
-                    let qs = _mm_loadu_si128(qs.cast());
-                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(qs, mask)));
-                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), mask)));
-                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-                };
-                one(a.qs.as_ptr().add(i * 16), *dw[0].get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 16), *dw[1].get_unchecked(i - c), &mut acc_b);
-            }
-        }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
-    (_mm512_reduce_add_ps(acc_a) + min_term(a, sums), _mm512_reduce_add_ps(acc_b) + min_term(b, sums))
+unsafe fn dots_512<const Q4: bool, const R: usize, const M: usize>(
+    xs: &[&[f32]; M],
+    sums: &[&[f32]; M],
+    w: &[WeightRow<'_>; R],
+) -> [[f32; M]; R] {
+    // SAFETY: this function enables `Avx512`'s features; the rest as the caller guarantees.
+    unsafe { dots::<Avx512, Q4, R, M>(xs, sums, w) }
 }
 
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn packed_q8_512(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
-    let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut dw = [[0f32; WIDEN]; 2];
-    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
-        for i in c..c + n {
-            // SAFETY: as in `packed_q4_512`, with 32 payload bytes per block.
-            unsafe {
-                let xp = x.as_ptr().add(i * 32);
-                let (xlo, xhi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                let one = |qs: *const u8, d: f32, acc: &mut __m512| {
-                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.cast())));
-                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16).cast())));
-                    let p = _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
-                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), p, *acc);
-                };
-                one(a.qs.as_ptr().add(i * 32), *dw[0].get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 32), *dw[1].get_unchecked(i - c), &mut acc_b);
-            }
-        }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
-    (_mm512_reduce_add_ps(acc_a), _mm512_reduce_add_ps(acc_b))
-}
-
+/// [`dots`] with AVX2.
+///
+/// # Safety
+/// As [`dots`], on a CPU with AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn packed_q4_256(x: &[f32], sums: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
-    let mask = _mm_set1_epi8(0x0F);
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut dw = [[0f32; WIDEN]; 2];
-    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
-        for i in c..c + n {
-            // SAFETY: as in `packed_q4_512`.
-            unsafe {
-                let xp = x.as_ptr().add(i * 32);
-                let xs = [
-                    _mm256_loadu_ps(xp),
-                    _mm256_loadu_ps(xp.add(8)),
-                    _mm256_loadu_ps(xp.add(16)),
-                    _mm256_loadu_ps(xp.add(24)),
-                ];
-                let one = |qs: *const u8, d: f32, acc: &mut __m256| {
-                    let qs = _mm_loadu_si128(qs.cast());
-                    let (lo, hi) = (_mm_and_si128(qs, mask), _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
-                    let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                    let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                    p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                    p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                    p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-                };
-                one(a.qs.as_ptr().add(i * 16), *dw[0].get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 16), *dw[1].get_unchecked(i - c), &mut acc_b);
-            }
-        }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
-    (hsum256(acc_a) + min_term(a, sums), hsum256(acc_b) + min_term(b, sums))
+unsafe fn dots_256<const Q4: bool, const R: usize, const M: usize>(
+    xs: &[&[f32]; M],
+    sums: &[&[f32]; M],
+    w: &[WeightRow<'_>; R],
+) -> [[f32; M]; R] {
+    // SAFETY: this function enables `Avx2`'s features; the rest as the caller guarantees.
+    unsafe { dots::<Avx2, Q4, R, M>(xs, sums, w) }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn packed_q8_256(x: &[f32], a: &WeightRow<'_>, b: &WeightRow<'_>) -> (f32, f32) {
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut dw = [[0f32; WIDEN]; 2];
-    let step = |dw: &[[f32; WIDEN]; 2], c: usize, n: usize| {
+/// `out[r][i] = xs[i] · w[r]` for `R` packed Q4 (`Q4`) or Q8_0 rows and `M` activation
+/// rows (`sums` their block sums): per block, the weights widened to f32 once for all
+/// activation rows, each block's products summed in element order into one vector and
+/// scaled into its pair's accumulator, whose lanes are summed at the end; then the
+/// minimum terms. Each pair sees the same operations in the same order whatever `R` and
+/// `M` are.
+///
+/// # Safety
+/// The CPU must have `S`'s features (and AVX and F16C); every weight row holds `nb`
+/// scales (and minimums) running on past its blocks (`WeightRow`) and `nb` payloads, every
+/// activation row `32 · nb` values and every sums row `nb`.
+#[inline(always)]
+unsafe fn dots<S: Isa, const Q4: bool, const R: usize, const M: usize>(
+    xs: &[&[f32]; M],
+    sums: &[&[f32]; M],
+    w: &[WeightRow<'_>; R],
+) -> [[f32; M]; R] {
+    let payload = if Q4 { 16 } else { 32 };
+    // SAFETY: the CPU has `S`'s features (the caller guarantees).
+    let mut acc = [[unsafe { S::zero() }; M]; R];
+    let mut dw = [[0f32; WIDEN]; R];
+    for c in (0..w[0].nb).step_by(WIDEN) {
+        // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+        let n = unsafe { widen_group(w, c, &mut dw) };
         for i in c..c + n {
-            // SAFETY: as in `packed_q8_512`.
+            // SAFETY: the CPU has `S`'s features; block `i < nb` of every weight row
+            // (`payload` bytes) and activations `32i..32i+32` of every activation row are
+            // in bounds; loads are unaligned.
             unsafe {
-                let xp = x.as_ptr().add(i * 32);
-                let xs = [
-                    _mm256_loadu_ps(xp),
-                    _mm256_loadu_ps(xp.add(8)),
-                    _mm256_loadu_ps(xp.add(16)),
-                    _mm256_loadu_ps(xp.add(24)),
-                ];
-                let one = |qs: *const u8, d: f32, acc: &mut __m256| {
-                    let q = _mm256_loadu_si256(qs.cast());
-                    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-                    let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                    let mut p = _mm256_mul_ps(w(lo), xs[0]);
-                    p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), xs[1], p);
-                    p = _mm256_fmadd_ps(w(hi), xs[2], p);
-                    p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), xs[3], p);
-                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, *acc);
-                };
-                one(a.qs.as_ptr().add(i * 32), *dw[0].get_unchecked(i - c), &mut acc_a);
-                one(b.qs.as_ptr().add(i * 32), *dw[1].get_unchecked(i - c), &mut acc_b);
+                let mut x = [S::zero_block(); M];
+                for (x, row) in x.iter_mut().zip(xs) {
+                    *x = S::load_block(row.as_ptr().add(i * 32));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let qs = w[r].qs.as_ptr().add(i * payload);
+                    let q = if Q4 { S::widen_q4(qs) } else { S::widen_q8(qs) };
+                    let d = S::splat(*dw[r].get_unchecked(i - c));
+                    for (acc, x) in acc.iter_mut().zip(&x) {
+                        *acc = S::fmadd(d, block_dot::<S>(&q, x), *acc);
+                    }
+                }
             }
         }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(&[*a, *b], &mut dw, step) };
-    (hsum256(acc_a), hsum256(acc_b))
+    }
+    let mut out = [[0f32; M]; R];
+    for r in 0..R {
+        for i in 0..M {
+            // SAFETY: the CPU has `S`'s features, and AVX and F16C for `min_term`.
+            out[r][i] = unsafe {
+                let sum = S::reduce(acc[r][i]);
+                if Q4 { sum + min_term(&w[r], sums[i]) } else { sum }
+            };
+        }
+    }
+    out
+}
+
+/// One block's `Σ w · x` as a vector: the product of its first vectors, then each next
+/// one fused in, in element order.
+///
+/// # Safety
+/// The CPU must have `S`'s features.
+#[inline(always)]
+unsafe fn block_dot<S: Isa>(w: &S::Block, x: &S::Block) -> S::F {
+    let (w, x) = (w.as_ref(), x.as_ref());
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let mut p = S::mul(w[0], x[0]);
+        // An index loop over the block's fixed length unrolls fully; an iterator chain
+        // with `skip` was left a loop over vectors spilled to the stack.
+        for j in 1..w.len() {
+            p = S::fmadd(w[j], x[j], p);
+        }
+        p
+    }
 }
 
 /// Dequantises the `out.len() / 32` blocks of a packed matrix from block `first` on (its

@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 
 use super::q8::{ActRow, Q8Rows, WeightRow};
 use super::x86::{WIDEN, scale_groups};
+use super::x86_isa::{Avx2, Isa};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -410,7 +411,8 @@ fn add_min_terms_256<const R: usize, const M: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn reduce_256<const R: usize, const M: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
-    std::array::from_fn(|r| std::array::from_fn(|i| super::x86::hsum256(acc[r][i])))
+    // SAFETY: the CPU has AVX2 (this function's features).
+    std::array::from_fn(|r| std::array::from_fn(|i| unsafe { <Avx2 as Isa>::reduce(acc[r][i]) }))
 }
 
 /// The scales of a group's blocks `c .. c + n` for every pair of weight row `r` and
