@@ -39,32 +39,6 @@ unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
     }
 }
 
-/// Runs `step(dw, c, n)` over the rows' blocks in groups of `WIDEN` (`c` the group's first
-/// block, `n` its length), with `dw[r]` holding row `r`'s scales of the group as f32. Groups
-/// start at multiples of `WIDEN` (even), so two-block steps pair the blocks as they would
-/// without groups.
-///
-/// # Safety
-/// The CPU must have AVX and F16C; every row's scale array runs on past its blocks, as
-/// `WeightRow` promises.
-#[inline]
-#[target_feature(enable = "avx,f16c")]
-pub(super) unsafe fn scale_groups<const R: usize>(
-    w: &[WeightRow<'_>; R],
-    dw: &mut [[f32; WIDEN]; R],
-    mut step: impl FnMut(&[[f32; WIDEN]; R], usize, usize),
-) {
-    let nb = w[0].nb;
-    for c in (0..nb).step_by(WIDEN) {
-        let n = (nb - c).min(WIDEN);
-        for (row, d) in w.iter().zip(dw.iter_mut()) {
-            // SAFETY: as the caller guarantees.
-            unsafe { widen(row.d, c, n, d) };
-        }
-        step(dw, c, n);
-    }
-}
-
 /// Widens the scales of the group of blocks from `c` (`WIDEN` of them, or the rest of the
 /// row) of every row into `dw[r]`; returns the group's length. Groups start at multiples
 /// of `WIDEN` (even), so two-block steps pair the blocks as they would without groups.

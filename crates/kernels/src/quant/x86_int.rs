@@ -21,8 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::q8::{ActRow, Q8Rows, WeightRow};
-use super::x86::{WIDEN, scale_groups};
-use super::x86_isa::{Avx2, Isa};
+use super::x86::{WIDEN, widen_group};
+use super::x86_isa::{Avx2, Avx512, IntIsa, Q4Blocks, Q8Blocks, Weights};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -102,10 +102,10 @@ impl Job<'_, '_> {
     fn tile<const R: usize, const M: usize>(&mut self, r: usize, first: usize, acts: &[ActRow<'_>; M]) -> usize {
         let w: [WeightRow<'_>; R] = std::array::from_fn(|j| WeightRow::of(self.p, r + j));
         let kernel: Kernel<R, M> = match (self.level, self.q4) {
-            (SimdLevel::Avx512, true) => q4_512::<R, M>,
-            (SimdLevel::Avx512, false) => q8_512::<R, M>,
-            (_, true) => q4_256::<R, M>,
-            (_, false) => q8_256::<R, M>,
+            (SimdLevel::Avx512, true) => kernel_512::<Q4Blocks, R, M>,
+            (SimdLevel::Avx512, false) => kernel_512::<Q8Blocks, R, M>,
+            (_, true) => kernel_256::<Q4Blocks, R, M>,
+            (_, false) => kernel_256::<Q8Blocks, R, M>,
         };
         // SAFETY: `dot_rows` runs only at a level the CPU has (the caller caps it at the
         // detected one, and AVX-512 here implies VNNI); every row holds `nb` scales and
@@ -186,235 +186,6 @@ impl<const R: usize, const M: usize> Ptrs<R, M> {
     }
 }
 
-/// `[d[b] × 8, d[b + 1] × 8]`, or `d[b]` in the low half for the last block of an odd
-/// count (whose upper lanes multiply zero products).
-///
-/// # Safety
-/// `d[b]` (and `d[b + 1]` when `PAIR`) must be readable; the CPU must have AVX-512F.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair_scales<const PAIR: bool>(d: *const f32, b: usize) -> __m512 {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        if PAIR {
-            let two = _mm_castpd_ps(_mm_load_sd(d.add(b).cast()));
-            _mm512_permutexvar_ps(
-                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                _mm512_castps128_ps512(two),
-            )
-        } else {
-            _mm512_set1_ps(*d.add(b))
-        }
-    }
-}
-
-/// Loads the quants of activation blocks `b` and `b + 1` (or `b` alone, zero-extended).
-///
-/// # Safety
-/// Block `b` (and `b + 1` when `PAIR`) of 32 bytes must be readable at `qs`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn load_pair<const PAIR: bool>(qs: *const i8, b: usize) -> __m512i {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        let p = qs.add(b * 32);
-        if PAIR { _mm512_loadu_si512(p.cast()) } else { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
-    }
-}
-
-/// Sums the lanes of every accumulator.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn reduce_512<const R: usize, const M: usize>(acc: &[[__m512; M]; R]) -> [[f32; M]; R] {
-    std::array::from_fn(|r| std::array::from_fn(|i| _mm512_reduce_add_ps(acc[r][i])))
-}
-
-/// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 16 blocks per
-/// step: one dependent scalar chain per pair would cost as much as the blocks themselves.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn add_min_terms_512<const R: usize, const M: usize>(
-    w: &[WeightRow<'_>; R],
-    a: &[ActRow<'_>; M],
-    acc: &mut [[__m512; M]; R],
-) {
-    let nb = w[0].nb;
-    for b in (0..nb).step_by(16) {
-        let mask: __mmask16 = if nb - b >= 16 { 0xFFFF } else { (1u16 << (nb - b)) - 1 };
-        // SAFETY: the activation loads are masked to blocks `b..nb`; the weight rows'
-        // minimums run on past each row (`WeightRow`), so 16 of them from block `b` are in
-        // bounds, and the mask zeroes the lanes past the row.
-        unsafe {
-            let s: [__m512; M] = std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, a[i].s.as_ptr().add(b)));
-            for r in 0..R {
-                let m16 = _mm256_loadu_si256(w[r].m.as_ptr().add(b).cast());
-                let m = _mm512_maskz_mov_ps(mask, _mm512_cvtph_ps(m16));
-                for i in 0..M {
-                    acc[r][i] = _mm512_fmadd_ps(m, s[i], acc[r][i]);
-                }
-            }
-        }
-    }
-}
-
-/// Q4 rows × q8 rows, two blocks (64 values) per step with `vpdpbusd`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let mut dw = [[0f32; WIDEN]; R];
-    let mut acc = [[_mm512_setzero_ps(); M]; R];
-    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
-        let ptrs = Ptrs::of(w, a, dw);
-        let mut b = c;
-        while b + 1 < c + n {
-            // SAFETY: blocks `b` and `b + 1` are below `c + n ≤ nb`: in bounds of every row.
-            unsafe { q4_step_512::<R, M, true>(&ptrs, b, b - c, &mut acc) };
-            b += 2;
-        }
-        if b < c + n {
-            // SAFETY: block `b` is below `c + n ≤ nb`: in bounds of every row.
-            unsafe { q4_step_512::<R, M, false>(&ptrs, b, b - c, &mut acc) };
-        }
-    };
-    // SAFETY: every weight row holds `nb` scales (and more past them) and `16 · nb`
-    // payload bytes and every activation row `nb` scales and `32 · nb` quants; the steps
-    // read blocks below `nb`, and their weight scales from the group's widened copy.
-    unsafe { scale_groups(w, &mut dw, step) };
-    add_min_terms_512(w, a, &mut acc);
-    reduce_512(&acc)
-}
-
-/// Blocks `b` and `b + 1` (or `b` alone) of a Q4 group into its accumulators.
-///
-/// # Safety
-/// Those blocks must be in bounds of every row behind `ptrs`; the CPU must have the
-/// features below.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_step_512<const R: usize, const M: usize, const PAIR: bool>(
-    ptrs: &Ptrs<R, M>,
-    b: usize,
-    bw: usize,
-    acc: &mut [[__m512; M]; R],
-) {
-    let (mask, mask128) = (_mm256_set1_epi8(0x0F), _mm_set1_epi8(0x0F));
-    let zero = _mm512_setzero_si512();
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        let qx: [__m512i; M] = std::array::from_fn(|i| load_pair::<PAIR>(ptrs.aq[i], b));
-        let dx: [__m512; M] = std::array::from_fn(|i| pair_scales::<PAIR>(ptrs.ad[i], b));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let p = ptrs.wq[r].add(b * 16);
-            // Lanes of 128 bits: [low nibbles of b, high nibbles of b, the same of b + 1],
-            // the element order of the activation blocks.
-            let u = if PAIR {
-                let v = _mm256_loadu_si256(p.cast());
-                let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-                let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                _mm512_shuffle_i64x2::<0xD8>(t, t)
-            } else {
-                let v = _mm_loadu_si128(p.cast());
-                let (lo, hi) = (_mm_and_si128(v, mask128), _mm_and_si128(_mm_srli_epi16::<4>(v), mask128));
-                _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
-            };
-            let dw = pair_scales::<PAIR>(ptrs.wd[r], bw);
-            for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
-                let dot = _mm512_dpbusd_epi32(zero, u, *qx);
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, *dx), *acc);
-            }
-        }
-    }
-}
-
-/// Q8_0 rows × q8 rows, two blocks per step with `vpdpbusd` and the sign trick.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_512<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let mut dw = [[0f32; WIDEN]; R];
-    let mut acc = [[_mm512_setzero_ps(); M]; R];
-    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
-        let ptrs = Ptrs::of(w, a, dw);
-        let mut b = c;
-        while b + 1 < c + n {
-            // SAFETY: blocks `b` and `b + 1` are below `c + n ≤ nb`: in bounds of every row.
-            unsafe { q8_step_512::<R, M, true>(&ptrs, b, b - c, &mut acc) };
-            b += 2;
-        }
-        if b < c + n {
-            // SAFETY: block `b` is below `c + n ≤ nb`: in bounds of every row.
-            unsafe { q8_step_512::<R, M, false>(&ptrs, b, b - c, &mut acc) };
-        }
-    };
-    // SAFETY: as in `q4_512`, with 32 payload bytes per weight block.
-    unsafe { scale_groups(w, &mut dw, step) };
-    reduce_512(&acc)
-}
-
-/// Blocks `b` and `b + 1` (or `b` alone) of a Q8_0 group into its accumulators.
-///
-/// # Safety
-/// As `q4_step_512`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_step_512<const R: usize, const M: usize, const PAIR: bool>(
-    ptrs: &Ptrs<R, M>,
-    b: usize,
-    bw: usize,
-    acc: &mut [[__m512; M]; R],
-) {
-    let zero = _mm512_setzero_si512();
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        let qx: [__m512i; M] = std::array::from_fn(|i| load_pair::<PAIR>(ptrs.aq[i], b));
-        let dx: [__m512; M] = std::array::from_fn(|i| pair_scales::<PAIR>(ptrs.ad[i], b));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let wv = load_pair::<PAIR>(ptrs.wq[r].cast(), b);
-            let (u, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
-            let dw = pair_scales::<PAIR>(ptrs.wd[r], bw);
-            for ((acc, qx), dx) in acc.iter_mut().zip(&qx).zip(&dx) {
-                let s = _mm512_mask_sub_epi8(*qx, neg, zero, *qx);
-                let dot = _mm512_dpbusd_epi32(zero, u, s);
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, *dx), *acc);
-            }
-        }
-    }
-}
-
-/// Adds the minimum terms `Σ m · s` of every pair into its accumulator, 8 blocks per
-/// step (as `add_min_terms_512`); the last partial step masks its lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn add_min_terms_256<const R: usize, const M: usize>(
-    w: &[WeightRow<'_>; R],
-    a: &[ActRow<'_>; M],
-    acc: &mut [[__m256; M]; R],
-) {
-    let nb = w[0].nb;
-    for b in (0..nb).step_by(8) {
-        let left = (nb - b).min(8) as i32;
-        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        // SAFETY: the activation loads are masked to blocks `b..nb`; the weight rows'
-        // minimums run on past each row (`WeightRow`), so 8 of them from block `b` are in
-        // bounds, and the mask zeroes the lanes past the row.
-        unsafe {
-            let s: [__m256; M] = std::array::from_fn(|i| _mm256_maskload_ps(a[i].s.as_ptr().add(b), mask));
-            for (wr, acc) in w.iter().zip(acc.iter_mut()) {
-                let m8 = _mm_loadu_si128(wr.m.as_ptr().add(b).cast());
-                let m = _mm256_and_ps(_mm256_cvtph_ps(m8), _mm256_castsi256_ps(mask));
-                for (acc, s) in acc.iter_mut().zip(&s) {
-                    *acc = _mm256_fmadd_ps(m, *s, *acc);
-                }
-            }
-        }
-    }
-}
-
-/// Sums the lanes of every accumulator.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn reduce_256<const R: usize, const M: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
-    // SAFETY: the CPU has AVX2 (this function's features).
-    std::array::from_fn(|r| std::array::from_fn(|i| unsafe { <Avx2 as Isa>::reduce(acc[r][i]) }))
-}
-
 /// The scales of a group's blocks `c .. c + n` for every pair of weight row `r` and
 /// activation row `i`: `out[r][i][j] = dw[r][j] · dx_i[c + j]`, eight products per
 /// instruction rather than one per block and pair in the inner loop, which then broadcasts
@@ -460,104 +231,169 @@ unsafe fn block_scales_256<const R: usize, const M: usize>(
 }
 
 /// Activation rows from which the AVX2 kernels take their scales from `block_scales_256`.
-const PRODUCTS_FROM: usize = 4;
+pub(super) const PRODUCTS_FROM: usize = 4;
 
 /// `block_scales_256`'s products, written before they are read.
 type BlockScales<const R: usize, const M: usize> = [[[std::mem::MaybeUninit<f32>; WIDEN]; M]; R];
 
-/// The scale of block `b` (`j = b - c` in its group) for pair `(r, i)`, broadcast: from
-/// `block_scales_256`'s products from [`PRODUCTS_FROM`] rows on, else `dw · dx`.
+/// Whether a kernel over `M` activation rows at `S` takes its scales from
+/// `block_scales_256`.
+const fn uses_products<S: IntIsa, const M: usize>() -> bool {
+    S::PRODUCTS && M >= PRODUCTS_FROM
+}
+
+/// [`kernel`] with AVX-512 VNNI.
 ///
 /// # Safety
-/// With `M >= PRODUCTS_FROM`, `block_scales_256` must have written product `j`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn block_scale<const R: usize, const M: usize>(
-    products: &BlockScales<R, M>,
-    (r, i, j): (usize, usize, usize),
-    dw: __m256,
-    dx: __m256,
-) -> __m256 {
-    if M >= PRODUCTS_FROM {
+/// As [`kernel`], on a CPU with AVX-512F, BW and VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn kernel_512<W: Weights<Avx512>, const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+) -> [[f32; M]; R] {
+    // SAFETY: this function enables `Avx512`'s features; the rest as the caller guarantees.
+    unsafe { kernel::<Avx512, W, R, M>(w, a) }
+}
+
+/// [`kernel`] with AVX2.
+///
+/// # Safety
+/// As [`kernel`], on a CPU with AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_256<W: Weights<Avx2>, const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+) -> [[f32; M]; R] {
+    // SAFETY: this function enables `Avx2`'s features; the rest as the caller guarantees.
+    unsafe { kernel::<Avx2, W, R, M>(w, a) }
+}
+
+/// `R` weight rows of format `W` × `M` q8 rows at `S`: the blocks in steps of `S::STEP`
+/// (a last step of one where a group's count is odd), then the minimum terms, then each
+/// accumulator's lanes summed.
+///
+/// # Safety
+/// The CPU must have `S`'s features (and F16C); every weight row holds `nb` scales (and
+/// minimums) running on past its blocks (`WeightRow`) and `W::PAYLOAD · nb` payload bytes,
+/// and every activation row `nb` scales and block terms and `32 · nb` quants.
+#[inline(always)]
+unsafe fn kernel<S: IntIsa, W: Weights<S>, const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+) -> [[f32; M]; R] {
+    let mut dw = [[0f32; WIDEN]; R];
+    // SAFETY: the CPU has `S`'s features (the caller guarantees).
+    let mut acc = [[unsafe { S::zero() }; M]; R];
+    let mut products: BlockScales<R, M> = [[[std::mem::MaybeUninit::uninit(); WIDEN]; M]; R];
+    for c in (0..w[0].nb).step_by(WIDEN) {
+        // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
+        let n = unsafe { widen_group(w, c, &mut dw) };
+        if uses_products::<S, M>() {
+            // SAFETY: every activation row holds `nb >= c + n` scales; `S` has AVX2.
+            unsafe { block_scales_256(&dw, a, c, n, &mut products) };
+        }
+        let ptrs = Ptrs::of(w, a, &dw);
+        // Whole steps, then a step of the one block left where `n` is odd. Counting steps
+        // keeps one induction variable; a loop on `b + 1 < c + n` kept a second one once
+        // inlining showed `c` even, and that register spilled in the larger tiles.
+        let steps = n / S::STEP;
+        for s in 0..steps {
+            let b = c + s * S::STEP;
+            // SAFETY: the step's blocks are below `c + n ≤ nb`: in bounds of every row;
+            // the group's products are written.
+            unsafe { block_step::<S, W, R, M, true>(&ptrs, &products, b, b - c, &mut acc) };
+        }
+        if !n.is_multiple_of(S::STEP) {
+            let b = c + steps * S::STEP;
+            // SAFETY: block `b` is the group's last, below `c + n ≤ nb`.
+            unsafe { block_step::<S, W, R, M, false>(&ptrs, &products, b, b - c, &mut acc) };
+        }
+    }
+    if W::MINIMUMS {
         // SAFETY: as the caller guarantees.
-        unsafe { _mm256_broadcast_ss(products[r][i].get_unchecked(j).assume_init_ref()) }
-    } else {
-        _mm256_mul_ps(dw, dx)
+        unsafe { add_min_terms::<S, R, M>(w, a, &mut acc) };
+    }
+    let mut out = [[0f32; M]; R];
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        for (out, acc) in out.iter_mut().zip(acc) {
+            // SAFETY: the CPU has `S`'s features.
+            *out = unsafe { S::reduce(*acc) };
+        }
+    }
+    out
+}
+
+/// The step from block `b` (`j = b - c` in its group; with `!FULL` block `b` alone) into
+/// the group's accumulators: each block's exact integer sum per pair of rows, scaled by
+/// `dw · dx`.
+///
+/// # Safety
+/// The step's blocks must be in bounds of every row behind `ptrs`; with
+/// [`uses_products`], `block_scales_256` must have written the group's products; the CPU
+/// must have `S`'s features.
+#[inline(always)]
+unsafe fn block_step<S: IntIsa, W: Weights<S>, const R: usize, const M: usize, const FULL: bool>(
+    ptrs: &Ptrs<R, M>,
+    products: &BlockScales<R, M>,
+    b: usize,
+    j: usize,
+    acc: &mut [[S::F; M]; R],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let mut qx = [S::zero_int(); M];
+        for (qx, aq) in qx.iter_mut().zip(&ptrs.aq) {
+            *qx = S::load_acts::<FULL>(aq.add(b * 32));
+        }
+        let mut dx = [S::zero(); M];
+        for (dx, ad) in dx.iter_mut().zip(&ptrs.ad) {
+            *dx = S::scales::<FULL>(ad.add(b));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let u = W::unpack::<FULL>(ptrs.wq[r].add(b * W::PAYLOAD));
+            let dw = S::scales::<FULL>(ptrs.wd[r].add(j));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let dot = S::to_f32(W::dot(u, qx[i]));
+                let scale = if uses_products::<S, M>() {
+                    S::broadcast(products[r][i].as_ptr().add(j).cast())
+                } else {
+                    S::mul(dw, dx[i])
+                };
+                *acc = S::fmadd(dot, scale, *acc);
+            }
+        }
     }
 }
 
-/// Q4 rows × q8 rows, one block per step with `vpmaddubsw` + `vpmaddwd`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    // The block's 16 bytes go to both halves; the upper half shifted by a nibble, so after
-    // the mask the lower half holds the low nibbles (elements 0..16) and the upper one the
-    // high nibbles (16..32): three instructions instead of five.
-    let nibble = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    let mut acc = [[_mm256_setzero_ps(); M]; R];
-    let mut dw = [[0f32; WIDEN]; R];
-    let mut products: BlockScales<R, M> = [[[std::mem::MaybeUninit::uninit(); WIDEN]; M]; R];
-    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
-        if M >= PRODUCTS_FROM {
-            // SAFETY: every activation row holds `nb >= c + n` scales; the CPU has AVX2.
-            unsafe { block_scales_256(dw, a, c, n, &mut products) };
-        }
-        for b in c..c + n {
-            // SAFETY: block `b` of every row is in bounds (16 payload bytes per weight block,
-            // 32 quants per activation block); the group's products are written.
-            unsafe {
-                let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
-                let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
-                for r in 0..R {
-                    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(w[r].qs.as_ptr().add(b * 16).cast()));
-                    let u = _mm256_and_si256(_mm256_srlv_epi32(v, nibble), mask);
-                    let dw = _mm256_set1_ps(*dw[r].get_unchecked(b - c));
-                    for i in 0..M {
-                        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qx[i]), ones);
-                        let s = block_scale(&products, (r, i, b - c), dw, dx[i]);
-                        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[r][i]);
-                    }
+/// Adds the minimum terms `Σ m · s` of every pair into its accumulator, `S::LANES` blocks
+/// per step, the last partial step masked: one dependent scalar chain per pair would cost
+/// as much as the blocks themselves.
+///
+/// # Safety
+/// As [`kernel`].
+#[inline(always)]
+unsafe fn add_min_terms<S: IntIsa, const R: usize, const M: usize>(
+    w: &[WeightRow<'_>; R],
+    a: &[ActRow<'_>; M],
+    acc: &mut [[S::F; M]; R],
+) {
+    let nb = w[0].nb;
+    for b in (0..nb).step_by(S::LANES) {
+        // SAFETY: the activation loads are masked to blocks `b..nb`; the weight rows'
+        // minimums run on past each row (`WeightRow`), so `LANES` of them from block `b`
+        // are in bounds, and the mask zeroes the lanes past the row.
+        unsafe {
+            let mask = S::lane_mask(nb - b);
+            let mut s = [S::zero(); M];
+            for (s, a) in s.iter_mut().zip(a) {
+                *s = S::load_masked(a.s.as_ptr().add(b), mask);
+            }
+            for (row, acc) in w.iter().zip(acc.iter_mut()) {
+                let m = S::load_f16_masked(row.m.as_ptr().add(b), mask);
+                for (acc, s) in acc.iter_mut().zip(&s) {
+                    *acc = S::fmadd(m, *s, *acc);
                 }
             }
         }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(w, &mut dw, step) };
-    add_min_terms_256(w, a, &mut acc);
-    reduce_256(&acc)
-}
-
-/// Q8_0 rows × q8 rows, one block per step with the sign trick.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_256<const R: usize, const M: usize>(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M]) -> [[f32; M]; R] {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); M]; R];
-    let mut dw = [[0f32; WIDEN]; R];
-    let mut products: BlockScales<R, M> = [[[std::mem::MaybeUninit::uninit(); WIDEN]; M]; R];
-    let step = |dw: &[[f32; WIDEN]; R], c: usize, n: usize| {
-        if M >= PRODUCTS_FROM {
-            // SAFETY: as in `q4_256`.
-            unsafe { block_scales_256(dw, a, c, n, &mut products) };
-        }
-        for b in c..c + n {
-            // SAFETY: as in `q4_256`, with 32 payload bytes per weight block.
-            unsafe {
-                let qx: [__m256i; M] = std::array::from_fn(|i| _mm256_loadu_si256(a[i].qs.as_ptr().add(b * 32).cast()));
-                let dx: [__m256; M] = std::array::from_fn(|i| _mm256_set1_ps(*a[i].d.get_unchecked(b)));
-                for r in 0..R {
-                    let wv = _mm256_loadu_si256(w[r].qs.as_ptr().add(b * 32).cast());
-                    let u = _mm256_sign_epi8(wv, wv);
-                    let dw = _mm256_set1_ps(*dw[r].get_unchecked(b - c));
-                    for i in 0..M {
-                        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(qx[i], wv)), ones);
-                        let s = block_scale(&products, (r, i, b - c), dw, dx[i]);
-                        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[r][i]);
-                    }
-                }
-            }
-        }
-    };
-    // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-    unsafe { scale_groups(w, &mut dw, step) };
-    reduce_256(&acc)
+    }
 }

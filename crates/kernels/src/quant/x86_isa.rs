@@ -213,3 +213,298 @@ unsafe fn widen_i8(v: __m128i) -> __m256 {
     // SAFETY: as the caller guarantees.
     unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)) }
 }
+
+/// The integer operations of one instruction set, for products of packed weight blocks
+/// with `q8` activation blocks ([`super::x86_int`]).
+pub(super) trait IntIsa: Isa {
+    /// Integer lanes: quants in, i32 sums out.
+    type I: Copy;
+    /// Which lanes of an `F` a masked load keeps.
+    type Mask: Copy;
+    /// Lanes of `F`, and so blocks per minimum-term step.
+    const LANES: usize;
+    /// Blocks per step of the dot loop.
+    const STEP: usize;
+    /// Whether, from [`super::x86_int::PRODUCTS_FROM`] activation rows on, the pairs'
+    /// scales come from products formed a group at a time rather than in the loop.
+    const PRODUCTS: bool;
+    /// All integer lanes zero.
+    unsafe fn zero_int() -> Self::I;
+    /// The quants of the activation blocks of a step at `qs` (32 bytes each; with `!FULL`
+    /// the step's first block alone, the rest zero).
+    unsafe fn load_acts<const FULL: bool>(qs: *const i8) -> Self::I;
+    /// The scales of a step's blocks at `d`, each over its block's lanes (with `!FULL`
+    /// the first block's alone).
+    unsafe fn scales<const FULL: bool>(d: *const f32) -> Self::F;
+    /// The value at `p` in every lane.
+    unsafe fn broadcast(p: *const f32) -> Self::F;
+    /// The i32 lanes as f32.
+    unsafe fn to_f32(v: Self::I) -> Self::F;
+    /// The first `left` lanes (all of them from `LANES` on).
+    unsafe fn lane_mask(left: usize) -> Self::Mask;
+    /// `LANES` f32 values at `p`, those outside `mask` zero and not read.
+    unsafe fn load_masked(p: *const f32, mask: Self::Mask) -> Self::F;
+    /// `LANES` f16 values at `p` (all readable) as f32, those outside `mask` zero.
+    unsafe fn load_f16_masked(p: *const u16, mask: Self::Mask) -> Self::F;
+}
+
+/// A packed weight format's blocks as an [`IntIsa`] multiplies them.
+pub(super) trait Weights<S: IntIsa> {
+    /// Bytes of one block's quants.
+    const PAYLOAD: usize;
+    /// Whether the format has minimum terms (`m · dx · Σ qx`).
+    const MINIMUMS: bool;
+    /// A step's weight blocks, unpacked for [`Self::dot`].
+    type Unpacked: Copy;
+    /// The weight blocks of a step at `qs` (with `!FULL` the first alone).
+    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> Self::Unpacked;
+    /// The exact `Σ q · qx` of each block of the step, in i32 lanes.
+    unsafe fn dot(w: Self::Unpacked, qx: S::I) -> S::I;
+}
+
+/// Q4_0 and Q4_1 blocks: 16 bytes of nibbles, low ones elements 0..16, high ones 16..32.
+pub(super) struct Q4Blocks;
+
+/// Q8_0 blocks: 32 signed bytes.
+pub(super) struct Q8Blocks;
+
+impl IntIsa for Avx512 {
+    type I = __m512i;
+    type Mask = __mmask16;
+    const LANES: usize = 16;
+    const STEP: usize = 2;
+    const PRODUCTS: bool = false;
+
+    #[inline(always)]
+    unsafe fn zero_int() -> __m512i {
+        // SAFETY: the CPU has AVX-512F (the trait's contract).
+        unsafe { _mm512_setzero_si512() }
+    }
+
+    #[inline(always)]
+    unsafe fn load_acts<const FULL: bool>(qs: *const i8) -> __m512i {
+        // SAFETY: the caller guarantees the features and the step's blocks.
+        unsafe { load_pair::<FULL>(qs.cast()) }
+    }
+
+    /// `[d[0] × 8, d[1] × 8]`, or `d[0]` in the low half for a step of one block (whose
+    /// upper lanes multiply zero sums).
+    #[inline(always)]
+    unsafe fn scales<const FULL: bool>(d: *const f32) -> __m512 {
+        // SAFETY: the caller guarantees the features and the step's scales.
+        unsafe {
+            if FULL {
+                let two = _mm_castpd_ps(_mm_load_sd(d.cast()));
+                _mm512_permutexvar_ps(
+                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                    _mm512_castps128_ps512(two),
+                )
+            } else {
+                _mm512_set1_ps(*d)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> __m512 {
+        // SAFETY: the caller guarantees the features and the value.
+        unsafe { _mm512_set1_ps(*p) }
+    }
+
+    #[inline(always)]
+    unsafe fn to_f32(v: __m512i) -> __m512 {
+        // SAFETY: the CPU has AVX-512F (the trait's contract).
+        unsafe { _mm512_cvtepi32_ps(v) }
+    }
+
+    #[inline(always)]
+    unsafe fn lane_mask(left: usize) -> __mmask16 {
+        if left >= 16 { 0xFFFF } else { (1u16 << left) - 1 }
+    }
+
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: __mmask16) -> __m512 {
+        // SAFETY: the caller guarantees the features and the lanes in `mask`.
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16_masked(p: *const u16, mask: __mmask16) -> __m512 {
+        // SAFETY: the caller guarantees the features and 16 readable values.
+        unsafe { _mm512_maskz_mov_ps(mask, _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+    }
+}
+
+/// The 64 bytes at `p` (two blocks), or the 32 of one block zero-extended.
+///
+/// # Safety
+/// The CPU must have AVX-512F; those bytes must be readable.
+#[inline(always)]
+unsafe fn load_pair<const FULL: bool>(p: *const u8) -> __m512i {
+    // SAFETY: as the caller guarantees.
+    unsafe { if FULL { _mm512_loadu_si512(p.cast()) } else { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) } }
+}
+
+impl Weights<Avx512> for Q4Blocks {
+    const PAYLOAD: usize = 16;
+    const MINIMUMS: bool = true;
+    type Unpacked = __m512i;
+
+    /// Lanes of 128 bits: [low nibbles of the first block, its high nibbles, the same of
+    /// the second], the element order of the activation blocks.
+    #[inline(always)]
+    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> __m512i {
+        // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
+        unsafe {
+            if FULL {
+                let (v, mask) = (_mm256_loadu_si256(qs.cast()), _mm256_set1_epi8(0x0F));
+                let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+                let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_shuffle_i64x2::<0xD8>(t, t)
+            } else {
+                let (v, mask) = (_mm_loadu_si128(qs.cast()), _mm_set1_epi8(0x0F));
+                let (lo, hi) = (_mm_and_si128(v, mask), _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
+                _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo))
+            }
+        }
+    }
+
+    /// `vpdpbusd`: the nibbles are the unsigned operand.
+    #[inline(always)]
+    unsafe fn dot(u: __m512i, qx: __m512i) -> __m512i {
+        // SAFETY: the caller guarantees AVX-512 VNNI.
+        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qx) }
+    }
+}
+
+impl Weights<Avx512> for Q8Blocks {
+    const PAYLOAD: usize = 32;
+    const MINIMUMS: bool = false;
+    /// `|w|` and the lanes where `w` is negative.
+    type Unpacked = (__m512i, __mmask64);
+
+    #[inline(always)]
+    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> (__m512i, __mmask64) {
+        // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
+        unsafe {
+            let w = load_pair::<FULL>(qs);
+            (_mm512_abs_epi8(w), _mm512_movepi8_mask(w))
+        }
+    }
+
+    /// `vpdpbusd` of `|w|` with `qx` carrying `w`'s sign (the sign trick).
+    #[inline(always)]
+    unsafe fn dot((u, neg): (__m512i, __mmask64), qx: __m512i) -> __m512i {
+        // SAFETY: the caller guarantees AVX-512BW and VNNI.
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            _mm512_dpbusd_epi32(zero, u, _mm512_mask_sub_epi8(qx, neg, zero, qx))
+        }
+    }
+}
+
+impl IntIsa for Avx2 {
+    type I = __m256i;
+    type Mask = __m256i;
+    const LANES: usize = 8;
+    const STEP: usize = 1;
+    const PRODUCTS: bool = true;
+
+    #[inline(always)]
+    unsafe fn zero_int() -> __m256i {
+        // SAFETY: the CPU has AVX (the trait's contract).
+        unsafe { _mm256_setzero_si256() }
+    }
+
+    #[inline(always)]
+    unsafe fn load_acts<const FULL: bool>(qs: *const i8) -> __m256i {
+        // SAFETY: the caller guarantees the features and the block.
+        unsafe { _mm256_loadu_si256(qs.cast()) }
+    }
+
+    #[inline(always)]
+    unsafe fn scales<const FULL: bool>(d: *const f32) -> __m256 {
+        // SAFETY: the caller guarantees the features and the scale.
+        unsafe { _mm256_set1_ps(*d) }
+    }
+
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> __m256 {
+        // SAFETY: the caller guarantees the features and the value.
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+
+    #[inline(always)]
+    unsafe fn to_f32(v: __m256i) -> __m256 {
+        // SAFETY: the CPU has AVX (the trait's contract).
+        unsafe { _mm256_cvtepi32_ps(v) }
+    }
+
+    #[inline(always)]
+    unsafe fn lane_mask(left: usize) -> __m256i {
+        let left = left.min(8) as i32;
+        // SAFETY: the CPU has AVX2 (the trait's contract).
+        unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: __m256i) -> __m256 {
+        // SAFETY: the caller guarantees the features and the lanes in `mask`.
+        unsafe { _mm256_maskload_ps(p, mask) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16_masked(p: *const u16, mask: __m256i) -> __m256 {
+        // SAFETY: the caller guarantees the features and 8 readable values.
+        unsafe { _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128(p.cast())), _mm256_castsi256_ps(mask)) }
+    }
+}
+
+impl Weights<Avx2> for Q4Blocks {
+    const PAYLOAD: usize = 16;
+    const MINIMUMS: bool = true;
+    type Unpacked = __m256i;
+
+    /// The block's 16 bytes go to both halves, the upper one shifted by a nibble, so after
+    /// the mask the lower half holds the low nibbles (elements 0..16) and the upper one the
+    /// high ones (16..32): three instructions instead of five.
+    #[inline(always)]
+    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees AVX2 and the block.
+        unsafe {
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
+            let nibble = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+            _mm256_and_si256(_mm256_srlv_epi32(v, nibble), _mm256_set1_epi8(0x0F))
+        }
+    }
+
+    /// `vpmaddubsw` (the nibbles unsigned), then `vpmaddwd` by ones into i32.
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, qx: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, qx), _mm256_set1_epi16(1)) }
+    }
+}
+
+impl Weights<Avx2> for Q8Blocks {
+    const PAYLOAD: usize = 32;
+    const MINIMUMS: bool = false;
+    /// `|w|` and `w` (whose signs `qx` takes).
+    type Unpacked = (__m256i, __m256i);
+
+    #[inline(always)]
+    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: the caller guarantees AVX2 and the block.
+        unsafe {
+            let w = _mm256_loadu_si256(qs.cast());
+            (_mm256_sign_epi8(w, w), w)
+        }
+    }
+
+    /// `vpmaddubsw` of `|w|` with `qx` carrying `w`'s sign (the sign trick).
+    #[inline(always)]
+    unsafe fn dot((u, w): (__m256i, __m256i), qx: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(qx, w)), _mm256_set1_epi16(1)) }
+    }
+}
