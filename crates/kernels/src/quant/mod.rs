@@ -111,13 +111,7 @@ impl fmt::Display for QuantFormat {
 /// # Panics
 /// If `bytes` does not hold exactly that many elements (whole blocks).
 pub fn dequantize_row(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(
-        format.bytes_for(out.len()),
-        Some(bytes.len()),
-        "{} bytes do not hold {} {format} elements",
-        bytes.len(),
-        out.len()
-    );
+    assert_holds(format, bytes, out);
     for (b, o) in bytes.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(format.block_elems())) {
         blocks::decode_block(format, b, o);
     }
@@ -128,6 +122,16 @@ pub fn dequantize_row(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
 /// # Panics
 /// As [`dequantize_row`].
 pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
+    assert_holds(format, bytes, out);
+    let blocks_per_task = ((1 << 16) / format.block_elems()).max(1);
+    out.par_chunks_mut(blocks_per_task * format.block_elems())
+        .zip(bytes.par_chunks(blocks_per_task * format.block_bytes()))
+        .for_each(|(o, b)| dequantize_row(format, b, o));
+}
+
+/// Panics unless `bytes` are exactly `out.len()` elements of `format` (whole blocks).
+#[track_caller]
+fn assert_holds(format: QuantFormat, bytes: &[u8], out: &[f32]) {
     assert_eq!(
         format.bytes_for(out.len()),
         Some(bytes.len()),
@@ -135,10 +139,6 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) {
         bytes.len(),
         out.len()
     );
-    let blocks_per_task = ((1 << 16) / format.block_elems()).max(1);
-    out.par_chunks_mut(blocks_per_task * format.block_elems())
-        .zip(bytes.par_chunks(blocks_per_task * format.block_bytes()))
-        .for_each(|(o, b)| dequantize_row(format, b, o));
 }
 
 /// Per-32-element block sums of `x` (the minimum terms of packed Q4_0/Q4_1 multiply them).
