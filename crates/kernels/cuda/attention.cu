@@ -312,6 +312,29 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
     }
 }
 
+// Ends a split of the split-KV decode kernels (this file's `decode_attention` and
+// flash_decode.cu's), run by the whole block once it has written the split's partials for
+// row `s`'s query heads of KV head `kvh` (`group` of them): takes a ticket on the (sequence,
+// KV head) counter and, in the last of the `splits` blocks to take one, merges every split
+// into `out` and resets the counter for the next launch. True in the block that merged.
+// The fence before the ticket makes this block's partials visible to whichever block
+// merges; the one after makes the others' visible to this one. `ticket` is read by every
+// thread between two barriers and written again only after the caller's next barrier.
+__device__ bool dec_merge_if_last(bf16_t* out, const float* part_acc, const float* part_ml, u32* counters, u32 s,
+                                  u32 kvh, u32 group, u32 splits, const AttnArgs& a) {
+    __shared__ u32 ticket;
+    __threadfence();
+    __syncthreads();
+    u32* counter = counters + (u64)s * a.h_kv + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != splits - 1) return false;
+    __threadfence();
+    dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits, a);
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
+    return true;
+}
+
 // grid (seqs, h_kv, z <= DEC_SPLITS), block DEC_WARPS * 32. part_acc [seqs, h, DEC_SPLITS, d],
 // part_ml [seqs, h, DEC_SPLITS, 2]. Needs d / 8 a power of two (d in 8..256) and
 // G <= DEC_MAX_GROUP (checked on the host).
@@ -466,20 +489,7 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
             }
         }
         if (splits_used == 1) return;
-        // The last split to finish merges: its partials and everyone else's are visible to it
-        // once each block has fenced its writes before taking a ticket.
-        __shared__ u32 ticket;
-        __threadfence();
-        __syncthreads();
-        u32* counter = counters + (u64)s * a.h_kv + kvh;
-        if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-        __syncthreads();
-        if (ticket == splits_used - 1) {
-            __threadfence();
-            dec_merge(out, part_acc, part_ml, s, kvh * group, group, splits_used, a);
-            if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
-            return;
-        }
+        if (dec_merge_if_last(out, part_acc, part_ml, counters, s, kvh, group, splits_used, a)) return;
         __syncthreads();  // the next split reuses the shared partials
     }
 }

@@ -1,7 +1,7 @@
 // flash_decode.cu: decode attention on tensor cores over the paged cache (the `flash`
 // backend's decode kernel), in the flash-decoding manner: a sequence's keys are cut into
 // splits, blocks attend to splits side by side, and the last block of a (sequence, KV head)
-// to finish merges the splits' partial softmax sums (`dec_merge`, attention.cu).
+// to finish merges the splits' partial softmax sums (`dec_merge_if_last`, attention.cu).
 //
 // Inputs and partials are `decode_attention_bf16`'s (attention.cu): q [seqs, h, d] (one
 // query row per sequence), the pools [blocks, block_size, h_kv, d], seq_lens and
@@ -218,19 +218,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
             }
         }
         if (splits_used == 1) return;
-        // The last split to finish merges (see `decode_attention`).
-        __shared__ u32 fd_ticket;
-        __threadfence();
-        __syncthreads();
-        u32* counter = counters + (u64)s * a.h_kv + kvh;
-        if (threadIdx.x == 0) fd_ticket = atomicAdd(counter, 1u);
-        __syncthreads();
-        if (fd_ticket == splits_used - 1) {
-            __threadfence();
-            dec_merge(out, part_acc, part_ml, s, kvh * G, G, splits_used, a);
-            if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
-            return;
-        }
+        if (dec_merge_if_last(out, part_acc, part_ml, counters, s, kvh, G, splits_used, a)) return;
         __syncthreads();  // the next split reuses the ring and the warps' sums
     }
 }
