@@ -265,6 +265,29 @@ __device__ __forceinline__ u32 dec_split_len(u32 visible, u32 split_min) {
     return max(split_min, (per + split_min - 1) / split_min * split_min);
 }
 
+// A decode row's split plan, the same in both split-KV kernels (this file's
+// `decode_attention` and flash_decode.cu's), so which kernel takes a split changes no result:
+// the keys `first .. first + visible` it attends to, cut into `count` splits of `len` keys
+// (`dec_split_len` of the keys in its window; the last split may be shorter).
+struct DecSplits {
+    u32 first, visible, len, count;
+};
+
+// The plan of a row whose sequence holds `ctx` keys, its query the last.
+__device__ __forceinline__ DecSplits dec_splits(u32 ctx, const AttnArgs& a) {
+    const u32 pos = ctx - 1;
+    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+#ifdef MET_FAULT_DROP_LAST_KV_BLOCK
+    // The precision gate's deliberate bug (see `paged_attention_bf16`).
+    const u32 last_block_start = pos / a.block_size * a.block_size;
+    const u32 last_key = last_block_start > first ? min(pos, last_block_start - 1) : pos;
+#else
+    const u32 last_key = pos;
+#endif
+    const u32 len = dec_split_len(pos + 1 - first, a.split_min);
+    return DecSplits{first, last_key + 1 - first, len, (pos + 1 - first + len - 1) / len};
+}
+
 // Merges the `splits` partials of row `s`'s query heads `hq0 .. hq0 + group` into
 // out[s, hq0 .., :], run by the whole block (at least DEC_MAX_GROUP threads). The maxima and sums come through shared memory and each thread issues all its
 // numerator loads before it sums them, so the merge costs a few round trips to L2, not one
@@ -353,17 +376,8 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
     const u32 L = a.d / 8;             // lanes per key
     const u32 per_step = 32 / L;       // keys per warp step
     const u32 sub = lane / L, lig = lane % L;
-    const u32 pos = seq_lens[s] - 1;
-    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
-#ifdef MET_FAULT_DROP_LAST_KV_BLOCK
-    const u32 last_block_start = (seq_lens[s] - 1) / a.block_size * a.block_size;
-    const u32 last_key = last_block_start > first ? min(pos, last_block_start - 1) : pos;
-#else
-    const u32 last_key = pos;
-#endif
-    const u32 visible = last_key + 1 - first;
-    const u32 len = dec_split_len(pos + 1 - first, a.split_min);
-    const u32 splits_used = (pos + 1 - first + len - 1) / len;
+    const DecSplits plan = dec_splits(seq_lens[s], a);
+    const u32 first = plan.first, visible = plan.visible, len = plan.len, splits_used = plan.count;
     const u32* table = tables + (u64)s * a.max_blocks;
     // A block takes splits blockIdx.z, blockIdx.z + gridDim.z, ...: the host sizes the grid
     // to the splits a step needs, so large batches do not queue thousands of empty blocks.

@@ -7,8 +7,8 @@
 // query row per sequence), the pools [blocks, block_size, h_kv, d], seq_lens and
 // block_tables; part_acc [seqs, h, DEC_SPLITS, d] and part_ml [seqs, h, DEC_SPLITS, 2] in
 // f32; a ticket counter per (sequence, KV head), zero between launches. The splits are the
-// split kernel's (`dec_split_len` of the visible keys and `a.split_min`), so which block
-// takes a split changes no result.
+// split kernel's (`dec_splits`, attention.cu), so which block takes a split changes no
+// result.
 //
 // A block of W warps works for the G = h / h_kv query heads of one KV head: they are
 // the first G of the 16 rows of one mma operand (the rest are zeros), so each key is read
@@ -32,18 +32,8 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
     auto vs = [&](u32 st) { return qs + (16 + (2 * st + 1) * BN) * D * 2; };
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 s = blockIdx.x, kvh = blockIdx.y, G = a.h / a.h_kv;
-    const u32 pos = seq_lens[s] - 1;
-    const u32 first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
-#ifdef MET_FAULT_DROP_LAST_KV_BLOCK
-    // The precision gate's deliberate bug (see `paged_attention_bf16`).
-    const u32 last_block_start = (seq_lens[s] - 1) / a.block_size * a.block_size;
-    const u32 last_key = last_block_start > first ? min(pos, last_block_start - 1) : pos;
-#else
-    const u32 last_key = pos;
-#endif
-    const u32 visible = last_key + 1 - first;
-    const u32 len = dec_split_len(pos + 1 - first, a.split_min);
-    const u32 splits_used = (pos + 1 - first + len - 1) / len;
+    const DecSplits plan = dec_splits(seq_lens[s], a);
+    const u32 first = plan.first, visible = plan.visible, len = plan.len, splits_used = plan.count;
     const u32* table = tables + (u64)s * a.max_blocks;
     const u64 head0 = (u64)s * a.h + kvh * G;
 
