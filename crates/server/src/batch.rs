@@ -11,7 +11,7 @@ use met_model_layers::Model;
 use met_scheduler::{Engine, EngineLimits, EngineRequest, StopCriteria};
 use met_telemetry::Metrics;
 
-use crate::startup::engine::build_engine;
+use crate::startup::engine::{build_engine, random_seed};
 use crate::startup::kv_budget::kv_blocks;
 use crate::startup::topology::Topology;
 
@@ -21,7 +21,7 @@ use crate::startup::topology::Topology;
 pub struct Draft {
     /// The prompt's token ids.
     pub prompt: Vec<u32>,
-    /// How tokens are drawn; its seed is [`Self::seed`]'s once pinned.
+    /// How tokens are drawn; its `seed` is not read: [`Self::seed`] is the stream's.
     pub sampling: SamplingParams,
     /// When each continuation stops.
     pub stop: StopCriteria,
@@ -29,7 +29,7 @@ pub struct Draft {
     pub n: usize,
     /// Scheduling priority (lower first, under `--policy priority`).
     pub priority: i32,
-    /// The seed of its random stream, or `None` for one still to pin.
+    /// The seed of its random stream; `None` draws a random one when the request is made.
     pub seed: Option<u64>,
 }
 
@@ -46,7 +46,7 @@ impl Draft {
             .into_iter()
             .enumerate()
             .map(|(i, d)| {
-                let sampling = SamplingParams { seed: d.seed.unwrap_or(d.sampling.seed), ..d.sampling };
+                let sampling = SamplingParams { seed: d.seed.unwrap_or_else(random_seed), ..d.sampling };
                 let request = EngineRequest::new(d.prompt, sampling, d.stop, d.n, limits);
                 Ok(request.with_context(|| format!("{what} {i}"))?.with_priority(d.priority))
             })

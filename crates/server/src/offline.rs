@@ -363,11 +363,7 @@ fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usi
     (0..count)
         .map(|i| Draft {
             prompt: (0..input_len).map(|_| rng.range(0, top)).collect(),
-            sampling: SamplingParams {
-                temperature: 0.0,
-                seed: seed.wrapping_add(i as u64),
-                ..SamplingParams::default()
-            },
+            sampling: SamplingParams::greedy(),
             stop: StopCriteria {
                 max_new_tokens: output_len,
                 min_new_tokens: 0,
@@ -377,7 +373,7 @@ fn random_requests(count: usize, input_len: usize, output_len: usize, vocab: usi
             },
             n: 1,
             priority: 0,
-            seed: None,
+            seed: Some(seed.wrapping_add(i as u64)),
         })
         .collect()
 }

@@ -70,7 +70,7 @@ impl CpuBackend {
     }
 }
 
-pub(crate) const NAME: &str = "cpu";
+pub(crate) const NAME: &str = DeviceKind::Cpu.name();
 
 fn storage<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CpuStorage> {
     match t.storage() {
