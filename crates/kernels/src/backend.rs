@@ -6,6 +6,7 @@
 //! tensor. Shapes use `t` for tokens of the flat batch, `h` for heads, `d` for head dim.
 
 mod operands;
+mod recurrent;
 
 use std::fmt::Debug;
 
@@ -13,6 +14,7 @@ pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
     UniformRun,
 };
+pub use self::recurrent::{DeltaRule, RecurrentBatch, StateSnapshot};
 use crate::{DType, DeviceKind, HostTensor, Result, Tensor};
 
 /// A recorded sequence of ops, replayed by [`Graph::replay`] on the backend that captured it.
@@ -442,5 +444,101 @@ pub trait GpuBackend: Send + Sync + Debug {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         self.paged_attention(q, k_cache, v_cache, meta, params)
+    }
+
+    // --- recurrent layers ----------------------------------------------------------------
+
+    /// Whether this backend runs the recurrent ops below (Gated DeltaNet layers). A
+    /// backend without them keeps the defaults, which refuse, and hybrid models refuse to
+    /// load on it.
+    fn supports_recurrent(&self) -> bool {
+        false
+    }
+
+    /// Zeroes slots `slots` of every state pool in `pools` (each `[slots, ...]`), so that
+    /// sequences starting there begin from the zero state.
+    ///
+    /// # Errors
+    /// On a slot past a pool; [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// where the backend has no recurrent ops.
+    fn zero_state_slots(&self, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
+        let _ = (pools, slots);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// Copies slot `from` to slot `to` in every state pool in `pools`, for each pair: a
+    /// prefix-cache snapshot restored into a sequence's slot, or a fork's state.
+    ///
+    /// # Errors
+    /// As [`Self::zero_state_slots`].
+    fn copy_state_slots(&self, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+        let _ = (pools, pairs);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// The causal depthwise convolution of a Gated DeltaNet layer, SiLU applied:
+    /// `x [t, c]` with `weight [c, w]` (no bias) over each sequence's rows, the sequence's
+    /// previous `w - 1` inputs read from `state [slots, c, w - 1]` at its slot (oldest
+    /// first) and replaced by its last `w - 1` inputs. Returns `[t, c]`. Snapshots take the
+    /// `w - 1` inputs up to their row.
+    ///
+    /// # Errors
+    /// On mismatched shapes or a slot past the pool; as [`Self::zero_state_slots`].
+    fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &Tensor, batch: &RecurrentBatch<'_>) -> Result<Tensor> {
+        let _ = (x, weight, state, batch);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// The gated delta rule of a Gated DeltaNet layer over each sequence's rows.
+    /// `qkv [t, 2·h_k·d_k + h_v·d_v]` holds queries, keys and values (the convolution's
+    /// output, in that order, head-major); `a, b [t, h_v]` are the gate projections. Per
+    /// row and value head `j` (key head `i = j / (h_v / h_k)`):
+    /// `q, k` L2-normalised (`x · rsqrt(Σx² + 1e-6)`), `q` scaled by `d_k^-½`,
+    /// `g = -exp(A_log) · softplus(a + dt_bias)`, `β = sigmoid(b)`, and with the state
+    /// `S [d_k, d_v]` (f32, at the sequence's slot of `state [slots, h_v, d_k, d_v]`):
+    /// `S ← e^g S;  S ← S + k ⊗ β (v − Sᵀk);  o = Sᵀq`. Returns `o [t, h_v, d_v]` in
+    /// `qkv`'s dtype and leaves each sequence's final `S` in its slot. A backend may
+    /// evaluate a long run of rows in the chunked (WY) form; the result is the recurrence's
+    /// within rounding.
+    ///
+    /// # Errors
+    /// On mismatched shapes or a slot past the pool; as [`Self::zero_state_slots`].
+    fn gated_delta_rule(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        rule: &DeltaRule<'_>,
+        state: &Tensor,
+        batch: &RecurrentBatch<'_>,
+    ) -> Result<Tensor> {
+        let _ = (qkv, a, b, rule, state, batch);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// The gated RMSNorm closing a Gated DeltaNet layer: per row of `x, z [n, d]`,
+    /// `w · x / √(mean(x²) + eps) · silu(z)`, with `weight [d]` applied as is (not `1 + w`).
+    ///
+    /// # Errors
+    /// On mismatched shapes; as [`Self::zero_state_slots`].
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        let _ = (x, z, weight, eps);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// `x · sigmoid(gate)` elementwise, for equal shapes: the output gate of gated
+    /// attention.
+    ///
+    /// # Errors
+    /// On mismatched shapes; as [`Self::zero_state_slots`].
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let _ = (x, gate);
+        Err(self.no_recurrent_ops())
+    }
+
+    /// The error of a recurrent op on a backend without them.
+    #[doc(hidden)]
+    fn no_recurrent_ops(&self) -> crate::Error {
+        crate::Error::InvalidArgument(format!("the {} backend has no recurrent (linear-attention) ops", self.name()))
     }
 }
