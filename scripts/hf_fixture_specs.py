@@ -11,9 +11,16 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
+
+from hf_fixtures_hybrid import rewrite_config_qwen3_5, rewrite_config_qwen3_next
 
 VOCAB = 512
 
@@ -178,6 +185,91 @@ def gemma3_config() -> Gemma3TextConfig:
     )
 
 
+# Qwen3-Next and Qwen3.5: full attention every 2nd layer, Gated DeltaNet with twice as many
+# value heads as key heads (2 -> 4, 16-wide), a 4-tap conv. Rope base 1e4 rather than the real
+# 1e7, so that every one of the 4 rotary frequencies turns over a 160-token prompt.
+HYBRID_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=4,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    linear_conv_kernel_dim=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    tie_word_embeddings=False,
+)
+HYBRID_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32)
+# Prompts cross transformers' 64-token delta-rule chunks: one exactly a chunk, one a token
+# past it, one 2.5 chunks long.
+HYBRID_PROMPT_LENS = (1, 6, 23, 64, 65, 160)
+# Fields hub Qwen3.5 text configs carry that transformers' classes do not declare.
+QWEN3_5_HUB_FIELDS = dict(attn_output_gate=True, mamba_ssm_dtype="float32",
+                          mtp_num_hidden_layers=0, mtp_use_dedicated_embeddings=False)
+# A vision tower as small as its class allows; text prompts never run it.
+TINY_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
+                   temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                   num_position_embeddings=16, deepstack_visual_indexes=[])
+
+
+def alternating_layers(n: int) -> list[str]:
+    return ["linear_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+
+
+def qwen3_next_config() -> Qwen3NextConfig:
+    return Qwen3NextConfig(
+        **HYBRID_COMMON,
+        **HYBRID_MOE,
+        intermediate_size=128,  # unused: every layer is MoE, as in the real config
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        full_attention_interval=2,
+        # head_dim 32 x 0.25: a rotary dim of 8.
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
+
+
+def qwen3_5_config() -> Qwen3_5Config:
+    text = dict(
+        **HYBRID_COMMON,
+        **QWEN3_5_HUB_FIELDS,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        layer_types=alternating_layers(4),
+        full_attention_interval=2,
+        # rotary dim 32 x 0.25 = 8; mrope sections sum to 8 / 2.
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_interleaved": True, "mrope_section": [2, 1, 1]},
+    )
+    return Qwen3_5Config(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=False)
+
+
+def qwen3_5_moe_config() -> Qwen3_5MoeConfig:
+    text = dict(
+        **HYBRID_COMMON,
+        **HYBRID_MOE,
+        **QWEN3_5_HUB_FIELDS,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        layer_types=alternating_layers(4),
+        full_attention_interval=2,
+        # rotary dim 16 x 0.5 = 8; mrope sections sum to 8 / 2.
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "mrope_interleaved": True, "mrope_section": [2, 1, 1]},
+    )
+    return Qwen3_5MoeConfig(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=False)
+
+
 FIXTURES = [
     {
         "name": "llama",
@@ -250,5 +342,50 @@ FIXTURES = [
                    "qk_norm", "query_pre_attn_scalar", "sliding_window_pattern",
                    "window_shorter_than_prompt", "per_layer_rope_base", "global_linear_rope",
                    "tied_embeddings", "classic_config_layout"],
+    },
+    {
+        "name": "qwen3_next",
+        "config": qwen3_next_config,
+        "base_seed": 9000,
+        "classic": False,
+        "hybrid": True,
+        "rewrite_config": rewrite_config_qwen3_next,
+        "experts": "per_expert",
+        "prompt_lens": HYBRID_PROMPT_LENS,
+        "covers": ["gated_deltanet", "fused_qkvz_ba_projections", "gated_attention", "partial_rotary",
+                   "unit_offset_norms", "gated_rmsnorm", "full_attention_interval", "moe",
+                   "top2_routing", "norm_topk_prob", "shared_expert_gate", "per_expert_weights",
+                   "gqa", "qk_norm", "prompts_cross_chunks", "untied_embeddings",
+                   "classic_config_layout"],
+    },
+    {
+        "name": "qwen3_5",
+        "config": qwen3_5_config,
+        "model_class": Qwen3_5ForConditionalGeneration,
+        "base_seed": 10000,
+        "classic": False,
+        "hybrid": True,
+        "rewrite_config": rewrite_config_qwen3_5,
+        "prompt_lens": HYBRID_PROMPT_LENS,
+        "covers": ["gated_deltanet", "split_qkv_z_b_a_projections", "gated_attention",
+                   "partial_rotary", "mrope_text_only", "unit_offset_norms", "gated_rmsnorm",
+                   "layer_types", "dense_mlp", "gqa", "qk_norm", "vision_language_wrapper",
+                   "prompts_cross_chunks", "untied_embeddings", "rope_parameters_layout"],
+    },
+    {
+        "name": "qwen3_5_moe",
+        "config": qwen3_5_moe_config,
+        "model_class": Qwen3_5MoeForConditionalGeneration,
+        "base_seed": 11000,
+        "classic": False,
+        "hybrid": True,
+        "rewrite_config": rewrite_config_qwen3_5,
+        "experts": "fused",
+        "prompt_lens": HYBRID_PROMPT_LENS,
+        "covers": ["gated_deltanet", "split_qkv_z_b_a_projections", "gated_attention",
+                   "partial_rotary", "mrope_text_only", "unit_offset_norms", "gated_rmsnorm",
+                   "layer_types", "moe", "top2_routing", "always_norm_topk", "shared_expert_gate",
+                   "fused_expert_weights", "gqa", "qk_norm", "vision_language_wrapper",
+                   "prompts_cross_chunks", "untied_embeddings", "rope_parameters_layout"],
     },
 ]

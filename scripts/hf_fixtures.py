@@ -3,7 +3,7 @@
 
 What it makes
 -------------
-Eight fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
+Eleven fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/``:
 
     llama       GQA, llama3 rope scaling (all three bands exercised), untied
                 embeddings, sharded safetensors, classic config layout
@@ -21,15 +21,30 @@ Eight fixture directories under ``crates/model-layers/tests/fixtures/hf/<name>/`
     gemma3      Gemma 2's layer without soft-capping plus (1+w) q/k norm,
                 sliding_window_pattern 2 (classic hub layout), local rope base
                 10k and global 1M with linear x4 scaling on global layers only
+    qwen3_next  hybrid: Gated DeltaNet (fused in_proj_qkvz / in_proj_ba, 2 key
+                and 4 value heads) on layers 0, 2, gated full attention with
+                partial rope (8 of 32) on 1, 3, MoE 8 experts top-2 plus
+                sigmoid-gated shared expert, per-expert names, hub layout
+    qwen3_5     Qwen3_5ForConditionalGeneration (tiny vision tower): split
+                in_proj_qkv / z / b / a, dense MLP, mrope fields
+    qwen3_5_moe the same wrapper with MoE, fused experts.gate_up_proj /
+                down_proj as hub checkpoints hold them, rotary 8 of 16
 
 Each directory holds the checkpoint as written by ``save_pretrained`` in
 bfloat16 (``config.json``, ``generation_config.json``, ``model.safetensors``
 or shards + ``model.safetensors.index.json``), plus
 
-    reference.safetensors   float32 ``logits.{0..3}``, shape [prompt_len, vocab]
+    reference.safetensors   float32 ``logits.{i}``, one per prompt, [prompt_len, vocab]
     reference.json          prompts, 16-token greedy continuations, minimum
                             top-1/top-2 logit margin, seed, coverage tags and
                             library versions
+
+The hybrid families (``hf_fixtures_hybrid.py``: weight draws, which norms are
+(1 + w), expert layout) also get ``tensors.txt`` (name, shape, dtype of every
+checkpoint tensor), prompts of 1, 6, 23, 64, 65 and 160 tokens (across the
+64-token chunks of transformers' torch delta rule, the path the reference must
+come from), and in reference.json the check that the longest prompt run as two
+halves through a cache gives the one-pass logits (``chunk_consistency``).
 
 Why
 ---
@@ -65,6 +80,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+import hf_fixtures_hybrid as hybrid
 from hf_fixture_specs import FIXTURES, VOCAB
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +97,7 @@ ROUTER_GAIN = 2.0
 BIAS_STD = 0.3
 NORM_STD = 0.1
 QK_NORM_STD = 0.2
+MAX_HYBRID_BYTES = 1536 * 1024
 
 
 def fail(msg: str) -> None:
@@ -108,14 +125,15 @@ GEMMA_QK_GAIN = 2.5
 
 
 def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float = 1.0,
-              gemma: bool = False) -> None:
+              gemma: bool = False, hybrid_rules: bool = False) -> None:
     """Re-draw every parameter from `gen` with scales that give O(1) activations.
 
     `residual_gain` multiplies the projections that write into the residual
     stream (o_proj, down_proj: weights and biases). Tied-embedding models need
     it: with unit-scale branches the token's own embedding dominates the final
     hidden state and, since the LM head is that same embedding matrix, every
-    position simply predicts its input token."""
+    position simply predicts its input token. `hybrid_rules` draws the hybrid
+    families' own parameters and norms as `hf_fixtures_hybrid.init_value` says."""
     with torch.no_grad():
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             shape = tuple(p.shape)
@@ -123,7 +141,10 @@ def randomize(model: torch.nn.Module, gen: torch.Generator, residual_gain: float
             def normal(std: float, mean: float = 0.0) -> torch.Tensor:
                 return torch.randn(shape, generator=gen) * std + mean
 
-            if gemma and name == "model.embed_tokens.weight":
+            val = hybrid.init_value(name, shape, gen) if hybrid_rules else None
+            if val is not None:
+                pass
+            elif gemma and name == "model.embed_tokens.weight":
                 # sqrt(hidden) brings the rows to unit scale in the residual stream.
                 val = normal(1.0 / math.sqrt(shape[1]))
             elif gemma and name == "model.norm.weight":
@@ -210,9 +231,10 @@ def rotary_tables(rot) -> list:
 def check_config_roundtrip(orig, saved_dir: Path, model_orig) -> None:
     """Reload config.json with AutoConfig and require identical rope settings."""
     re = AutoConfig.from_pretrained(saved_dir)
-    if re.rope_parameters != orig.rope_parameters:
+    text_orig, text_re = orig.get_text_config(), re.get_text_config()
+    if text_re.rope_parameters != text_orig.rope_parameters:
         fail(f"{saved_dir.name}: rope_parameters differ after reload: "
-             f"{re.rope_parameters} vs {orig.rope_parameters}")
+             f"{text_re.rope_parameters} vs {text_orig.rope_parameters}")
     skip = {"transformers_version", "dtype", "torch_dtype", "architectures", "_name_or_path"}
     a = {k: v for k, v in orig.to_dict().items() if k not in skip}
     b = {k: v for k, v in re.to_dict().items() if k not in skip}
@@ -221,8 +243,8 @@ def check_config_roundtrip(orig, saved_dir: Path, model_orig) -> None:
         fail(f"{saved_dir.name}: config fields differ after reload: "
              + ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(diff)))
     # Rotary tables built from the reloaded config must match bit for bit.
-    rot_orig = model_orig.model.rotary_emb
-    rot_re = type(rot_orig)(config=re)
+    rot_orig = hybrid.text_model(model_orig).rotary_emb
+    rot_re = type(rot_orig)(config=text_re)
     a, b = rotary_tables(rot_orig), rotary_tables(rot_re)
     if [n for n, _ in a] != [n for n, _ in b] or not all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b)):
         fail(f"{saved_dir.name}: rotary inv_freq differ after reload")
@@ -347,7 +369,7 @@ class RouterWatch:
     def __init__(self, model):
         self.min_gap = math.inf
         self.handles = []
-        for layer in model.model.layers:
+        for layer in hybrid.text_model(model).layers:
             gate = getattr(layer.mlp, "gate", None)
             if gate is not None and hasattr(gate, "top_k"):
                 self.handles.append(gate.register_forward_hook(self.hook))
@@ -389,8 +411,8 @@ def compute_references(model, prompts):
     return logits, greedy, min(margins)
 
 
-def load_f32(path: Path):
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+def load_f32(path: Path, model_class=AutoModelForCausalLM):
+    m = model_class.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     m.eval()
     for n, p in m.named_parameters():
         if p.dtype != torch.float32:
@@ -408,10 +430,16 @@ def build(spec: dict, seed: int, out: Path):
     config = spec["config"]()
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    randomize(model, gen, spec.get("residual_gain", 1.0), spec.get("gemma", False))
+    model_class = spec.get("model_class", AutoModelForCausalLM)
+    if model_class is AutoModelForCausalLM:
+        model = model_class.from_config(config, attn_implementation="eager")
+    else:
+        model = model_class._from_config(config, attn_implementation="eager")
+    randomize(model, gen, spec.get("residual_gain", 1.0), spec.get("gemma", False),
+              spec.get("hybrid", False))
     model = model.to(torch.bfloat16)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist()
+               for n in spec.get("prompt_lens", PROMPT_LENS)]
 
     save_kwargs = {}
     if "shard" in spec:
@@ -422,10 +450,12 @@ def build(spec: dict, seed: int, out: Path):
     # `.to(bfloat16)` also rounded the non-persistent rotary buffers; rebuild
     # them in float32 as a fresh load does.
     model = model.float().eval()
-    rot = model.model.rotary_emb
-    model.model.rotary_emb = type(rot)(config=model.config)
+    text = hybrid.text_model(model)
+    text.rotary_emb = type(text.rotary_emb)(config=text.config)
 
-    if spec["classic"] and spec["name"] == "gemma3":
+    if "rewrite_config" in spec:
+        spec["rewrite_config"](out / "config.json")
+    elif spec["classic"] and spec["name"] == "gemma3":
         rewrite_config_classic_gemma3(out / "config.json")
     elif spec["classic"]:
         rewrite_config_classic(out / "config.json")
@@ -441,8 +471,12 @@ def build(spec: dict, seed: int, out: Path):
         extra["shards"] = len(shards)
     if spec["name"] == "qwen3_moe":
         check_moe_hub_names(model, out)
+    if "experts" in spec:
+        if spec["experts"] == "fused":
+            hybrid.fuse_experts(out, config.get_text_config().num_experts)
+        hybrid.check_experts(spec["name"], model, out, fused=spec["experts"] == "fused")
 
-    ref_model = load_f32(out)
+    ref_model = load_f32(out, model_class)
 
     # Loading the saved checkpoint must give exactly the in-memory weights.
     sd_mem, sd_ref = model.state_dict(), ref_model.state_dict()
@@ -460,7 +494,12 @@ def build(spec: dict, seed: int, out: Path):
         # The per-expert checkpoint must reproduce the fused in-memory model's logits.
         for ids, lg in zip(prompts, logits):
             if not torch.equal(forward_logits(model, ids), lg):
-                fail("qwen3_moe: reloaded per-expert checkpoint does not reproduce logits")
+                fail(f"{spec['name']}: reloaded checkpoint does not reproduce logits")
+    if spec.get("hybrid"):
+        extra["reference_path"] = hybrid.check_torch_path(spec["name"])
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        extra["chunk_consistency"] = hybrid.chunk_consistency(
+            spec["name"], ref_model, longest, prompts[longest], logits[longest])
 
     return margin, logits, greedy, prompts, extra
 
@@ -490,8 +529,9 @@ def make_fixture(spec: dict) -> dict:
     # Degeneracy guard: a model whose argmax mostly copies the input token
     # tests little beyond the embedding lookup.
     copies = sum(int((lg.argmax(-1) == torch.tensor(ids)).sum()) for lg, ids in zip(logits, prompts))
-    if copies > 0.25 * sum(PROMPT_LENS):
-        fail(f"{name}: {copies} of {sum(PROMPT_LENS)} positions predict their own input token")
+    positions = sum(len(ids) for ids in prompts)
+    if copies > 0.25 * positions:
+        fail(f"{name}: {copies} of {positions} positions predict their own input token")
 
     save_file({f"logits.{i}": lg for i, lg in enumerate(logits)}, str(out / "reference.safetensors"))
     cfg = json.loads((out / "config.json").read_text())
@@ -506,9 +546,15 @@ def make_fixture(spec: dict) -> dict:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
     }
-    if "min_router_margin" in extra:
-        ref["min_router_margin"] = extra["min_router_margin"]
+    for key in ("min_router_margin", "chunk_consistency", "reference_path"):
+        if key in extra:
+            ref[key] = extra[key]
     (out / "reference.json").write_text(dump_json(ref))
+    if spec.get("hybrid"):
+        hybrid.write_tensor_list(out)
+        size = sum(p.stat().st_size for p in out.iterdir())
+        if size > MAX_HYBRID_BYTES:
+            fail(f"{name}: {size} bytes, over {MAX_HYBRID_BYTES}")
     spread = float(torch.cat(logits).std())
     print(f"  ok: min margin {margin:.4g}, logit std {spread:.3g}, "
           + ", ".join(f"{k}={v}" for k, v in extra.items() if k != "bands"))
