@@ -2,7 +2,7 @@
 //! with the same messages. Each returns the sizes the op needs; dtype checks stay with the
 //! backend, which knows what it stores.
 
-use crate::backend::{AttentionParams, Routing, UniformRun};
+use crate::backend::{AttentionParams, DeltaRule, RecurrentBatch, Routing, StateSnapshot, UniformRun};
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor};
 
@@ -175,4 +175,169 @@ pub(crate) fn gather_u32(src: &Tensor, rows: &[u32]) -> Result<usize> {
         return Err(Error::InvalidArgument(format!("{OP}: index {bad} is past the {} values", d[0])));
     }
     Ok(d[0])
+}
+
+// --- recurrent layers ----------------------------------------------------------------------
+
+/// The step tensors of a [`RecurrentBatch`]: `cu_seqlens u32 [s + 1]` and `slots u32 [s]`.
+fn recurrent_batch(op: &'static str, batch: &RecurrentBatch<'_>) -> Result<()> {
+    for t in [batch.cu_seqlens, batch.slots] {
+        if t.dtype() != DType::U32 {
+            return Err(Error::DType { op, expected: DType::U32, got: t.dtype() });
+        }
+    }
+    let (cu, slots) = (batch.cu_seqlens.dims(), batch.slots.dims());
+    ensure(cu.len() == 1 && slots.len() == 1 && cu[0] == slots[0] + 1, op, || {
+        format!("cu_seqlens {cu:?} / slots {slots:?} are not [s + 1] / [s]")
+    })
+}
+
+/// Refuses an operand that is the state pool itself: the op writes the pool while it reads
+/// its operands.
+fn not_the_pool(op: &'static str, state: &Tensor, operands: &[&Tensor]) -> Result<()> {
+    if operands.iter().any(|x| x.same_storage(state)) {
+        return Err(Error::InvalidArgument(format!("{op}: an operand is the state pool itself")));
+    }
+    Ok(())
+}
+
+/// The sizes of a `causal_conv1d` call.
+pub(crate) struct Conv {
+    /// Rows of the step.
+    pub(crate) t: usize,
+    /// Channels.
+    pub(crate) c: usize,
+    /// Kernel width (taps).
+    pub(crate) w: usize,
+    /// Slots in the state pool.
+    pub(crate) capacity: usize,
+}
+
+/// `causal_conv1d`: `x [t, c]`, `weight [c, w]` with `w >= 1`, `state [slots, c, w - 1]`.
+pub(crate) fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &Tensor, batch: &RecurrentBatch<'_>) -> Result<Conv> {
+    const OP: &str = "causal_conv1d";
+    let (xd, wd, sd) = (x.dims(), weight.dims(), state.dims());
+    ensure(xd.len() == 2 && wd.len() == 2 && wd[0] == xd[1] && wd[1] >= 1, OP, || {
+        format!("x {xd:?} and weight {wd:?} are not [t, c] and [c, w >= 1]")
+    })?;
+    let (t, c, w) = (xd[0], xd[1], wd[1]);
+    ensure(sd.len() == 3 && sd[1..] == [c, w - 1], OP, || format!("state {sd:?} is not [slots, {c}, {}]", w - 1))?;
+    recurrent_batch(OP, batch)?;
+    not_the_pool(OP, state, &[x, weight])?;
+    Ok(Conv { t, c, w, capacity: sd[0] })
+}
+
+/// `gated_delta_rule`: `h_v` a positive multiple of `h_k`, `qkv [t, 2·h_k·d_k + h_v·d_v]`,
+/// `a, b [t, h_v]`, `a_log, dt_bias [h_v]`, `state [slots, h_v, d_k, d_v]`. Returns
+/// `(t, slots)`.
+pub(crate) fn gated_delta_rule(
+    (qkv, a, b): (&Tensor, &Tensor, &Tensor),
+    rule: &DeltaRule<'_>,
+    state: &Tensor,
+    batch: &RecurrentBatch<'_>,
+) -> Result<(usize, usize)> {
+    const OP: &str = "gated_delta_rule";
+    let (hk, hv, dk, dv) = (rule.num_key_heads, rule.num_value_heads, rule.key_dim, rule.value_dim);
+    ensure(hk > 0 && hv % hk == 0 && hv > 0 && dk > 0 && dv > 0, OP, || {
+        format!("{hv} value heads of {dv} cannot share {hk} key heads of {dk}")
+    })?;
+    let t = qkv.dims().first().copied().unwrap_or(0);
+    let width = 2 * hk * dk + hv * dv;
+    ensure(qkv.dims() == [t, width], OP, || format!("qkv {:?} is not [t, {width}]", qkv.dims()))?;
+    for (name, x) in [("a", a), ("b", b)] {
+        ensure(x.dims() == [t, hv], OP, || format!("{name} {:?} is not [{t}, {hv}]", x.dims()))?;
+    }
+    for (name, x) in [("a_log", rule.a_log), ("dt_bias", rule.dt_bias)] {
+        ensure(x.dims() == [hv], OP, || format!("{name} {:?} is not [{hv}]", x.dims()))?;
+    }
+    let sd = state.dims();
+    ensure(sd.len() == 4 && sd[1..] == [hv, dk, dv], OP, || format!("state {sd:?} is not [slots, {hv}, {dk}, {dv}]"))?;
+    recurrent_batch(OP, batch)?;
+    not_the_pool(OP, state, &[qkv, a, b, rule.a_log, rule.dt_bias])?;
+    Ok((t, sd[0]))
+}
+
+/// One sequence of a recurrent step, checked against the step and its state pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SeqRun {
+    /// Its flat rows `start..end`.
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    /// Its state slot.
+    pub(crate) slot: usize,
+    /// `(rows consumed, slot)`: after its first `rows` rows, its state is copied to `slot`
+    /// (rows ascending, each in `1..=end - start`).
+    pub(crate) snapshots: Vec<(usize, usize)>,
+}
+
+/// The host contents of a [`RecurrentBatch`] over `t` rows and a pool of `capacity`
+/// slots: prefix sums from 0 to `t`, slots inside the pool, each snapshot's row inside the
+/// step and ascending within its sequence, and every slot the step writes (those of the
+/// sequences with rows, and the snapshots') distinct, so no two writes meet. Returns the
+/// sequences with at least one row; the others leave their state as it is.
+pub(crate) fn recurrent_runs(
+    op: &'static str,
+    (cu, slots): (&[u32], &[u32]),
+    snapshots: &[StateSnapshot],
+    t: usize,
+    capacity: usize,
+) -> Result<Vec<SeqRun>> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("{op}: {msg}")));
+    if cu.first() != Some(&0) || cu.last().map(|&e| e as usize) != Some(t) || cu.windows(2).any(|w| w[0] > w[1]) {
+        return bad(format!("cu_seqlens {cu:?} are not prefix sums from 0 to {t} rows"));
+    }
+    let past = |s: u32| (s as usize >= capacity).then(|| format!("slot {s} is past the pool of {capacity} slots"));
+    if let Some(msg) = slots.iter().chain(snapshots.iter().map(|s| &s.slot)).find_map(|&s| past(s)) {
+        return bad(msg);
+    }
+    let mut runs: Vec<SeqRun> = cu
+        .windows(2)
+        .zip(slots)
+        .map(|(w, &slot)| SeqRun { start: w[0] as usize, end: w[1] as usize, slot: slot as usize, snapshots: vec![] })
+        .collect();
+    for snap in snapshots {
+        let row = snap.row as usize;
+        let Some(run) = runs.iter_mut().find(|r| (r.start..r.end).contains(&row)) else {
+            return bad(format!("snapshot row {row} is past the {t} rows of the step"));
+        };
+        if run.snapshots.last().is_some_and(|&(rows, _)| rows > row + 1 - run.start) {
+            return bad(format!("snapshot row {row} comes after a later row of its sequence"));
+        }
+        run.snapshots.push((row + 1 - run.start, snap.slot as usize));
+    }
+    runs.retain(|r| r.end > r.start);
+    let mut written: Vec<usize> = runs.iter().flat_map(|r| r.snapshots.iter().map(|s| s.1).chain([r.slot])).collect();
+    written.sort_unstable();
+    if let Some(w) = written.windows(2).find(|w| w[0] == w[1]) {
+        return bad(format!("slot {} is written twice in one step (by two sequences or snapshots)", w[0]));
+    }
+    Ok(runs)
+}
+
+/// `zero_state_slots`, `copy_state_slots`: every slot inside every pool (each `[slots, ..]`).
+pub(crate) fn state_slots(op: &'static str, pools: &[&Tensor], slots: impl Iterator<Item = u32> + Clone) -> Result<()> {
+    for pool in pools {
+        let capacity = pool.dims().first().copied().unwrap_or(0);
+        if let Some(bad) = slots.clone().find(|&s| s as usize >= capacity) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: slot {bad} is past a pool {:?} of {capacity} slots",
+                pool.dims()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `rms_norm_gated`: `x, z [.., d]` of one shape, `weight [d]`, `d > 0`; returns `d`.
+pub(crate) fn rms_norm_gated(x: &Tensor, z: &Tensor, weight: &Tensor) -> Result<usize> {
+    let d = x.shape().last();
+    ensure(x.dims() == z.dims() && !x.dims().is_empty() && d > 0 && weight.dims() == [d], "rms_norm_gated", || {
+        format!("x {:?}, z {:?} and weight {:?} are not [n, d], [n, d] and [d]", x.dims(), z.dims(), weight.dims())
+    })?;
+    Ok(d)
+}
+
+/// `sigmoid_mul`: `x` and `gate` of one shape.
+pub(crate) fn sigmoid_mul(x: &Tensor, gate: &Tensor) -> Result<()> {
+    ensure(x.dims() == gate.dims(), "sigmoid_mul", || format!("x {:?} and gate {:?} differ", x.dims(), gate.dims()))
 }

@@ -19,11 +19,14 @@ mod moe;
 mod ops;
 mod pool;
 mod qmatmul;
+mod recurrent;
 pub(crate) mod sample;
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::backend::{AttentionMeta, AttentionParams, GpuBackend, Routing, SampleRow, Sampled};
+use crate::backend::{
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, RecurrentBatch, Routing, SampleRow, Sampled,
+};
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
 use crate::{DType, DeviceKind, HostTensor, Shape, Storage, Tensor};
@@ -330,5 +333,41 @@ impl GpuBackend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         flash::flash_attention(q, k_cache, v_cache, meta, params)
+    }
+
+    fn supports_recurrent(&self) -> bool {
+        true
+    }
+
+    fn zero_state_slots(&self, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
+        recurrent::zero_state_slots(pools, slots)
+    }
+
+    fn copy_state_slots(&self, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+        recurrent::copy_state_slots(pools, pairs)
+    }
+
+    fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &Tensor, batch: &RecurrentBatch<'_>) -> Result<Tensor> {
+        recurrent::causal_conv1d(x, weight, state, batch)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        rule: &DeltaRule<'_>,
+        state: &Tensor,
+        batch: &RecurrentBatch<'_>,
+    ) -> Result<Tensor> {
+        recurrent::gated_delta_rule(qkv, a, b, rule, state, batch)
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        recurrent::rms_norm_gated(x, z, weight, eps)
+    }
+
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        recurrent::sigmoid_mul(x, gate)
     }
 }
