@@ -76,8 +76,10 @@ pub(super) fn rms_norm_gated(x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) 
         let (x, z) = (&xs[i * d..(i + 1) * d], &zs[i * d..(i + 1) * d]);
         let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
-        for (((o, &x), &z), &w) in o.iter_mut().zip(x).zip(z).zip(ws.iter()) {
-            *o = w * (x * inv) * silu(z);
+        o.copy_from_slice(z);
+        silu_in_place(o);
+        for ((o, &x), &w) in o.iter_mut().zip(x).zip(ws.iter()) {
+            *o *= w * (x * inv);
         }
     });
     Ok(f32_tensor(out, x.dims()))
@@ -101,7 +103,35 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// `x · sigmoid(x)`, written as a quotient so that an infinite `e^-x` gives `-0`, not NaN.
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// `x · sigmoid(x)` for every element, as `silu_mul` computes it: over `e = e^-|x|` (at
+/// most 1, so nothing overflows), `x / (1 + e)` for `x >= 0` and `x e / (1 + e)` below, with
+/// the softmax's vectorised exponential, built for AVX2 where the CPU has it.
+fn silu_in_place(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::SimdLevel::current() >= crate::quant::SimdLevel::Avx2 {
+        // SAFETY: the level is at least AVX2, so the CPU has AVX2.
+        return unsafe { silu_in_place_avx2(xs) };
+    }
+    silu_in_place_body(xs);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn silu_in_place_avx2(xs: &mut [f32]) {
+    silu_in_place_body(xs);
+}
+
+#[inline(always)]
+fn silu_in_place_body(xs: &mut [f32]) {
+    let mut e = [0f32; 64];
+    for block in xs.chunks_mut(64) {
+        let e = &mut e[..block.len()];
+        for (e, &x) in e.iter_mut().zip(block.iter()) {
+            *e = -x.abs();
+        }
+        super::attention::exp_in_place(e);
+        for (x, &e) in block.iter_mut().zip(e.iter()) {
+            *x = if *x >= 0.0 { *x } else { *x * e } / (1.0 + e);
+        }
+    }
 }

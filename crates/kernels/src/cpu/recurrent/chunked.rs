@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use super::delta::{Operands, Sink};
+use crate::cpu::attention::exp_in_place;
 
 /// Rows per chunk, as transformers and the fla kernels use.
 pub(super) const CHUNK: usize = 64;
@@ -27,7 +28,8 @@ pub(super) struct ChunkScratch {
     /// Right-hand sides, solved in place: rows `[β v | β Γ k]` become `[U | W]`, and then
     /// `U` becomes `δ`. `[CHUNK, d_v + d_k]`.
     uw: Vec<f32>,
-    /// `β_i D_ij (k_i·k_j)` below the diagonal. `[CHUNK, CHUNK]`.
+    /// `β_i D_ij (k_i·k_j)` below the diagonal (what lies on and above it is never read).
+    /// `[CHUNK, CHUNK]`.
     kk: Vec<f32>,
     /// `D_ij (q_i·k_j)` on and below the diagonal, 0 above. `[CHUNK, CHUNK]`.
     qk: Vec<f32>,
@@ -35,6 +37,8 @@ pub(super) struct ChunkScratch {
     gamma: Vec<f64>,
     /// `β_i`.
     beta: Vec<f32>,
+    /// One row's `D_ij`.
+    decay: Vec<f32>,
 }
 
 impl ChunkScratch {
@@ -47,6 +51,7 @@ impl ChunkScratch {
             qk: vec![0.0; CHUNK * CHUNK],
             gamma: vec![0.0; CHUNK],
             beta: vec![0.0; CHUNK],
+            decay: vec![0.0; CHUNK],
         }
     }
 }
@@ -123,22 +128,31 @@ fn load(ops: &Operands<'_>, (rows, j): (Range<usize>, usize), x: &mut ChunkScrat
 }
 
 /// `kk` and `qk` for the first `len` rows: the products of normalised keys and queries
-/// with the keys, decayed, `kk` strictly below the diagonal and `qk` on and below it.
+/// with the keys (two GEMMs), decayed, `kk` below the diagonal (all that `solve` reads) and
+/// `qk` on and below it, zero above.
 #[inline(always)]
 fn pairwise(x: &mut ChunkScratch, len: usize, dk: usize) {
+    let kt = Mat { ptr: x.k.as_ptr(), rs: 1, cs: dk };
+    // SAFETY: `q` and `k` hold `len ≤ CHUNK` rows of `d_k`, `kk` and `qk` are `[CHUNK, CHUNK]`
+    // buffers of their own.
+    unsafe {
+        gemm(x.kk.as_mut_ptr(), CHUNK, (len, len, dk), Mat { ptr: x.k.as_ptr(), rs: dk, cs: 1 }, kt, None, 1.0);
+        gemm(x.qk.as_mut_ptr(), CHUNK, (len, len, dk), Mat { ptr: x.q.as_ptr(), rs: dk, cs: 1 }, kt, None, 1.0);
+    }
     for i in 0..len {
-        let (qi, ki) = (&x.q[i * dk..][..dk], &x.k[i * dk..][..dk]);
-        for jj in 0..CHUNK {
-            let (kk, qk) = if jj <= i {
-                let kj = &x.k[jj * dk..][..dk];
-                let decay = ((x.gamma[i] - x.gamma[jj]) as f32).exp();
-                (x.beta[i] * decay * dot(ki, kj), decay * dot(qi, kj))
-            } else {
-                (0.0, 0.0)
-            };
-            x.kk[i * CHUNK + jj] = if jj < i { kk } else { 0.0 };
-            x.qk[i * CHUNK + jj] = qk;
+        let decay = &mut x.decay[..=i];
+        for (d, &gj) in decay.iter_mut().zip(&x.gamma) {
+            *d = (x.gamma[i] - gj) as f32;
         }
+        exp_in_place(decay);
+        let (kk, qk) = (&mut x.kk[i * CHUNK..][..i], &mut x.qk[i * CHUNK..][..len]);
+        for (v, &d) in kk.iter_mut().zip(decay.iter()) {
+            *v *= x.beta[i] * d;
+        }
+        for (v, &d) in qk.iter_mut().zip(decay.iter()) {
+            *v *= d;
+        }
+        qk[i + 1..].fill(0.0);
     }
 }
 
@@ -155,11 +169,6 @@ fn solve(x: &mut ChunkScratch, len: usize, width: usize) {
             }
         }
     }
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// A strided matrix operand of [`gemm`]: element `(r, c)` at `ptr + r·rs + c·cs`.

@@ -11,7 +11,7 @@ use crate::backend::RecurrentBatch;
 use crate::check::SeqRun;
 use crate::error::Result;
 
-use super::{f32_tensor, for_each_row, read_f32, read_runs, silu, write_f32};
+use super::{f32_tensor, for_each_row, read_f32, read_runs, silu_in_place, write_f32};
 
 const OP: &str = "causal_conv1d";
 
@@ -67,7 +67,7 @@ pub(crate) fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &Tensor, batch: 
                 *o += tap * v;
             }
         }
-        o.iter_mut().for_each(|v| *v = silu(*v));
+        silu_in_place(o);
     });
     for (run, seq) in runs.iter().zip(&padded) {
         store_states(run, seq, &mut pool);
