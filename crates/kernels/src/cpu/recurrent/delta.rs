@@ -3,7 +3,7 @@
 //! A task walks its sequence's rows in segments that end at the sequence's snapshot rows
 //! (and its last row), so that the state after each snapshot row exists to be copied out.
 //! A segment of at least [`CHUNKED_MIN_ROWS`] rows runs in the chunked (WY) form of
-//! `chunked.rs`, 64 rows at a time; a shorter one (a decode step, a few draft tokens) runs
+//! `chunked.rs`, 64 rows at a time; a shorter one (a decode step, a draft of two or three) runs
 //! the plain recurrence row by row. Either way the state is updated in place in the pool,
 //! which holds `[slots, h_v, d_k, d_v]`, so a decode step reads and writes each state once.
 
@@ -19,8 +19,12 @@ use super::{f32_tensor, read_f32, read_runs, sigmoid, write_f32};
 
 const OP: &str = "gated_delta_rule";
 
-/// Segments at least this long run in the chunked form.
-pub(super) const CHUNKED_MIN_ROWS: usize = 16;
+/// Segments at least this long run in the chunked form. The recurrence passes over `S`
+/// twice a row, a chunk three times whatever its length (and its products are GEMMs): at a
+/// Qwen3.5-like layer (32 heads of 128²) 128 rows as 32 sequences of 4 took 27-29 ms
+/// chunked against 39-44 ms row by row, 16 sequences of 8 took 18-20 ms against 37-49 ms
+/// (`benches/recurrent.rs` with these step shapes, two alternating runs on two cores).
+pub(super) const CHUNKED_MIN_ROWS: usize = 4;
 
 /// The operands of one step, read on the host.
 pub(super) struct Operands<'a> {
