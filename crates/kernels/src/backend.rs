@@ -526,8 +526,9 @@ pub trait GpuBackend: Send + Sync + Debug {
         Err(self.no_recurrent_ops())
     }
 
-    /// `x · sigmoid(gate)` elementwise, for equal shapes: the output gate of gated
-    /// attention.
+    /// `x · sigmoid(gate)` elementwise, for equal shapes (the output gate of gated
+    /// attention), or with one gate per row, `x [t, n]` and `gate [t, 1]` (a shared
+    /// expert's gate).
     ///
     /// # Errors
     /// On mismatched shapes; as [`Self::zero_state_slots`].

@@ -337,7 +337,14 @@ pub(crate) fn rms_norm_gated(x: &Tensor, z: &Tensor, weight: &Tensor) -> Result<
     Ok(d)
 }
 
-/// `sigmoid_mul`: `x` and `gate` of one shape.
-pub(crate) fn sigmoid_mul(x: &Tensor, gate: &Tensor) -> Result<()> {
-    ensure(x.dims() == gate.dims(), "sigmoid_mul", || format!("x {:?} and gate {:?} differ", x.dims(), gate.dims()))
+/// `sigmoid_mul`: `x` and `gate` of one shape, or `x [t, n]` and `gate [t, 1]`. Returns
+/// the elements each gate value covers (1, or `n`).
+pub(crate) fn sigmoid_mul(x: &Tensor, gate: &Tensor) -> Result<usize> {
+    let (xd, gd) = (x.dims(), gate.dims());
+    if xd == gd {
+        return Ok(1);
+    }
+    let per_row = matches!((xd, gd), ([t, _], [g, 1]) if t == g);
+    ensure(per_row, "sigmoid_mul", || format!("x {xd:?} and gate {gd:?} are neither equal nor [t, n] and [t, 1]"))?;
+    Ok(xd[1])
 }

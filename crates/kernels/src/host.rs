@@ -73,6 +73,11 @@ impl<'a> HostTensor<'a> {
         &self.bytes
     }
 
+    /// The raw little-endian bytes, as held (borrowed stays borrowed).
+    pub fn into_bytes(self) -> Cow<'a, [u8]> {
+        self.bytes
+    }
+
     /// Number of elements.
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()

@@ -86,13 +86,13 @@ pub(super) fn rms_norm_gated(x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) 
 }
 
 pub(super) fn sigmoid_mul(x: &Tensor, gate: &Tensor) -> Result<Tensor> {
-    crate::check::sigmoid_mul(x, gate)?;
+    let span = crate::check::sigmoid_mul(x, gate)?;
     let (xs, gs) = (read_f32("sigmoid_mul", x)?, read_f32("sigmoid_mul", gate)?);
     let mut out = vec![0f32; xs.len()];
     for_each_row(&mut out, ELEMS_PER_TASK, |i, o| {
         let at = i * ELEMS_PER_TASK;
-        for ((o, &x), &g) in o.iter_mut().zip(&xs[at..]).zip(&gs[at..]) {
-            *o = x * sigmoid(g);
+        for (j, (o, &x)) in o.iter_mut().zip(&xs[at..]).enumerate() {
+            *o = x * sigmoid(gs[(at + j) / span]);
         }
     });
     Ok(f32_tensor(out, x.dims()))

@@ -138,6 +138,17 @@ fn sigmoid_mul_matches_reference() {
     }
 }
 
+/// A `[t, 1]` gate scales each row of `x [t, n]` by its own sigmoid; other shapes are refused.
+#[test]
+fn sigmoid_mul_broadcasts_one_gate_per_row() {
+    let b = CpuBackend::new();
+    let (x, g) = (uniform(6, 3 * 5000, (-3.0, 3.0)), uniform(7, 3, (-4.0, 4.0)));
+    let out = b.download_f32(&b.sigmoid_mul(&upload(&b, &x, &[3, 5000]), &upload(&b, &g, &[3, 1])).unwrap()).unwrap();
+    let wide: Vec<f32> = g.iter().flat_map(|&v| std::iter::repeat_n(v, 5000)).collect();
+    assert_close(&out, &reference::sigmoid_mul(&x, &wide), ELEMENTWISE_REL, "per-row gate");
+    assert!(b.sigmoid_mul(&upload(&b, &x, &[3, 5000]), &upload(&b, &g, &[1, 3])).is_err());
+}
+
 /// Zeroing and copying touch exactly the slots named, in every pool given.
 #[test]
 fn state_slots_are_zeroed_and_copied_in_every_pool() {
