@@ -33,7 +33,7 @@ const OWN_TOKENS: usize = 64;
 
 /// A cache of `blocks` blocks of 16 tokens with prefix caching on.
 fn cache(blocks: usize) -> PagedKvCache {
-    let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 1, dtype: DType::F32 };
+    let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 1, dtype: DType::F32, state: None };
     PagedKvCache::new(&CpuBackend::new(), layout, DEFAULT_BLOCK_SIZE, blocks, true).expect("a valid cache")
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::OutOfBlocks;
+use crate::state::{SequenceState, StateSlots};
 
 /// A physical block of the K/V pools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,11 +58,14 @@ pub(crate) struct BlockPool {
     /// Hash of a full block → the block holding it, with its key for verification.
     cached: HashMap<u64, (BlockId, BlockKey)>,
     prefix_caching: bool,
+    /// The recurrent-state slots of a hybrid model's cache.
+    pub(crate) states: Option<StateSlots>,
 }
 
 impl BlockPool {
-    pub(crate) fn new(num_blocks: usize, prefix_caching: bool) -> Self {
+    pub(crate) fn new(num_blocks: usize, prefix_caching: bool, states: Option<StateSlots>) -> Self {
         Self {
+            states,
             blocks: (0..num_blocks).map(|_| BlockState::default()).collect(),
             // Reversed so that `pop` hands out low ids first.
             free_plain: (0..num_blocks as u32).rev().map(BlockId).collect(),
@@ -98,6 +102,9 @@ impl BlockPool {
                     let (_, b) = self.free_cached.pop_first().expect("counted above");
                     let hash = self.blocks[b.0 as usize].hash.take().expect("cached blocks are hashed");
                     self.cached.remove(&hash);
+                    if let Some(states) = &mut self.states {
+                        states.forget(hash);
+                    }
                     b
                 }
             };
@@ -107,6 +114,22 @@ impl BlockPool {
             out.push(b);
         }
         Ok(out)
+    }
+
+    /// A free snapshot slot, taking back the least recently freed snapshot of a block no
+    /// sequence holds when none is free.
+    fn take_snapshot_slot(&mut self) -> Option<u32> {
+        let states = self.states.as_mut()?;
+        if let Some(slot) = states.take_snapshot_slot() {
+            return Some(slot);
+        }
+        let hash = self
+            .free_cached
+            .values()
+            .filter_map(|b| self.blocks[b.0 as usize].hash)
+            .find(|h| states.snapshot(*h).is_some())?;
+        states.forget(hash);
+        states.take_snapshot_slot()
     }
 
     /// Adds a reference to blocks some sequence already holds.
@@ -174,11 +197,31 @@ pub struct SequenceBlocks {
     hashes: Vec<u64>,
     block_size: usize,
     pool: Arc<Mutex<BlockPool>>,
+    /// Its recurrent-state slot and snapshots (hybrid models' caches only).
+    state: SequenceState,
 }
 
 impl SequenceBlocks {
     pub(crate) fn new(pool: Arc<Mutex<BlockPool>>, block_size: usize) -> Self {
-        Self { blocks: Vec::new(), hashes: Vec::new(), block_size, pool }
+        Self { blocks: Vec::new(), hashes: Vec::new(), block_size, pool, state: SequenceState::default() }
+    }
+
+    /// The recurrent-state slot of this sequence: `None` before it first reserved room, and
+    /// always for a cache without recurrent state.
+    pub fn state_slot(&self) -> Option<u32> {
+        self.state.slot
+    }
+
+    /// The snapshot slot this sequence's state starts from, and the tokens it covers (the
+    /// cached prefix it matched); `None` when it starts from the zero state.
+    pub fn state_restore(&self) -> Option<(u32, usize)> {
+        self.state.restore
+    }
+
+    /// Snapshots to take: `(tokens, slot)` asks the step that computes token `tokens - 1`
+    /// to copy the state after it into `slot`. Ascending.
+    pub fn planned_snapshots(&self) -> &[(usize, u32)] {
+        &self.state.planned
     }
 
     /// The block table: physical block of each logical block.
@@ -208,11 +251,45 @@ impl SequenceBlocks {
     /// Grows the table to hold `tokens` tokens, all or nothing.
     pub(crate) fn grow(&mut self, tokens: usize) -> Result<(), OutOfBlocks> {
         let needed = tokens.div_ceil(self.block_size).saturating_sub(self.blocks.len());
+        let shared = Arc::clone(&self.pool);
+        let mut pool = shared.lock();
+        let new_slot = match &mut pool.states {
+            Some(states) if self.state.slot.is_none() => {
+                Some(states.take_sequence_slot().ok_or(OutOfBlocks { needed: needed.max(1), free: 0 })?)
+            }
+            _ => None,
+        };
         if needed > 0 {
-            let new = self.pool.lock().allocate(needed)?;
-            self.blocks.extend(new);
+            match pool.allocate(needed) {
+                Ok(new) => self.blocks.extend(new),
+                Err(e) => {
+                    if let (Some(slot), Some(states)) = (new_slot, &mut pool.states) {
+                        states.free_sequence_slot(slot);
+                    }
+                    return Err(e);
+                }
+            }
         }
+        self.state.slot = self.state.slot.or(new_slot);
+        self.plan_snapshots(&mut pool, tokens);
         Ok(())
+    }
+
+    /// Plans a snapshot at every `interval`-th block boundary up to `tokens` past what is
+    /// already planned or cached, while snapshot slots last.
+    fn plan_snapshots(&mut self, pool: &mut BlockPool, tokens: usize) {
+        let interval = pool.states.as_ref().map_or(0, StateSlots::interval);
+        if interval == 0 || !pool.prefix_caching() {
+            return;
+        }
+        let every = interval * self.block_size;
+        let done = self.state.planned.last().map_or(0, |p| p.0).max(self.hashes.len() * self.block_size);
+        let mut at = (done / every + 1) * every;
+        while at <= tokens {
+            let Some(slot) = pool.take_snapshot_slot() else { return };
+            self.state.planned.push((at, slot));
+            at += every;
+        }
     }
 
     /// Shrinks the table to the blocks that `tokens` tokens need, returning the rest to the
@@ -226,7 +303,12 @@ impl SequenceBlocks {
         }
         let dropped = self.blocks.split_off(keep);
         self.hashes.truncate(tokens / self.block_size);
-        self.pool.lock().release(&dropped);
+        let mut pool = self.pool.lock();
+        pool.release(&dropped);
+        let cut = self.state.planned.partition_point(|p| p.0 <= tokens);
+        for (_, slot) in self.state.planned.drain(cut..) {
+            pool.states.as_mut().expect("planned snapshots need state slots").free_snapshot_slot(slot);
+        }
     }
 
     /// Attaches cached blocks for the longest cached prefix of `tokens` (full blocks
@@ -244,6 +326,16 @@ impl SequenceBlocks {
             self.blocks.push(b);
             self.hashes.push(hash);
             parent = hash;
+        }
+        if let Some(states) = &pool.states {
+            // A recurrent state resumes only where a snapshot holds it.
+            let keep = self.hashes.iter().rposition(|h| states.snapshot(*h).is_some()).map_or(0, |i| i + 1);
+            self.state.restore = keep
+                .checked_sub(1)
+                .map(|i| (states.snapshot(self.hashes[i]).expect("found above"), keep * self.block_size));
+            let dropped = self.blocks.split_off(keep);
+            self.hashes.truncate(keep);
+            pool.release(&dropped);
         }
         self.blocks.len() * self.block_size
     }
@@ -264,21 +356,50 @@ impl SequenceBlocks {
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let hash = pool.register(self.blocks[i], parent, chunk);
             self.hashes.push(hash);
+            let end = (i + 1) * self.block_size;
+            if self.state.planned.first().is_some_and(|p| p.0 == end) {
+                let (_, slot) = self.state.planned.remove(0);
+                let registered = pool.cached.contains_key(&hash);
+                let states = pool.states.as_mut().expect("planned snapshots need state slots");
+                if registered { states.key(hash, slot) } else { states.free_snapshot_slot(slot) }
+            }
         }
     }
 
     /// A new table sharing this one's first `tokens / block_size` full blocks.
+    /// With recurrent state, only up to the last of those blocks that has a snapshot, which
+    /// the new sequence starts from.
     pub(crate) fn fork(&self, tokens: usize) -> Self {
-        let full = (tokens / self.block_size).min(self.blocks.len());
+        let mut full = (tokens / self.block_size).min(self.blocks.len());
+        let mut pool = self.pool.lock();
+        let mut state = SequenceState::default();
+        if let Some(states) = &pool.states {
+            full = self.hashes[..full.min(self.hashes.len())]
+                .iter()
+                .rposition(|h| states.snapshot(*h).is_some())
+                .map_or(0, |i| i + 1);
+            state.restore = full
+                .checked_sub(1)
+                .map(|i| (states.snapshot(self.hashes[i]).expect("found above"), full * self.block_size));
+        }
         let shared = self.blocks[..full].to_vec();
-        self.pool.lock().share(&shared);
+        pool.share(&shared);
         let hashes = self.hashes[..full.min(self.hashes.len())].to_vec();
-        Self { blocks: shared, hashes, block_size: self.block_size, pool: Arc::clone(&self.pool) }
+        Self { blocks: shared, hashes, block_size: self.block_size, pool: Arc::clone(&self.pool), state }
     }
 }
 
 impl Drop for SequenceBlocks {
     fn drop(&mut self) {
-        self.pool.lock().release(&self.blocks);
+        let mut pool = self.pool.lock();
+        pool.release(&self.blocks);
+        if let Some(states) = &mut pool.states {
+            if let Some(slot) = self.state.slot {
+                states.free_sequence_slot(slot);
+            }
+            for &(_, slot) in &self.state.planned {
+                states.free_snapshot_slot(slot);
+            }
+        }
     }
 }

@@ -16,6 +16,10 @@
 //! sequence, while each rank's device holds its share of every block ([`KvPools`]: the
 //! rank's K/V heads of every layer), so a block id means the same tokens on every rank.
 //!
+//! A hybrid model's recurrent layers keep a fixed-size state per sequence instead of K/V
+//! per token: the cache then also holds pools of state slots, one per running sequence
+//! plus prefix-cache snapshots ([`state`]), handed out through the same guard.
+//!
 //! This crate never reads tensor contents; it does bookkeeping on the host and hands the
 //! pools to the model, which writes and reads them through the backend.
 //!
@@ -23,9 +27,11 @@
 
 mod block;
 mod paged;
+mod state;
 
 pub use block::{BlockId, SequenceBlocks};
 pub use paged::PagedKvCache;
+pub use state::{StateLayout, StateSizing, StateUsage};
 
 use met_kernels::{DType, Tensor};
 
@@ -36,7 +42,8 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// parallelism, one rank's share: its K/V heads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
-    /// Attention layers, each with its own K and V pool.
+    /// Attention layers, each with its own K and V pool (a hybrid model's full-attention
+    /// layers only).
     pub num_layers: usize,
     /// Key/value heads per layer.
     pub num_kv_heads: usize,
@@ -44,6 +51,8 @@ pub struct KvLayout {
     pub head_dim: usize,
     /// Element type of the pools.
     pub dtype: DType,
+    /// The per-sequence state of recurrent layers, for hybrid models.
+    pub state: Option<StateLayout>,
 }
 
 impl KvLayout {
@@ -80,12 +89,34 @@ pub enum CacheError {
 #[derive(Debug, Clone)]
 pub struct KvPools {
     layers: Vec<(Tensor, Tensor)>,
+    /// Per recurrent layer, its convolution-window and recurrent-matrix pools, each
+    /// `[slots, ...]` as the [`StateLayout`] says.
+    states: Vec<(Tensor, Tensor)>,
 }
 
 impl KvPools {
     /// Pools from every layer's `(key, value)` pair.
     pub fn new(layers: Vec<(Tensor, Tensor)>) -> Self {
-        Self { layers }
+        Self { layers, states: Vec::new() }
+    }
+
+    /// [`Self::new`] plus every recurrent layer's `(conv, recurrent)` state pools.
+    pub fn with_states(layers: Vec<(Tensor, Tensor)>, states: Vec<(Tensor, Tensor)>) -> Self {
+        Self { layers, states }
+    }
+
+    /// The convolution-window and recurrent-matrix pools of recurrent layer `layer`.
+    ///
+    /// # Panics
+    /// If `layer` is past the pools' recurrent layers.
+    pub fn state(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let (c, r) = &self.states[layer];
+        (c, r)
+    }
+
+    /// Every state pool, for ops over all of them (zeroing or copying a slot).
+    pub fn state_pools(&self) -> Vec<&Tensor> {
+        self.states.iter().flat_map(|(c, r)| [c, r]).collect()
     }
 
     /// The K and V pools of `layer`.
@@ -161,6 +192,11 @@ pub trait KvCache: Send {
     /// A new sequence sharing the first `tokens / block_size` full blocks of `seq`
     /// (refcounted, whether or not prefix caching is on): the `n` choices of one prompt.
     fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks;
+
+    /// The state slots and their occupancy, for a cache with recurrent state.
+    fn state_usage(&self) -> Option<StateUsage> {
+        None
+    }
 
     /// Tensor-parallel ranks that each hold a share of every block (1 on one device).
     fn num_ranks(&self) -> usize;

@@ -7,7 +7,8 @@ use met_kernels::GpuBackend;
 use parking_lot::Mutex;
 
 use crate::block::BlockPool;
-use crate::{CacheError, KvCache, KvLayout, KvPools, OutOfBlocks, SequenceBlocks};
+use crate::state::StateSlots;
+use crate::{CacheError, KvCache, KvLayout, KvPools, OutOfBlocks, SequenceBlocks, StateSizing, StateUsage};
 
 /// The paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer's pools,
 /// on one device or, for a tensor-parallel model, on each rank's device.
@@ -49,6 +50,36 @@ impl PagedKvCache {
         num_blocks: usize,
         prefix_caching: bool,
     ) -> Result<Self, CacheError> {
+        if layout.state.is_some() {
+            return Err(CacheError::Config("a layout with recurrent state needs state slots (`with_states`)".into()));
+        }
+        Self::with_states(backends, layout, block_size, num_blocks, prefix_caching, None)
+    }
+
+    /// [`Self::sharded`] for any layout: with recurrent state, `states` says how many slots
+    /// to allocate per state pool (it must be given then, and only then).
+    ///
+    /// # Errors
+    /// As [`Self::sharded`], and [`CacheError::Config`] when `states` and the layout
+    /// disagree, or no sequence slot is asked for.
+    pub fn with_states(
+        backends: &[&dyn GpuBackend],
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+        prefix_caching: bool,
+        states: Option<StateSizing>,
+    ) -> Result<Self, CacheError> {
+        match (&layout.state, &states) {
+            (Some(_), Some(s)) if s.sequences > 0 => {}
+            (None, None) => {}
+            _ => {
+                return Err(CacheError::Config(format!(
+                    "state sizing {states:?} does not fit the layout's recurrent state {:?}",
+                    layout.state
+                )));
+            }
+        }
         if block_size == 0 || num_blocks == 0 || backends.is_empty() {
             return Err(CacheError::Config(format!(
                 "{num_blocks} blocks of {block_size} tokens on {} ranks hold nothing",
@@ -63,10 +94,27 @@ impl PagedKvCache {
             let layers = (0..layout.num_layers)
                 .map(|_| Ok((b.zeros(&dims, layout.dtype)?, b.zeros(&dims, layout.dtype)?)))
                 .collect::<Result<_, met_kernels::Error>>()?;
-            Ok::<_, met_kernels::Error>(KvPools::new(layers))
+            let state_pools = match (layout.state, states) {
+                (Some(s), Some(sizing)) => {
+                    let slots = sizing.sequences + sizing.snapshots;
+                    let [c, w] = s.conv;
+                    let [h, dk, dv] = s.recurrent;
+                    (0..s.num_layers)
+                        .map(|_| {
+                            Ok((
+                                b.zeros(&[slots, c, w], s.conv_dtype)?,
+                                b.zeros(&[slots, h, dk, dv], s.recurrent_dtype)?,
+                            ))
+                        })
+                        .collect::<Result<_, met_kernels::Error>>()?
+                }
+                _ => Vec::new(),
+            };
+            Ok::<_, met_kernels::Error>(KvPools::with_states(layers, state_pools))
         };
         let ranks = backends.iter().map(pools).collect::<Result<_, _>>()?;
-        Ok(Self { layout, block_size, ranks, blocks: Arc::new(Mutex::new(BlockPool::new(num_blocks, prefix_caching))) })
+        let pool = BlockPool::new(num_blocks, prefix_caching, states.map(StateSlots::new));
+        Ok(Self { layout, block_size, ranks, blocks: Arc::new(Mutex::new(pool)) })
     }
 
     /// How many blocks fit in `bytes` of device memory.
@@ -116,6 +164,11 @@ impl KvCache for PagedKvCache {
         seq.fork(tokens)
     }
 
+    fn state_usage(&self) -> Option<StateUsage> {
+        let layout = self.layout.state?;
+        self.blocks.lock().states.as_ref().map(|s| s.usage(&layout))
+    }
+
     fn num_ranks(&self) -> usize {
         self.ranks.len()
     }
@@ -137,7 +190,7 @@ mod tests {
     }
 
     fn cache_with(blocks: usize, prefix_caching: bool) -> PagedKvCache {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, dtype: DType::F32 };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, dtype: DType::F32, state: None };
         PagedKvCache::new(&CpuBackend::new(), layout, 4, blocks, prefix_caching).unwrap()
     }
 
@@ -205,7 +258,7 @@ mod tests {
 
     #[test]
     fn a_sharded_cache_holds_each_ranks_pools_under_one_block_table() {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, dtype: DType::F32 };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, dtype: DType::F32, state: None };
         let (a, b) = (CpuBackend::new(), CpuBackend::new());
         let c = PagedKvCache::sharded(&[&a, &b], layout, 4, 3, false).unwrap();
         assert_eq!(c.num_ranks(), 2);
@@ -224,7 +277,7 @@ mod tests {
 
     #[test]
     fn zero_sized_caches_are_rejected() {
-        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 };
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32, state: None };
         assert!(PagedKvCache::new(&CpuBackend::new(), layout, 0, 4, true).is_err());
         assert!(PagedKvCache::new(&CpuBackend::new(), layout, 16, 0, true).is_err());
     }

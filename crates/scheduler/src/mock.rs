@@ -101,7 +101,7 @@ impl MockModel {
 
     /// The KV layout to build its cache with (one layer of one tiny head).
     pub fn layout() -> KvLayout {
-        KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 }
+        KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32, state: None }
     }
 
     /// The logits after `history`, given as (token, position) entries.

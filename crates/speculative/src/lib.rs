@@ -265,7 +265,7 @@ mod tests {
                     8
                 }
                 fn kv_layout(&self) -> KvLayout {
-                    KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32 }
+                    KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, dtype: DType::F32, state: None }
                 }
                 fn max_context(&self) -> usize {
                     64
