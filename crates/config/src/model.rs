@@ -125,6 +125,9 @@ pub struct MoeConfig {
     pub expert_intermediate_size: usize,
     /// Whether the chosen experts' weights are renormalised to sum to one.
     pub norm_topk_prob: bool,
+    /// Intermediate size of the shared expert every token also runs, scaled by a sigmoid
+    /// gate of its own (Qwen2-MoE, Qwen3-Next); `None` without one.
+    pub shared_expert_intermediate_size: Option<usize>,
     /// Per layer: routed experts (`true`) or a dense MLP (`false`).
     pub sparse_layers: Vec<bool>,
 }
@@ -191,6 +194,17 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The dtype the checkpoint was saved in (`torch_dtype` or `dtype`), if stated.
     pub dtype: Option<String>,
+    /// Elements of each head that rotary rotates, from the front (`partial_rotary_factor`
+    /// of `head_dim`); the rest pass through.
+    pub rotary_dim: usize,
+    /// Gated attention: the query projection also yields a per-element gate, and the
+    /// attention output is multiplied by its sigmoid before `o_proj` (Qwen3-Next, 3.5).
+    pub attn_output_gate: bool,
+    /// Hybrid models: the Gated DeltaNet layers.
+    pub linear_attention: Option<crate::LinearAttentionConfig>,
+    /// Where a vision-language checkpoint keeps its text model (`model.language_model.`),
+    /// read as if under `model.`; `None` for a text-only checkpoint.
+    pub text_prefix: Option<String>,
 }
 
 impl ModelConfig {
@@ -265,6 +279,10 @@ impl ModelConfig {
             bos_token_id: tokens("bos_token_id", bos)?.first().copied(),
             eos_token_ids: tokens("eos_token_id", eos)?,
             dtype: f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?).map(str::to_owned),
+            rotary_dim: head_dim,
+            attn_output_gate: false,
+            linear_attention: None,
+            text_prefix: None,
         })
     }
 
