@@ -44,6 +44,15 @@ pub struct ForwardBatch {
     pub block_tables: Vec<u32>,
     /// Rows whose logits are returned, in output order.
     pub logit_rows: Vec<u32>,
+    /// With recurrent state (hybrid models): each sequence's state slot, in order.
+    pub state_slots: Vec<u32>,
+    /// State slots to zero before the step: sequences starting at their first token.
+    pub state_zero: Vec<u32>,
+    /// `(snapshot, slot)`: states to restore before the step, for sequences resuming at a
+    /// cached prefix.
+    pub state_restore: Vec<(u32, u32)>,
+    /// `(row, slot)`: states to copy out after a row, for the prefix cache's snapshots.
+    pub state_snapshots: Vec<(u32, u32)>,
 }
 
 impl ForwardBatch {
@@ -69,9 +78,28 @@ impl ForwardBatch {
             LogitRows::Last => self.logit_rows.extend(rows.last()),
             LogitRows::All => self.logit_rows.extend(rows),
         }
+        if let Some(slot) = blocks.state_slot() {
+            self.push_state(slot, blocks, cached, end, first_row);
+        }
         let table = self.block_tables.len()..self.block_tables.len() + blocks.block_ids().len();
         self.block_tables.extend(blocks.block_ids().iter().map(|b| b.0));
         self.sequences.push(BatchSequence { query_len: tokens.len(), context_len: end, blocks: table });
+    }
+
+    /// A sequence's recurrent state: its slot, where its state starts when this step is its
+    /// first, and the snapshots that fall among its rows `cached..end`.
+    fn push_state(&mut self, slot: u32, blocks: &SequenceBlocks, cached: usize, end: usize, first_row: u32) {
+        self.state_slots.push(slot);
+        match blocks.state_restore() {
+            _ if cached == 0 => self.state_zero.push(slot),
+            Some((snapshot, at)) if at == cached => self.state_restore.push((snapshot, slot)),
+            _ => {}
+        }
+        for &(at, snapshot) in blocks.planned_snapshots() {
+            if at > cached && at <= end {
+                self.state_snapshots.push((first_row + (at - cached - 1) as u32, snapshot));
+            }
+        }
     }
 
     /// The block table of sequence `i`.
@@ -87,6 +115,10 @@ impl ForwardBatch {
         self.sequences.clear();
         self.block_tables.clear();
         self.logit_rows.clear();
+        self.state_slots.clear();
+        self.state_zero.clear();
+        self.state_restore.clear();
+        self.state_snapshots.clear();
     }
 
     /// Rows in the batch.

@@ -227,6 +227,7 @@ fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vo
         meta,
         logit_rows: None,
         logit_order: model.logit_order(size)?,
+        recurrent: None,
     };
     // One eager run first, so every kernel and library handle is loaded before recording.
     let eager = model.run(&step, kv)?;

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
+use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache, StateSizing};
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::runner::{GreedyOptions, argmax, generate_greedy};
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, load_model};
@@ -59,8 +59,11 @@ fn load(name: &'static str) -> Fixture {
     Fixture { name, model, backend, reference, logits }
 }
 
+/// A cache for the fixture's model: with a state slot per prompt for a hybrid model.
 fn cache(f: &Fixture) -> PagedKvCache {
-    PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 64, false).unwrap()
+    let layout = f.model.kv_layout();
+    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0 });
+    PagedKvCache::with_states(&[&*f.backend], layout, DEFAULT_BLOCK_SIZE, 64, false, states).unwrap()
 }
 
 /// How the prompts of a fixture are fed to the model.
@@ -174,7 +177,7 @@ macro_rules! fixture_tests {
     )*};
 }
 
-fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3);
+fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, qwen3_next, qwen3_5, qwen3_5_moe);
 
 /// The CPU backend records no graphs: capture says so and every step stays eager.
 #[test]

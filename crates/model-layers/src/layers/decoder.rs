@@ -23,6 +23,8 @@ use met_config::{ModelConfig, NormPlacement, RopeConfig};
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{TensorSpec, WeightStore};
 
+use super::gated_delta_net::GatedDeltaNet;
+use super::mixer::{Mixer, RecurrentStep, attention_layers, state_layout};
 use super::mlp::Mlp;
 use super::norm::load_norm;
 use super::rotary::inv_freq;
@@ -81,7 +83,10 @@ pub fn tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
         specs.push(spec(&prefix, INPUT_NORM.name, &[h]));
         specs.push(spec(&prefix, pre_mlp.name, &[h]));
         specs.extend(branch.iter().flatten().map(|p| spec(&prefix, p.name, &[h])));
-        specs.extend(SelfAttention::tensors(cfg, &prefix, cfg.qk_norm));
+        match cfg.linear_attention.as_ref().filter(|la| la.is_linear(i)) {
+            Some(la) => specs.extend(GatedDeltaNet::tensors(cfg, la, &prefix)),
+            None => specs.extend(SelfAttention::tensors(cfg, &prefix, cfg.qk_norm)),
+        }
         match (is_moe(cfg, i), &cfg.moe) {
             (true, Some(moe)) => specs.extend(Mlp::moe_tensors(cfg, moe, &prefix)),
             _ => specs.extend(Mlp::dense_tensors(cfg, &prefix)),
@@ -92,7 +97,7 @@ pub fn tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
 
 struct DecoderLayer {
     input_norm: Tensor,
-    attention: SelfAttention,
+    mixer: Mixer,
     /// The norm before the MLP.
     post_norm: Tensor,
     mlp: Mlp,
@@ -102,16 +107,27 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// Self-attention of `x [t, hidden]`, its output normalised under the sandwich placement.
+    /// The token mixer of `x [t, hidden]` (self-attention over this layer's K/V pools, or
+    /// a Gated DeltaNet over its state pools), its output normalised under the sandwich
+    /// placement.
     fn attend(
         &self,
         b: &dyn GpuBackend,
         attention: &dyn AttentionBackend,
         x: &Tensor,
-        inputs: &StepInputs<'_>,
-        cache: (&Tensor, &Tensor),
+        step: &DeviceStep,
+        kv: &KvPools,
     ) -> Result<Tensor> {
-        let out = self.attention.forward(b, attention, x, inputs, cache)?;
+        let out = match &self.mixer {
+            Mixer::Attention(a, j) => {
+                let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
+                a.forward(b, attention, x, &inputs, kv.layer(*j))?
+            }
+            Mixer::Linear(gdn, r) => {
+                let recurrent = step.recurrent.as_ref().expect("hybrid steps carry recurrent metadata");
+                gdn.forward(b, x, &recurrent.batch(), kv.state(*r))?
+            }
+        };
         match &self.branch_norms {
             Some([post_attention, _]) => Ok(b.rms_norm(&out, post_attention, self.eps)?),
             None => Ok(out),
@@ -174,6 +190,8 @@ pub(crate) struct DeviceStep {
     /// Under tensor parallelism, the order of the all-gathered logits' rows
     /// ([`Shard::logit_order`]).
     pub logit_order: Option<Tensor>,
+    /// Hybrid models: the recurrent layers' metadata.
+    pub recurrent: Option<RecurrentStep>,
 }
 
 impl DecoderModel {
@@ -203,6 +221,14 @@ impl DecoderModel {
         shard: Shard,
     ) -> Result<Self> {
         let b = &*backend;
+        if cfg.linear_attention.is_some() && (!b.supports_recurrent() || shard.world_size() > 1) {
+            return Err(ModelError::Unsupported(format!(
+                "`{}` has Gated DeltaNet layers, which met runs on the CPU only so far (not on {}{})",
+                cfg.model_type,
+                b.name(),
+                if shard.world_size() > 1 { ", nor under tensor parallelism" } else { "" }
+            )));
+        }
         let loader = Loader { cfg, store, backend: b, shard: &shard };
         let layers = load_layers(&loader)?;
         let embed = shard.load_embedding(store, b, EMBED.name)?;
@@ -224,10 +250,11 @@ impl DecoderModel {
             eps: cfg.rms_norm_eps as f32,
             vocab_size: cfg.vocab_size,
             kv_layout: KvLayout {
-                num_layers: cfg.num_layers,
+                num_layers: attention_layers(cfg),
                 num_kv_heads: shard.num_kv_heads(),
                 head_dim: cfg.head_dim,
                 dtype: backend.float_dtype(),
+                state: state_layout(cfg, backend.float_dtype()),
             },
             max_context: cfg.max_position_embeddings,
             graphs: OnceLock::new(),
@@ -289,6 +316,10 @@ impl DecoderModel {
                 .prepare(&BatchLayout::of(batch, widest_table(batch)).with_slots(&batch.slot_mapping))?,
             logit_rows,
             logit_order: self.shard.logit_order(b, logit_count)?,
+            recurrent: match self.kv_layout.state {
+                Some(_) => Some(RecurrentStep::upload(b, batch)?),
+                None => None,
+            },
         })
     }
 
@@ -301,16 +332,18 @@ impl DecoderModel {
     /// [`Self::run`] through the first `layers` layers only, then the final norm and head.
     fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize) -> Result<Tensor> {
         let b = &*self.backend;
-        let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
+        if let Some(recurrent) = &step.recurrent {
+            recurrent.prepare(b, kv)?;
+        }
         // [t, hidden] throughout; `residual` carries the stream between fused norms.
         let mut hidden = self.embed(b, &step.ids)?;
         let mut residual: Option<Tensor> = None;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+        for layer in self.layers.iter().take(layers) {
             let (normed, res) = match &residual {
                 None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
                 Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
             };
-            let attn = layer.attend(b, &*self.attention, &normed, &inputs, kv.layer(i))?;
+            let attn = layer.attend(b, &*self.attention, &normed, step, kv)?;
             let (normed, res) = b.add_rms_norm(&attn, &res, &layer.post_norm, self.eps)?;
             hidden = layer.feed_forward(b, &normed)?;
             residual = Some(res);
@@ -364,6 +397,9 @@ impl DecoderModel {
         if !self.backend.supports_graphs() {
             return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
         }
+        if self.kv_layout.state.is_some() {
+            return Ok(GraphCapture::Skipped("hybrid models run eagerly".into()));
+        }
         let (graphs, capture) = DecodeGraphs::capture(self, kv, settings)?;
         self.graphs.set(graphs).map_err(|_| ModelError::Unsupported("decode graphs were already captured".into()))?;
         Ok(capture)
@@ -411,6 +447,7 @@ fn load_layers(l: &Loader<'_>) -> Result<Vec<DecoderLayer>> {
     let (cfg, b) = (l.cfg, l.backend);
     let mut ropes = RotaryTables::default();
     let (pre_mlp, branch) = norm_names(cfg.norm_placement);
+    let (mut attention_layers, mut recurrent_layers) = (0, 0);
     (0..cfg.num_layers)
         .map(|i| {
             let prefix = layer_prefix(i);
@@ -419,11 +456,21 @@ fn load_layers(l: &Loader<'_>) -> Result<Vec<DecoderLayer>> {
                 (true, Some(moe)) => Mlp::load_moe(l, moe, &prefix)?,
                 _ => Mlp::load_dense(l, &prefix)?,
             };
-            let rope = cfg.layer_rope.get(i).unwrap_or(&cfg.rope);
-            let inv_freq = ropes.get(b, rope, cfg.head_dim)?;
+            let mixer = match cfg.linear_attention.as_ref().filter(|la| la.is_linear(i)) {
+                Some(la) => {
+                    recurrent_layers += 1;
+                    Mixer::Linear(GatedDeltaNet::load(l, la, &prefix)?, recurrent_layers - 1)
+                }
+                None => {
+                    let rope = cfg.layer_rope.get(i).unwrap_or(&cfg.rope);
+                    let inv_freq = ropes.get(b, rope, cfg.rotary_dim)?;
+                    attention_layers += 1;
+                    Mixer::Attention(SelfAttention::load(l, &prefix, i, inv_freq)?, attention_layers - 1)
+                }
+            };
             Ok(DecoderLayer {
                 input_norm: norm(INPUT_NORM)?,
-                attention: SelfAttention::load(l, &prefix, i, inv_freq)?,
+                mixer,
                 post_norm: norm(pre_mlp)?,
                 mlp,
                 branch_norms: branch.map(|[a, m]| Ok::<_, ModelError>([norm(a)?, norm(m)?])).transpose()?,

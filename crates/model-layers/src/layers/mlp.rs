@@ -35,6 +35,15 @@ const EXPERT_GATE_UP: [Param; 2] = [
     Param::new("up_proj", Sharding::Column(Unit::ExpertIntermediate)),
 ];
 /// Each expert's down.
+/// The shared expert every token runs beside its routed ones (Qwen3-Next, Qwen3.5-MoE),
+/// and its one-column sigmoid gate.
+const SHARED_GATE_UP: [Param; 2] = [
+    Param::new("mlp.shared_expert.gate_proj", Sharding::Column(Unit::Intermediate)),
+    Param::new("mlp.shared_expert.up_proj", Sharding::Column(Unit::Intermediate)),
+];
+const SHARED_DOWN: Param = Param::new("mlp.shared_expert.down_proj", Sharding::Row(Unit::Intermediate));
+const SHARED_GATE: Param = Param::replicated("mlp.shared_expert_gate");
+
 const EXPERT_DOWN: Param = Param::new("down_proj", Sharding::Row(Unit::ExpertIntermediate));
 
 /// The checkpoint name of expert `e`'s `part` weight under `prefix`.
@@ -67,6 +76,8 @@ pub enum Mlp {
         renormalize: bool,
         /// The all-reduce of the experts' row-parallel output.
         reduce: Reduce,
+        /// The shared expert and its gate `[1, hidden]`.
+        shared: Option<Box<(Mlp, Linear)>>,
     },
 }
 
@@ -87,6 +98,11 @@ impl Mlp {
     pub fn moe_tensors(cfg: &ModelConfig, moe: &MoeConfig, prefix: &str) -> Vec<TensorSpec> {
         let (h, i) = (cfg.hidden_size, moe.expert_intermediate_size);
         let mut specs = vec![spec(prefix, ROUTER.name, &[moe.num_experts, h])];
+        if let Some(s) = moe.shared_expert_intermediate_size {
+            specs.extend(SHARED_GATE_UP.iter().map(|p| spec(prefix, &p.at("", ".weight"), &[s, h])));
+            specs.push(spec(prefix, &SHARED_DOWN.at("", ".weight"), &[h, s]));
+            specs.push(spec(prefix, &SHARED_GATE.at("", ".weight"), &[1, h]));
+        }
         for e in 0..moe.num_experts {
             specs.extend(EXPERT_GATE_UP.iter().map(|p| spec("", &expert(prefix, e, p), &[i, h])));
             specs.push(spec("", &expert(prefix, e, &EXPERT_DOWN), &[h, i]));
@@ -125,6 +141,17 @@ impl Mlp {
             top_k: moe.experts_per_token,
             renormalize: moe.norm_topk_prob,
             reduce: l.shard.reduce_for(EXPERT_DOWN.sharding),
+            shared: match moe.shared_expert_intermediate_size {
+                Some(_) => {
+                    let expert = Self::Dense {
+                        gate_up: Linear::load(l, prefix, &SHARED_GATE_UP, false)?,
+                        down: Linear::load(l, prefix, &[SHARED_DOWN], false)?,
+                        activation: l.cfg.activation,
+                    };
+                    Some(Box::new((expert, Linear::load(l, prefix, &[SHARED_GATE], false)?)))
+                }
+                None => None,
+            },
         })
     }
 
@@ -142,10 +169,15 @@ impl Mlp {
                 };
                 down.forward(backend, &act)
             }
-            Self::Moe { router, gate_up, down, top_k, renormalize, reduce } => {
+            Self::Moe { router, gate_up, down, top_k, renormalize, reduce, shared } => {
                 let logits = backend.matmul(x, router, None)?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
-                reduce.apply(backend.moe_experts(x, &routing, gate_up, down)?)
+                let routed = reduce.apply(backend.moe_experts(x, &routing, gate_up, down)?)?;
+                let Some(shared) = shared else { return Ok(routed) };
+                let (expert, gate) = &**shared;
+                // `[t, 1]` gates, one per token, broadcast over the expert's output.
+                let gated = backend.sigmoid_mul(&expert.forward(backend, x)?, &gate.forward(backend, x)?)?;
+                Ok(backend.add(&routed, &gated)?)
             }
         }
     }

@@ -7,7 +7,9 @@
 //! disagree; each constant carries its tensor-parallel sharding rule ([`crate::parallel`]).
 
 pub mod decoder;
+pub mod gated_delta_net;
 pub mod linear;
+mod mixer;
 pub mod mlp;
 pub mod norm;
 pub mod rotary;

@@ -30,6 +30,9 @@ const QKV: [Param; 3] = [
 ];
 /// The output projection: each rank the columns of its query heads, then an all-reduce.
 const O: Param = Param::new("self_attn.o_proj", Sharding::Row(Unit::QueryHeads));
+/// Gated attention's output gate (the gate half of a doubled `q_proj`, de-interleaved by
+/// the checkpoint view): column-parallel by query heads like the queries.
+const Q_GATE: Param = Param::new("self_attn.q_gate", Sharding::Column(Unit::QueryHeads));
 /// Per-head norms of `head_dim` weights, the same for every head.
 const Q_NORM: Param = Param::replicated("self_attn.q_norm.weight");
 const K_NORM: Param = Param::replicated("self_attn.k_norm.weight");
@@ -45,6 +48,8 @@ pub struct StepInputs<'a> {
 /// One layer's self-attention.
 pub struct SelfAttention {
     qkv: Linear,
+    /// Gated attention: the output is multiplied by `sigmoid(x · gateᵀ)` before `o`.
+    gate: Option<Linear>,
     o: Linear,
     qk_norm: Option<(Tensor, Tensor)>,
     /// `f32 [head_dim / 2]`: this layer's rotary inverse frequencies.
@@ -64,6 +69,9 @@ impl SelfAttention {
             if cfg.qkv_bias {
                 specs.push(spec(prefix, &format!("{}.bias", param.name), &[out]));
             }
+        }
+        if cfg.attn_output_gate {
+            specs.push(spec(prefix, &format!("{}.weight", Q_GATE.name), &[outs[0], h]));
         }
         specs.push(spec(prefix, &format!("{}.weight", O.name), &[h, outs[0]]));
         if cfg.o_bias {
@@ -87,6 +95,7 @@ impl SelfAttention {
         let qk_norm = if cfg.qk_norm { Some((norm(Q_NORM)?, norm(K_NORM)?)) } else { None };
         Ok(Self {
             qkv: Linear::load(l, prefix, &QKV, cfg.qkv_bias)?,
+            gate: if cfg.attn_output_gate { Some(Linear::load(l, prefix, &[Q_GATE], false)?) } else { None },
             o: Linear::load(l, prefix, &[O], cfg.o_bias)?,
             qk_norm,
             inv_freq,
@@ -130,6 +139,11 @@ impl SelfAttention {
         let q = backend.qkv_rotary_write(&qkv, &prologue, cache.0, cache.1, &step.meta.slots)?;
         let out = attention.attend(&q, cache, step.meta, &self.params)?;
         // [t, h, d] -> [t, h * d]
-        self.o.forward(backend, &out.reshape(&[t, h * d])?)
+        let out = out.reshape(&[t, h * d])?;
+        let out = match &self.gate {
+            Some(gate) => backend.sigmoid_mul(&out, &gate.forward(backend, x)?)?,
+            None => out,
+        };
+        self.o.forward(backend, &out)
     }
 }

@@ -19,13 +19,16 @@
 //! An op the recipe cannot yet express goes into `met-kernels` (CPU and CUDA) and a field
 //! of [`ModelConfig`] that the decoder reads.
 
+mod checkpoint_view;
 mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
 mod qwen2;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -50,18 +53,22 @@ pub struct Architecture {
 
 /// Every architecture met implements.
 pub const ARCHITECTURES: &[Architecture] = &[
-    llama::ARCH,     // Llama 2 and 3, SmolLM, TinyLlama, ...
-    mistral::ARCH,   // Mistral: a window on every layer
-    qwen2::ARCH,     // Qwen2 and 2.5: q/k/v biases
-    qwen3::ARCH,     // Qwen3: q/k norm
-    qwen3_moe::ARCH, // Qwen3-MoE: routed experts
-    gemma2::ARCH,    // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
-    gemma3::ARCH,    // Gemma 3 (text): Gemma 2 plus q/k norm, local and global rotary
+    llama::ARCH,      // Llama 2 and 3, SmolLM, TinyLlama, ...
+    mistral::ARCH,    // Mistral: a window on every layer
+    qwen2::ARCH,      // Qwen2 and 2.5: q/k/v biases
+    qwen3::ARCH,      // Qwen3: q/k norm
+    qwen3_moe::ARCH,  // Qwen3-MoE: routed experts
+    gemma2::ARCH,     // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
+    gemma3::ARCH,     // Gemma 3 (text): Gemma 2 plus q/k norm, local and global rotary
+    qwen3_next::ARCH, // Qwen3-Next: Gated DeltaNet + gated attention, shared expert
+    qwen3_5::ARCH,    // Qwen3.5 / 3.6 (vision-language checkpoint, text model): dense
+    qwen3_5::TEXT,    // Qwen3.5 text-only checkpoint
+    qwen3_5::MOE,     // Qwen3.5 / 3.6 MoE (vision-language checkpoint, text model)
 ];
 
 /// Checkpoint tensors that may be present and are never read: rotary tables some
-/// exporters save.
-const ALWAYS_IGNORED: &[&str] = &["*.rotary_emb.inv_freq"];
+/// exporters save, and multi-token-prediction heads (Qwen3-Next, Qwen3.5).
+const ALWAYS_IGNORED: &[&str] = &["*.rotary_emb.inv_freq", "mtp.*"];
 
 /// The architecture registered for `model_type`, if any.
 pub fn architecture(model_type: &str) -> Option<&'static Architecture> {
@@ -161,6 +168,11 @@ pub fn load_model(
     backend: Arc<dyn GpuBackend>,
     options: &LoadOptions,
 ) -> Result<Box<dyn Model>> {
+    let view = checkpoint_view::canonical(cfg, store);
+    let store: &dyn WeightStore = match &view {
+        Some(v) => v,
+        None => store,
+    };
     check_store(cfg, store)?;
     let attention = attention_backend(options.attention_backend, Arc::clone(&backend));
     let model = DecoderModel::load(cfg, store, backend, attention)?;
@@ -173,6 +185,11 @@ pub fn load_model(
 /// # Errors
 /// [`ModelError::Weights`] with the preflight report.
 pub(crate) fn check_store(cfg: &ModelConfig, store: &dyn WeightStore) -> Result<()> {
+    let view = checkpoint_view::canonical(cfg, store);
+    let store: &dyn WeightStore = match &view {
+        Some(v) => v,
+        None => store,
+    };
     let mut ignored = ALWAYS_IGNORED.to_vec();
     if cfg.tie_word_embeddings {
         // Some tied checkpoints still store the head; it equals the embedding.

@@ -65,7 +65,7 @@ fn read_config(f: &RawConfig<'_>) -> Result<ModelConfig, ConfigError> {
     Ok(c)
 }
 
-fn read_moe(f: &RawConfig<'_>, layers: usize) -> Result<MoeConfig, ConfigError> {
+pub(super) fn read_moe(f: &RawConfig<'_>, layers: usize) -> Result<MoeConfig, ConfigError> {
     // transformers 5 writes `num_local_experts`; hub checkpoints say `num_experts`.
     let num_experts = match f.get("num_experts") {
         Some(_) => f.positive("num_experts")?,
@@ -88,6 +88,7 @@ fn read_moe(f: &RawConfig<'_>, layers: usize) -> Result<MoeConfig, ConfigError> 
         experts_per_token,
         expert_intermediate_size: f.positive("moe_intermediate_size")?,
         norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        shared_expert_intermediate_size: None,
         sparse_layers: (0..layers).map(|i| !dense.contains(&i) && (i + 1) % step == 0).collect(),
     })
 }
