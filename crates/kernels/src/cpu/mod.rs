@@ -8,9 +8,11 @@
 //! decode step's norms and activations; `ops::for_each_row` says why). The reference
 //! attention takes one task per (query row, KV head), its group's heads together, shared
 //! over the pool unless the step sees only a few thousand key elements (`attention.rs`);
-//! the `flash` op attends prompts in tiles through GEMMs (`flash.rs`). Storage sits
-//! behind a lock because one op, `write_kv`, writes into an existing tensor; every other
-//! op only reads its operands and allocates its result.
+//! the `flash` op attends prompts in tiles through GEMMs (`flash.rs`). The Gated DeltaNet
+//! ops take one task per (sequence, value head) and update state pools in place
+//! (`recurrent.rs`). Storage sits behind a lock because some ops write into an existing
+//! tensor (`write_kv` into the KV pools, the recurrent ops into their state pools); every
+//! other op only reads its operands and allocates its result.
 
 pub(crate) mod attention;
 mod flash;
