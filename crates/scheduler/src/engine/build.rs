@@ -77,6 +77,7 @@ impl Engine {
     /// [`EngineError::Config`] naming the flag of a setting that cannot work, for this
     /// model too (self-speculation's layers).
     pub fn with_speculative(self, speculative: &SpeculativeConfig) -> Result<Self, EngineError> {
+        self.can_roll_back()?;
         let proposer = met_speculative::proposer(speculative, &*self.model, Arc::clone(&self.backend))
             .map_err(|e| EngineError::Config(e.to_string()))?;
         Ok(self.with_proposer_config(proposer, speculative))
@@ -95,11 +96,25 @@ impl Engine {
         draft: Box<dyn Model>,
         draft_backend: Arc<dyn GpuBackend>,
     ) -> Result<Self, EngineError> {
+        self.can_roll_back()?;
         let config = |e: met_speculative::SpeculativeError| EngineError::Config(e.to_string());
         speculative.validate().map_err(|e| EngineError::Config(e.to_string()))?;
         let (vocab, blocks, block_size) = (self.model.vocab_size(), self.kv.num_blocks(), self.kv.block_size());
         let proposer = DraftModelProposer::new(draft, draft_backend, vocab, blocks, block_size).map_err(config)?;
         Ok(self.with_proposer_config(Box::new(proposer), speculative))
+    }
+
+    /// Verifying a draft keeps only its accepted tokens: the cache must be able to forget
+    /// the rest. Paged K/V can; a recurrent state (a hybrid model's) cannot be cut back yet.
+    fn can_roll_back(&self) -> Result<(), EngineError> {
+        if self.kv.layout().state.is_some() {
+            return Err(EngineError::Config(
+                "speculative decoding is not supported for models with recurrent (linear-attention) layers: \
+                 their state cannot be rolled back to the last accepted token yet"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// This engine, verifying the tokens of `proposer` as `speculative` says: up to its `k`,
