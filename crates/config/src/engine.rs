@@ -55,6 +55,10 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Whether full blocks are shared across requests through the prefix cache.
     pub prefix_caching: bool,
+    /// Hybrid models with prefix caching: a snapshot of the recurrent state every this many
+    /// full blocks, where a later request sharing the prefix can resume (0: none, so no
+    /// prefix hits on such models).
+    pub state_snapshot_interval: usize,
     /// Token events buffered per request before the engine pauses that request.
     pub stream_capacity: usize,
     /// Whether decode steps are queued ahead of their tokens.
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             max_prefill_chunk: None,
             block_size: 16,
             prefix_caching: true,
+            state_snapshot_interval: 16,
             stream_capacity: 256,
             async_scheduling: AsyncScheduling::Auto,
             policy: Policy::Fcfs,

@@ -233,6 +233,7 @@ impl Engine {
         stats.waiting = self.scheduler.num_waiting();
         stats.running = self.scheduler.num_running();
         stats.kv_blocks_used = self.kv.num_blocks() - self.kv.num_free_blocks();
+        stats.state = self.kv.state_usage().map(|u| (u.sequences_held, u.snapshots_cached));
         self.metrics.step(&stats);
         self.last_step = stats;
     }

@@ -42,6 +42,16 @@ pub const KV_BLOCKS_USED: &str = "met_kv_blocks_used";
 /// Gauge: KV-cache blocks allocated at startup; `used / capacity` is cache occupancy
 /// (blocks). Not `_total`, which Prometheus reserves for counters.
 pub const KV_BLOCKS_CAPACITY: &str = "met_kv_blocks_capacity";
+/// Gauge: recurrent-state slots held by running sequences, for hybrid models (slots).
+pub const STATE_SLOTS_USED: &str = "met_state_slots_used";
+/// Gauge: recurrent-state slots for running sequences allocated at startup (slots).
+pub const STATE_SLOTS_CAPACITY: &str = "met_state_slots_capacity";
+/// Gauge: recurrent-state snapshots held by the prefix cache (snapshots).
+pub const STATE_SNAPSHOTS_CACHED: &str = "met_state_snapshots_cached";
+/// Gauge: recurrent-state snapshot slots allocated at startup (snapshots).
+pub const STATE_SNAPSHOTS_CAPACITY: &str = "met_state_snapshots_capacity";
+/// Gauge: device memory of all recurrent-state slots, on one device (bytes).
+pub const STATE_BYTES: &str = "met_state_bytes";
 
 /// Counter: prompt tokens whose KV entries came from the prefix cache instead of being
 /// computed (tokens).
@@ -182,6 +192,9 @@ pub struct StepStats {
     pub running: usize,
     /// KV blocks in use once the step is done.
     pub kv_blocks_used: usize,
+    /// Recurrent-state slots held and snapshots cached once the step is done (hybrid
+    /// models).
+    pub state: Option<(usize, usize)>,
     /// Where the step's wall time went, on the engine thread.
     pub phases: StepPhases,
     /// Whether the step was queued before the tokens of the step before were read (the
@@ -233,6 +246,10 @@ pub struct Metrics {
     pub kv_blocks_used: Gauge,
     /// [`KV_BLOCKS_CAPACITY`].
     pub kv_blocks_capacity: Gauge,
+    /// [`STATE_SLOTS_USED`], [`STATE_SLOTS_CAPACITY`], [`STATE_SNAPSHOTS_CACHED`],
+    /// [`STATE_SNAPSHOTS_CAPACITY`] and [`STATE_BYTES`]: all 0 for a model without
+    /// recurrent layers.
+    pub state: [Gauge; 5],
     /// [`PREFIX_CACHE_HIT_TOKENS`].
     pub prefix_cache_hit_tokens: Counter,
     /// [`PROMPT_TOKENS_COMPUTED`].
@@ -282,6 +299,7 @@ impl Metrics {
             requests_waiting: Gauge::default(),
             requests_running: Gauge::default(),
             kv_blocks_used: Gauge::default(),
+            state: Default::default(),
             kv_blocks_capacity: Gauge::default(),
             prefix_cache_hit_tokens: Counter::default(),
             prompt_tokens_computed: Counter::default(),
@@ -313,6 +331,16 @@ impl Metrics {
         r.register(REQUESTS_RUNNING, "Requests in the running batch", self.requests_running.clone());
         r.register(KV_BLOCKS_USED, "KV-cache blocks in use", self.kv_blocks_used.clone());
         r.register(KV_BLOCKS_CAPACITY, "KV-cache blocks allocated", self.kv_blocks_capacity.clone());
+        let state = [
+            (STATE_SLOTS_USED, "Recurrent-state slots held by sequences"),
+            (STATE_SLOTS_CAPACITY, "Recurrent-state slots for sequences allocated"),
+            (STATE_SNAPSHOTS_CACHED, "Recurrent-state snapshots in the prefix cache"),
+            (STATE_SNAPSHOTS_CAPACITY, "Recurrent-state snapshot slots allocated"),
+            (STATE_BYTES, "Device memory of the recurrent-state slots"),
+        ];
+        for ((name, help), gauge) in state.into_iter().zip(&self.state) {
+            r.register(name, help, gauge.clone());
+        }
         register_counter(
             r,
             PREFIX_CACHE_HIT_TOKENS,
@@ -370,11 +398,23 @@ impl Metrics {
         self.requests_waiting.set(as_i64(stats.waiting));
         self.requests_running.set(as_i64(stats.running));
         self.kv_blocks_used.set(as_i64(stats.kv_blocks_used));
+        if let Some((held, cached)) = stats.state {
+            self.state[0].set(as_i64(held));
+            self.state[2].set(as_i64(cached));
+        }
     }
 
     /// Records the KV cache's size, once it is allocated.
     pub fn set_kv_capacity(&self, blocks: usize) {
         self.kv_blocks_capacity.set(as_i64(blocks));
+    }
+
+    /// Records the recurrent-state slots allocated (hybrid models): for sequences, for
+    /// snapshots, and their bytes on one device.
+    pub fn set_state_capacity(&self, sequences: usize, snapshots: usize, bytes: usize) {
+        self.state[1].set(as_i64(sequences));
+        self.state[3].set(as_i64(snapshots));
+        self.state[4].set(as_i64(bytes));
     }
 
     /// Records the time from a request's arrival to its first generated token.

@@ -221,13 +221,17 @@ impl DecoderModel {
         shard: Shard,
     ) -> Result<Self> {
         let b = &*backend;
-        if cfg.linear_attention.is_some() && (!b.supports_recurrent() || shard.world_size() > 1) {
-            return Err(ModelError::Unsupported(format!(
-                "`{}` has Gated DeltaNet layers, which met runs on the CPU only so far (not on {}{})",
-                cfg.model_type,
-                b.name(),
-                if shard.world_size() > 1 { ", nor under tensor parallelism" } else { "" }
-            )));
+        if cfg.linear_attention.is_some() {
+            let why = if shard.world_size() > 1 {
+                Some("met does not split them over tensor-parallel ranks yet".to_owned())
+            } else if !b.supports_recurrent() {
+                Some(format!("the {} backend cannot run them yet (the CPU can)", b.name()))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(ModelError::Unsupported(format!("`{}` has Gated DeltaNet layers: {why}", cfg.model_type)));
+            }
         }
         let loader = Loader { cfg, store, backend: b, shard: &shard };
         let layers = load_layers(&loader)?;

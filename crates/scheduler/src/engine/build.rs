@@ -42,6 +42,9 @@ impl Engine {
             )));
         }
         metrics.set_kv_capacity(kv.num_blocks());
+        if let Some(u) = kv.state_usage() {
+            metrics.set_state_capacity(u.sequence_slots, u.snapshot_slots, u.bytes);
+        }
         let ahead = config.async_scheduling.enabled(backend.queues_work()) && model.feeds_tokens();
         let policy = policy(config.policy);
         let scheduler = Scheduler::new(config, model.max_context(), policy, Arc::clone(&metrics));

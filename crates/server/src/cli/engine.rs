@@ -89,6 +89,11 @@ pub struct EngineArgs {
     /// Turn automatic prefix caching off.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Hybrid (linear-attention) models: snapshot the recurrent state every this many full
+    /// KV blocks, so that a request sharing a cached prefix resumes at the last snapshot
+    /// (0: no snapshots, no prefix hits on such models).
+    #[arg(long, default_value_t = EngineConfig::default().state_snapshot_interval)]
+    pub state_snapshot_interval: usize,
     /// Scheduling policy.
     #[arg(long, value_enum, default_value_t = Policy::Fcfs)]
     pub policy: Policy,
@@ -150,6 +155,7 @@ impl EngineArgs {
             max_prefill_chunk: self.max_prefill_chunk,
             block_size: self.block_size,
             prefix_caching: !self.no_prefix_caching,
+            state_snapshot_interval: self.state_snapshot_interval,
             async_scheduling: self.async_scheduling,
             policy: self.policy,
             ..EngineConfig::default()

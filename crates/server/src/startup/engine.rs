@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use met_cache::KvCache as _;
 use met_config::{CpuDots, DeviceKind, EngineSetup, LoadConfig, SpeculativeMethod};
 use met_kernels::GpuBackend;
 use met_model_layers::{GraphSettings, Model};
@@ -39,13 +40,22 @@ pub fn build_engine(
     let timer = PhaseTimer::start(Phase::KvCache);
     let blocks = blocks.max(1);
     let layout = model.kv_layout();
-    let kv = devices.kv_cache(layout, config.block_size, blocks, config.prefix_caching)?;
+    let kv = devices.kv_cache(layout, &config, blocks, config.prefix_caching)?;
     let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
     let ranks = match devices.world_size() {
         1 => String::new(),
         n => format!(" on each of {n} ranks"),
     };
-    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB{ranks})", config.block_size));
+    let states = match kv.state_usage() {
+        Some(u) => format!(
+            "; recurrent state: {} sequence and {} snapshot slots ({:.0} MiB)",
+            u.sequence_slots,
+            u.snapshot_slots,
+            u.bytes as f64 / f64::from(1 << 20)
+        ),
+        None => String::new(),
+    };
+    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB{ranks}){states}", config.block_size));
     let timer = PhaseTimer::start(Phase::Warmup);
     match setup.cuda_graph_max_context {
         None => timer.done("no graphs (--enforce-eager)"),

@@ -25,7 +25,7 @@ use met_config::{EngineConfig, EngineSetup, SamplingParams};
 use met_kernels::SampleRow;
 use met_model_layers::{ForwardBatch, LogitRows, Model};
 
-use crate::startup::topology::Topology;
+use crate::startup::topology::{Topology, state_bytes};
 
 /// The KV cache on a device that reports no memory of its own (the CPU), all ranks'
 /// shares together, when no `--kv-blocks` says otherwise.
@@ -44,11 +44,22 @@ pub fn kv_blocks(setup: &EngineSetup, model: &dyn Model, devices: &Topology, dem
         return Ok(blocks);
     }
     let config = &setup.engine;
+    let layout = model.kv_layout();
+    let states = state_bytes(&layout, config, config.prefix_caching);
     let budget = match kv_blocks_after_warmup(model, devices, config, setup.gpu_memory_utilization)? {
         Some(blocks) => blocks,
         None => {
-            let all_ranks = model.kv_layout().bytes_per_block(config.block_size) * devices.world_size();
-            CPU_KV_BYTES / all_ranks.max(1)
+            if states >= CPU_KV_BYTES {
+                anyhow::bail!(
+                    "the recurrent state of {} sequences (and its prefix-cache snapshots) needs {:.1} GiB, more than \
+                     the CPU's KV budget of {} GiB: lower --max-num-seqs or --state-snapshot-interval 0",
+                    config.max_num_seqs,
+                    states as f64 / f64::from(1 << 30),
+                    CPU_KV_BYTES >> 30
+                );
+            }
+            let all_ranks = layout.bytes_per_block(config.block_size) * devices.world_size();
+            (CPU_KV_BYTES - states) / all_ranks.max(1)
         }
     };
     Ok(budget.min(demand).max(1))
@@ -82,8 +93,11 @@ pub fn kv_blocks_after_warmup(
     }
     warm_up(model, devices, config).context("warm-up forward at the largest batch")?;
     let free = devices.free_memory().unwrap_or(0);
-    let bytes_per_block = model.kv_layout().bytes_per_block(config.block_size);
-    let blocks = blocks_for(free, utilization, DEFAULT_RESERVE, bytes_per_block);
+    let layout = model.kv_layout();
+    let bytes_per_block = layout.bytes_per_block(config.block_size);
+    // The recurrent-state slots of a hybrid model come out of the same memory.
+    let reserve = DEFAULT_RESERVE + state_bytes(&layout, config, config.prefix_caching);
+    let blocks = blocks_for(free, utilization, reserve, bytes_per_block);
     tracing::info!(
         "KV budget: {:.1} GiB free after a warm-up step of {} tokens (the least of {} ranks); {utilization} of it \
          holds {blocks} blocks",
@@ -101,7 +115,7 @@ fn warm_up(model: &dyn Model, devices: &Topology, config: &EngineConfig) -> Resu
     let extra = if per_seq < model.max_context() { config.max_batch_tokens % seqs } else { 0 };
     let lens: Vec<usize> = (0..seqs).map(|i| per_seq + usize::from(i < extra)).collect();
     let blocks: usize = lens.iter().map(|l| l.div_ceil(config.block_size)).sum();
-    let mut kv = devices.kv_cache(model.kv_layout(), config.block_size, blocks, false)?;
+    let mut kv = devices.kv_cache(model.kv_layout(), config, blocks, false)?;
     let tokens = vec![0u32; per_seq + 1];
     let mut held = Vec::with_capacity(seqs);
     let mut batch = ForwardBatch::new();

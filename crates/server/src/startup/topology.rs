@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use met_cache::{KvLayout, PagedKvCache};
-use met_config::{LoadConfig, ModelConfig};
+use met_cache::{KvLayout, PagedKvCache, StateSizing};
+use met_config::{EngineConfig, LoadConfig, ModelConfig};
 use met_kernels::{Collective, Devices, GpuBackend, open_backend};
 use met_model_layers::parallel::check_world;
 use met_telemetry::{Phase, PhaseTimer};
@@ -59,13 +59,20 @@ impl Topology {
     }
 
     /// A KV cache of `blocks` blocks: `layout` (one rank's heads) on every rank's device,
-    /// one block manager.
+    /// one block manager, and for a hybrid model the recurrent-state slots `config` needs.
     ///
     /// # Errors
     /// When a device cannot hold its pools.
-    pub fn kv_cache(&self, layout: KvLayout, block_size: usize, blocks: usize, prefix: bool) -> Result<PagedKvCache> {
+    pub fn kv_cache(
+        &self,
+        layout: KvLayout,
+        config: &EngineConfig,
+        blocks: usize,
+        prefix: bool,
+    ) -> Result<PagedKvCache> {
         let ranks: Vec<&dyn GpuBackend> = self.backends.iter().map(|b| &**b).collect();
-        Ok(PagedKvCache::sharded(&ranks, layout, block_size, blocks, prefix)?)
+        let states = state_sizing(&layout, config, prefix);
+        Ok(PagedKvCache::with_states(&ranks, layout, config.block_size, blocks, prefix, states)?)
     }
 
     /// The smallest free memory of any rank's device: each holds a share of every block,
@@ -108,4 +115,23 @@ pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Ar
     let collectives = devices.connect().with_context(flag)?;
     timer.done(format_args!("world size {n}, ranks joined by {}", devices.transport()));
     Ok((topology, collectives))
+}
+
+/// The recurrent-state slots of a hybrid model's cache: one per sequence a step can hold,
+/// and with prefix caching as many for snapshots, one every
+/// [`EngineConfig::state_snapshot_interval`] blocks; `None` for a model without recurrent
+/// state.
+pub fn state_sizing(layout: &KvLayout, config: &EngineConfig, prefix: bool) -> Option<StateSizing> {
+    layout.state?;
+    let snapshots = if prefix && config.state_snapshot_interval > 0 { config.max_num_seqs } else { 0 };
+    Some(StateSizing { sequences: config.max_num_seqs, snapshots, interval: config.state_snapshot_interval })
+}
+
+/// Bytes on one device of the state slots `layout` and `config` need (0 without recurrent
+/// state).
+pub fn state_bytes(layout: &KvLayout, config: &EngineConfig, prefix: bool) -> usize {
+    match (layout.state, state_sizing(layout, config, prefix)) {
+        (Some(s), Some(sizing)) => (sizing.sequences + sizing.snapshots) * s.bytes_per_slot(),
+        _ => 0,
+    }
 }

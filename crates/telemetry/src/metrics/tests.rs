@@ -8,11 +8,16 @@ use super::*;
 
 /// Every metric with its Prometheus type. `every_metric_is_rendered_with_its_type` fails if a
 /// metric is registered without being listed here.
-const ALL: [(&str, &str); 22] = [
+const ALL: [(&str, &str); 27] = [
     (REQUESTS_WAITING, "gauge"),
     (REQUESTS_RUNNING, "gauge"),
     (KV_BLOCKS_USED, "gauge"),
     (KV_BLOCKS_CAPACITY, "gauge"),
+    (STATE_SLOTS_USED, "gauge"),
+    (STATE_SLOTS_CAPACITY, "gauge"),
+    (STATE_SNAPSHOTS_CACHED, "gauge"),
+    (STATE_SNAPSHOTS_CAPACITY, "gauge"),
+    (STATE_BYTES, "gauge"),
     (PREFIX_CACHE_HIT_TOKENS, "counter"),
     (PROMPT_TOKENS_COMPUTED, "counter"),
     (GENERATED_TOKENS, "counter"),
@@ -82,11 +87,13 @@ fn step_moves_counters_gauges_and_histograms() {
         waiting: 7,
         running: 4,
         kv_blocks_used: 90,
+        state: Some((3, 11)),
         ..StepStats::default()
     };
     metrics.step(&stats);
     metrics.step(&stats);
     metrics.set_kv_capacity(1024);
+    metrics.set_state_capacity(8, 16, 4096);
     let text = metrics.render();
 
     assert_eq!(sample(&text, "met_prompt_tokens_computed_total"), Some("592"));
@@ -102,6 +109,11 @@ fn step_moves_counters_gauges_and_histograms() {
     assert_eq!(sample(&text, "met_requests_running"), Some("4"));
     assert_eq!(sample(&text, "met_kv_blocks_used"), Some("90"));
     assert_eq!(sample(&text, "met_kv_blocks_capacity"), Some("1024"));
+    assert_eq!(sample(&text, "met_state_slots_used"), Some("3"));
+    assert_eq!(sample(&text, "met_state_slots_capacity"), Some("8"));
+    assert_eq!(sample(&text, "met_state_snapshots_cached"), Some("11"));
+    assert_eq!(sample(&text, "met_state_snapshots_capacity"), Some("16"));
+    assert_eq!(sample(&text, "met_state_bytes"), Some("4096"));
 
     // 3 ms lies above the 2.5 ms bound and at or below the 5 ms one.
     assert_eq!(sample(&text, r#"met_engine_step_duration_seconds_bucket{le="0.0025"}"#), Some("0"));
