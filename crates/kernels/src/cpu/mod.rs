@@ -2,17 +2,21 @@
 //!
 //! Floats are stored and computed in f32 (f16/bf16 weights are widened at upload);
 //! block-quantised weights stay in their blocks and matmuls read them directly
-//! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. GEMMs go
-//! through the `gemm` crate, everything else is a loop over rows: shared over the spinning
-//! pool (`pool.rs`) when the output is large, on the calling thread when it is small (a
-//! decode step's norms and activations; `ops::for_each_row` says why). The reference
-//! attention takes one task per (query row, KV head), its group's heads together, shared
-//! over the pool unless the step sees only a few thousand key elements (`attention.rs`);
-//! the `flash` op attends prompts in tiles through GEMMs (`flash.rs`). The Gated DeltaNet
-//! ops take one task per (sequence, value head) and update state pools in place
-//! (`recurrent.rs`). Storage sits behind a lock because some ops write into an existing
-//! tensor (`write_kv` into the KV pools, the recurrent ops into their state pools); every
-//! other op only reads its operands and allocates its result.
+//! (`qmatmul`), so a GGUF model keeps its memory footprint and exact values. Matmuls compute
+//! each (activation row, weight row) pair by a function of those two rows alone and only
+//! schedule the pairs by the row count (`rows.rs`), and attention takes one task per (query
+//! row, KV head) whatever the op (`attention.rs`, `flash.rs`), so a row's output never
+//! depends on the rows that share its step (batch invariance: a sequence's logits are the
+//! same alone, batched, chunked or recomputed). Everything else is a loop over rows: shared
+//! over the spinning pool (`pool.rs`) when the output is large, on the calling thread when
+//! it is small (a decode step's norms and activations; `ops::for_each_row` says why). The
+//! reference attention's tasks are shared over the pool unless the step sees only a few
+//! thousand key elements. The Gated DeltaNet ops take one task per (sequence, value head)
+//! and update state pools in place (`recurrent.rs`); their chunked form (runs of 4 rows or
+//! more) rounds differently from the row-by-row one, so a hybrid model's prompt chunking
+//! is not yet bit-invariant. Storage sits behind a lock because some ops write into an
+//! existing tensor (`write_kv` into the KV pools, the recurrent ops into their state
+//! pools); every other op only reads its operands and allocates its result.
 
 pub(crate) mod attention;
 mod flash;
@@ -22,6 +26,7 @@ mod ops;
 mod pool;
 mod qmatmul;
 mod recurrent;
+mod rows;
 pub(crate) mod sample;
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -52,7 +57,7 @@ enum CpuData {
 /// global pool, whose threads sample and run f32-weight GEMMs).
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
-    /// How few-row products with packed quantised weights are computed.
+    /// How products with packed quantised weights are computed.
     dots: CpuDots,
 }
 
@@ -63,13 +68,13 @@ impl CpuBackend {
         Self::default()
     }
 
-    /// A CPU backend whose few-row quantised matmuls use `dots` (`met --cpu-dots int8`
+    /// A CPU backend whose packed quantised matmuls use `dots` (`met --cpu-dots int8`
     /// picks [`CpuDots::Int8`] for speed).
     pub fn with_dots(dots: CpuDots) -> Self {
         Self { dots }
     }
 
-    /// How this backend's few-row quantised matmuls are computed.
+    /// How this backend's packed quantised matmuls are computed.
     pub fn dots(&self) -> CpuDots {
         self.dots
     }

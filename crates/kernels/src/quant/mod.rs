@@ -6,9 +6,11 @@
 //! module knows the block layouts: it dequantises ([`dequantize`], [`dequantize_row`]) and
 //! computes `x · row` from the blocks ([`dot_rows`]), or, for the formats the CPU repacks
 //! ([`PackedQuant`]), with AVX-512 or AVX2 kernels: exact f32 ones, or integer ones against
-//! activations quantised to 8 bits ([`Q8Rows`], [`PackedQuant::dot_rows_q8`]).
+//! activations quantised to 8 bits ([`Q8Rows`], [`PackedQuant::dot_rows_q8`]). f32 rows
+//! multiply through [`dot_f32_rows`], whose every result is independent of its batch.
 
 mod blocks;
+mod f32_rows;
 mod packed;
 mod q8;
 mod simd;
@@ -23,6 +25,7 @@ use std::fmt;
 
 use rayon::prelude::*;
 
+pub use f32_rows::dot_f32_rows;
 pub use packed::PackedQuant;
 pub use q8::Q8Rows;
 pub use simd::SimdLevel;
