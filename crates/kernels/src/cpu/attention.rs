@@ -59,8 +59,6 @@ pub(super) fn paged_attention(
 pub(super) struct Step<'a> {
     /// Query rows.
     pub t: usize,
-    /// `cu_seqlens_q`.
-    pub cu: Guard<'a, u32>,
     /// Each query row's sequence and position.
     pub rows: Vec<QueryRow>,
     /// `q [t, h, d]`.
@@ -90,7 +88,7 @@ impl<'a> Step<'a> {
         let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
         let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
         let (qs, ks, vs) = (read_f32(op, q)?, read_f32(op, k_cache)?, read_f32(op, v_cache)?);
-        Ok(Self { t, cu, rows, qs, tables, max_blocks, block_size, ks, vs })
+        Ok(Self { t, rows, qs, tables, max_blocks, block_size, ks, vs })
     }
 
     /// The step's pools, read through its block tables.
