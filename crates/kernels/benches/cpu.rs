@@ -1,15 +1,18 @@
 //! CPU backend benchmarks at SmolLM2-135M's shapes, next to the `gemm` crate's own peak.
 //!
 //! - `matmul_f32`: `CpuBackend::matmul` on `x [m, 576] · W[1536, 576]ᵀ` (the MLP up/gate
-//!   projection of SmolLM2-135M) for a decode step (m = 1) and a 64-token batch.
+//!   projection of SmolLM2-135M) for a decode step (m = 1), a 64-token batch and a
+//!   256-token prompt.
 //! - `gemm_peak`: `gemm::gemm` called directly, exactly as `cpu/matmul.rs` calls it, on a
 //!   1024³ square problem (the ceiling this machine gives the GEMM crate) and on the two
 //!   shapes above (so the gap to `matmul_f32` is our wrapper's overhead: output allocation,
 //!   locks, shape checks).
 //! - `matmul_quant` / `layer_q4_1`: packed Q4_1 and Q8_0 matmuls with exact and integer
-//!   dots, one MLP projection for m = 1, 5 and 64, and the seven of one layer for m = 1, 5.
+//!   dots, one MLP projection for m = 1, 5 and 64, and the seven of one layer for m = 1, 5
+//!   (decode) and 256 (a prompt).
 //! - `paged_attention`: 9 query heads on 3 KV heads of 64 dims in blocks of 16 (SmolLM2-135M's
-//!   attention), for 32 decode rows over 512-token contexts and for a 256-token prefill.
+//!   attention), for 32 decode rows over 512-token contexts and for a 256-token prefill,
+//!   and the `flash` op on that prefill.
 //!
 //! Throughput is `Throughput::Elements(FLOPs)`, so criterion's "elements/s" reads as FLOP/s:
 //! `2·m·k·n` for a GEMM, `4·h·d` per visible (query, key) pair for attention (q·k and p·v).
@@ -57,7 +60,7 @@ fn matmul_f32(c: &mut Criterion) {
     let (k, n) = (HIDDEN, INTERMEDIATE);
     let w = upload(&backend, &values(n * k, 1), &[n, k]);
     let mut group = c.benchmark_group("matmul_f32");
-    for m in [1, 64] {
+    for m in [1, 64, 256] {
         let x = upload(&backend, &values(m * k, 2), &[m, k]);
         group.throughput(flops(2 * m * k * n));
         group.bench_function(format!("cpu_backend/m{m}_k{k}_n{n}"), |bench| {
@@ -181,6 +184,19 @@ fn paged_attention(c: &mut Criterion) {
             });
         });
     }
+    // The flash op on the prompt: the same per-row kernel since prompts stopped being
+    // attended in tiles through GEMMs (batch invariance), timed against the tiled one.
+    let case = attention_case(&backend, 1, 256, 256);
+    group.throughput(flops(case.flops));
+    group.bench_function("flash_prefill_1x256_h9_kv3_d64_b16", |bench| {
+        bench.iter(|| {
+            let out = backend
+                .flash_attention(black_box(&case.q), &case.k_cache, &case.v_cache, &case.meta, &case.params)
+                .expect("flash_attention");
+            backend.synchronize().expect("synchronize");
+            out
+        });
+    });
     group.finish();
 }
 
@@ -247,7 +263,7 @@ fn layer_q4_1(c: &mut Criterion) {
         shapes.iter().enumerate().map(|(i, &(n, k))| packed_weights(QuantFormat::Q4_1, n, k, 10 + i as u64)).collect();
     let mut group = c.benchmark_group("layer_q4_1");
     for dots in [CpuDots::Exact, CpuDots::Int8] {
-        for m in [1, 5] {
+        for m in [1, 5, 256] {
             let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(m * k, 4)).collect();
             group.throughput(flops(shapes.iter().map(|&(n, k)| 2 * m * k * n).sum()));
             group.bench_function(format!("{dots}/m{m}"), |bench| {
