@@ -17,7 +17,7 @@ named_enum! {
 }
 
 named_enum! {
-    /// How the CPU computes few-row products (decode) with packed Q4_0 / Q4_1 / Q8_0 weights.
+    /// How the CPU computes products with packed Q4_0 / Q4_1 / Q8_0 weights.
     pub enum CpuDots ("CPU dot products", default Exact) {
         /// f32 products of the exact weights and activations: the reference the equivalence
         /// tests use.
@@ -27,6 +27,14 @@ named_enum! {
         /// tokens are within the quantisation noise.
         Int8 = "int8",
     }
+}
+
+impl CpuDots {
+    /// What `--cpu-dots` runs with unless told otherwise: the integer dots, which decode
+    /// faster. Tests of what users get (batch invariance among them) read it from here, so
+    /// they follow the command line if it ever changes. Both settings give every row the
+    /// same bits whatever rows share its step.
+    pub const CLI_DEFAULT: Self = Self::Int8;
 }
 
 named_enum! {

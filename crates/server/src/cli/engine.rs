@@ -33,9 +33,9 @@ pub struct ModelArgs {
     /// cuda.
     #[arg(long, default_value_t = DeviceKind::Auto, value_parser = parse_device)]
     pub device: DeviceKind,
-    /// CPU dot products with Q4_0/Q4_1/Q8_0 weights in decode (about 15 % faster decode on
-    /// the default model with int8; a step of 32 rows or more computes exactly).
-    #[arg(long, value_enum, default_value_t = CpuDots::Int8)]
+    /// CPU dot products with Q4_0/Q4_1/Q8_0 weights (about 15 % faster decode on the default
+    /// model with int8). Either way a row's result does not depend on the rows beside it.
+    #[arg(long, value_enum, default_value_t = CpuDots::CLI_DEFAULT)]
     pub cpu_dots: CpuDots,
     /// Attention backend.
     #[arg(long, value_enum, default_value_t = AttentionBackendKind::Flash)]
