@@ -1,0 +1,169 @@
+//! A request's output never depends on its batch-mates (issue 36): on the CPU backend with
+//! the settings users get (`CpuDots::CLI_DEFAULT`, the integer dots), every request's tokens
+//! and logprobs are bit for bit the same run alone, in one batch with the others, with its
+//! prompt prefilled in chunks, recomputed after a preemption, and after a prefix-cache hit.
+//!
+//! The models are the tiny Hugging Face fixtures of `model-layers` (f32 weights) and the
+//! default model (SmolLM2-135M, Q4_1 GGUF: packed weights, integer dots), skipped with a
+//! note when it is not installed. Requests sample (three seeds) with top-3 logprobs, so a
+//! difference anywhere in the logits shows, not only one that flips a greedy pick. Prompts
+//! run from a few tokens to past 32, on both sides of the row counts where the kernels
+//! change how they schedule their work.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use met_cache::PagedKvCache;
+use met_config::{CpuDots, EngineConfig, SamplingParams};
+use met_kernels::{CpuBackend, GpuBackend};
+use met_model_layers::models::{gguf_config, load_model, open_gguf, read_config};
+use met_model_layers::{LoadOptions, Model};
+use met_model_weights::SafetensorsStore;
+use met_scheduler::{Engine, EngineRequest, GeneratedToken, StopCriteria};
+use met_telemetry::Metrics;
+
+const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
+
+const SEEDS: [u64; 3] = [1, 2, 3];
+
+const NEW_TOKENS: usize = 10;
+
+/// A model to load afresh for each engine, and its prompts.
+struct Case {
+    name: String,
+    load: Box<dyn Fn() -> Box<dyn Model>>,
+    backend: Arc<dyn GpuBackend>,
+    prompts: Vec<Vec<u32>>,
+}
+
+fn backend() -> Arc<dyn GpuBackend> {
+    Arc::new(CpuBackend::with_dots(CpuDots::CLI_DEFAULT))
+}
+
+fn fixture(name: &str) -> Case {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let mut prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone()).unwrap();
+    // One prompt past 32 tokens, made of the others, so a whole prefill runs many rows.
+    prompts.push(prompts.iter().flatten().copied().cycle().take(45).collect());
+    let backend = backend();
+    let b = Arc::clone(&backend);
+    let load = move || {
+        let cfg = read_config(&dir.join("config.json")).unwrap();
+        load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &LoadOptions::default()).unwrap()
+    };
+    Case { name: name.into(), load: Box::new(load), backend, prompts }
+}
+
+fn default_model() -> Option<Case> {
+    let path = met_config::default_model_for_test()?;
+    let backend = backend();
+    let b = Arc::clone(&backend);
+    let load = move || {
+        let store = open_gguf(&path).unwrap();
+        let cfg = gguf_config(&store).unwrap();
+        load_model(&cfg, &store, Arc::clone(&b), &LoadOptions::default()).unwrap()
+    };
+    // Token ids of ordinary text in SmolLM2's vocabulary, 9 to 70 tokens long.
+    let prompts = [9usize, 33, 70]
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| (0..len).map(|i| (1000 + (p * 7919 + i * 104_729) % 40_000) as u32).collect())
+        .collect();
+    Some(Case { name: "default model".into(), load: Box::new(load), backend, prompts })
+}
+
+fn request(engine: &Engine, prompt: &[u32], seed: u64) -> EngineRequest {
+    let sampling =
+        SamplingParams { temperature: 0.8, top_p: 0.95, seed, logprobs: Some(3), ..SamplingParams::default() };
+    let stop = StopCriteria { max_new_tokens: NEW_TOKENS, ignore_eos: true, ..StopCriteria::default() };
+    EngineRequest::new(prompt.to_vec(), sampling, stop, 1, &engine.limits()).unwrap()
+}
+
+/// What a request produced, as bits: each token's id, logprob and top-3 alternatives.
+type Output = Vec<(u32, Option<u32>, Vec<(u32, u32)>)>;
+
+fn bits(t: &GeneratedToken) -> (u32, Option<u32>, Vec<(u32, u32)>) {
+    (t.id, t.logprob.map(f32::to_bits), t.top_logprobs.iter().map(|(id, lp)| (*id, lp.to_bits())).collect())
+}
+
+/// Runs `batches` one after another through `engine` (the requests of a batch together),
+/// returning each request's output and the prompt tokens it took from the prefix cache.
+fn run(engine: &mut Engine, batches: &[Vec<(Vec<u32>, u64)>]) -> Vec<(Output, usize)> {
+    let mut all = Vec::new();
+    for batch in batches {
+        let mut streams: Vec<_> =
+            batch.iter().map(|(p, seed)| engine.submit(request(engine, p, *seed)).unwrap()).collect();
+        let mut out = vec![(Output::new(), 0); batch.len()];
+        while engine.has_work() {
+            engine.step();
+            for (s, (o, cached)) in streams.iter_mut().zip(&mut out) {
+                while let Some(e) = s.try_next() {
+                    *cached = (*cached).max(e.cached_prompt_tokens);
+                    o.extend(e.token.as_ref().map(bits));
+                }
+            }
+        }
+        all.extend(out);
+    }
+    all
+}
+
+fn engine(case: &Case, config: EngineConfig, blocks: usize) -> (Engine, Arc<Metrics>) {
+    let model = (case.load)();
+    let kv =
+        PagedKvCache::new(&*case.backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let engine = Engine::new(model, Arc::clone(&case.backend), Box::new(kv), config, Arc::clone(&metrics)).unwrap();
+    (engine, metrics)
+}
+
+/// Every mode gives every request the bits it gets alone.
+fn check(case: &Case) {
+    let requests: Vec<(Vec<u32>, u64)> =
+        SEEDS.iter().flat_map(|&s| case.prompts.iter().map(move |p| (p.clone(), s))).collect();
+    let singles: Vec<Vec<(Vec<u32>, u64)>> = requests.iter().map(|r| vec![r.clone()]).collect();
+    let quiet = EngineConfig { prefix_caching: false, block_size: 4, ..EngineConfig::default() };
+    let alone: Vec<Output> = run(&mut engine(case, quiet.clone(), 256).0, &singles).into_iter().map(|o| o.0).collect();
+    assert!(alone.iter().all(|o| o.len() == NEW_TOKENS), "{}: every request runs to its length", case.name);
+
+    let chunked = EngineConfig { max_prefill_chunk: Some(7), ..quiet.clone() };
+    let cached = EngineConfig { prefix_caching: true, ..quiet.clone() };
+    // A pool two blocks past what the longest request needs cannot hold the batch.
+    let tight = case.prompts.iter().map(|p| (p.len() + NEW_TOKENS).div_ceil(4)).max().unwrap_or(0) + 2;
+    let modes = [("one batch", quiet.clone(), 256), ("chunks of 7", chunked, 256), ("preemption", quiet, tight)];
+    for (mode, config, blocks) in modes {
+        let (mut engine, metrics) = engine(case, config, blocks);
+        let got = run(&mut engine, std::slice::from_ref(&requests));
+        for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
+            assert_eq!(&g.0, want, "{}, {mode}: request {i} differs from itself alone", case.name);
+        }
+        if mode == "preemption" {
+            assert!(metrics.preemptions.get() > 0, "{}: the small pool did not force preemption", case.name);
+        }
+    }
+    // The batch twice through one engine: the second time every prompt's full blocks come
+    // from the prefix cache, and the rest of the prompt is computed on top of them.
+    let (mut engine, _) = engine(case, cached, 256);
+    let got = run(&mut engine, &[requests.clone(), requests.clone()]);
+    let (first, second) = got.split_at(requests.len());
+    assert!(second.iter().any(|o| o.1 > 0), "{}: nothing came from the prefix cache", case.name);
+    for (i, (g, want)) in first.iter().chain(second).zip(alone.iter().cycle()).enumerate() {
+        assert_eq!(&g.0, want, "{}, prefix hit: request {i} differs from itself alone", case.name);
+    }
+}
+
+#[test]
+fn every_fixture_gives_each_request_its_bits_alone_in_any_batch() {
+    for name in FIXTURES {
+        check(&fixture(name));
+    }
+}
+
+#[test]
+fn the_default_model_gives_each_request_its_bits_alone_in_any_batch() {
+    if let Some(case) = default_model() {
+        check(&case);
+    }
+}
