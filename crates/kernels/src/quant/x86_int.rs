@@ -29,6 +29,13 @@ use super::{PackedQuant, QuantFormat, SimdLevel};
 /// accumulators plus operands).
 const MAX_M: usize = 8;
 
+/// From this many activation rows (a prompt), groups of [`PROMPT_M`] rows against tiles of
+/// four weight rows rather than eight against one.
+const MANY_M: usize = 16;
+
+/// Activation rows per kernel call for prompts.
+const PROMPT_M: usize = 4;
+
 /// A kernel over `R` weight rows and `M` activation rows.
 type Kernel<const R: usize, const M: usize> = unsafe fn(&[WeightRow<'_>; R], &[ActRow<'_>; M]) -> [[f32; M]; R];
 
@@ -56,8 +63,9 @@ pub(super) fn dot_rows(
     let q4 = p.format() != QuantFormat::Q8_0;
     let m = x.rows();
     let mut job = Job { level, q4, p, rows, out };
-    for first in (0..m).step_by(MAX_M) {
-        match (m - first).min(MAX_M) {
+    let group = if m >= MANY_M { PROMPT_M } else { MAX_M };
+    for first in (0..m).step_by(group) {
+        match (m - first).min(group) {
             1 => job.group::<1>(x, first),
             2 => job.group::<2>(x, first),
             3 => job.group::<3>(x, first),
