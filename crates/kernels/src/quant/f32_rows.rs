@@ -116,6 +116,24 @@ mod x86 {
         R
     }
 
+    /// One block's `Σ w · x` as a vector: the product of the first vectors, then each next
+    /// one fused in.
+    ///
+    /// # Safety
+    /// The CPU must have `S`'s features.
+    #[inline(always)]
+    unsafe fn block_dot<S: Isa>(w: &S::Block, x: &S::Block) -> S::F {
+        let (w, x) = (w.as_ref(), x.as_ref());
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let mut p = S::mul(w[0], x[0]);
+            for j in 1..w.len() {
+                p = S::fmadd(w[j], x[j], p);
+            }
+            p
+        }
+    }
+
     /// [`kernel`] with AVX-512.
     ///
     /// # Safety
@@ -136,8 +154,10 @@ mod x86 {
         unsafe { kernel::<Avx2, R, M>(w, x) }
     }
 
-    /// `out[r][i] = x[i] · w[r]`: per 32-element block, each pair's accumulator takes the
-    /// block's vectors in order; then its lanes are summed and the tail added in order.
+    /// `out[r][i] = x[i] · w[r]`: per 32-element block, the block's products summed into one
+    /// vector in element order and added to the pair's accumulator (two levels, so each
+    /// lane's running sum takes one term a block: closer to the exact sum than one long
+    /// chain); then its lanes are summed and the tail added in order.
     ///
     /// # Safety
     /// The CPU must have `S`'s features; every row must be equally long.
@@ -156,9 +176,7 @@ mod x86 {
                 for (acc, row) in acc.iter_mut().zip(w) {
                     let wv = S::load_block(row.as_ptr().add(b * 32));
                     for (acc, xv) in acc.iter_mut().zip(&xv) {
-                        for (wl, xl) in wv.as_ref().iter().zip(xv.as_ref()) {
-                            *acc = S::fmadd(*wl, *xl, *acc);
-                        }
+                        *acc = S::add(*acc, block_dot::<S>(&wv, xv));
                     }
                 }
             }

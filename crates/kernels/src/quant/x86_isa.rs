@@ -43,6 +43,8 @@ pub(super) trait Isa {
     unsafe fn splat(v: f32) -> Self::F;
     /// `a · b`, lane by lane.
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a + b`, lane by lane.
+    unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
     /// `a · b + c` with one rounding, lane by lane.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// The sum of the lanes, in the set's fixed tree.
@@ -81,6 +83,12 @@ impl Isa for Avx512 {
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {
         // SAFETY: as in `zero`.
         unsafe { _mm512_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as in `zero`.
+        unsafe { _mm512_add_ps(a, b) }
     }
 
     #[inline(always)]
@@ -147,6 +155,12 @@ impl Isa for Avx2 {
     unsafe fn mul(a: __m256, b: __m256) -> __m256 {
         // SAFETY: as in `zero`.
         unsafe { _mm256_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: as in `zero`.
+        unsafe { _mm256_add_ps(a, b) }
     }
 
     #[inline(always)]
