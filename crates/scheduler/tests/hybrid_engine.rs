@@ -150,3 +150,33 @@ fn speculation_is_refused_for_hybrids() {
     let err = e.with_speculative(&SpeculativeConfig::ngram(4)).err().expect("refused");
     assert!(err.to_string().contains("recurrent"), "{err}");
 }
+
+/// `n` choices of one prompt: the later ones fork the first's blocks up to its last
+/// snapshot and resume its state there, and (greedy) continue as it does.
+#[test]
+fn choices_of_one_prompt_fork_from_a_snapshot() {
+    for name in HYBRIDS {
+        let f = load(name);
+        let (prompt, want) = (f.prompts[5].clone(), f.greedy[5].clone());
+        let config = EngineConfig { block_size: 4, ..EngineConfig::default() };
+        let (mut e, _) = engine(f, config, 512, 2);
+        let stop = StopCriteria { max_new_tokens: 16, ..StopCriteria::default() };
+        let req = EngineRequest::new(prompt.clone(), SamplingParams::greedy(), stop, 3, &e.limits()).unwrap();
+        let mut stream = e.submit(req).unwrap();
+        let (mut out, mut cached) = (vec![Vec::new(); 3], [0; 3]);
+        while e.has_work() {
+            e.step();
+            while let Some(ev) = stream.try_next() {
+                assert!(!matches!(ev.finish, Some(FinishReason::Error(_))), "{:?}", ev.finish);
+                out[ev.index].extend(ev.token.map(|t| t.id));
+                cached[ev.index] = ev.cached_prompt_tokens;
+            }
+        }
+        for (i, o) in out.iter().enumerate() {
+            assert_eq!(o, &want, "{name}: choice {i}");
+        }
+        let snapshot = (prompt.len() - 1) / 8 * 8;
+        assert_eq!(cached, [0, snapshot, snapshot], "{name}: the later choices resume at the last snapshot");
+        assert_eq!(e.free_blocks(), e.total_blocks());
+    }
+}
