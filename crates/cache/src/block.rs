@@ -224,6 +224,29 @@ impl SequenceBlocks {
         &self.state.planned
     }
 
+    /// The coming speculative step's rollback copies, as [`Self::planned_snapshots`].
+    pub fn rollback_snapshots(&self) -> &[(usize, u32)] {
+        &self.state.rollback
+    }
+
+    /// See [`crate::KvCache::allow_rollback`].
+    pub(crate) fn allow_rollback(&mut self, from: usize, to: usize) -> bool {
+        self.state.rollback.clear();
+        let pool = self.pool.lock();
+        let (Some(states), Some(slot)) = (&pool.states, self.state.slot) else {
+            return pool.states.is_none();
+        };
+        // The state after the step's last token is the sequence's own slot.
+        for (j, tokens) in (from + 1..to).enumerate() {
+            let Some(copy) = states.rollback_slot(slot, j) else {
+                self.state.rollback.clear();
+                return false;
+            };
+            self.state.rollback.push((tokens, copy));
+        }
+        true
+    }
+
     /// The block table: physical block of each logical block.
     pub fn block_ids(&self) -> &[BlockId] {
         &self.blocks
@@ -297,6 +320,7 @@ impl SequenceBlocks {
     /// speculative tokens). Blocks registered in the prefix cache past the cut lose their
     /// place in this sequence's hash chain, so a later commit registers their replacements.
     pub fn truncate(&mut self, tokens: usize) {
+        self.rewind_state(tokens);
         let keep = tokens.div_ceil(self.block_size);
         if keep >= self.blocks.len() {
             return;
@@ -309,6 +333,15 @@ impl SequenceBlocks {
         for (_, slot) in self.state.planned.drain(cut..) {
             pool.states.as_mut().expect("planned snapshots need state slots").free_snapshot_slot(slot);
         }
+    }
+
+    /// After a speculative step cut back to `tokens`: the next step starts from the
+    /// rollback copy at `tokens` (none when the cut keeps every token the step computed).
+    fn rewind_state(&mut self, tokens: usize) {
+        if let Some(&(_, copy)) = self.state.rollback.iter().find(|r| r.0 == tokens) {
+            self.state.restore = Some((copy, tokens));
+        }
+        self.state.rollback.clear();
     }
 
     /// Attaches cached blocks for the longest cached prefix of `tokens` (full blocks

@@ -189,6 +189,17 @@ pub trait KvCache: Send {
     /// blocks reusable by later sequences. A no-op with prefix caching off.
     fn commit(&self, seq: &mut SequenceBlocks, tokens: &[u32], computed: usize);
 
+    /// Lets the coming step, which computes tokens `from..to` of `seq`, be cut back to any
+    /// count from `from + 1` by [`SequenceBlocks::truncate`] (a speculative verification
+    /// keeps only the accepted tokens). K/V needs nothing: a cut forgets slots that later
+    /// tokens overwrite. A recurrent state is copied after each of those tokens, and a cut
+    /// restores the copy at its count. Returns false when the cache cannot keep that many
+    /// copies (the step must not run with those tokens).
+    fn allow_rollback(&self, seq: &mut SequenceBlocks, from: usize, to: usize) -> bool {
+        let _ = (seq, from, to);
+        true
+    }
+
     /// A new sequence sharing the first `tokens / block_size` full blocks of `seq`
     /// (refcounted, whether or not prefix caching is on): the `n` choices of one prompt.
     fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks;

@@ -96,7 +96,7 @@ impl PagedKvCache {
                 .collect::<Result<_, met_kernels::Error>>()?;
             let state_pools = match (layout.state, states) {
                 (Some(s), Some(sizing)) => {
-                    let slots = sizing.sequences + sizing.snapshots;
+                    let slots = sizing.slots();
                     let [c, w] = s.conv;
                     let [h, dk, dv] = s.recurrent;
                     (0..s.num_layers)
@@ -158,6 +158,10 @@ impl KvCache for PagedKvCache {
 
     fn commit(&self, seq: &mut SequenceBlocks, tokens: &[u32], computed: usize) {
         seq.commit(tokens, computed);
+    }
+
+    fn allow_rollback(&self, seq: &mut SequenceBlocks, from: usize, to: usize) -> bool {
+        seq.allow_rollback(from, to)
     }
 
     fn fork(&self, seq: &SequenceBlocks, tokens: usize) -> SequenceBlocks {

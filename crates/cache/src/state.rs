@@ -17,8 +17,14 @@
 //! snapshot; the snapshot slots are a bounded pool, and when it is empty the least recently
 //! freed snapshot of a block nobody holds is taken back.
 //!
-//! Invariant: every slot is exactly one of free, held by one live sequence (its own slot
-//! or a planned snapshot), or keyed by one chain hash.
+//! A speculative verification computes tokens the sequence may not keep, and a state cannot
+//! forget them: for such a step ([`KvCache::allow_rollback`](crate::KvCache::allow_rollback))
+//! the state after each of its tokens is copied into the sequence's own *rollback* slots,
+//! and cutting the sequence back ([`SequenceBlocks::truncate`](crate::SequenceBlocks::truncate))
+//! restores the one at the cut before its next step.
+//!
+//! Invariant: every slot is exactly one of free, held by one live sequence (its own slot,
+//! its rollback slots, or a planned snapshot), or keyed by one chain hash.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -58,6 +64,16 @@ pub struct StateSizing {
     pub snapshots: usize,
     /// A snapshot every this many full blocks (0: none).
     pub interval: usize,
+    /// Rollback slots per sequence slot: the most tokens a speculative step may compute
+    /// beyond the one it keeps for sure (0: no speculation).
+    pub rollback: usize,
+}
+
+impl StateSizing {
+    /// Slots in each state pool.
+    pub fn slots(&self) -> usize {
+        self.sequences * (1 + self.rollback) + self.snapshots
+    }
 }
 
 /// The state slots of a cache and its occupancy, as `/metrics` reports them.
@@ -71,6 +87,8 @@ pub struct StateUsage {
     pub snapshot_slots: usize,
     /// Of those, holding a snapshot keyed in the prefix cache.
     pub snapshots_cached: usize,
+    /// Rollback slots per sequence slot (the longest speculative step it can undo).
+    pub rollback: usize,
     /// Bytes of all slots on one device.
     pub bytes: usize,
 }
@@ -97,6 +115,12 @@ impl StateSlots {
             free_snapshot: (seq..total).rev().collect(),
             snapshots: HashMap::new(),
         }
+    }
+
+    /// Rollback slot `j` of the sequence holding slot `slot`, if the sizing has it.
+    pub(crate) fn rollback_slot(&self, slot: u32, j: usize) -> Option<u32> {
+        let StateSizing { sequences, snapshots, rollback, .. } = self.sizing;
+        (j < rollback).then(|| (sequences + snapshots + slot as usize * rollback + j) as u32)
     }
 
     pub(crate) fn interval(&self) -> usize {
@@ -142,13 +166,14 @@ impl StateSlots {
     }
 
     pub(crate) fn usage(&self, layout: &StateLayout) -> StateUsage {
-        let StateSizing { sequences, snapshots, .. } = self.sizing;
+        let StateSizing { sequences, snapshots, rollback, .. } = self.sizing;
         StateUsage {
+            rollback,
             sequence_slots: sequences,
             sequences_held: sequences - self.free_sequence.len(),
             snapshot_slots: snapshots,
             snapshots_cached: self.snapshots.len(),
-            bytes: (sequences + snapshots) * layout.bytes_per_slot(),
+            bytes: self.sizing.slots() * layout.bytes_per_slot(),
         }
     }
 }
@@ -162,4 +187,7 @@ pub(crate) struct SequenceState {
     pub(crate) restore: Option<(u32, usize)>,
     /// Snapshots planned but not yet keyed: `(tokens covered, slot)`, ascending.
     pub(crate) planned: Vec<(usize, u32)>,
+    /// Rollback copies of the current speculative step: `(tokens covered, slot)`,
+    /// ascending.
+    pub(crate) rollback: Vec<(usize, u32)>,
 }

@@ -20,7 +20,7 @@ fn layout() -> KvLayout {
 }
 
 fn cache(blocks: usize, sequences: usize, snapshots: usize, interval: usize) -> PagedKvCache {
-    let sizing = StateSizing { sequences, snapshots, interval };
+    let sizing = StateSizing { sequences, snapshots, interval, rollback: 2 };
     PagedKvCache::with_states(&[&CpuBackend::new()], layout(), BLOCK, blocks, true, Some(sizing)).unwrap()
 }
 
@@ -30,14 +30,15 @@ fn tokens(n: usize) -> Vec<u32> {
 
 #[test]
 fn pools_hold_every_slot_of_every_recurrent_layer() {
+    // 3 sequences with 2 rollback slots each, and 2 snapshots.
     let c = cache(8, 3, 2, 1);
     let pools = c.pools(0);
-    assert_eq!(pools.state(1).0.dims(), [5, 6, 3]);
-    assert_eq!(pools.state(1).1.dims(), [5, 2, 3, 3]);
+    assert_eq!(pools.state(1).0.dims(), [11, 6, 3]);
+    assert_eq!(pools.state(1).1.dims(), [11, 2, 3, 3]);
     assert_eq!(pools.state_pools().len(), 4);
     let usage = c.state_usage().unwrap();
-    assert_eq!((usage.sequence_slots, usage.snapshot_slots), (3, 2));
-    assert_eq!(usage.bytes, 5 * layout().state.unwrap().bytes_per_slot());
+    assert_eq!((usage.sequence_slots, usage.snapshot_slots, usage.rollback), (3, 2, 2));
+    assert_eq!(usage.bytes, 11 * layout().state.unwrap().bytes_per_slot());
 }
 
 #[test]
@@ -45,7 +46,7 @@ fn a_layout_with_state_needs_slots_and_one_without_refuses_them() {
     let b = CpuBackend::new();
     assert!(PagedKvCache::new(&b, layout(), BLOCK, 8, true).is_err());
     let plain = KvLayout { state: None, ..layout() };
-    let sizing = StateSizing { sequences: 1, snapshots: 0, interval: 0 };
+    let sizing = StateSizing { sequences: 1, snapshots: 0, interval: 0, rollback: 0 };
     assert!(PagedKvCache::with_states(&[&b], plain, BLOCK, 8, true, Some(sizing)).is_err());
     let none = StateSizing { sequences: 0, ..sizing };
     assert!(PagedKvCache::with_states(&[&b], layout(), BLOCK, 8, true, Some(none)).is_err());
@@ -207,4 +208,46 @@ fn truncating_returns_snapshots_past_the_cut() {
     c.reserve(&mut a, 12).unwrap();
     a.truncate(5);
     assert_eq!(a.planned_snapshots().iter().map(|p| p.0).collect::<Vec<_>>(), [4]);
+}
+
+#[test]
+fn a_speculative_step_rolls_back_to_the_copy_at_the_cut() {
+    let c = cache(16, 2, 0, 0);
+    let mut a = c.new_sequence();
+    c.reserve(&mut a, 12).unwrap();
+    // The step computes tokens 9..12; it may keep 10, 11 or all 12 of them.
+    assert!(c.allow_rollback(&mut a, 9, 12));
+    let copies: Vec<usize> = a.rollback_snapshots().iter().map(|r| r.0).collect();
+    assert_eq!(copies, [10, 11]);
+    let at_10 = a.rollback_snapshots()[0].1;
+    a.truncate(10);
+    assert_eq!(a.state_restore(), Some((at_10, 10)));
+    assert!(a.rollback_snapshots().is_empty());
+    // Keeping every token needs no copy.
+    assert!(c.allow_rollback(&mut a, 10, 12));
+    a.truncate(12);
+    assert_eq!(a.state_restore(), Some((at_10, 10)), "unchanged: the restore at 10 is spent once it runs");
+}
+
+#[test]
+fn a_step_longer_than_the_rollback_slots_is_refused() {
+    let c = cache(16, 2, 0, 0);
+    let mut a = c.new_sequence();
+    c.reserve(&mut a, 12).unwrap();
+    assert!(!c.allow_rollback(&mut a, 8, 12), "3 copies, 2 rollback slots");
+    assert!(a.rollback_snapshots().is_empty());
+}
+
+#[test]
+fn rollback_slots_are_each_sequences_own() {
+    let c = cache(16, 2, 0, 0);
+    let (mut a, mut b) = (c.new_sequence(), c.new_sequence());
+    c.reserve(&mut a, 4).unwrap();
+    c.reserve(&mut b, 4).unwrap();
+    assert!(c.allow_rollback(&mut a, 1, 4) && c.allow_rollback(&mut b, 1, 4));
+    let slots = |s: &met_cache::SequenceBlocks| s.rollback_snapshots().iter().map(|r| r.1).collect::<Vec<_>>();
+    let (sa, sb) = (slots(&a), slots(&b));
+    assert!(sa.iter().all(|s| !sb.contains(s)), "{sa:?} {sb:?}");
+    assert!(sa.iter().chain(&sb).all(|&s| s != a.state_slot().unwrap() && s != b.state_slot().unwrap()));
+    assert_eq!(c.pools(0).state(0).0.dims()[0], 2 * 3, "2 sequences with 2 rollback slots each");
 }

@@ -51,7 +51,8 @@ pub struct ForwardBatch {
     /// `(snapshot, slot)`: states to restore before the step, for sequences resuming at a
     /// cached prefix.
     pub state_restore: Vec<(u32, u32)>,
-    /// `(row, slot)`: states to copy out after a row, for the prefix cache's snapshots.
+    /// `(row, slot)`: states to copy out after a row, for the prefix cache's snapshots and
+    /// a speculative step's rollback copies; ascending within a sequence.
     pub state_snapshots: Vec<(u32, u32)>,
 }
 
@@ -95,11 +96,13 @@ impl ForwardBatch {
             Some((snapshot, at)) if at == cached => self.state_restore.push((snapshot, slot)),
             _ => {}
         }
-        for &(at, snapshot) in blocks.planned_snapshots() {
+        let from = self.state_snapshots.len();
+        for &(at, snapshot) in blocks.planned_snapshots().iter().chain(blocks.rollback_snapshots()) {
             if at > cached && at <= end {
                 self.state_snapshots.push((first_row + (at - cached - 1) as u32, snapshot));
             }
         }
+        self.state_snapshots[from..].sort_unstable();
     }
 
     /// The block table of sequence `i`.

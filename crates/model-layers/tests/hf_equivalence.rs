@@ -62,7 +62,7 @@ fn load(name: &'static str) -> Fixture {
 /// A cache for the fixture's model: with a state slot per prompt for a hybrid model.
 fn cache(f: &Fixture) -> PagedKvCache {
     let layout = f.model.kv_layout();
-    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0 });
+    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0, rollback: 0 });
     PagedKvCache::with_states(&[&*f.backend], layout, DEFAULT_BLOCK_SIZE, 64, false, states).unwrap()
 }
 

@@ -2,8 +2,8 @@
 //! the transformers greedy tokens with every prompt batched, in prefill chunks of 5, under
 //! preemption (a pool so small that sequences give back their blocks and state slots and
 //! recompute), and after prefix hits that resume from the cache's state snapshots (counted
-//! by `prefix_cache_hit_tokens`); speculation, which would need the state rolled back, is
-//! refused at build time.
+//! by `prefix_cache_hit_tokens`), and with speculative decoding, whose rejected tokens the
+//! state forgets by returning to a rollback copy.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,8 +42,19 @@ fn load(name: &str) -> Fixture {
 /// An engine over a cache of `blocks` blocks with a state slot per sequence the engine can
 /// run and, with prefix caching, as many snapshot slots, one every `interval` blocks.
 fn engine(f: Fixture, config: EngineConfig, blocks: usize, interval: usize) -> (Engine, Arc<Metrics>) {
+    speculating_engine(f, config, blocks, interval, 0)
+}
+
+/// [`engine`] with `rollback` rollback slots per sequence, for speculative steps.
+fn speculating_engine(
+    f: Fixture,
+    config: EngineConfig,
+    blocks: usize,
+    interval: usize,
+    rollback: usize,
+) -> (Engine, Arc<Metrics>) {
     let snapshots = if config.prefix_caching { config.max_num_seqs } else { 0 };
-    let sizing = StateSizing { sequences: config.max_num_seqs, snapshots, interval };
+    let sizing = StateSizing { sequences: config.max_num_seqs, snapshots, interval, rollback };
     let layout = f.model.kv_layout();
     let kv = PagedKvCache::with_states(
         &[&*f.backend],
@@ -143,12 +154,31 @@ fn prefix_hits_resume_from_state_snapshots() {
     }
 }
 
+/// Prompt-lookup speculation proposes tokens the target often rejects; each rejection
+/// returns the state to its copy after the last accepted token, so the output is the
+/// transformers greedy one. With prefix caching and chunked prefill on, as users run it.
 #[test]
-fn speculation_is_refused_for_hybrids() {
-    let f = load("qwen3_next");
-    let (e, _) = engine(f, EngineConfig::default(), 64, 0);
+fn speculation_rolls_the_state_back_to_the_last_accepted_token() {
+    let ngram = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    for name in HYBRIDS {
+        let f = load(name);
+        let (prompts, want) = (f.prompts.clone(), f.greedy.clone());
+        let config = EngineConfig { max_prefill_chunk: Some(5), block_size: 4, ..EngineConfig::default() };
+        let (e, metrics) = speculating_engine(f, config, 512, 2, ngram.num_tokens);
+        let mut e = e.with_speculative(&ngram).unwrap();
+        assert_eq!(drive(&mut e, &prompts), want, "{name} with prompt lookup");
+        let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
+        assert!(drafted > accepted, "{name}: {drafted} drafted, {accepted} accepted: no rollback happened");
+    }
+}
+
+#[test]
+fn speculation_without_rollback_slots_or_by_early_exit_is_refused() {
+    let (e, _) = engine(load("qwen3_next"), EngineConfig::default(), 64, 0);
     let err = e.with_speculative(&SpeculativeConfig::ngram(4)).err().expect("refused");
-    assert!(err.to_string().contains("recurrent"), "{err}");
+    assert!(err.to_string().contains("rollback"), "{err}");
+    let f = load("qwen3_5");
+    assert!(f.model.early_exit().is_none(), "a hybrid's first layers would advance its state");
 }
 
 /// `n` choices of one prompt: the later ones fork the first's blocks up to its last

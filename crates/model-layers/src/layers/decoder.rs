@@ -544,7 +544,9 @@ impl Model for DecoderModel {
     }
 
     fn early_exit(&self) -> Option<&dyn EarlyExit> {
-        Some(self)
+        // A draft through the first layers would advance the recurrent state in the
+        // target's own slots.
+        self.kv_layout.state.is_none().then_some(self as &dyn EarlyExit)
     }
 
     fn vocab_size(&self) -> usize {

@@ -80,7 +80,7 @@ impl Engine {
     /// [`EngineError::Config`] naming the flag of a setting that cannot work, for this
     /// model too (self-speculation's layers).
     pub fn with_speculative(self, speculative: &SpeculativeConfig) -> Result<Self, EngineError> {
-        self.can_roll_back()?;
+        self.can_roll_back(speculative.num_tokens)?;
         let proposer = met_speculative::proposer(speculative, &*self.model, Arc::clone(&self.backend))
             .map_err(|e| EngineError::Config(e.to_string()))?;
         Ok(self.with_proposer_config(proposer, speculative))
@@ -99,7 +99,7 @@ impl Engine {
         draft: Box<dyn Model>,
         draft_backend: Arc<dyn GpuBackend>,
     ) -> Result<Self, EngineError> {
-        self.can_roll_back()?;
+        self.can_roll_back(speculative.num_tokens)?;
         let config = |e: met_speculative::SpeculativeError| EngineError::Config(e.to_string());
         speculative.validate().map_err(|e| EngineError::Config(e.to_string()))?;
         let (vocab, blocks, block_size) = (self.model.vocab_size(), self.kv.num_blocks(), self.kv.block_size());
@@ -107,17 +107,18 @@ impl Engine {
         Ok(self.with_proposer_config(Box::new(proposer), speculative))
     }
 
-    /// Verifying a draft keeps only its accepted tokens: the cache must be able to forget
-    /// the rest. Paged K/V can; a recurrent state (a hybrid model's) cannot be cut back yet.
-    fn can_roll_back(&self) -> Result<(), EngineError> {
-        if self.kv.layout().state.is_some() {
-            return Err(EngineError::Config(
-                "speculative decoding is not supported for models with recurrent (linear-attention) layers: \
-                 their state cannot be rolled back to the last accepted token yet"
-                    .into(),
-            ));
+    /// Verifying a draft of `k` tokens keeps only the accepted ones: the cache must be able
+    /// to forget the rest. Paged K/V always can; a recurrent state (a hybrid model's) needs
+    /// a rollback copy per drafted token ([`KvCache::allow_rollback`]).
+    fn can_roll_back(&self, k: usize) -> Result<(), EngineError> {
+        match self.kv.state_usage() {
+            Some(usage) if usage.rollback < k => Err(EngineError::Config(format!(
+                "speculating {k} tokens on a model with recurrent (linear-attention) layers needs {k} rollback \
+                 state slots per sequence; the KV cache has {}",
+                usage.rollback
+            ))),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// This engine, verifying the tokens of `proposer` as `speculative` says: up to its `k`,

@@ -103,6 +103,11 @@ impl Scheduler {
             seq.draft.clear();
             return 0;
         }
+        if draft > 0 && !kv.allow_rollback(blocks, seq.computed(), seq.tokens().len() + draft) {
+            seq.draft.clear();
+            blocks.truncate(seq.tokens().len());
+            return 0;
+        }
         draft
     }
 

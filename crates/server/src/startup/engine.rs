@@ -40,7 +40,8 @@ pub fn build_engine(
     let timer = PhaseTimer::start(Phase::KvCache);
     let blocks = blocks.max(1);
     let layout = model.kv_layout();
-    let kv = devices.kv_cache(layout, &config, blocks, config.prefix_caching)?;
+    let rollback = setup.speculative.as_ref().map_or(0, |s| s.num_tokens);
+    let kv = devices.kv_cache(layout, &config, blocks, config.prefix_caching, rollback)?;
     let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
     let ranks = match devices.world_size() {
         1 => String::new(),

@@ -45,8 +45,9 @@ pub fn kv_blocks(setup: &EngineSetup, model: &dyn Model, devices: &Topology, dem
     }
     let config = &setup.engine;
     let layout = model.kv_layout();
-    let states = state_bytes(&layout, config, config.prefix_caching);
-    let budget = match kv_blocks_after_warmup(model, devices, config, setup.gpu_memory_utilization)? {
+    let rollback = setup.speculative.as_ref().map_or(0, |s| s.num_tokens);
+    let states = state_bytes(&layout, config, config.prefix_caching, rollback);
+    let budget = match kv_blocks_after_warmup(model, devices, config, setup.gpu_memory_utilization, states)? {
         Some(blocks) => blocks,
         None => {
             if states >= CPU_KV_BYTES {
@@ -78,7 +79,8 @@ pub fn blocks_for(free: usize, utilization: f64, reserve: usize, bytes_per_block
 
 /// The KV blocks the devices can hold after a warm-up forward at the largest batch of
 /// `config`, with the smallest free memory of any rank scaled by `utilization`
-/// (`--gpu-memory-utilization`); `None` on devices that report no memory of their own.
+/// (`--gpu-memory-utilization`), less `state_bytes` for a hybrid model's state slots;
+/// `None` on devices that report no memory of their own.
 ///
 /// # Errors
 /// When the warm-up forward or sampling fails (out of memory at the largest batch, say).
@@ -87,6 +89,7 @@ pub fn kv_blocks_after_warmup(
     devices: &Topology,
     config: &EngineConfig,
     utilization: f64,
+    state_bytes: usize,
 ) -> Result<Option<usize>> {
     if devices.free_memory().is_none() {
         return Ok(None);
@@ -96,7 +99,7 @@ pub fn kv_blocks_after_warmup(
     let layout = model.kv_layout();
     let bytes_per_block = layout.bytes_per_block(config.block_size);
     // The recurrent-state slots of a hybrid model come out of the same memory.
-    let reserve = DEFAULT_RESERVE + state_bytes(&layout, config, config.prefix_caching);
+    let reserve = DEFAULT_RESERVE + state_bytes;
     let blocks = blocks_for(free, utilization, reserve, bytes_per_block);
     tracing::info!(
         "KV budget: {:.1} GiB free after a warm-up step of {} tokens (the least of {} ranks); {utilization} of it \
@@ -115,7 +118,7 @@ fn warm_up(model: &dyn Model, devices: &Topology, config: &EngineConfig) -> Resu
     let extra = if per_seq < model.max_context() { config.max_batch_tokens % seqs } else { 0 };
     let lens: Vec<usize> = (0..seqs).map(|i| per_seq + usize::from(i < extra)).collect();
     let blocks: usize = lens.iter().map(|l| l.div_ceil(config.block_size)).sum();
-    let mut kv = devices.kv_cache(model.kv_layout(), config, blocks, false)?;
+    let mut kv = devices.kv_cache(model.kv_layout(), config, blocks, false, 0)?;
     let tokens = vec![0u32; per_seq + 1];
     let mut held = Vec::with_capacity(seqs);
     let mut batch = ForwardBatch::new();
@@ -173,7 +176,7 @@ mod tests {
         let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
         let devices = Topology::single(backend);
         let config = EngineConfig { max_num_seqs: 3, max_batch_tokens: 100, ..EngineConfig::default() };
-        assert_eq!(kv_blocks_after_warmup(&*model, &devices, &config, 0.9).unwrap(), None);
+        assert_eq!(kv_blocks_after_warmup(&*model, &devices, &config, 0.9, 0).unwrap(), None);
         // The warm-up itself runs on any device: three sequences capped at the context of 64.
         warm_up(&*model, &devices, &config).unwrap();
 

@@ -59,7 +59,8 @@ impl Topology {
     }
 
     /// A KV cache of `blocks` blocks: `layout` (one rank's heads) on every rank's device,
-    /// one block manager, and for a hybrid model the recurrent-state slots `config` needs.
+    /// one block manager, and for a hybrid model the recurrent-state slots `config` needs,
+    /// with `rollback` more per sequence for speculative steps ([`state_sizing`]).
     ///
     /// # Errors
     /// When a device cannot hold its pools.
@@ -69,9 +70,10 @@ impl Topology {
         config: &EngineConfig,
         blocks: usize,
         prefix: bool,
+        rollback: usize,
     ) -> Result<PagedKvCache> {
         let ranks: Vec<&dyn GpuBackend> = self.backends.iter().map(|b| &**b).collect();
-        let states = state_sizing(&layout, config, prefix);
+        let states = state_sizing(&layout, config, prefix, rollback);
         Ok(PagedKvCache::with_states(&ranks, layout, config.block_size, blocks, prefix, states)?)
     }
 
@@ -117,21 +119,23 @@ pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Ar
     Ok((topology, collectives))
 }
 
-/// The recurrent-state slots of a hybrid model's cache: one per sequence a step can hold,
-/// and with prefix caching as many for snapshots, one every
+/// The recurrent-state slots of a hybrid model's cache: one per sequence a step can hold
+/// with `rollback` more each (the speculative tokens a step may verify), and with prefix
+/// caching as many as sequences for snapshots, one every
 /// [`EngineConfig::state_snapshot_interval`] blocks; `None` for a model without recurrent
 /// state.
-pub fn state_sizing(layout: &KvLayout, config: &EngineConfig, prefix: bool) -> Option<StateSizing> {
+pub fn state_sizing(layout: &KvLayout, config: &EngineConfig, prefix: bool, rollback: usize) -> Option<StateSizing> {
     layout.state?;
     let snapshots = if prefix && config.state_snapshot_interval > 0 { config.max_num_seqs } else { 0 };
-    Some(StateSizing { sequences: config.max_num_seqs, snapshots, interval: config.state_snapshot_interval })
+    let interval = config.state_snapshot_interval;
+    Some(StateSizing { sequences: config.max_num_seqs, snapshots, interval, rollback })
 }
 
-/// Bytes on one device of the state slots `layout` and `config` need (0 without recurrent
+/// Bytes on one device of the state slots [`state_sizing`] asks for (0 without recurrent
 /// state).
-pub fn state_bytes(layout: &KvLayout, config: &EngineConfig, prefix: bool) -> usize {
-    match (layout.state, state_sizing(layout, config, prefix)) {
-        (Some(s), Some(sizing)) => (sizing.sequences + sizing.snapshots) * s.bytes_per_slot(),
+pub fn state_bytes(layout: &KvLayout, config: &EngineConfig, prefix: bool, rollback: usize) -> usize {
+    match (layout.state, state_sizing(layout, config, prefix, rollback)) {
+        (Some(s), Some(sizing)) => sizing.slots() * s.bytes_per_slot(),
         _ => 0,
     }
 }
