@@ -270,3 +270,91 @@ fn gemma3_layer_pattern_and_rope_per_layer_in_both_layouts() {
         message(&format!(r#"{{"model_type": "gemma3_text", {BASE}, "use_bidirectional_attention": true}}"#));
     assert!(bidirectional.contains("`use_bidirectional_attention`"), "{bidirectional}");
 }
+
+/// The hybrid recipe shared by the Qwen3-Next family: three Gated DeltaNet layers then one
+/// gated attention layer, zero-centred norms, a quarter of each head rotated.
+fn assert_hybrid(c: &ModelConfig, layers: usize, (hk, hv): (usize, usize)) {
+    let la = c.linear_attention.as_ref().expect("hybrid");
+    assert_eq!(la.layers.len(), layers);
+    assert!((0..layers).all(|i| la.is_linear(i) == ((i + 1) % 4 != 0)), "{:?}", la.layers);
+    assert_eq!(
+        (la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim, la.conv_kernel),
+        (hk, hv, 128, 128, 4)
+    );
+    assert!(c.attn_output_gate && c.qk_norm);
+    assert_eq!(c.norm_weight, met_config::NormWeight::UnitOffset);
+    assert_eq!((c.head_dim, c.rotary_dim), (256, 64));
+    assert_eq!(c.rope.theta, 10_000_000.0);
+}
+
+#[test]
+fn qwen3_next_80b() {
+    let c = real("Qwen3-Next-80B-A3B-Thinking");
+    assert_eq!(c.model_type, "qwen3_next");
+    assert_hybrid(&c, 48, (16, 32));
+    assert_eq!(c.linear_attention.as_ref().unwrap().projections, met_config::GdnProjections::Grouped);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (512, 10, 512));
+    assert_eq!(moe.shared_expert_intermediate_size, Some(512));
+    assert!(moe.norm_topk_prob && moe.sparse_layers.iter().all(|&s| s));
+    assert_eq!(c.text_prefix, None);
+}
+
+#[test]
+fn qwen3_5_27b_serves_its_text_model() {
+    let c = real("Qwen3.5-27B");
+    assert_eq!(c.model_type, "qwen3_5");
+    assert_hybrid(&c, 64, (16, 48));
+    assert_eq!((c.hidden_size, c.intermediate_size, c.vocab_size), (5120, 17408, 248_320));
+    assert_eq!(c.linear_attention.as_ref().unwrap().projections, met_config::GdnProjections::Separate);
+    assert!(c.moe.is_none());
+    assert_eq!(c.text_prefix.as_deref(), Some("model.language_model."));
+    assert_eq!(c.eos_token_ids, [248_044]);
+}
+
+#[test]
+fn qwen3_5_and_3_6_moe() {
+    for (name, layers, hv, experts_size) in
+        [("Qwen3.5-35B-A3B", 40, 32, 512), ("Qwen3.6-35B-A3B", 40, 32, 512), ("Qwen3.5-122B-A10B", 48, 64, 1024)]
+    {
+        let c = real(name);
+        assert_eq!(c.model_type, "qwen3_5_moe", "{name}");
+        assert_hybrid(&c, layers, (16, hv));
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (256, 8, experts_size));
+        assert_eq!(moe.shared_expert_intermediate_size, Some(experts_size), "{name}");
+        assert!(moe.norm_topk_prob, "{name}: Qwen3.5-MoE always renormalises");
+        assert!(!c.tie_word_embeddings, "{name}");
+    }
+}
+
+#[test]
+fn hybrid_configs_that_met_cannot_serve_are_refused_naming_the_field() {
+    let hybrid = serde_json::json!({
+        "model_type": "qwen3_next", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "partial_rotary_factor": 0.25
+    });
+    assert!(parse(&hybrid.to_string()).is_ok());
+    let bad = serde_json::json!([
+        ["linear_num_value_heads", 3],
+        ["mamba_ssm_dtype", "bfloat16"],
+        ["partial_rotary_factor", 0.1],
+        ["layer_types", ["linear_attention", "full_attention"]],
+        ["layer_types", ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]],
+        ["linear_conv_kernel_dim", 1]
+    ]);
+    for pair in bad.as_array().unwrap() {
+        let (field, value) = (pair[0].as_str().unwrap(), &pair[1]);
+        let mut json = hybrid.clone();
+        json[field] = value.clone();
+        let msg = message(&json.to_string());
+        assert!(msg.contains(field), "{field} = {value}: {msg}");
+    }
+    let vl = r#"{"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "attn_output_gate": false}}"#;
+    assert!(message(vl).contains("attn_output_gate"), "{}", message(vl));
+    assert!(message(r#"{"model_type": "qwen3_5"}"#).contains("text_config"));
+}

@@ -55,7 +55,9 @@ impl Draft {
 }
 
 /// The engine, with a KV cache large enough for every request at once, within the device's
-/// budget ([`kv_blocks`], the rule `met serve` uses too; startup phase 6).
+/// budget ([`kv_blocks`], the rule `met serve` uses too; startup phase 6). A job never runs
+/// more sequences at once than it has, so no more are planned for (a hybrid model's state
+/// slots are per sequence).
 pub fn sized_engine(
     setup: &EngineSetup,
     model: Box<dyn Model>,
@@ -63,6 +65,10 @@ pub fn sized_engine(
     requests: &[Draft],
     metrics: Arc<Metrics>,
 ) -> Result<Engine> {
+    let sequences: usize = requests.iter().map(|r| r.n).sum();
+    let mut setup = setup.clone();
+    setup.engine.max_num_seqs = setup.engine.max_num_seqs.min(sequences.max(1));
+    let setup = &setup;
     let block_size = setup.engine.block_size;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(block_size) * r.n).sum();
