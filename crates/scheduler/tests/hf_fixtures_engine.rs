@@ -12,36 +12,18 @@ use std::sync::Arc;
 use met_cache::{KvCache, PagedKvCache};
 use met_config::{EngineConfig, SamplingParams};
 use met_kernels::{Collective, CpuBackend, GpuBackend, LocalCollective};
+use met_model_layers::LoadOptions;
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
-use met_model_layers::{LoadOptions, Model, load_model};
 use met_model_weights::SafetensorsStore;
 use met_scheduler::{Engine, EngineRequest, StopCriteria};
 use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
+mod hf_common;
+use hf_common::{Fixture, load};
+
 const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
-
-/// A fixture's model, its backend, its prompts and the transformers greedy continuations.
-struct Fixture {
-    model: Box<dyn Model>,
-    backend: Arc<dyn GpuBackend>,
-    prompts: Vec<Vec<u32>>,
-    greedy: Vec<Vec<u32>>,
-}
-
-fn load(name: &str) -> Fixture {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
-    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
-    let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
-    let store = SafetensorsStore::open(&dir).unwrap();
-    let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let prompts = serde_json::from_value(reference["prompts"].clone()).unwrap();
-    let greedy = serde_json::from_value(reference["greedy"].clone()).unwrap();
-    Fixture { model, backend, prompts, greedy }
-}
 
 fn through_engine(name: &str, config: EngineConfig, blocks: usize) -> (Vec<Vec<u32>>, u64) {
     let (out, metrics) = run_engine(name, config, blocks, None, &SamplingParams::greedy());

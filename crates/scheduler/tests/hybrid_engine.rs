@@ -5,39 +5,18 @@
 //! by `prefix_cache_hit_tokens`), and with speculative decoding, whose rejected tokens the
 //! state forgets by returning to a rollback copy.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use met_cache::{PagedKvCache, StateSizing};
 use met_config::{EngineConfig, SamplingParams};
-use met_kernels::{CpuBackend, GpuBackend};
-use met_model_layers::{LoadOptions, Model, load_model};
-use met_model_weights::SafetensorsStore;
 use met_scheduler::{Engine, EngineRequest, FinishReason, StopCriteria};
 use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
+mod hf_common;
+use hf_common::{Fixture, load};
+
 const HYBRIDS: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
-
-struct Fixture {
-    model: Box<dyn Model>,
-    backend: Arc<dyn GpuBackend>,
-    prompts: Vec<Vec<u32>>,
-    greedy: Vec<Vec<u32>>,
-}
-
-fn load(name: &str) -> Fixture {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
-    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
-    let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
-    let store = SafetensorsStore::open(&dir).unwrap();
-    let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let prompts = serde_json::from_value(reference["prompts"].clone()).unwrap();
-    let greedy = serde_json::from_value(reference["greedy"].clone()).unwrap();
-    Fixture { model, backend, prompts, greedy }
-}
 
 /// An engine over a cache of `blocks` blocks with a state slot per sequence the engine can
 /// run and, with prefix caching, as many snapshot slots, one every `interval` blocks.
