@@ -39,7 +39,8 @@ impl DraftModelProposer {
     ///
     /// # Errors
     /// [`SpeculativeError::Invalid`] naming `--draft-model` when the vocabularies differ
-    /// (the two must share a tokenizer) or the cache cannot be allocated.
+    /// (the two must share a tokenizer), the draft has recurrent layers, or the cache
+    /// cannot be allocated.
     pub fn new(
         model: Box<dyn Model>,
         backend: Arc<dyn GpuBackend>,
@@ -53,6 +54,11 @@ impl DraftModelProposer {
                 "the draft model has a vocabulary of {} tokens, the target {target_vocab}; they must share a tokenizer",
                 model.vocab_size()
             )));
+        }
+        if model.kv_layout().state.is_some() {
+            // The draft keeps sequences across proposals and cuts them back to what the
+            // target accepted, which a recurrent state cannot do without rollback copies.
+            return Err(bad("a draft model with recurrent (linear-attention) layers is not supported".into()));
         }
         let kv = PagedKvCache::new(&*backend, model.kv_layout(), block_size, blocks, false)
             .map_err(|e| bad(format!("the draft's KV cache: {e}")))?;
