@@ -5,9 +5,10 @@
 //! llama.cpp's converter renames every tensor (`gguf-py`'s `TensorNameMap`); this is the
 //! reverse of the names its architectures share, as transformers' `integrations/ggml.py`
 //! does it. An architecture whose names differ declares them in its [`GgufArch`]
-//! (`block_names`), which are looked up first. Names split into a base and a `.weight` / `.bias` suffix that carries over
-//! unchanged. Stacked MoE experts (`blk.N.ffn_*_exps.weight`, one 3-D tensor per layer
-//! and projection) map to the per-expert names hub checkpoints use.
+//! (`block_names`), which are looked up first: whole names (`ssm_a`, `ssm_dt.bias`), then
+//! names split into a base and a `.weight` / `.bias` suffix that carries over unchanged.
+//! Stacked MoE experts (`blk.N.ffn_*_exps.weight`, one 3-D tensor per layer and
+//! projection) map to the per-expert names hub checkpoints use.
 
 /// Whole-model tensors: GGUF base → HF base.
 const GLOBAL: [(&str, &str); 3] =
@@ -64,6 +65,11 @@ impl HfTarget {
 /// The HF name of GGUF tensor `name` (per-layer names of `arch` first), or `None` for a
 /// name outside the mapping.
 pub(crate) fn hf_target(name: &str, arch: &[(&str, &str)]) -> Option<HfTarget> {
+    if let Some((layer, part)) = block_part(name)
+        && let Some((_, hf)) = arch.iter().find(|(g, _)| *g == part)
+    {
+        return Some(HfTarget::Tensor(format!("model.layers.{layer}.{hf}")));
+    }
     let (base, suffix) = name.rsplit_once('.')?;
     if !matches!(suffix, "weight" | "bias") {
         return None;
@@ -71,14 +77,20 @@ pub(crate) fn hf_target(name: &str, arch: &[(&str, &str)]) -> Option<HfTarget> {
     if let Some((_, hf)) = GLOBAL.iter().find(|(g, _)| *g == base) {
         return Some(HfTarget::Tensor(format!("{hf}.{suffix}")));
     }
-    let (layer, part) = base.strip_prefix("blk.")?.split_once('.')?;
-    // Only canonical decimal layer numbers, so two GGUF names never map to one HF name.
-    let layer_num: usize = layer.parse().ok().filter(|n: &usize| n.to_string() == layer)?;
+    let (layer, part) = block_part(base)?;
     if let Some((_, hf)) = arch.iter().chain(BLOCK.iter()).find(|(g, _)| *g == part) {
-        return Some(HfTarget::Tensor(format!("model.layers.{layer_num}.{hf}.{suffix}")));
+        return Some(HfTarget::Tensor(format!("model.layers.{layer}.{hf}.{suffix}")));
     }
     let (_, hf) = EXPERTS.iter().find(|(g, _)| *g == part)?;
-    Some(HfTarget::Experts { layer: layer_num, part: hf, suffix: suffix.into() })
+    Some(HfTarget::Experts { layer, part: hf, suffix: suffix.into() })
+}
+
+/// The layer and the rest of a `blk.N.<part>` name.
+fn block_part(name: &str) -> Option<(usize, &str)> {
+    let (layer, part) = name.strip_prefix("blk.")?.split_once('.')?;
+    // Only canonical decimal layer numbers, so two GGUF names never map to one HF name.
+    let layer_num: usize = layer.parse().ok().filter(|n: &usize| n.to_string() == layer)?;
+    Some((layer_num, part))
 }
 
 #[cfg(test)]
@@ -114,6 +126,24 @@ mod tests {
             Some(HfTarget::Experts { layer: 2, part: "down_proj", suffix: "weight".into() })
         );
         assert_eq!(HfTarget::expert_name(2, 5, "down_proj", "weight"), "model.layers.2.mlp.experts.5.down_proj.weight");
+    }
+
+    #[test]
+    fn an_architecture_entry_may_map_a_whole_name() {
+        let arch = [
+            ("ssm_a", "linear_attn.A_log"),
+            ("ssm_dt.bias", "linear_attn.dt_bias"),
+            ("ssm_out", "linear_attn.out_proj"),
+        ];
+        let one = |name| match super::hf_target(name, &arch) {
+            Some(HfTarget::Tensor(n)) => Some(n),
+            _ => None,
+        };
+        assert_eq!(one("blk.3.ssm_a").as_deref(), Some("model.layers.3.linear_attn.A_log"));
+        assert_eq!(one("blk.3.ssm_dt.bias").as_deref(), Some("model.layers.3.linear_attn.dt_bias"));
+        assert_eq!(one("blk.3.ssm_out.weight").as_deref(), Some("model.layers.3.linear_attn.out_proj.weight"));
+        assert_eq!(one("blk.3.attn_q.weight").as_deref(), Some("model.layers.3.self_attn.q_proj.weight"));
+        assert_eq!(one("blk.03.ssm_a"), None);
     }
 
     #[test]
