@@ -27,7 +27,9 @@ use met_kernels::{DType, HostTensor};
 
 pub use dummy::DummyStore;
 pub use error::{PreflightReport, WeightError};
-pub use gguf::{GgmlType, GgufArch, GgufFile, GgufMeta, GgufStore, GgufTensorInfo, GgufValue, RawTensor, insert_opt};
+pub use gguf::{
+    GgmlType, GgufArch, GgufFile, GgufMeta, GgufStore, GgufTensorInfo, GgufValue, RawTensor, VHeadOrder, insert_opt,
+};
 pub use load::{Slice, load, load_concat, load_slices};
 pub use preflight::{is_ignored, preflight};
 pub use safetensors_store::SafetensorsStore;

@@ -29,6 +29,7 @@ const GGUF: GgufArch = GgufArch {
     optional_feed_forward: false,
     norm_shift: 1.0,
     block_names: GGUF_BLOCK_NAMES,
+    gated_delta: None,
     config: Some(gguf_config),
 };
 

@@ -21,6 +21,7 @@ const GGUF: GgufArch = GgufArch {
     optional_feed_forward: false,
     norm_shift: 0.0,
     block_names: &[],
+    gated_delta: None,
     config: Some(gguf_config),
 };
 

@@ -24,11 +24,12 @@ const GGUF: GgufArch = GgufArch {
     optional_feed_forward: true,
     norm_shift: 0.0,
     block_names: &[],
+    gated_delta: None,
     config: Some(gguf_config),
 };
 
 /// Routing settings; layers without stacked experts are dense (`mlp_only_layers`).
-fn gguf_config(m: &GgufMeta<'_>, c: &mut Map<String, Value>) -> Result<(), WeightError> {
+pub(super) fn gguf_config(m: &GgufMeta<'_>, c: &mut Map<String, Value>) -> Result<(), WeightError> {
     let file = m.file();
     let experts = m.req_u64("expert_count")?;
     let stacks = file.tensors().iter().filter(|t| t.name.ends_with("_exps.weight"));

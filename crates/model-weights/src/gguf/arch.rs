@@ -6,11 +6,12 @@
 //! `met-model-layers`' `models/<arch>.rs`, which hands the store a `GgufArch`: its
 //! `general.architecture` name, the Hugging Face names it maps to, tensor names that
 //! differ from the common table, the converter's transformations (Llama's Q/K row
-//! permutation, Gemma's `1 + w` norms) and a hook for its own metadata keys.
+//! permutation, Gemma's `1 + w` norms, the Gated DeltaNet tensors of the `gated_delta`
+//! module) and a hook for its own metadata keys.
 
 use serde_json::{Map, Value};
 
-use super::{GgufFile, GgufValue};
+use super::{GgufFile, GgufValue, VHeadOrder};
 use crate::WeightError;
 
 /// Reads `{arch}.*` metadata into `config.json` fields the common reader does not write.
@@ -35,8 +36,13 @@ pub struct GgufArch {
     /// again so the store serves the checkpoint's values.
     pub norm_shift: f32,
     /// Per-layer tensors `blk.N.<gguf>` → `model.layers.N.<hf>` that differ from or add to
-    /// the common table (looked up first).
+    /// the common table (looked up first). An entry maps the whole name after `blk.N.`
+    /// when it matches it (`ssm_a`, `ssm_dt.bias`), else the name less its `.weight` or
+    /// `.bias`, which carries over.
     pub block_names: &'static [(&'static str, &'static str)],
+    /// Whether the file holds Gated DeltaNet layers as llama.cpp's `qwen3next` family
+    /// writes them, and how their value heads are ordered (see the `gated_delta` module).
+    pub gated_delta: Option<VHeadOrder>,
     /// The architecture's own metadata keys.
     pub config: Option<ConfigHook>,
 }
