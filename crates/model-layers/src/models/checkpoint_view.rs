@@ -12,7 +12,9 @@
 //! selection that is one run stays borrowed from the memory map; others are copied once,
 //! at load.
 //!
-//! A store that already holds canonical names (dummy weights, GGUF) passes through.
+//! A store that already holds canonical names (dummy weights) passes through. A GGUF
+//! store serves a hybrid under the checkpoint's names, gated `q_proj` and Qwen3-Next's
+//! grouped `in_proj_ba` included, which the view maps as it maps a checkpoint's.
 //! Tensors outside the text model (`model.visual.*`) are not listed: met serves the text.
 
 use std::borrow::Cow;

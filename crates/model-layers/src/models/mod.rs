@@ -53,17 +53,18 @@ pub struct Architecture {
 
 /// Every architecture met implements.
 pub const ARCHITECTURES: &[Architecture] = &[
-    llama::ARCH,      // Llama 2 and 3, SmolLM, TinyLlama, ...
-    mistral::ARCH,    // Mistral: a window on every layer
-    qwen2::ARCH,      // Qwen2 and 2.5: q/k/v biases
-    qwen3::ARCH,      // Qwen3: q/k norm
-    qwen3_moe::ARCH,  // Qwen3-MoE: routed experts
-    gemma2::ARCH,     // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
-    gemma3::ARCH,     // Gemma 3 (text): Gemma 2 plus q/k norm, local and global rotary
-    qwen3_next::ARCH, // Qwen3-Next: Gated DeltaNet + gated attention, shared expert
-    qwen3_5::ARCH,    // Qwen3.5 / 3.6 (vision-language checkpoint, text model): dense
-    qwen3_5::TEXT,    // Qwen3.5 text-only checkpoint
-    qwen3_5::MOE,     // Qwen3.5 / 3.6 MoE (vision-language checkpoint, text model)
+    llama::ARCH,       // Llama 2 and 3, SmolLM, TinyLlama, ...
+    mistral::ARCH,     // Mistral: a window on every layer
+    qwen2::ARCH,       // Qwen2 and 2.5: q/k/v biases
+    qwen3::ARCH,       // Qwen3: q/k norm
+    qwen3_moe::ARCH,   // Qwen3-MoE: routed experts
+    gemma2::ARCH,      // Gemma 2: sandwich (1 + w) norms, GeGLU, soft-caps
+    gemma3::ARCH,      // Gemma 3 (text): Gemma 2 plus q/k norm, local and global rotary
+    qwen3_next::ARCH,  // Qwen3-Next: Gated DeltaNet + gated attention, shared expert
+    qwen3_5::ARCH,     // Qwen3.5 / 3.6 (vision-language checkpoint, text model): dense
+    qwen3_5::TEXT,     // Qwen3.5 text-only checkpoint
+    qwen3_5::MOE,      // Qwen3.5 / 3.6 MoE (vision-language checkpoint, text model)
+    qwen3_5::MOE_TEXT, // Qwen3.5 / 3.6 MoE text-only checkpoint
 ];
 
 /// Checkpoint tensors that may be present and are never read: rotary tables some

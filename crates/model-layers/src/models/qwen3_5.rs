@@ -15,16 +15,59 @@
 //! - `attn_output_gate` is stated in the config; transformers always gates, so a config
 //!   that says `false` is refused.
 //!
-//! A text-only checkpoint (`qwen3_5_text`, `Qwen3_5ForCausalLM`) keeps its tensors under
-//! `model.` and its fields at the top level.
+//! A text-only checkpoint (`qwen3_5_text`, `Qwen3_5ForCausalLM`; `qwen3_5_moe_text`,
+//! `Qwen3_5MoeForCausalLM`) keeps its tensors under `model.` and its fields at the top
+//! level. llama.cpp's `qwen35` and `qwen35moe` GGUFs hold the text model, so they load as
+//! text-only checkpoints; their value heads are stored tiled (see `met_model_weights`'
+//! `gguf/gated_delta.rs`), the rest as `qwen3next` writes it.
 
 use met_config::{ConfigError, GdnProjections, ModelConfig, RawConfig};
+use met_model_weights::{GgufArch, GgufMeta, VHeadOrder, WeightError};
+use serde_json::{Map, Value, json};
 
 use super::{Architecture, qwen3_moe, qwen3_next};
 
 pub(super) const ARCH: Architecture = Architecture { model_type: "qwen3_5", read_config: dense_vl, gguf: None };
-pub(super) const TEXT: Architecture = Architecture { model_type: "qwen3_5_text", read_config: dense_text, gguf: None };
+pub(super) const TEXT: Architecture =
+    Architecture { model_type: "qwen3_5_text", read_config: dense_text, gguf: Some(GGUF_DENSE) };
 pub(super) const MOE: Architecture = Architecture { model_type: "qwen3_5_moe", read_config: moe_vl, gguf: None };
+pub(super) const MOE_TEXT: Architecture =
+    Architecture { model_type: "qwen3_5_moe_text", read_config: moe_text, gguf: Some(GGUF_MOE) };
+
+/// llama.cpp's `qwen35`: the dense text model.
+const GGUF_DENSE: GgufArch = GgufArch {
+    name: "qwen35",
+    model_type: "qwen3_5_text",
+    class: "Qwen3_5ForCausalLM",
+    hidden_act: "silu",
+    permutes_qk: false,
+    optional_feed_forward: false,
+    norm_shift: 1.0,
+    block_names: qwen3_next::GGUF_HYBRID_NAMES,
+    gated_delta: Some(VHeadOrder::Tiled),
+    config: Some(gguf_dense),
+};
+
+/// llama.cpp's `qwen35moe`: the MoE text model, experts stacked per layer.
+const GGUF_MOE: GgufArch = GgufArch {
+    name: "qwen35moe",
+    model_type: "qwen3_5_moe_text",
+    class: "Qwen3_5MoeForCausalLM",
+    optional_feed_forward: true,
+    config: Some(gguf_moe),
+    ..GGUF_DENSE
+};
+
+fn gguf_dense(m: &GgufMeta<'_>, c: &mut Map<String, Value>) -> Result<(), WeightError> {
+    c.insert("attn_output_gate".into(), json!(true));
+    qwen3_next::gguf_hybrid(m, c)
+}
+
+fn gguf_moe(m: &GgufMeta<'_>, c: &mut Map<String, Value>) -> Result<(), WeightError> {
+    qwen3_moe::gguf_config(m, c)?;
+    qwen3_next::gguf_shared_expert(m, c)?;
+    gguf_dense(m, c)
+}
 
 fn dense_vl(f: &RawConfig<'_>) -> Result<ModelConfig, ConfigError> {
     vision_language(f, "qwen3_5", dense_text)
