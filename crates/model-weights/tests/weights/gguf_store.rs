@@ -34,7 +34,7 @@ fn converter_permute<T: Clone>(rows: &[T], heads: usize) -> Vec<T> {
 }
 
 /// An HF `[rows, cols]` matrix of small distinct integers (exact in Q8_0 with d = 1).
-fn int_matrix(rows: usize, cols: usize, seed: usize) -> Vec<Vec<i8>> {
+pub(crate) fn int_matrix(rows: usize, cols: usize, seed: usize) -> Vec<Vec<i8>> {
     (0..rows).map(|r| (0..cols).map(|c| (((r * 7 + c * 3 + seed) % 200) as i16 - 100) as i8).collect()).collect()
 }
 
@@ -47,7 +47,7 @@ fn ramp(n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// The common `{arch}.*` metadata of the synthetic models.
-fn metadata(arch: &str, layers: u32) -> Gguf {
+pub(crate) fn metadata(arch: &str, layers: u32) -> Gguf {
     let k = |s: &str| format!("{arch}.{s}");
     Gguf::new()
         .str("general.architecture", arch)
@@ -87,7 +87,7 @@ fn llama() -> (Gguf, Vec<Vec<i8>>, Vec<Vec<i8>>) {
     (gguf, q, k)
 }
 
-fn open(gguf: &Gguf) -> (tempfile::TempDir, std::path::PathBuf, Result<GgufStore, WeightError>) {
+pub(crate) fn open(gguf: &Gguf) -> (tempfile::TempDir, std::path::PathBuf, Result<GgufStore, WeightError>) {
     let (dir, path) = temp_file(&gguf.bytes());
     let store = open_gguf(&path);
     (dir, path, store)
@@ -404,7 +404,7 @@ fn unsupported_ggml_types_are_listed_but_unloadable() {
 }
 
 /// Asserts a metadata error about `key` of the file at `path` containing `needle`.
-fn assert_metadata_error(err: WeightError, path: &std::path::Path, key: &str, needle: &str) {
+pub(crate) fn assert_metadata_error(err: WeightError, path: &std::path::Path, key: &str, needle: &str) {
     let msg = err.to_string();
     assert!(matches!(&err, WeightError::Metadata { key: k, .. } if k == key), "{msg}");
     assert!(msg.contains(&path.display().to_string()) && msg.contains(needle), "{msg}");

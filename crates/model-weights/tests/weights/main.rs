@@ -12,6 +12,7 @@ mod corrupt;
 mod dummy;
 mod gguf_common;
 mod gguf_dequant;
+mod gguf_hybrid;
 mod gguf_models;
 mod gguf_reader;
 mod gguf_store;
