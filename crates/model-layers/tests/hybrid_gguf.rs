@@ -113,7 +113,7 @@ fn load(name: &str, gguf: bool) -> (Box<dyn Model>, Arc<dyn GpuBackend>) {
 
 fn cache(model: &dyn Model, backend: &dyn GpuBackend) -> PagedKvCache {
     let layout = model.kv_layout();
-    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0 });
+    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0, rollback: 0 });
     PagedKvCache::with_states(&[backend], layout, DEFAULT_BLOCK_SIZE, 64, false, states).unwrap()
 }
 
