@@ -14,6 +14,7 @@ mod delta;
 #[cfg(test)]
 mod op_tests;
 #[cfg(test)]
+#[path = "../../tests/ops/recurrent_reference.rs"]
 mod reference;
 #[cfg(test)]
 mod tests;

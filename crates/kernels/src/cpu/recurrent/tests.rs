@@ -96,7 +96,8 @@ impl Seqs {
     /// Checks `f` against the f64 reference on the same step.
     pub(super) fn reference<T>(&self, f: impl FnOnce(&Step<'_>) -> T) -> T {
         let cu = self.cu();
-        f(&Step { cu: &cu, slots: &self.slots, snapshots: &self.snapshots })
+        let snapshots: Vec<(u32, u32)> = self.snapshots.iter().map(|s| (s.row, s.slot)).collect();
+        f(&Step { cu: &cu, slots: &self.slots, snapshots: &snapshots })
     }
 }
 

@@ -1,14 +1,17 @@
 //! f64 references of the recurrent ops, written as their plain definitions (transformers'
 //! `torch_recurrent_gated_delta_rule` row by row with the decay applied first, the
 //! convolution over each sequence's padded inputs), from the f32 inputs the backend sees.
+//!
+//! Shared by the op conformance suite (`tests/ops/recurrent.rs`, every backend) and the CPU
+//! backend's unit tests (`src/cpu/recurrent.rs` includes this file by path), so it names
+//! nothing of either crate: snapshots are plain `(row, slot)` pairs.
 
-use crate::backend::StateSnapshot;
-
-/// The sequences of a step as host data: `cu_seqlens`, `slots`, snapshots.
+/// The sequences of a step as host data: `cu_seqlens`, `slots`, and the snapshots as
+/// `(flat row, slot)` pairs.
 pub(super) struct Step<'a> {
     pub(super) cu: &'a [u32],
     pub(super) slots: &'a [u32],
-    pub(super) snapshots: &'a [StateSnapshot],
+    pub(super) snapshots: &'a [(u32, u32)],
 }
 
 impl Step<'_> {
@@ -19,7 +22,7 @@ impl Step<'_> {
 
     /// The slots that take a snapshot after flat row `row`.
     fn snapshots_after(&self, row: usize) -> Vec<usize> {
-        self.snapshots.iter().filter(|p| p.row as usize == row).map(|p| p.slot as usize).collect()
+        self.snapshots.iter().filter(|&&(r, _)| r as usize == row).map(|&(_, slot)| slot as usize).collect()
     }
 }
 
