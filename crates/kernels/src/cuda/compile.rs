@@ -19,7 +19,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use crate::error::{Error, Result};
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("dense.cu", include_str!("../../cuda/dense.cu")),
     ("gemv.cu", include_str!("../../cuda/gemv.cu")),
@@ -29,6 +29,7 @@ const SOURCES: [(&str, &str); 9] = [
     ("flash_decode.cu", include_str!("../../cuda/flash_decode.cu")),
     ("moe.cu", include_str!("../../cuda/moe.cu")),
     ("sample.cu", include_str!("../../cuda/sample.cu")),
+    ("recurrent.cu", include_str!("../../cuda/recurrent.cu")),
 ];
 
 /// Options every compile uses, besides the architecture.

@@ -23,6 +23,7 @@ mod launch;
 mod moe;
 pub(crate) mod nccl;
 mod ops;
+mod recurrent;
 mod sample;
 mod storage;
 
@@ -42,7 +43,8 @@ use self::gemm::Blas;
 use self::launch::{KERNELS, elementwise, launch, per_row};
 use self::storage::{HOST_COPY_MAX, expect_dtype, ptr, storage};
 use crate::backend::{
-    AttentionMeta, AttentionParams, GpuBackend, Graph, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, Graph, MemoryInfo, QkvPrologue, RecurrentBatch, Routing,
+    SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
 use crate::{DType, DeviceKind, HostTensor, Tensor};
@@ -133,6 +135,7 @@ impl CudaBackend {
         let kernels = KERNELS
             .iter()
             .chain(&gemv::KERNELS)
+            .chain(&recurrent::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels, dev.capability)?;
@@ -439,5 +442,41 @@ impl GpuBackend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<Tensor> {
         attention::flash_attention(self, q, k_cache, v_cache, meta, params)
+    }
+
+    fn supports_recurrent(&self) -> bool {
+        true
+    }
+
+    fn zero_state_slots(&self, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
+        recurrent::zero_state_slots(self, pools, slots)
+    }
+
+    fn copy_state_slots(&self, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+        recurrent::copy_state_slots(self, pools, pairs)
+    }
+
+    fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &Tensor, batch: &RecurrentBatch<'_>) -> Result<Tensor> {
+        recurrent::causal_conv1d(self, x, weight, state, batch)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        rule: &DeltaRule<'_>,
+        state: &Tensor,
+        batch: &RecurrentBatch<'_>,
+    ) -> Result<Tensor> {
+        recurrent::gated_delta_rule(self, (qkv, a, b), rule, state, batch)
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        recurrent::rms_norm_gated(self, x, z, weight, eps)
+    }
+
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        recurrent::sigmoid_mul(self, x, gate)
     }
 }

@@ -1,0 +1,237 @@
+//! The recurrent (Gated DeltaNet) ops on the GPU: the kernels of `cuda/recurrent.cu` behind
+//! the CPU backend's checks.
+//!
+//! Pools: the convolution's window `[slots, c, w - 1]` is bf16 (the float dtype: its
+//! entries are copies of bf16 inputs), the delta rule's matrices `[slots, h_v, d_k, d_v]`
+//! f32. `cu_seqlens` and `slots` are read by the kernels on the device and checked on the
+//! host beforehand from their host copies (`check::recurrent_runs`), as attention's
+//! metadata is; the grid depends only on shapes, so a step without snapshots issues
+//! nothing but kernels and can be captured in a graph. Snapshots are a host slice, uploaded
+//! per call into a small `u32 [n, 2]` table, so they are for eager steps: an op with
+//! snapshots refuses to be recorded in a graph, which would replay its recording's table.
+//!
+//! The delta rule is the fused recurrent form, one row after another per head, for decode
+//! and prefill alike; the chunked (WY) tensor-core form that long prompts want is future
+//! work.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
+use crate::backend::{DeltaRule, RecurrentBatch, StateSnapshot};
+use crate::error::{Error, Result};
+use crate::{DType, Tensor};
+
+/// The kernels of `recurrent.cu`, looked up at startup.
+pub(super) const KERNELS: [&str; 9] = [
+    "causal_conv1d_bf16",
+    "conv_states_bf16",
+    "gated_delta_rule_bf16_r1",
+    "gated_delta_rule_bf16_r2",
+    "gated_delta_rule_bf16_r4",
+    "gated_delta_rule_bf16_r8",
+    "rms_norm_gated_bf16",
+    "rms_norm_gated_bf16_wf32",
+    "sigmoid_mul_bf16",
+];
+
+/// `DELTA_WARPS` and `DELTA_COLS` of `recurrent.cu`: warps per block, value columns per warp.
+const DELTA_WARPS: usize = 4;
+const DELTA_COLS: usize = 8;
+
+/// `DeltaDims` of `recurrent.cu`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DeltaDims {
+    hk: u32,
+    hv: u32,
+    dk: u32,
+    dv: u32,
+    n_snap: u32,
+}
+
+// SAFETY: `repr(C)` plain data with the field order and types of the CUDA struct of the
+// same name (five u32: no padding).
+unsafe impl DeviceRepr for DeltaDims {}
+
+const BF16: &[DType] = &[DType::BF16];
+
+pub(super) fn zero_state_slots(b: &CudaBackend, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
+    const OP: &str = "zero_state_slots";
+    crate::check::state_slots(OP, pools, slots.iter().copied())?;
+    for pool in pools {
+        let (buf, per_slot) = (&storage(OP, pool)?.buf, slot_bytes(OP, pool)?);
+        for &s in slots {
+            b.dev.zero_at(buf, s as usize * per_slot, per_slot)?;
+        }
+    }
+    Ok(())
+}
+
+/// One device copy per pair and pool, in the order given (so a chain of pairs reads what
+/// the earlier pairs wrote, as on the CPU).
+pub(super) fn copy_state_slots(b: &CudaBackend, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+    const OP: &str = "copy_state_slots";
+    crate::check::state_slots(OP, pools, pairs.iter().flat_map(|&(a, b)| [a, b]))?;
+    for pool in pools {
+        let (buf, per_slot) = (&storage(OP, pool)?.buf, slot_bytes(OP, pool)?);
+        for &(from, to) in pairs {
+            b.dev.copy_within(buf, from as usize * per_slot, to as usize * per_slot, per_slot)?;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of one slot of a float `[slots, ..]` pool.
+fn slot_bytes(op: &'static str, pool: &Tensor) -> Result<usize> {
+    expect_dtype(op, pool, &[DType::F32, DType::BF16])?;
+    Ok(pool.dims()[1..].iter().product::<usize>() * pool.dtype().size_in_bytes())
+}
+
+/// Checks the step's sequences against `t` rows and a pool of `capacity` slots, on the
+/// host copies of `cu_seqlens` and `slots`.
+fn check_runs(b: &CudaBackend, op: &'static str, batch: &RecurrentBatch<'_>, t: usize, capacity: usize) -> Result<()> {
+    let (cu, slots) = (b.host_u32(op, batch.cu_seqlens)?, b.host_u32(op, batch.slots)?);
+    crate::check::recurrent_runs(op, (&cu, &slots), batch.snapshots, t, capacity).map(drop)
+}
+
+/// The snapshots as the kernels read them, `u32 [n, 2]` of (row, slot), and its address
+/// (0 when there are none, so a step without snapshots uploads nothing).
+///
+/// # Errors
+/// Snapshots while a graph is recorded: the graph would replay the table of the recording.
+fn snapshot_table(b: &CudaBackend, op: &'static str, snapshots: &[StateSnapshot]) -> Result<(Option<Tensor>, u64)> {
+    if snapshots.is_empty() {
+        return Ok((None, 0));
+    }
+    if b.dev.recording_here() {
+        return Err(Error::InvalidArgument(format!("{op}: a step with state snapshots cannot be recorded in a graph")));
+    }
+    let pairs: Vec<u32> = snapshots.iter().flat_map(|s| [s.row, s.slot]).collect();
+    let table = b.upload_u32(&pairs, &[snapshots.len(), 2])?;
+    let at = ptr("snapshots", &table)?;
+    Ok((Some(table), at))
+}
+
+/// A grid-wide launch count as the kernels take it.
+fn as_u32(op: &'static str, what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{op}: {n} {what} exceed the kernel's u32 indices")))
+}
+
+pub(super) fn causal_conv1d(
+    b: &CudaBackend,
+    x: &Tensor,
+    weight: &Tensor,
+    state: &Tensor,
+    batch: &RecurrentBatch<'_>,
+) -> Result<Tensor> {
+    const OP: &str = "causal_conv1d";
+    let crate::check::Conv { t, c, w, capacity } = crate::check::causal_conv1d(x, weight, state, batch)?;
+    for operand in [x, weight, state] {
+        expect_dtype(OP, operand, BF16)?;
+    }
+    check_runs(b, OP, batch, t, capacity)?;
+    let out = b.alloc(&[t, c], DType::BF16)?;
+    if t == 0 || c == 0 {
+        return Ok(out);
+    }
+    let seqs = as_u32(OP, "sequences", batch.slots.elem_count())?;
+    let (c32, w32) = (as_u32(OP, "channels", c)?, as_u32(OP, "taps", w)?);
+    as_u32(OP, "rows", t)?;
+    let (xp, sp, cu, slots) = (ptr(OP, x)?, ptr(OP, state)?, ptr(OP, batch.cu_seqlens)?, ptr(OP, batch.slots)?);
+    let (wp, op_) = (ptr(OP, weight)?, ptr(OP, &out)?);
+    let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
+    launch!(b, "causal_conv1d_bf16", elementwise(t * c), [xp, wp, sp, cu, slots, op_, seqs, c32, w32, (t * c) as u64])?;
+    if w > 1 {
+        // After the outputs, which read the old windows (stream order, and each kernel
+        // waits for the one before it).
+        let n_snap = as_u32(OP, "snapshots", batch.snapshots.len())?;
+        let cfg = elementwise(seqs as usize * c);
+        launch!(b, "conv_states_bf16", cfg, [xp, sp, cu, slots, snaps, n_snap, seqs, c32, w32])?;
+    }
+    Ok(out)
+}
+
+/// The delta-rule kernel for key heads of `dk`: `_r{R}` holds `R` rows per lane.
+fn delta_kernel(dk: usize) -> Result<&'static str> {
+    Ok(match dk {
+        0..=32 => "gated_delta_rule_bf16_r1",
+        33..=64 => "gated_delta_rule_bf16_r2",
+        65..=128 => "gated_delta_rule_bf16_r4",
+        129..=256 => "gated_delta_rule_bf16_r8",
+        _ => return Err(Error::InvalidArgument(format!("gated_delta_rule: key heads of {dk} (the kernels take 256)"))),
+    })
+}
+
+pub(super) fn gated_delta_rule(
+    b: &CudaBackend,
+    (qkv, a, gb): (&Tensor, &Tensor, &Tensor),
+    rule: &DeltaRule<'_>,
+    state: &Tensor,
+    batch: &RecurrentBatch<'_>,
+) -> Result<Tensor> {
+    const OP: &str = "gated_delta_rule";
+    let (t, capacity) = crate::check::gated_delta_rule((qkv, a, gb), rule, state, batch)?;
+    for operand in [qkv, a, gb] {
+        expect_dtype(OP, operand, BF16)?;
+    }
+    for operand in [rule.a_log, rule.dt_bias, state] {
+        expect_dtype(OP, operand, &[DType::F32])?;
+    }
+    let (hk, hv, dk, dv) = (rule.num_key_heads, rule.num_value_heads, rule.key_dim, rule.value_dim);
+    let kernel = delta_kernel(dk)?;
+    check_runs(b, OP, batch, t, capacity)?;
+    let out = b.alloc(&[t, hv, dv], DType::BF16)?;
+    if t == 0 {
+        return Ok(out);
+    }
+    let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
+    let dims = DeltaDims {
+        hk: as_u32(OP, "key heads", hk)?,
+        hv: as_u32(OP, "value heads", hv)?,
+        dk: dk as u32,
+        dv: as_u32(OP, "value columns", dv)?,
+        n_snap: as_u32(OP, "snapshots", batch.snapshots.len())?,
+    };
+    let seqs = as_u32(OP, "sequences", batch.slots.elem_count())?;
+    let cfg = LaunchConfig {
+        grid_dim: (as_u32(OP, "column tiles", dv.div_ceil(DELTA_WARPS * DELTA_COLS))?, dims.hv, seqs),
+        block_dim: ((DELTA_WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let operands = [ptr(OP, qkv)?, ptr(OP, a)?, ptr(OP, gb)?, ptr(OP, rule.a_log)?, ptr(OP, rule.dt_bias)?];
+    let (sp, cu, slots, op_) = (ptr(OP, state)?, ptr(OP, batch.cu_seqlens)?, ptr(OP, batch.slots)?, ptr(OP, &out)?);
+    let [q, ap, bp, alog, dtb] = operands;
+    launch!(b, kernel, cfg, [q, ap, bp, alog, dtb, sp, cu, slots, snaps, op_, dims])?;
+    Ok(out)
+}
+
+pub(super) fn rms_norm_gated(b: &CudaBackend, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    const OP: &str = "rms_norm_gated";
+    let d = crate::check::rms_norm_gated(x, z, weight)?;
+    expect_dtype(OP, x, BF16)?;
+    expect_dtype(OP, z, BF16)?;
+    expect_dtype(OP, weight, &[DType::BF16, DType::F32])?;
+    let out = b.alloc(x.dims(), DType::BF16)?;
+    let rows = x.elem_count() / d;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let kernel = if weight.dtype() == DType::F32 { "rms_norm_gated_bf16_wf32" } else { "rms_norm_gated_bf16" };
+    let (cfg, n) = (per_row(as_u32(OP, "rows", rows)? as usize, d, 1024), as_u32(OP, "columns", d)?);
+    launch!(b, kernel, cfg, [ptr(OP, x)?, ptr(OP, z)?, ptr(OP, weight)?, ptr(OP, &out)?, n, eps])?;
+    Ok(out)
+}
+
+pub(super) fn sigmoid_mul(b: &CudaBackend, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    const OP: &str = "sigmoid_mul";
+    let span = crate::check::sigmoid_mul(x, gate)?;
+    expect_dtype(OP, x, BF16)?;
+    expect_dtype(OP, gate, BF16)?;
+    let out = b.alloc(x.dims(), DType::BF16)?;
+    let n = x.elem_count();
+    if n > 0 {
+        let args = (ptr(OP, x)?, ptr(OP, gate)?, ptr(OP, &out)?, span as u64, n as u64);
+        launch!(b, "sigmoid_mul_bf16", elementwise(n), [args.0, args.1, args.2, args.3, args.4])?;
+    }
+    Ok(out)
+}
