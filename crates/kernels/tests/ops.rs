@@ -22,10 +22,16 @@ mod ops {
     pub mod moe;
     pub mod props;
     pub mod quant;
+    pub mod recurrent;
+    pub mod recurrent_delta;
+    pub mod recurrent_reference;
     pub mod sampling;
 }
 
-use ops::{attention, dense, draws, harness, later, masks, moe, props, quant, sampling};
+use ops::{
+    attention, dense, draws, harness, later, masks, moe, props, quant, recurrent, recurrent_delta, recurrent_reference,
+    sampling,
+};
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
 /// built by `$make`. A check that exposes a known bug of a backend can carry
@@ -92,6 +98,17 @@ macro_rules! backend_tests {
                 masks::mask_logits_matches_reference,
                 masks::mask_logits_rejects_bad_operands,
                 later::sample_later_equals_sample,
+                recurrent::conv_matches_reference,
+                recurrent::conv_carries_state_across_steps,
+                recurrent::rms_norm_gated_matches_reference,
+                recurrent::sigmoid_mul_matches_reference,
+                recurrent::state_slots_are_zeroed_and_copied,
+                recurrent::conv_rejects_bad_operands,
+                recurrent_delta::delta_rule_matches_reference,
+                recurrent_delta::delta_rule_matches_reference_at_extreme_gates,
+                recurrent_delta::delta_rule_carries_state_across_steps,
+                recurrent_delta::delta_rule_decode_steps,
+                recurrent_delta::delta_rule_rejects_bad_operands,
             );
         }
     };
