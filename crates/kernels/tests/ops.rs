@@ -166,6 +166,12 @@ mod cuda_only {
     }
 
     #[test]
+    fn recurrent_decode_replays_in_a_graph() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::recurrent::recurrent_decode_replays_in_a_graph(&backend)
+    }
+
+    #[test]
     fn bf16_logits_sample_as_their_f32_values() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::masks::bf16_logits_sample_as_their_f32_values(&backend)

@@ -13,7 +13,7 @@
 //!   value, its product with the weight, the result): twice the harness tolerance.
 //! - `sigmoid_mul` on bf16 rounds the sigmoid and the product: the harness tolerance.
 
-use met_kernels::{DType, GpuBackend, HostTensor, RecurrentBatch, Result, StateSnapshot, Tensor};
+use met_kernels::{DType, DeltaRule, GpuBackend, HostTensor, RecurrentBatch, Result, StateSnapshot, Tensor};
 
 use crate::harness::{Rng, Tol, compare, expect_err, stored, tolerance, upload_f32, upload_u32};
 use crate::recurrent_reference::{self as reference, Step};
@@ -307,4 +307,83 @@ pub fn conv_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     expect_err(b.sigmoid_mul(&x, &z), "sigmoid_mul gate shape");
     assert_eq!(b.download_f32(&pool)?, conv.state, "a refused step wrote the pool on {}", b.name());
     run(&x, &weight, &good).map(drop)
+}
+
+/// A decode step of the convolution and the delta rule (four sequences of one row, no
+/// snapshots) recorded as a graph and replayed twice, with new inputs written in between,
+/// gives bit for bit the outputs and states of the same steps run eagerly; a step with
+/// snapshots refuses to be recorded. Only for backends with graphs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn recurrent_decode_replays_in_a_graph(b: &dyn GpuBackend) -> Result<()> {
+    if !b.supports_graphs() {
+        return Ok(());
+    }
+    let (hk, hv, dk, dv, c, w) = (2, 4, 128, 128, 96, 4);
+    let mut rng = Rng::new(31);
+    let seqs = Seqs::new(&[1; 4], &[3, 0, 2, 1]);
+    let f32s = |v: &[f32], dims: &[usize]| b.upload(&HostTensor::from_f32(v, dims), DType::F32);
+    let weight = upload_f32(b, &draw(b, &mut rng, c * w, 1.0), &[c, w])?;
+    let (a_log, dt_bias) = (f32s(&[-1.0, -0.5, -2.0, 0.1], &[hv])?, f32s(&rng.vec(hv), &[hv])?);
+    let rule = DeltaRule {
+        num_key_heads: hk,
+        num_value_heads: hv,
+        key_dim: dk,
+        value_dim: dv,
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+    };
+    let width = 2 * hk * dk + hv * dv;
+    let conv_init = draw(b, &mut rng, 4 * c * (w - 1), 2.0);
+    let delta_init = rng.vec(4 * hv * dk * dv);
+    let pools = || -> Result<(Tensor, Tensor)> {
+        Ok((upload_f32(b, &conv_init, &[4, c, w - 1])?, f32s(&delta_init, &[4, hv, dk, dv])?))
+    };
+    let steps: Vec<[Tensor; 4]> = (0..2)
+        .map(|_| {
+            Ok([
+                upload_f32(b, &draw(b, &mut rng, 4 * c, 2.0), &[4, c])?,
+                upload_f32(b, &draw(b, &mut rng, 4 * width, 1.0), &[4, width])?,
+                upload_f32(b, &draw(b, &mut rng, 4 * hv, 3.0), &[4, hv])?,
+                upload_f32(b, &draw(b, &mut rng, 4 * hv, 3.0), &[4, hv])?,
+            ])
+        })
+        .collect::<Result<_>>()?;
+    let run = |[x, qkv, a, gb]: &[Tensor; 4], (conv, delta): &(Tensor, Tensor), batch: &RecurrentBatch<'_>| {
+        Ok::<_, met_kernels::Error>((
+            b.causal_conv1d(x, &weight, conv, batch)?,
+            b.gated_delta_rule(qkv, a, gb, &rule, delta, batch)?,
+        ))
+    };
+    let eager_pools = pools()?;
+    let eager: Vec<(Vec<f32>, Vec<f32>)> = steps
+        .iter()
+        .map(|step| {
+            let (y, o) = seqs.with_batch(b, |batch| run(step, &eager_pools, batch))?;
+            Ok((b.download_f32(&y)?, b.download_f32(&o)?))
+        })
+        .collect::<Result<_>>()?;
+    let graph_pools = pools()?;
+    let inputs: [Tensor; 4] = std::array::from_fn(|i| b.zeros(steps[0][i].dims(), steps[0][i].dtype()).expect("zeros"));
+    let (y_out, o_out) = (b.zeros(&[4, c], b.float_dtype())?, b.zeros(&[4, hv, dv], b.float_dtype())?);
+    let graph = seqs.with_batch(b, |batch| {
+        b.capture(&mut || {
+            let (y, o) = run(&inputs, &graph_pools, batch)?;
+            b.copy_into(&y, &y_out)?;
+            b.copy_into(&o, &o_out)
+        })
+    })?;
+    for (step, (want_y, want_o)) in steps.iter().zip(&eager) {
+        for (src, dst) in step.iter().zip(&inputs) {
+            b.copy_into(src, dst)?;
+        }
+        graph.replay()?;
+        assert_eq!(&b.download_f32(&y_out)?, want_y, "replayed convolution on {}", b.name());
+        assert_eq!(&b.download_f32(&o_out)?, want_o, "replayed delta rule on {}", b.name());
+    }
+    assert_eq!(b.download_f32(&graph_pools.0)?, b.download_f32(&eager_pools.0)?, "replayed windows");
+    assert_eq!(b.download_f32(&graph_pools.1)?, b.download_f32(&eager_pools.1)?, "replayed states");
+    let snapped = seqs.clone().snap(&[(0, 2)]);
+    let refused = snapped.with_batch(b, |batch| b.capture(&mut || run(&inputs, &graph_pools, batch).map(drop)));
+    expect_err(refused.map(drop), "recording a step with snapshots");
+    Ok(())
 }
