@@ -6,7 +6,9 @@
 //! Device memory comes from the driver's stream-ordered pool ([`device`]); every op runs on
 //! one compute stream, so ops are ordered without events and the host waits only when it
 //! downloads. Kernels are CUDA C (`crates/kernels/cuda/`) compiled at startup by NVRTC
-//! and cached on disk ([`compile`]); GEMMs go through cuBLAS ([`gemm`]).
+//! and cached on disk ([`compile`]); GEMMs go through cuBLAS ([`gemm`]). The Gated DeltaNet
+//! ops ([`recurrent`]) keep the convolution windows in bf16 and the delta-rule states in
+//! f32 pools, updated in place by one block per (sequence, value head) walking its rows.
 //!
 //! Index tensors uploaded from the host keep a host copy (`CudaStorage::host_u32`), so ops
 //! validate ids, slots and attention metadata without reading the device; an index tensor
