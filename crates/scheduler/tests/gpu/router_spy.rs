@@ -8,8 +8,8 @@
 //! reference. Every other op is the CPU backend's.
 
 use met_kernels::{
-    AttentionMeta, AttentionParams, CpuBackend, DType, DeviceKind, GpuBackend, HostTensor, MemoryInfo, Result, Routing,
-    SampleRow, Sampled, Tensor,
+    AttentionMeta, AttentionParams, CpuBackend, DType, DeltaRule, DeviceKind, GpuBackend, HostTensor, MemoryInfo,
+    RecurrentBatch, Result, Routing, SampleRow, Sampled, Tensor,
 };
 use parking_lot::Mutex;
 
@@ -119,6 +119,35 @@ impl GpuBackend for RouterSpy {
     }
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {
         self.cpu.sample(logits, rows)
+    }
+    fn supports_recurrent(&self) -> bool {
+        self.cpu.supports_recurrent()
+    }
+    fn zero_state_slots(&self, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
+        self.cpu.zero_state_slots(pools, slots)
+    }
+    fn copy_state_slots(&self, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+        self.cpu.copy_state_slots(pools, pairs)
+    }
+    fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &Tensor, batch: &RecurrentBatch<'_>) -> Result<Tensor> {
+        self.cpu.causal_conv1d(x, weight, state, batch)
+    }
+    fn gated_delta_rule(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        rule: &DeltaRule<'_>,
+        state: &Tensor,
+        batch: &RecurrentBatch<'_>,
+    ) -> Result<Tensor> {
+        self.cpu.gated_delta_rule(qkv, a, b, rule, state, batch)
+    }
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        self.cpu.rms_norm_gated(x, z, weight, eps)
+    }
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        self.cpu.sigmoid_mul(x, gate)
     }
     fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
         self.cpu.write_kv(k, v, k_cache, v_cache, slots)
