@@ -19,7 +19,9 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     shutil.copytree(src, out, dirs_exist_ok=True)
     with open(f"{src}/config.json") as f:
-        vocab_size = json.load(f)["vocab_size"]
+        config = json.load(f)
+    # A vision-language config (Qwen3.5) keeps its text model's fields in `text_config`.
+    vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
