@@ -174,7 +174,7 @@ pub fn load_model(
         Some(v) => v,
         None => store,
     };
-    check_store(cfg, store)?;
+    check_canonical(cfg, store)?;
     let attention = attention_backend(options.attention_backend, Arc::clone(&backend));
     let model = DecoderModel::load(cfg, store, backend, attention)?;
     Ok(Box::new(model))
@@ -186,11 +186,14 @@ pub fn load_model(
 /// # Errors
 /// [`ModelError::Weights`] with the preflight report.
 pub(crate) fn check_store(cfg: &ModelConfig, store: &dyn WeightStore) -> Result<()> {
-    let view = checkpoint_view::canonical(cfg, store);
-    let store: &dyn WeightStore = match &view {
-        Some(v) => v,
-        None => store,
-    };
+    match checkpoint_view::canonical(cfg, store) {
+        Some(view) => check_canonical(cfg, &view),
+        None => check_canonical(cfg, store),
+    }
+}
+
+/// [`check_store`] of a store already under the canonical names.
+fn check_canonical(cfg: &ModelConfig, store: &dyn WeightStore) -> Result<()> {
     let mut ignored = ALWAYS_IGNORED.to_vec();
     if cfg.tie_word_embeddings {
         // Some tied checkpoints still store the head; it equals the embedding.
