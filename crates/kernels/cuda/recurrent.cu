@@ -7,7 +7,10 @@
 // `snaps[2n]` the state of that row's sequence is copied to slot `snaps[2n + 1]`). The host
 // has checked them (`check::recurrent_runs`): every slot a step writes is distinct and
 // inside its pool, and no sequence reads a slot another writes, so the threads of
-// different sequences never meet in a pool.
+// different sequences never meet in a pool. A sequence whose slot is NO_SLOT (a captured
+// decode step's padding row) starts from a zero state and writes no state.
+
+#define NO_SLOT 0xffffffffu
 //
 // Storage: inputs and outputs bf16; the convolution's state bf16 (copies of its bf16
 // inputs, so exact); the delta rule's state f32. Arithmetic is f32, as transformers and
@@ -26,9 +29,11 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 
 // Input `q` of a sequence's padded inputs at channel `ch`: `hist` is its slot's row of
 // that channel, `rows` its first row of `x [t, c]`.
+// `hist` is null for a sequence without a slot: its window is zeros.
 __device__ __forceinline__ bf16_t padded_input(const bf16_t* hist, const bf16_t* rows, u32 q, u32 kept, u32 c,
                                                u32 ch) {
-    return q < kept ? hist[q] : rows[(u64)(q - kept) * c + ch];
+    if (q < kept) return hist ? hist[q] : f2bf(0.0f);
+    return rows[(u64)(q - kept) * c + ch];
 }
 
 // One thread per (row, channel) of `out [t, c]`. `seq_of_row` (attention.cu) finds the
@@ -41,7 +46,13 @@ extern "C" __global__ void causal_conv1d_bf16(const bf16_t* x, const bf16_t* w, 
         const u32 row = (u32)(i / c), ch = (u32)(i % c);
         const u32 s = seq_of_row(cu, seqs, row);
         const u32 start = cu[s];
-        const bf16_t* hist = state + ((u64)slots[s] * c + ch) * kept;
+        const bf16_t* hist = slots[s] == NO_SLOT ? nullptr : state + ((u64)slots[s] * c + ch) * kept;
+#ifdef MET_FAULT_DROP_CONV_STATE
+        // A deliberate bug (MET_TEST_FAULT=drop-conv-state), so the precision gate can show it
+        // sees one: every step starts the convolution from zeros, as if the window kept
+        // across a chunk boundary (or from the last decode step) were lost.
+        hist = nullptr;
+#endif
         const bf16_t* rows = x + (u64)start * c;
         float acc = 0.0f;
         for (u32 j = 0; j < width; ++j)
@@ -70,7 +81,8 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u32 s = (u32)(i / c), ch = (u32)(i % c);
         const u32 start = cu[s], end = cu[s + 1];
-        if (start == end) continue;
+        // A sequence without a slot has no snapshots (checked) and keeps nothing.
+        if (start == end || slots[s] == NO_SLOT) continue;
         bf16_t* hist = state + ((u64)slots[s] * c + ch) * kept;
         const bf16_t* rows = x + (u64)start * c;
         for (u32 n = 0; n < n_snap; ++n) {
@@ -230,16 +242,25 @@ __device__ void gated_delta_rule(const DeltaStep& p) {
     // to do (and its state stays as it is).
     if (col0 >= p.dv || start == end) return;
     const u64 head = (u64)p.hv * p.dk * p.dv, per_head = (u64)p.dk * p.dv;
-    float* st = p.state + p.slots[s] * head + j * per_head;
+    // Without a slot (a padding row) the state starts at zero and is dropped after.
+    const bool keeps = p.slots[s] != NO_SLOT;
+    float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
     float S[R][DELTA_COLS];
-    load_state<R>(S, st, lane, col0, p.dk, p.dv);
+    if (keeps) {
+        load_state<R>(S, st, lane, col0, p.dk, p.dv);
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < DELTA_COLS; ++c) S[r][c] = 0.0f;
+    }
     for (u32 row = start; row < end; ++row) {
         delta_row<R>(p, S, row, j, lane, col0);
         for (u32 n = 0; n < p.n_snap; ++n)
             if (p.snaps[2 * n] == row)
                 store_state<R>(S, p.state + p.snaps[2 * n + 1] * head + j * per_head, lane, col0, p.dk, p.dv);
     }
-    store_state<R>(S, st, lane, col0, p.dk, p.dv);
+    if (keeps) store_state<R>(S, st, lane, col0, p.dk, p.dv);
 }
 
 // `_r{R}`: d_k up to 32 R. Launched with DELTA_WARPS warps a block and a grid of

@@ -14,7 +14,7 @@ pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
     UniformRun,
 };
-pub use self::recurrent::{DeltaRule, RecurrentBatch, StateSnapshot};
+pub use self::recurrent::{DeltaRule, NO_STATE_SLOT, RecurrentBatch, StateSnapshot};
 use crate::{DType, DeviceKind, HostTensor, Result, Tensor};
 
 /// A recorded sequence of ops, replayed by [`Graph::replay`] on the backend that captured it.

@@ -2,7 +2,7 @@
 //! with the same messages. Each returns the sizes the op needs; dtype checks stay with the
 //! backend, which knows what it stores.
 
-use crate::backend::{AttentionParams, DeltaRule, RecurrentBatch, Routing, StateSnapshot, UniformRun};
+use crate::backend::{AttentionParams, DeltaRule, NO_STATE_SLOT, RecurrentBatch, Routing, StateSnapshot, UniformRun};
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor};
 
@@ -263,8 +263,9 @@ pub(crate) struct SeqRun {
     /// Its flat rows `start..end`.
     pub(crate) start: usize,
     pub(crate) end: usize,
-    /// Its state slot.
-    pub(crate) slot: usize,
+    /// Its state slot; `None` for [`NO_STATE_SLOT`]: it starts from a zero state and
+    /// keeps nothing.
+    pub(crate) slot: Option<usize>,
     /// `(rows consumed, slot)`: after its first `rows` rows, its state is copied to `slot`
     /// (rows ascending, each in `1..=end - start`).
     pub(crate) snapshots: Vec<(usize, usize)>,
@@ -273,7 +274,8 @@ pub(crate) struct SeqRun {
 /// The host contents of a [`RecurrentBatch`] over `t` rows and a pool of `capacity`
 /// slots: prefix sums from 0 to `t`, slots inside the pool, each snapshot's row inside the
 /// step and ascending within its sequence, and every slot the step writes (those of the
-/// sequences with rows, and the snapshots') distinct, so no two writes meet. Returns the
+/// sequences with rows, and the snapshots') distinct, so no two writes meet. A sequence
+/// may have [`NO_STATE_SLOT`] (a graph's padding row) but then no snapshots. Returns the
 /// sequences with at least one row; the others leave their state as it is.
 pub(crate) fn recurrent_runs(
     op: &'static str,
@@ -287,26 +289,35 @@ pub(crate) fn recurrent_runs(
         return bad(format!("cu_seqlens {cu:?} are not prefix sums from 0 to {t} rows"));
     }
     let past = |s: u32| (s as usize >= capacity).then(|| format!("slot {s} is past the pool of {capacity} slots"));
-    if let Some(msg) = slots.iter().chain(snapshots.iter().map(|s| &s.slot)).find_map(|&s| past(s)) {
+    let named = slots.iter().filter(|&&s| s != NO_STATE_SLOT);
+    if let Some(msg) = named.chain(snapshots.iter().map(|s| &s.slot)).find_map(|&s| past(s)) {
         return bad(msg);
     }
     let mut runs: Vec<SeqRun> = cu
         .windows(2)
         .zip(slots)
-        .map(|(w, &slot)| SeqRun { start: w[0] as usize, end: w[1] as usize, slot: slot as usize, snapshots: vec![] })
+        .map(|(w, &slot)| SeqRun {
+            start: w[0] as usize,
+            end: w[1] as usize,
+            slot: (slot != NO_STATE_SLOT).then_some(slot as usize),
+            snapshots: vec![],
+        })
         .collect();
     for snap in snapshots {
         let row = snap.row as usize;
         let Some(run) = runs.iter_mut().find(|r| (r.start..r.end).contains(&row)) else {
             return bad(format!("snapshot row {row} is past the {t} rows of the step"));
         };
+        if run.slot.is_none() {
+            return bad(format!("snapshot row {row} belongs to a sequence without a state slot"));
+        }
         if run.snapshots.last().is_some_and(|&(rows, _)| rows > row + 1 - run.start) {
             return bad(format!("snapshot row {row} comes after a later row of its sequence"));
         }
         run.snapshots.push((row + 1 - run.start, snap.slot as usize));
     }
     runs.retain(|r| r.end > r.start);
-    let mut written: Vec<usize> = runs.iter().flat_map(|r| r.snapshots.iter().map(|s| s.1).chain([r.slot])).collect();
+    let mut written: Vec<usize> = runs.iter().flat_map(|r| r.snapshots.iter().map(|s| s.1).chain(r.slot)).collect();
     written.sort_unstable();
     if let Some(w) = written.windows(2).find(|w| w[0] == w[1]) {
         return bad(format!("slot {} is written twice in one step (by two sequences or snapshots)", w[0]));

@@ -20,13 +20,18 @@ pub struct RecurrentBatch<'a> {
     /// `u32 [s + 1]`: sequence `i` owns rows `cu_seqlens[i] .. cu_seqlens[i + 1]` of the
     /// step (prefix sums of the query lengths).
     pub cu_seqlens: &'a Tensor,
-    /// `u32 [s]`: the state slot of each sequence.
+    /// `u32 [s]`: the state slot of each sequence, or [`NO_STATE_SLOT`].
     pub slots: &'a Tensor,
     /// The states to copy out within the step: after row `row` (a flat row of the step)
     /// has been consumed, the state of that row's sequence is copied into slot `slot`.
     /// Rows are ascending within a sequence; a row may be the sequence's last.
     pub snapshots: &'a [StateSnapshot],
 }
+
+/// The slot of a sequence that keeps no state: it starts from a zero state and its state
+/// after the step is dropped. A captured decode step's padding rows take it, so a replay
+/// with fewer sequences than the graph's size reads and writes no other sequence's state.
+pub const NO_STATE_SLOT: u32 = u32::MAX;
 
 /// One state copy made within a step ([`RecurrentBatch::snapshots`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,9 @@
 //!   value, its product with the weight, the result): twice the harness tolerance.
 //! - `sigmoid_mul` on bf16 rounds the sigmoid and the product: the harness tolerance.
 
-use met_kernels::{DType, DeltaRule, GpuBackend, HostTensor, RecurrentBatch, Result, StateSnapshot, Tensor};
+use met_kernels::{
+    DType, DeltaRule, GpuBackend, HostTensor, NO_STATE_SLOT, RecurrentBatch, Result, StateSnapshot, Tensor,
+};
 
 use crate::harness::{Rng, Tol, compare, expect_err, stored, tolerance, upload_f32, upload_u32};
 use crate::recurrent_reference::{self as reference, Step};
@@ -147,13 +149,15 @@ impl Conv {
     }
 }
 
-/// Several sequences (one empty, one of a single row, some shorter than the kernel) with
-/// snapshots, at widths 1, 2 and 4 and an odd channel count: outputs match the reference
-/// and every slot holds exactly the inputs it should.
+/// Several sequences (one empty, one of a single row, some shorter than the kernel, one
+/// without a slot) with snapshots, at widths 1, 2 and 4 and an odd channel count: outputs
+/// match the reference and every slot holds exactly the inputs it should (the slotless
+/// sequence starts from zeros and writes none).
 pub fn conv_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     for w in [1, 2, 4] {
         let conv = Conv::new(b, w as u64, (37, w), 9);
-        let seqs = Seqs::new(&[1, 5, 0, 17, 3, 2], &[3, 0, 8, 1, 2, 4]).snap(&[(1, 5), (4, 6), (6, 7)]);
+        let seqs =
+            Seqs::new(&[1, 5, 0, 17, 3, 2, 4], &[3, 0, 8, 1, 2, 4, NO_STATE_SLOT]).snap(&[(1, 5), (4, 6), (6, 7)]);
         let x = draw(b, &mut Rng::new(100 + w as u64), seqs.rows() * conv.c, 2.0);
         let (want, want_pool) = conv.reference(&x, &seqs);
         let pool = conv.pool(b)?;
@@ -294,6 +298,7 @@ pub fn conv_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
         ("one slot snapshot twice", good.clone().snap(&[(1, 2), (1, 2)])),
         ("snapshot rows descending", good.clone().snap(&[(4, 2), (3, 3)])),
         ("a snapshot slot past the pool", good.clone().snap(&[(1, 9)])),
+        ("a snapshot of a sequence without a slot", Seqs::new(&[2, 3], &[0, NO_STATE_SLOT]).snap(&[(3, 2)])),
     ];
     for (what, seqs) in &bad {
         expect_err(run(&x, &weight, seqs), &format!("conv with {what}"));

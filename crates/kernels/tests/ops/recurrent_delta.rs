@@ -8,7 +8,7 @@
 //!   1e-5, where the CPU measured 1.0e-6 over hundreds of rows).
 //! - states: f32 on every backend, never rounded to the float dtype: [`STATE_REL`].
 
-use met_kernels::{DType, DeltaRule, GpuBackend, HostTensor, Result, Tensor};
+use met_kernels::{DType, DeltaRule, GpuBackend, HostTensor, NO_STATE_SLOT, Result, Tensor};
 
 use crate::harness::{Rng, Tol, expect_err, tolerance, upload_f32};
 use crate::recurrent::{STEP_PLANS, Seqs, assert_within, draw, step_ranges};
@@ -132,15 +132,20 @@ impl Layer {
     }
 }
 
-/// Several sequences of different lengths (one empty, a decode row, some past 64 rows) in
-/// one step with snapshots, `h_v = 2·h_k`, at head shapes that fill and that do not fill
-/// the GPU's lanes and column tiles (d_k 16, 48, 128; d_v 8, 20, 128): outputs and every
-/// slot after match the f64 recurrence.
+/// Several sequences of different lengths (one empty, a decode row, some past 64 rows, one
+/// without a slot) in one step with snapshots, `h_v = 2·h_k`, at head shapes that fill and
+/// that do not fill the GPU's lanes and column tiles (d_k 16, 48, 128; d_v 8, 20, 128):
+/// outputs and every slot after match the f64 recurrence (the slotless sequence starts
+/// from zero and writes no slot).
 pub fn delta_rule_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     for (n, dims) in [(2, 4, 16, 8), (2, 4, 48, 20), (1, 2, 128, 128)].into_iter().enumerate() {
         let layer = Layer::new(10 + n as u64, dims, 11);
-        let seqs =
-            Seqs::new(&[1, 3, 64, 0, 70, 130, 17], &[6, 0, 2, 5, 1, 4, 3]).snap(&[(0, 7), (4, 8), (100, 9), (137, 10)]);
+        let seqs = Seqs::new(&[1, 3, 64, 0, 70, 130, 17, 9], &[6, 0, 2, 5, 1, 4, 3, NO_STATE_SLOT]).snap(&[
+            (0, 7),
+            (4, 8),
+            (100, 9),
+            (137, 10),
+        ]);
         let rows = layer.rows(b, 20 + n as u64, seqs.rows(), 3.0);
         let (want_o, want_state) = layer.reference(&rows, &seqs);
         let pool = layer.pool(b)?;

@@ -6,6 +6,24 @@
 //! backend's unit tests (`src/cpu/recurrent.rs` includes this file by path), so it names
 //! nothing of either crate: snapshots are plain `(row, slot)` pairs.
 
+/// The slot of a sequence that starts from a zero state and keeps none (the backend's
+/// `NO_STATE_SLOT`).
+pub(super) const NO_SLOT: u32 = u32::MAX;
+
+/// A sequence's state at the start of a step: its slot's, or zeros without a slot.
+fn initial(state: &[f64], slot: u32, per_slot: usize) -> Vec<f64> {
+    if slot == NO_SLOT { vec![0.0; per_slot] } else { state[slot as usize * per_slot..][..per_slot].to_vec() }
+}
+
+/// Writes the sequences' states back to their slots (none without one) after the
+/// snapshots.
+fn store(state: &mut [f64], per_slot: usize, snaps: Vec<(usize, Vec<f64>)>, slots: &[u32], last: Vec<Vec<f64>>) {
+    let own = slots.iter().zip(last).filter(|(s, _)| **s != NO_SLOT).map(|(&s, v)| (s as usize, v));
+    for (slot, v) in snaps.into_iter().chain(own) {
+        state[slot * per_slot..][..per_slot].copy_from_slice(&v);
+    }
+}
+
 /// The sequences of a step as host data: `cu_seqlens`, `slots`, and the snapshots as
 /// `(flat row, slot)` pairs.
 pub(super) struct Step<'a> {
@@ -36,8 +54,7 @@ pub(super) fn conv(x: &[f32], weight: &[f32], (c, w): (usize, usize), state: &mu
     let kept = w - 1;
     let t = x.len() / c;
     // Each sequence's window of its last `w - 1` inputs, `[c, w - 1]` like a slot.
-    let mut windows: Vec<Vec<f64>> =
-        step.slots.iter().map(|&s| state[s as usize * c * kept..][..c * kept].to_vec()).collect();
+    let mut windows: Vec<Vec<f64>> = step.slots.iter().map(|&s| initial(state, s, c * kept)).collect();
     let mut out = vec![0f64; t * c];
     let mut snaps = Vec::new();
     for (s, row) in step.rows() {
@@ -57,9 +74,7 @@ pub(super) fn conv(x: &[f32], weight: &[f32], (c, w): (usize, usize), state: &mu
         }
         snaps.extend(step.snapshots_after(row).into_iter().map(|slot| (slot, windows[s].clone())));
     }
-    for (slot, win) in snaps.into_iter().chain(step.slots.iter().map(|&s| s as usize).zip(windows)) {
-        state[slot * c * kept..][..c * kept].copy_from_slice(&win);
-    }
+    store(state, c * kept, snaps, step.slots, windows);
     out
 }
 
@@ -84,8 +99,7 @@ fn l2_normalized(x: &[f32], scale: f64) -> Vec<f64> {
 pub(super) fn delta_rule(inp: &DeltaInputs<'_>, state: &mut [f64], step: &Step<'_>) -> Vec<f64> {
     let (hk, hv, dk, dv) = inp.dims;
     let (width, per_slot) = (2 * hk * dk + hv * dv, hv * dk * dv);
-    let mut states: Vec<Vec<f64>> =
-        step.slots.iter().map(|&s| state[s as usize * per_slot..][..per_slot].to_vec()).collect();
+    let mut states: Vec<Vec<f64>> = step.slots.iter().map(|&s| initial(state, s, per_slot)).collect();
     let mut out = vec![0f64; inp.qkv.len() / width * hv * dv];
     let mut snaps = Vec::new();
     for (s, row) in step.rows() {
@@ -115,9 +129,7 @@ pub(super) fn delta_rule(inp: &DeltaInputs<'_>, state: &mut [f64], step: &Step<'
         }
         snaps.extend(step.snapshots_after(row).into_iter().map(|slot| (slot, states[s].clone())));
     }
-    for (slot, st) in snaps.into_iter().chain(step.slots.iter().map(|&s| s as usize).zip(states)) {
-        state[slot * per_slot..][..per_slot].copy_from_slice(&st);
-    }
+    store(state, per_slot, snaps, step.slots, states);
     out
 }
 

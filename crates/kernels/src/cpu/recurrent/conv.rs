@@ -50,7 +50,10 @@ pub(crate) fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &Tensor, batch: 
     let padded: Vec<Padded<'_>> = runs
         .iter()
         .map(|r| Padded {
-            history: transposed(&pool[r.slot * c * kept..(r.slot + 1) * c * kept], c, kept),
+            history: match r.slot {
+                Some(slot) => transposed(&pool[slot * c * kept..(slot + 1) * c * kept], c, kept),
+                None => vec![0.0; c * kept],
+            },
             rows: &xs[r.start * c..r.end * c],
             c,
             w,
@@ -75,11 +78,13 @@ pub(crate) fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &Tensor, batch: 
     Ok(f32_tensor(out, &[t, c]))
 }
 
-/// Leaves each snapshot's inputs in its slot and the sequence's last inputs in its own.
+/// Leaves each snapshot's inputs in its slot and the sequence's last inputs in its own
+/// (when it has one).
 fn store_states(run: &SeqRun, seq: &Padded<'_>, pool: &mut [f32]) {
     let per_slot = seq.c * (seq.w - 1);
     let len = run.end - run.start;
-    for &(rows, slot) in run.snapshots.iter().chain([&(len, run.slot)]) {
+    let own = run.slot.map(|slot| (len, slot));
+    for &(rows, slot) in run.snapshots.iter().chain(own.as_ref()) {
         seq.store_before(rows + seq.w - 1, &mut pool[slot * per_slot..(slot + 1) * per_slot]);
     }
 }

@@ -163,8 +163,17 @@ unsafe fn run_head_avx2(ops: &Operands<'_>, run: &SeqRun, j: usize, sink: &Sink,
 
 #[inline(always)]
 unsafe fn run_head_body(ops: &Operands<'_>, run: &SeqRun, j: usize, sink: &Sink, chunked_from: usize) {
-    // SAFETY: this task alone touches head `j` of the sequence's slot.
-    let s = unsafe { sink.state(ops, run.slot, j) };
+    let (_, _, dk, dv) = ops.dims;
+    let mut no_slot = Vec::new();
+    let s = match run.slot {
+        // SAFETY: this task alone touches head `j` of the sequence's slot.
+        Some(slot) => unsafe { sink.state(ops, slot, j) },
+        // A sequence without a slot starts from zero and keeps nothing.
+        None => {
+            no_slot.resize(dk * dv, 0.0);
+            &mut no_slot[..]
+        }
+    };
     let mut scratch = None;
     let mut done = 0;
     let ends = run.snapshots.iter().map(|&(rows, slot)| (rows, Some(slot))).chain([(run.end - run.start, None)]);
