@@ -16,6 +16,11 @@
 //! the kernels do not depend on the batch size (the CUDA backend's decode products up to 4
 //! rows, its decode attention within a size class bounded by graph sizes) and agree as
 //! closely as cuBLAS's choices for the two sizes do elsewhere.
+//!
+//! A hybrid model's graph also owns its recurrent layers' state slots, written per replay;
+//! padding rows take no slot, so they start from a zero state and keep none. What a graph
+//! cannot record, because it varies per step, runs around the replay: zeroing or restoring
+//! the slots of sequences that start in the step before it, copying snapshots out after.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +31,7 @@ use met_kernels::{DType, Graph, HostTensor, Tensor};
 
 use crate::attention::{BatchLayout, StepLayout, widest_table};
 use crate::layers::decoder::{DecoderModel, DeviceStep, StepIds};
+use crate::layers::mixer::{self, RecurrentStep};
 use crate::{ForwardBatch, Model, Result};
 
 /// The batch sizes captured by default: padding a step up to the next one wastes at most
@@ -194,7 +200,14 @@ impl DecodeGraphs {
         layout.seq_lens = pad(&layout.seq_lens, 1);
         layout.block_tables.resize(g.size * width, 0);
         model.attention().refresh(&step.meta, &layout.with_slots(&pad(&batch.slot_mapping, NO_SLOT)))?;
+        if let Some(recurrent) = &step.recurrent {
+            mixer::before_replay(b, kv, batch)?;
+            recurrent.write_slots(b, &batch.state_slots)?;
+        }
         g.graph.replay()?;
+        if step.recurrent.is_some() {
+            mixer::after_replay(b, kv, batch)?;
+        }
         self.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(b.copy_rows(&g.logits, n)?))
     }
@@ -227,7 +240,7 @@ fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vo
         meta,
         logit_rows: None,
         logit_order: model.logit_order(size)?,
-        recurrent: None,
+        recurrent: if model.is_hybrid() { Some(RecurrentStep::for_graph(b, size)?) } else { None },
     };
     // One eager run first, so every kernel and library handle is loaded before recording.
     let eager = model.run(&step, kv)?;

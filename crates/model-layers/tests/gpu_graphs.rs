@@ -10,15 +10,15 @@
 //! splits change only at graph sizes). The cases cover graphs of exactly the batch's size
 //! (4 rows, and 8 rows, which cuBLAS computes) and padded ones (3 rows in the 4-row graph,
 //! 1 in the 2-row one), contexts crossing many KV blocks (blocks of 4 tokens, prompts up to
-//! 90 tokens), and contexts past the graphs' block tables, which must fall back to eager
-//! steps mid-generation.
+//! 90 tokens), contexts past the graphs' block tables, which must fall back to eager
+//! steps mid-generation, and hybrid models, whose state pools must end equal as well.
 
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use met_cache::PagedKvCache;
+use met_cache::{KvCache, PagedKvCache, StateSizing};
 use met_config::ModelConfig;
 use met_kernels::{CudaBackend, GpuBackend};
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
@@ -51,8 +51,17 @@ fn prompts(lengths: &[usize], vocab: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// A hybrid model's cache plans a snapshot at every block (prefix caching on), so decode
+/// steps cross snapshots every `BLOCK_SIZE` tokens.
 fn cache(model: &dyn Model, backend: &dyn GpuBackend) -> PagedKvCache {
-    PagedKvCache::new(backend, model.kv_layout(), BLOCK_SIZE, BLOCKS, false).unwrap()
+    let layout = model.kv_layout();
+    let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 48, interval: 1, rollback: 0 });
+    PagedKvCache::with_states(&[backend], layout, BLOCK_SIZE, BLOCKS, states.is_some(), states).unwrap()
+}
+
+/// Every state pool of a cache, downloaded.
+fn states(kv: &PagedKvCache, backend: &dyn GpuBackend) -> Vec<Vec<f32>> {
+    kv.pools(0).state_pools().iter().map(|p| backend.download_f32(p).unwrap()).collect()
 }
 
 /// Greedy continuations of `lengths`-token prompts, eager and graphed, must be identical.
@@ -78,6 +87,12 @@ fn check(name: &str, lengths: &[usize], sizes: &[usize], max_context: usize) -> 
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.tokens, w.tokens, "{name}: prompt {i} ({} tokens): graphed tokens differ", lengths[i]);
         assert_eq!(g.top_logprobs, w.top_logprobs, "{name}: prompt {i}: graphed logprobs differ");
+    }
+    // Bit for bit, snapshots included: padding rows wrote no slot, and every snapshot a
+    // replayed step planned was copied out after it.
+    let (got_states, want_states) = (states(&graphed_kv, &*backend), states(&eager_kv, &*backend));
+    for (p, (g, w)) in got_states.iter().zip(&want_states).enumerate() {
+        assert!(g == w, "{name}: state pool {p} differs after the graphed run");
     }
     eprintln!("GPU-GRAPHS {name} lengths {lengths:?}: {replays} of {NEW_TOKENS} steps replayed; equal to eager");
     replays
@@ -110,4 +125,16 @@ fn contexts_past_the_graphs_run_eagerly() {
 #[test]
 fn moe_graphs_equal_eager() {
     assert_eq!(check("qwen3_moe", &[14, 50, 3], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64 - 1);
+}
+
+/// Hybrid models replay too: each replay writes its sequences' state slots into the graph
+/// and padding rows keep no state; a one-token prompt's slot is zeroed before its first
+/// (replayed) step, and the snapshots planned at every block are copied out after the
+/// replays that reach them. Tokens, logprobs and every state pool equal the eager run.
+#[test]
+fn hybrid_graphs_equal_eager() {
+    assert_eq!(check("qwen3_next", &[1], &[1, 2, 4, 8], 4096), NEW_TOKENS as u64);
+    assert!(check("qwen3_next", &[12, 61, 3], &[1, 2, 4, 8], 4096) >= NEW_TOKENS as u64 - 3);
+    assert!(check("qwen3_5", &[30, 7, 90, 45], &[1, 2, 4, 8], 4096) >= NEW_TOKENS as u64 - 3);
+    assert!(check("qwen3_5_moe", &[14, 50, 3], &[2, 4], 4096) >= NEW_TOKENS as u64 - 3);
 }

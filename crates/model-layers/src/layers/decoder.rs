@@ -401,12 +401,14 @@ impl DecoderModel {
         if !self.backend.supports_graphs() {
             return Ok(GraphCapture::Skipped(format!("the {} backend runs eagerly", self.backend.name())));
         }
-        if self.kv_layout.state.is_some() {
-            return Ok(GraphCapture::Skipped("hybrid models run eagerly".into()));
-        }
         let (graphs, capture) = DecodeGraphs::capture(self, kv, settings)?;
         self.graphs.set(graphs).map_err(|_| ModelError::Unsupported("decode graphs were already captured".into()))?;
         Ok(capture)
+    }
+
+    /// Whether the model has recurrent layers (and so state slots in its cache).
+    pub(crate) fn is_hybrid(&self) -> bool {
+        self.kv_layout.state.is_some()
     }
 
     /// Token ids as this rank's embedding rows (the ids themselves on one device).

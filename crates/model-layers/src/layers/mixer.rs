@@ -13,7 +13,7 @@
 
 use met_cache::{KvPools, StateLayout};
 use met_config::ModelConfig;
-use met_kernels::{DType, GpuBackend, HostTensor, RecurrentBatch, StateSnapshot, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, NO_STATE_SLOT, RecurrentBatch, StateSnapshot, Tensor};
 
 use super::gated_delta_net::GatedDeltaNet;
 use super::self_attention::SelfAttention;
@@ -79,23 +79,81 @@ impl RecurrentStep {
         })
     }
 
+    /// The metadata a decode graph of `size` sequences records: one row each, no slots
+    /// yet (every row [`NO_STATE_SLOT`], so the recording touches no state), nothing to
+    /// zero, restore or snapshot. Each replay writes its sequences' slots first
+    /// ([`Self::write_slots`]).
+    ///
+    /// # Errors
+    /// On device failure.
+    pub(crate) fn for_graph(b: &dyn GpuBackend, size: usize) -> Result<Self> {
+        let cu: Vec<u32> = (0..=size as u32).collect();
+        Ok(Self {
+            cu_seqlens: b.upload(&HostTensor::from_u32(&cu, &[size + 1]), DType::U32)?,
+            slots: b.upload(&HostTensor::from_u32(&vec![NO_STATE_SLOT; size], &[size]), DType::U32)?,
+            snapshots: Vec::new(),
+            zero: Vec::new(),
+            restore: Vec::new(),
+        })
+    }
+
+    /// A graph's slots for a replay: the batch's, then [`NO_STATE_SLOT`] for the padding
+    /// rows, which so start from a zero state and keep none.
+    ///
+    /// # Errors
+    /// On device failure.
+    pub(crate) fn write_slots(&self, b: &dyn GpuBackend, slots: &[u32]) -> Result<()> {
+        let mut padded = slots.to_vec();
+        padded.resize(self.slots.elem_count(), NO_STATE_SLOT);
+        Ok(b.write_u32(&self.slots, &padded)?)
+    }
+
     /// Zeroes or restores the slots of sequences that start in this step.
     ///
     /// # Errors
     /// On device failure.
     pub(crate) fn prepare(&self, b: &dyn GpuBackend, kv: &KvPools) -> Result<()> {
-        let pools = kv.state_pools();
-        if !self.zero.is_empty() {
-            b.zero_state_slots(&pools, &self.zero)?;
-        }
-        if !self.restore.is_empty() {
-            b.copy_state_slots(&pools, &self.restore)?;
-        }
-        Ok(())
+        start_states(b, kv, &self.zero, &self.restore)
     }
 
     /// The batch as the recurrent ops see it.
     pub(crate) fn batch(&self) -> RecurrentBatch<'_> {
         RecurrentBatch { cu_seqlens: &self.cu_seqlens, slots: &self.slots, snapshots: &self.snapshots }
     }
+}
+
+/// Zeroes the slots in `zero` and restores `(snapshot, slot)` pairs, in every state pool.
+fn start_states(b: &dyn GpuBackend, kv: &KvPools, zero: &[u32], restore: &[(u32, u32)]) -> Result<()> {
+    let pools = kv.state_pools();
+    if !zero.is_empty() {
+        b.zero_state_slots(&pools, zero)?;
+    }
+    if !restore.is_empty() {
+        b.copy_state_slots(&pools, restore)?;
+    }
+    Ok(())
+}
+
+/// The state work of a replayed decode step that its graph does not record, before the
+/// replay: the slots of sequences that start there are zeroed or restored.
+///
+/// # Errors
+/// On device failure.
+pub(crate) fn before_replay(b: &dyn GpuBackend, kv: &KvPools, batch: &ForwardBatch) -> Result<()> {
+    start_states(b, kv, &batch.state_zero, &batch.state_restore)
+}
+
+/// ... and after it: the snapshots are copied out. In a decode step row `i` is sequence
+/// `i`'s only row, so a snapshot after it is that sequence's state after the step, a copy
+/// of its slot.
+///
+/// # Errors
+/// On device failure.
+pub(crate) fn after_replay(b: &dyn GpuBackend, kv: &KvPools, batch: &ForwardBatch) -> Result<()> {
+    let slot_of_row = |row: u32| batch.state_slots[row as usize];
+    let pairs: Vec<(u32, u32)> = batch.state_snapshots.iter().map(|&(row, snap)| (slot_of_row(row), snap)).collect();
+    if !pairs.is_empty() {
+        b.copy_state_slots(&kv.state_pools(), &pairs)?;
+    }
+    Ok(())
 }

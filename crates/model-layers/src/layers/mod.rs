@@ -9,7 +9,7 @@
 pub mod decoder;
 pub mod gated_delta_net;
 pub mod linear;
-mod mixer;
+pub(crate) mod mixer;
 pub mod mlp;
 pub mod norm;
 pub mod rotary;
