@@ -15,12 +15,14 @@ The report shows the sharpness measured on each model (the mean largest attentio
 a query and the mean effective number of keys, exp(entropy), at 512 tokens, eager float32
 transformers).
 
-Five shapes unlike the shipped configs, one per supported architecture (tied Llama with
+Eight shapes unlike the shipped configs, one per supported architecture (tied Llama with
 llama3 rope scaling, Mistral with a sliding window shorter than the prompts, Qwen2 with
-q/k/v biases, Qwen3 with head_dim 128 and 5 layers, Qwen3-MoE with 16 experts), each with
-SEEDS independent weight draws. For each model:
+q/k/v biases, Qwen3 with head_dim 128 and 5 layers, Qwen3-MoE with 16 experts, and the
+hybrids Qwen3-Next, Qwen3.5 dense and Qwen3.5-MoE, whose Gated DeltaNet layers carry a
+recurrent state that prefix hits restore from snapshots), each with SEEDS independent weight
+draws. For each model:
 
-- run A: prompts of 16 to 2,048 random tokens (4,096 for the Qwen3 shape) in one batch,
+- run A: prompts of 16 to 2,048 random tokens (4,096 for the Qwen3 and hybrid shapes) in one batch,
   prefill chunks of CHUNK tokens (`--max-prefill-chunk`), KV blocks of 16;
 - run B: prefix-cache hits: a base prompt, then prompts that share 1,024 and 1,536 of its
   tokens, one at a time (`--max-num-seqs 1`) so the later ones read the earlier one's
@@ -78,6 +80,13 @@ VOCAB = 32000
 
 COMMON = {"vocab_size": VOCAB, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "silu",
           "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+HYBRID_COMMON = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                 "head_dim": 64, "full_attention_interval": 2, "layer_types": ["linear_attention", "full_attention"] * 2,
+                 "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+                 "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "tie_word_embeddings": False,
+                 "attention_bias": False}
+HYBRID_ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
+               "mrope_section": [4, 2, 2], "mrope_interleaved": True}
 SHAPES = [
     # (name, config, long prompt)
     ("llama-tied-rope3", {
@@ -106,17 +115,60 @@ SHAPES = [
         "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
         "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
         "attention_bias": False, "router_aux_loss_coef": 0.001}, False),
+    # The hybrids: Gated DeltaNet layers every other layer, gated full attention with partial
+    # rotary between them.
+    ("qwen3-next", {
+        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], **HYBRID_COMMON,
+        "intermediate_size": 768, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128, "norm_topk_prob": True, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}, True),
+    ("qwen3.5-dense", {
+        "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], **HYBRID_COMMON,
+        "intermediate_size": 768, "attn_output_gate": True, "rope_parameters": HYBRID_ROPE}, True),
+    ("qwen3.5-moe", {
+        "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], **HYBRID_COMMON,
+        "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128, "attn_output_gate": True, "rope_parameters": HYBRID_ROPE}, True),
 ]
+HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+# A = exp(A_log) log-uniform in [A_MIN, A_MAX] and dt_bias ~ N(-1, 0.5) spread the per-head
+# decays exp(-A softplus(a + dt_bias)) from ~0.99 (a state carried across many chunks) to
+# ~0.45, as `hf_fixtures_hybrid.py` draws them.
+A_MIN, A_MAX = 0.02, 2.0
 
 
-def sharpen(model, hidden, seed):
-    """Redraws every parameter as the module docstring says."""
+def hybrid_draw(name, shape, g):
+    """A hybrid's own draw for `name`, or None where the common rule holds. Their RMSNorms
+    scale by (1 + w), so w is drawn around gain - 1; the linear-attention layers' gated norm
+    is a plain w. The conv taps are unit-scale, so that those layers move the residual
+    stream as much as attention does (taps of 0.03 would make them nearly silent)."""
+    uniform = lambda lo, hi: lo + (hi - lo) * torch.rand(shape, generator=g)  # noqa: E731
+    if name.endswith("linear_attn.A_log"):
+        return uniform(math.log(A_MIN), math.log(A_MAX))
+    if name.endswith("linear_attn.dt_bias"):
+        return torch.randn(shape, generator=g) * 0.5 - 1.0
+    if name.endswith("linear_attn.conv1d.weight"):
+        return torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+    if name.endswith("linear_attn.norm.weight"):
+        return uniform(0.9, 1.1)
+    if name.endswith("norm.weight"):
+        gain = QK_NORM_GAIN if ("q_norm" in name or "k_norm" in name) else 1.0
+        return gain * uniform(0.9, 1.1) - 1.0
+    return None
+
+
+def sharpen(model, hidden, seed, hybrid):
+    """Redraws every parameter as the module docstring says (`hybrid_draw` first for the
+    hybrids)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     qk_std = math.sqrt(SCORE_STD / hidden)
     qk_norm = any("q_norm" in n for n, _ in model.named_parameters())
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            own = hybrid_draw(name, p.shape, g) if hybrid else None
+            if own is not None:
+                new = own
+            elif name.endswith("norm.weight"):
                 gain = QK_NORM_GAIN if ("q_norm" in name or "k_norm" in name) else 1.0
                 new = gain * (1.0 + 0.1 * (2 * torch.rand(p.shape, generator=g) - 1))
             elif ("q_proj" in name or "k_proj" in name) and name.endswith("weight") and not qk_norm:
@@ -133,7 +185,7 @@ def build(name, raw, work, seed):
     cfg = AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    sharpen(model, raw["hidden_size"], seed)
+    sharpen(model, raw["hidden_size"], seed, raw["model_type"] in HYBRIDS)
     model = model.to(torch.bfloat16)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
@@ -165,7 +217,7 @@ def sharpness(path, device, seed):
     ids = torch.randint(3, VOCAB, (1, 512), generator=g).to(device)
     att = model(input_ids=ids, output_attentions=True).attentions
     top, eff = [], []
-    for a in att:  # [1, h, q, k]
+    for a in (a for a in att if a is not None):  # [1, h, q, k]; None for a linear-attention layer
         a = a[0, :, 256:, :].float()
         top.append(float(a.max(-1).values.mean()))
         ent = -(a.clamp_min(1e-30).log() * a).sum(-1)

@@ -159,13 +159,13 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, graphs, generate, gate, compare, bench, kbench, profile, profilebatch. Made by
+# ops, fixtures, graphs, generate, gate, gatestate, compare, bench, kbench, profile, profilebatch. Made by
 # `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures graphs generate gate compare bench kbench}"
+STEPS="${*:-lib ops fixtures graphs generate gate gatestate compare bench kbench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -211,7 +211,7 @@ ops_each() {
 export -f ops_each
 export HERE LOGS
 step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
-step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 90 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=3
+step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 120 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=1
 step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gpu-graphs" --nocapture --test-threads=1
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
 step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
@@ -219,6 +219,10 @@ step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktem
 # The precision gate, and its test: met with a deliberately wrong attention kernel must fail.
 step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
   --work /tmp/met-gpu-gate --out "$LOGS/gpu_gate.json" --broken drop-last-kv-block
+# The hybrid shapes again, with a convolution that forgets its state: that must fail too.
+step gatestate "precision gate, lost conv state" gpu-gate-state.log 300 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
+  --work /tmp/met-gpu-gate-state --out "$LOGS/gpu_gate_state.json" --broken drop-conv-state \
+  --shapes qwen3-next,qwen3.5-dense,qwen3.5-moe
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
 # The offline benches on dummy weights of the real configs: decode latency at batch 1, 8
