@@ -12,7 +12,7 @@ use met_scheduler::{Engine, EngineLimits, EngineRequest, StopCriteria};
 use met_telemetry::Metrics;
 
 use crate::startup::engine::{build_engine, random_seed};
-use crate::startup::kv_budget::kv_blocks;
+use crate::startup::kv_budget::cache_size;
 use crate::startup::topology::Topology;
 
 /// The parts of an engine request, gathered before there is an engine to check them
@@ -55,7 +55,7 @@ impl Draft {
 }
 
 /// The engine, with a KV cache large enough for every request at once, within the device's
-/// budget ([`kv_blocks`], the rule `met serve` uses too; startup phase 6). A job never runs
+/// budget ([`cache_size`], the rule `met serve` uses too; startup phase 6). A job never runs
 /// more sequences at once than it has, so no more are planned for (a hybrid model's state
 /// slots are per sequence).
 pub fn sized_engine(
@@ -72,8 +72,8 @@ pub fn sized_engine(
     let block_size = setup.engine.block_size;
     let needed: usize =
         requests.iter().map(|r| (r.prompt.len() + r.stop.max_new_tokens).div_ceil(block_size) * r.n).sum();
-    let blocks = kv_blocks(setup, &*model, devices, needed)?;
-    build_engine(setup, model, devices, blocks, metrics)
+    let size = cache_size(setup, &*model, devices, needed)?;
+    build_engine(setup, model, devices, size, metrics)
 }
 
 /// The speculative figures an engine's `metrics` counted since it started.

@@ -67,7 +67,7 @@ pub use state::{AppState, MAX_N, ServerConfig};
 
 use crate::resolve::ModelSource;
 use crate::startup::engine::build_engine;
-use crate::startup::kv_budget::kv_blocks;
+use crate::startup::kv_budget::cache_size;
 use crate::startup::load::{Text, Weights, load_weights};
 use met_text::Tokenizer;
 use server::os_signals;
@@ -191,9 +191,9 @@ fn load(load_config: &LoadConfig, setup: &EngineSetup, metrics: Arc<Metrics>) ->
     // Every sequence the engine may run, at full context.
     let engine = &setup.engine;
     let demand = engine.max_num_seqs.saturating_mul(model.max_context()).div_ceil(engine.block_size);
-    let blocks = kv_blocks(setup, &*model, &topology, demand)?;
+    let size = cache_size(setup, &*model, &topology, demand)?;
     let model = fault::inject(fault, model);
-    let engine = build_engine(setup, model, &topology, blocks, metrics)?;
+    let engine = build_engine(setup, model, &topology, size, metrics)?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
         tracing::warn!(

@@ -12,6 +12,7 @@ use met_model_layers::{GraphSettings, Model};
 use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 
+use crate::startup::kv_budget::CacheSize;
 use crate::startup::load::{NoProgress, Weights, load_weights};
 use crate::startup::topology::Topology;
 
@@ -22,7 +23,7 @@ use crate::startup::topology::Topology;
 /// leave the few-row quantised kernel (8 rows at most) for dequantise-and-GEMM.
 pub const CPU_SPECULATIVE_MAX_BATCH: usize = 1;
 
-/// An engine over `model` with a KV cache of `blocks` blocks on its devices (startup phase
+/// An engine over `model` with a KV cache of `size` on its devices (startup phase
 /// 6; each tensor-parallel rank holds its share of every block), recording into `metrics`,
 /// built as `setup` says (checked once, when the flags became settings).
 ///
@@ -33,15 +34,15 @@ pub fn build_engine(
     setup: &EngineSetup,
     model: Box<dyn Model>,
     devices: &Topology,
-    blocks: usize,
+    size: CacheSize,
     metrics: Arc<Metrics>,
 ) -> Result<Engine> {
     let config = setup.engine.clone();
     let timer = PhaseTimer::start(Phase::KvCache);
-    let blocks = blocks.max(1);
+    let blocks = size.blocks.max(1);
     let layout = model.kv_layout();
     let rollback = setup.speculative.as_ref().map_or(0, |s| s.num_tokens);
-    let kv = devices.kv_cache(layout, &config, blocks, config.prefix_caching, rollback)?;
+    let kv = devices.kv_cache(layout, &config, CacheSize { blocks, ..size }, config.prefix_caching, rollback)?;
     let mib = (blocks * layout.bytes_per_block(config.block_size)) as f64 / f64::from(1 << 20);
     let ranks = match devices.world_size() {
         1 => String::new(),

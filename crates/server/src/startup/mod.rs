@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | 0 | settings: flags become `met-config` types, checked once | `cli` |
 //! | 1–5 | resolve, config, device, topology, weights | [`load::load_weights`] ([`topology::open`] for 3–4) |
-//! | 6 | KV cache: one sizing rule, then the allocation | [`kv_budget::kv_blocks`], [`engine::build_engine`] |
+//! | 6 | KV cache: one sizing rule, then the allocation | [`kv_budget::cache_size`], [`engine::build_engine`] |
 //! | 7 | warm-up: CUDA graphs of decode steps | [`engine::build_engine`] |
 //! | 8 | tokenizer, chat template, end-of-sequence tokens | [`load::TextSource::load`] |
 //! | 9–11 | engine thread, router, ready | `serve` |

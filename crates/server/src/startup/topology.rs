@@ -14,6 +14,8 @@ use met_kernels::{Collective, Devices, GpuBackend, open_backend};
 use met_model_layers::parallel::check_world;
 use met_telemetry::{Phase, PhaseTimer};
 
+use crate::startup::kv_budget::CacheSize;
+
 /// The devices of a loaded model, rank by rank (one without tensor parallelism).
 #[derive(Clone)]
 pub struct Topology {
@@ -58,9 +60,10 @@ impl Topology {
         }
     }
 
-    /// A KV cache of `blocks` blocks: `layout` (one rank's heads) on every rank's device,
-    /// one block manager, and for a hybrid model the recurrent-state slots `config` needs,
-    /// with `rollback` more per sequence for speculative steps ([`state_sizing`]).
+    /// A KV cache of `size`: `layout` (one rank's heads) on every rank's device, one block
+    /// manager, and for a hybrid model the recurrent-state slots `config` needs, with
+    /// `rollback` more per sequence for speculative steps and the snapshots `size` holds
+    /// when `prefix` caching is on ([`state_sizing`]).
     ///
     /// # Errors
     /// When a device cannot hold its pools.
@@ -68,13 +71,14 @@ impl Topology {
         &self,
         layout: KvLayout,
         config: &EngineConfig,
-        blocks: usize,
+        size: CacheSize,
         prefix: bool,
         rollback: usize,
     ) -> Result<PagedKvCache> {
         let ranks: Vec<&dyn GpuBackend> = self.backends.iter().map(|b| &**b).collect();
-        let states = state_sizing(&layout, config, prefix, rollback);
-        Ok(PagedKvCache::with_states(&ranks, layout, config.block_size, blocks, prefix, states)?)
+        let snapshots = if prefix { size.snapshots } else { 0 };
+        let states = state_sizing(&layout, config, snapshots, rollback);
+        Ok(PagedKvCache::with_states(&ranks, layout, config.block_size, size.blocks, prefix, states)?)
     }
 
     /// The smallest free memory of any rank's device: each holds a share of every block,
@@ -120,21 +124,26 @@ pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Ar
 }
 
 /// The recurrent-state slots of a hybrid model's cache: one per sequence a step can hold
-/// with `rollback` more each (the speculative tokens a step may verify), and with prefix
-/// caching as many as sequences for snapshots, one every
-/// [`EngineConfig::state_snapshot_interval`] blocks; `None` for a model without recurrent
-/// state.
-pub fn state_sizing(layout: &KvLayout, config: &EngineConfig, prefix: bool, rollback: usize) -> Option<StateSizing> {
+/// with `rollback` more each (the speculative tokens a step may verify), and `snapshots`
+/// for the prefix cache, one every [`EngineConfig::state_snapshot_interval`] blocks (the
+/// number phase 6 sized, [`crate::startup::kv_budget::CacheSize`]); `None` for a model
+/// without recurrent state.
+pub fn state_sizing(
+    layout: &KvLayout,
+    config: &EngineConfig,
+    snapshots: usize,
+    rollback: usize,
+) -> Option<StateSizing> {
     layout.state?;
-    let snapshots = if prefix && config.state_snapshot_interval > 0 { config.max_num_seqs } else { 0 };
     let interval = config.state_snapshot_interval;
+    let snapshots = if interval > 0 { snapshots } else { 0 };
     Some(StateSizing { sequences: config.max_num_seqs, snapshots, interval, rollback })
 }
 
 /// Bytes on one device of the state slots [`state_sizing`] asks for (0 without recurrent
 /// state).
-pub fn state_bytes(layout: &KvLayout, config: &EngineConfig, prefix: bool, rollback: usize) -> usize {
-    match (layout.state, state_sizing(layout, config, prefix, rollback)) {
+pub fn state_bytes(layout: &KvLayout, config: &EngineConfig, snapshots: usize, rollback: usize) -> usize {
+    match (layout.state, state_sizing(layout, config, snapshots, rollback)) {
         (Some(s), Some(sizing)) => sizing.slots() * s.bytes_per_slot(),
         _ => 0,
     }
