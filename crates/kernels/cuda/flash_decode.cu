@@ -20,7 +20,7 @@
 // the warps' sums are merged through shared memory at the split's end.
 
 // grid (seqs, h_kv, z <= DEC_SPLITS), block W * 32, dynamic shared memory
-// (16 + 2 S BN) D * 2 bytes. D is 64 or 128; G <= DEC_MAX_GROUP (checked on the host).
+// (16 + 2 S BN) D * 2 bytes. D is 64, 128 or 256; G <= DEC_MAX_GROUP (checked on the host).
 template <int D, int W, int S>
 __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
                              const u32* seq_lens, const u32* tables, const AttnArgs& a, bf16_t* out, u32* counters) {
@@ -228,3 +228,6 @@ MET_FLASH_DECODE(64, 4, 3)
 MET_FLASH_DECODE(128, 4, 3)
 MET_FLASH_DECODE(64, 2, 3)
 MET_FLASH_DECODE(128, 2, 3)
+// Head dim 256 (Qwen3.5, Qwen3-Next): four warps take 200 KiB of the ring, two 104 KiB.
+MET_FLASH_DECODE(256, 4, 3)
+MET_FLASH_DECODE(256, 2, 3)

@@ -254,7 +254,7 @@ fn reference(
     )
 }
 
-/// The `flash` backend: for head dims 64 and 128 the tensor-core kernels, split-KV decode
+/// The `flash` backend: for head dims 64, 128 and 256 the tensor-core kernels, split-KV decode
 /// for decode steps and tiles for any other batch; for other head dims the scalar split-KV
 /// kernel for decode steps and the reference for the rest.
 pub(super) fn flash_attention(
@@ -273,7 +273,9 @@ pub(super) fn flash_attention(
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
     let decode_step = decode_applies(&call.cu, h, hkv, d);
     let shape = FlashDecode::for_batch(call.lens.len());
-    if let (true, Some(kernel)) = (decode_step, shape.kernel(d)) {
+    // Head dim 256's decode kernels need Hopper's shared memory, as its tiles do.
+    let served = d != 256 || b.tiled_prefill == TiledPrefill::Warpgroup;
+    if let (true, true, Some(kernel)) = (decode_step, served, shape.kernel(d)) {
         let args = AttnArgs { split_min: flash_decode_split_min(call.lens.len()), ..call.args };
         let z = decode_grid_z(&call.lens, args, b.dev.recording_here());
         let launch = DecodeLaunch { kernel, warps: shape.warps, shared: shape.shared_bytes(d), z };
@@ -329,11 +331,14 @@ impl TiledPrefill {
 /// query tile, a ring of K/V tiles, 8-byte mbarriers, 1 KiB of alignment); the `mma.sync`
 /// kernel 64 rows with 4 warps (the query tile and two buffers of keys and values).
 fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
-    let kernel = match (d, family) {
-        (64, TiledPrefill::Warpgroup) => "flash_prefill_wg_bf16_d64",
-        (128, TiledPrefill::Warpgroup) => "flash_prefill_wg_bf16_d128",
-        (64, TiledPrefill::MmaSync) => "flash_prefill_bf16_d64",
-        (128, TiledPrefill::MmaSync) => "flash_prefill_bf16_d128",
+    let (kernel, family) = match (d, family) {
+        (64, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d64", family),
+        (128, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d128", family),
+        (64, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d64", family),
+        (128, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d128", family),
+        // Head dim 256 takes the `mma.sync` tiles (a warpgroup's 128 rows of O would not fit
+        // its registers), with 160 KiB of shared memory: on Hopper only.
+        (256, TiledPrefill::Warpgroup) => ("flash_prefill_bf16_d256", TiledPrefill::MmaSync),
         _ => return None,
     };
     Some(match family {
@@ -382,6 +387,8 @@ impl FlashDecode {
             (128, 4) => "flash_decode_bf16_d128_w4",
             (64, 2) => "flash_decode_bf16_d64_w2",
             (128, 2) => "flash_decode_bf16_d128_w2",
+            (256, 4) => "flash_decode_bf16_d256_w4",
+            (256, 2) => "flash_decode_bf16_d256_w2",
             _ => return None,
         })
     }
@@ -413,12 +420,14 @@ pub(super) fn raise_shared_memory(
     if TiledPrefill::for_device(cc) == TiledPrefill::Warpgroup {
         families.push(TiledPrefill::Warpgroup);
     }
-    for d in [64, 128] {
+    let hopper = TiledPrefill::for_device(cc) == TiledPrefill::Warpgroup;
+    // Head dim 256's kernels take up to 200 KiB: Hopper's 227 KiB hold them.
+    let dims: &[usize] = if hopper { &[64, 128, 256] } else { &[64, 128] };
+    for &d in dims {
         let mut sized: Vec<(&str, u32)> =
             FLASH_DECODE_SHAPES.iter().map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d))).collect();
         for &family in &families {
-            let tiled = prefill_kernel(d, family).expect("a tiled kernel");
-            sized.push((tiled.kernel, tiled.shared));
+            sized.extend(prefill_kernel(d, family).map(|tiled| (tiled.kernel, tiled.shared)));
         }
         for (name, bytes) in sized {
             let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;

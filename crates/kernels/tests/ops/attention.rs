@@ -279,7 +279,8 @@ pub fn paged_attention_softcap(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
-/// The tiled prefill kernel's shapes (head dims 64 and 128, groups of 1 to 8 query heads)
+/// The tiled prefill kernel's shapes (head dims 64, 128 and Qwen3.5's 256, groups of 1 to
+/// 8 query heads)
 /// over chunked prefills whose query tiles and key tiles both cross block and tile edges
 /// (tiles of 64 rows and 64 keys; blocks of 16), beside decode rows of other sequences, with
 /// sharp attention (scores of a few units, so a wrong mask or a dropped tile moves the rows).
@@ -292,7 +293,7 @@ pub fn attention_tiled_prefill_shapes(b: &dyn GpuBackend) -> Result<()> {
         Seq { context: 300, q_len: 63 },
         Seq { context: 1, q_len: 1 },
     ];
-    for (seed, &(h, hkv, d)) in [(8, 2, 128), (8, 8, 64), (16, 2, 128), (4, 1, 64)].iter().enumerate() {
+    for (seed, &(h, hkv, d)) in [(8, 2, 128), (8, 8, 64), (16, 2, 128), (4, 1, 64), (16, 2, 256)].iter().enumerate() {
         let what = format!("tiled prefill h={h} h_kv={hkv} d={d}");
         check_case(b, &Layout::new(h, hkv, d, 16), &seqs, 6.0, 80 + seed as u64, &what)?;
     }
@@ -519,13 +520,13 @@ pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
 
 /// Decode steps (one query row per sequence, the batches a split-KV kernel may take):
 /// Llama-3.1-8B's grouping (32 query heads on 8 KV heads, d = 128), Qwen3-0.6B's (16 on 8),
-/// MHA at d = 64 and a head dim of 96; contexts of 1, 63 to 65 keys (split boundaries),
+/// MHA at d = 64, a head dim of 96 and Qwen3.5-35B-A3B's (16 on 2, d = 256); contexts of 1, 63 to 65 keys (split boundaries),
 /// 300, 1,500 and 5,000 (several splits, of more than the minimum length), peaked scores;
 /// then a window of 200 and a soft-cap on the same rows, each shown to matter.
 pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     let contexts = [1, 63, 64, 65, 300, 1_500, 5_000];
     let seqs: Vec<Seq> = contexts.iter().map(|&context| Seq { context, q_len: 1 }).collect();
-    for (seed, &(h, hkv, d)) in [(32, 8, 128), (16, 8, 128), (4, 4, 64), (6, 2, 96)].iter().enumerate() {
+    for (seed, &(h, hkv, d)) in [(32, 8, 128), (16, 8, 128), (4, 4, 64), (6, 2, 96), (16, 2, 256)].iter().enumerate() {
         let layout = Layout::new(h, hkv, d, 16);
         let what = format!("decode h={h} h_kv={hkv} d={d}");
         check_case(b, &layout, &seqs, 6.0, 60 + seed as u64, &what)?;
@@ -553,5 +554,6 @@ pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     check_case(b, &Layout::new(6, 2, 96, 16), &many, 6.0, 72, "decode, 40 sequences, d=96").map(drop)?;
     let more: Vec<Seq> = (0..80).map(|i| Seq { context: [2, 130, 900, 2_049, 4_500][i % 5] + i, q_len: 1 }).collect();
     check_case(b, &Layout::new(16, 8, 128, 16), &more, 6.0, 75, "decode, 80 sequences, 16/8 heads d=128").map(drop)?;
-    check_case(b, &Layout::new(4, 4, 64, 16), &more, 6.0, 76, "decode, 80 sequences, MHA d=64").map(drop)
+    check_case(b, &Layout::new(4, 4, 64, 16), &more, 6.0, 76, "decode, 80 sequences, MHA d=64").map(drop)?;
+    check_case(b, &Layout::new(16, 2, 256, 16), &many, 6.0, 77, "decode, 40 sequences, 16/2 heads d=256").map(drop)
 }
