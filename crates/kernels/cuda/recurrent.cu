@@ -101,14 +101,13 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
 // the row's q, k, g and beta:
 //   S[:, c] <- e^g S[:, c];  delta_c = beta (v_c - S[:, c] . k);  S[:, c] += k delta_c;
 //   o_c = S[:, c] . q = (e^g S_old[:, c]) . q + delta_c (k . q),
-// so the state is split by columns: each warp owns DELTA_COLS columns, its lane l the rows
+// so the state is split by columns: each warp owns C columns, its lane l the rows
 // l, l + 32, ... (R of them, d_k <= 32 R) in registers, and reduces its dot products with
 // shuffles; warps share nothing and never synchronise. Each warp reads the row's q and k
 // itself (lane l the elements of its rows) and normalises them with two warp sums.
 //
 // A prefill runs its rows one after another per head, which is slower than the chunked
 // (WY) tensor-core form FLA uses for long prompts: that form is future work here.
-#define DELTA_COLS 8
 #define DELTA_WARPS 4
 
 // The sizes of a delta-rule step, passed by value (`DeltaDims` of `src/cuda/recurrent.rs`).
@@ -142,25 +141,25 @@ __device__ __forceinline__ float2 delta_gates(const DeltaStep& p, u32 row, u32 j
 
 // This lane's rows of `st` (one head's [dk, dv] state) and the warp's columns, to or from
 // the registers `S`; entries outside the state stay zero.
-template <int R>
-__device__ __forceinline__ void load_state(float (&S)[R][DELTA_COLS], const float* st, u32 lane, u32 col0, u32 dk,
+template <int R, int C>
+__device__ __forceinline__ void load_state(float (&S)[R][C], const float* st, u32 lane, u32 col0, u32 dk,
                                            u32 dv) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < DELTA_COLS; ++c) {
+        for (int c = 0; c < C; ++c) {
             const u32 row = lane + 32 * r, col = col0 + c;
             S[r][c] = row < dk && col < dv ? st[(u64)row * dv + col] : 0.0f;
         }
 }
 
-template <int R>
-__device__ __forceinline__ void store_state(const float (&S)[R][DELTA_COLS], float* st, u32 lane, u32 col0, u32 dk,
+template <int R, int C>
+__device__ __forceinline__ void store_state(const float (&S)[R][C], float* st, u32 lane, u32 col0, u32 dk,
                                             u32 dv) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < DELTA_COLS; ++c) {
+        for (int c = 0; c < C; ++c) {
             const u32 row = lane + 32 * r, col = col0 + c;
             if (row < dk && col < dv) st[(u64)row * dv + col] = S[r][c];
         }
@@ -193,16 +192,16 @@ __device__ __forceinline__ float load_qk(const DeltaStep& p, const bf16_t* x, u3
 
 // One row of the recurrence for the warp's columns. The sums are butterflies, so every
 // lane holds every column's result; lane 0 writes the outputs.
-template <int R>
-__device__ __forceinline__ void delta_row(const DeltaStep& p, float (&S)[R][DELTA_COLS], u32 row, u32 j, u32 lane,
+template <int R, int C>
+__device__ __forceinline__ void delta_row(const DeltaStep& p, float (&S)[R][C], u32 row, u32 j, u32 lane,
                                           u32 col0) {
     const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * p.dk + p.hv * p.dv);
     float q[R], k[R];
     const float kq = load_qk<R>(p, x, j / (p.hv / p.hk), lane, q, k);
     const float2 gates = delta_gates(p, row, j);
-    float sk[DELTA_COLS], sq[DELTA_COLS];
+    float sk[C], sq[C];
 #pragma unroll
-    for (int c = 0; c < DELTA_COLS; ++c) {
+    for (int c = 0; c < C; ++c) {
         sk[c] = 0.0f;
         sq[c] = 0.0f;
 #pragma unroll
@@ -212,18 +211,18 @@ __device__ __forceinline__ void delta_row(const DeltaStep& p, float (&S)[R][DELT
             sq[c] += S[r][c] * q[r];
         }
     }
-    // The 2 DELTA_COLS butterflies interleaved, so their shuffles overlap.
+    // The 2 C butterflies interleaved, so their shuffles overlap.
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-        for (int c = 0; c < DELTA_COLS; ++c) {
+        for (int c = 0; c < C; ++c) {
             sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], o);
             sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
         }
     const bf16_t* v = x + 2 * p.hk * p.dk + (u64)j * p.dv;
     bf16_t* out = p.out + ((u64)row * p.hv + j) * p.dv;
 #pragma unroll
-    for (int c = 0; c < DELTA_COLS; ++c) {
+    for (int c = 0; c < C; ++c) {
         const u32 col = col0 + c;
         const float delta = col < p.dv ? gates.y * (bf2f(v[col]) - sk[c]) : 0.0f;
 #pragma unroll
@@ -232,11 +231,11 @@ __device__ __forceinline__ void delta_row(const DeltaStep& p, float (&S)[R][DELT
     }
 }
 
-template <int R>
+template <int R, int C>
 __device__ void gated_delta_rule(const DeltaStep& p) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.y, s = blockIdx.z;
-    const u32 col0 = (blockIdx.x * DELTA_WARPS + warp) * DELTA_COLS;
+    const u32 col0 = (blockIdx.x * DELTA_WARPS + warp) * C;
     const u32 start = p.cu[s], end = p.cu[s + 1];
     // Warp-uniform: a warp past the last column, or of a sequence without rows, has nothing
     // to do (and its state stays as it is).
@@ -245,40 +244,46 @@ __device__ void gated_delta_rule(const DeltaStep& p) {
     // Without a slot (a padding row) the state starts at zero and is dropped after.
     const bool keeps = p.slots[s] != NO_SLOT;
     float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
-    float S[R][DELTA_COLS];
+    float S[R][C];
     if (keeps) {
-        load_state<R>(S, st, lane, col0, p.dk, p.dv);
+        load_state<R, C>(S, st, lane, col0, p.dk, p.dv);
     } else {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int c = 0; c < DELTA_COLS; ++c) S[r][c] = 0.0f;
+            for (int c = 0; c < C; ++c) S[r][c] = 0.0f;
     }
     for (u32 row = start; row < end; ++row) {
-        delta_row<R>(p, S, row, j, lane, col0);
+        delta_row<R, C>(p, S, row, j, lane, col0);
         for (u32 n = 0; n < p.n_snap; ++n)
             if (p.snaps[2 * n] == row)
-                store_state<R>(S, p.state + p.snaps[2 * n + 1] * head + j * per_head, lane, col0, p.dk, p.dv);
+                store_state<R, C>(S, p.state + p.snaps[2 * n + 1] * head + j * per_head, lane, col0, p.dk, p.dv);
     }
-    if (keeps) store_state<R>(S, st, lane, col0, p.dk, p.dv);
+    if (keeps) store_state<R, C>(S, st, lane, col0, p.dk, p.dv);
 }
 
-// `_r{R}`: d_k up to 32 R. Launched with DELTA_WARPS warps a block and a grid of
-// (ceil(dv / (DELTA_WARPS DELTA_COLS)), hv, seqs).
-#define GATED_DELTA_RULE(R)                                                                                    \
+// `_r{R}`: d_k up to 32 R, 8 columns a warp; `_r{R}_c2`: 2 columns a warp, four times the
+// warps, for steps of few sequences (a decode step at small batch), whose blocks would
+// otherwise leave most of the GPU idle while each waits on its loads. A column's
+// arithmetic is the same in both. Launched with DELTA_WARPS warps a block and a grid of
+// (ceil(dv / (DELTA_WARPS C)), hv, seqs).
+#define GATED_DELTA_RULE(R, C, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(DELTA_WARPS * 32)                                             \
-        gated_delta_rule_bf16_r##R(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,    \
-                                   const float* dt_bias, float* state, const u32* cu, const u32* slots,        \
-                                   const u32* snaps, bf16_t* out, DeltaDims d) {                               \
+        NAME(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log, const float* dt_bias,    \
+             float* state, const u32* cu, const u32* slots, const u32* snaps, bf16_t* out, DeltaDims d) {     \
         pdl_enter();                                                                                           \
         const DeltaStep p = {qkv, a, b, a_log, dt_bias, state, cu, slots, snaps, out,                          \
                              d.hk, d.hv, d.dk, d.dv, d.n_snap};                                                \
-        gated_delta_rule<R>(p);                                                                                \
+        gated_delta_rule<R, C>(p);                                                                             \
     }
-GATED_DELTA_RULE(1)
-GATED_DELTA_RULE(2)
-GATED_DELTA_RULE(4)
-GATED_DELTA_RULE(8)
+GATED_DELTA_RULE(1, 8, gated_delta_rule_bf16_r1)
+GATED_DELTA_RULE(2, 8, gated_delta_rule_bf16_r2)
+GATED_DELTA_RULE(4, 8, gated_delta_rule_bf16_r4)
+GATED_DELTA_RULE(8, 8, gated_delta_rule_bf16_r8)
+GATED_DELTA_RULE(1, 2, gated_delta_rule_bf16_r1_c2)
+GATED_DELTA_RULE(2, 2, gated_delta_rule_bf16_r2_c2)
+GATED_DELTA_RULE(4, 2, gated_delta_rule_bf16_r4_c2)
+GATED_DELTA_RULE(8, 2, gated_delta_rule_bf16_r8_c2)
 
 // --- rms_norm_gated, sigmoid_mul -----------------------------------------------------------
 

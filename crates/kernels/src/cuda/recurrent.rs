@@ -22,21 +22,30 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 9] = [
+pub(super) const KERNELS: [&str; 13] = [
     "causal_conv1d_bf16",
     "conv_states_bf16",
     "gated_delta_rule_bf16_r1",
     "gated_delta_rule_bf16_r2",
     "gated_delta_rule_bf16_r4",
     "gated_delta_rule_bf16_r8",
+    "gated_delta_rule_bf16_r1_c2",
+    "gated_delta_rule_bf16_r2_c2",
+    "gated_delta_rule_bf16_r4_c2",
+    "gated_delta_rule_bf16_r8_c2",
     "rms_norm_gated_bf16",
     "rms_norm_gated_bf16_wf32",
     "sigmoid_mul_bf16",
 ];
 
-/// `DELTA_WARPS` and `DELTA_COLS` of `recurrent.cu`: warps per block, value columns per warp.
+/// `DELTA_WARPS` of `recurrent.cu`: warps per block.
 const DELTA_WARPS: usize = 4;
-const DELTA_COLS: usize = 8;
+
+/// Steps of at most this many sequences take the delta-rule kernels of 2 value columns a
+/// warp (`_c2`), the others those of 8: a decode step of a few sequences then spreads over
+/// four times the warps. Each column computes the same either way, so the choice changes
+/// no result.
+const NARROW_UP_TO: usize = 8;
 
 /// `DeltaDims` of `recurrent.cu`, passed by value.
 #[repr(C)]
@@ -151,13 +160,19 @@ pub(super) fn causal_conv1d(
     Ok(out)
 }
 
-/// The delta-rule kernel for key heads of `dk`: `_r{R}` holds `R` rows per lane.
-fn delta_kernel(dk: usize) -> Result<&'static str> {
-    Ok(match dk {
-        0..=32 => "gated_delta_rule_bf16_r1",
-        33..=64 => "gated_delta_rule_bf16_r2",
-        65..=128 => "gated_delta_rule_bf16_r4",
-        129..=256 => "gated_delta_rule_bf16_r8",
+/// The delta-rule kernel for key heads of `dk` and a step of `seqs` sequences, with its
+/// value columns per warp: `_r{R}` holds `R` rows per lane.
+fn delta_kernel(dk: usize, seqs: usize) -> Result<(&'static str, usize)> {
+    let narrow = seqs <= NARROW_UP_TO;
+    Ok(match (dk, narrow) {
+        (0..=32, false) => ("gated_delta_rule_bf16_r1", 8),
+        (33..=64, false) => ("gated_delta_rule_bf16_r2", 8),
+        (65..=128, false) => ("gated_delta_rule_bf16_r4", 8),
+        (129..=256, false) => ("gated_delta_rule_bf16_r8", 8),
+        (0..=32, true) => ("gated_delta_rule_bf16_r1_c2", 2),
+        (33..=64, true) => ("gated_delta_rule_bf16_r2_c2", 2),
+        (65..=128, true) => ("gated_delta_rule_bf16_r4_c2", 2),
+        (129..=256, true) => ("gated_delta_rule_bf16_r8_c2", 2),
         _ => return Err(Error::InvalidArgument(format!("gated_delta_rule: key heads of {dk} (the kernels take 256)"))),
     })
 }
@@ -178,7 +193,7 @@ pub(super) fn gated_delta_rule(
         expect_dtype(OP, operand, &[DType::F32])?;
     }
     let (hk, hv, dk, dv) = (rule.num_key_heads, rule.num_value_heads, rule.key_dim, rule.value_dim);
-    let kernel = delta_kernel(dk)?;
+    let (kernel, cols) = delta_kernel(dk, batch.slots.elem_count())?;
     check_runs(b, OP, batch, t, capacity)?;
     let out = b.alloc(&[t, hv, dv], DType::BF16)?;
     if t == 0 {
@@ -194,7 +209,7 @@ pub(super) fn gated_delta_rule(
     };
     let seqs = as_u32(OP, "sequences", batch.slots.elem_count())?;
     let cfg = LaunchConfig {
-        grid_dim: (as_u32(OP, "column tiles", dv.div_ceil(DELTA_WARPS * DELTA_COLS))?, dims.hv, seqs),
+        grid_dim: (as_u32(OP, "column tiles", dv.div_ceil(DELTA_WARPS * cols))?, dims.hv, seqs),
         block_dim: ((DELTA_WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };

@@ -201,32 +201,39 @@ pub fn delta_rule_carries_state_across_steps(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
-/// Decode steps of eight sequences, one row each, four steps in a row (the shape a CUDA
-/// graph replays), equal the reference over the four rows of each.
+/// Decode steps of 8 and of 16 sequences (the CUDA backend's narrow and wide kernels), one
+/// row each, four steps in a row (the shape a CUDA graph replays), equal the reference over
+/// the four rows of each.
 pub fn delta_rule_decode_steps(b: &dyn GpuBackend) -> Result<()> {
-    const SEQS: usize = 8;
+    for seqs in [8, 16] {
+        decode_steps(b, seqs)?;
+    }
+    Ok(())
+}
+
+fn decode_steps(b: &dyn GpuBackend, seqs: usize) -> Result<()> {
     const STEPS: usize = 4;
-    let layer = Layer::new(70, (2, 4, 128, 128), SEQS + 1);
-    let slots: Vec<u32> = (0..SEQS as u32).map(|s| (s * 5) % (SEQS as u32 + 1)).collect();
-    let rows = layer.rows(b, 80, SEQS * STEPS, 3.0);
-    let (want_o, want_state) = layer.reference(&rows, &Seqs::new(&[STEPS; SEQS], &slots));
+    let layer = Layer::new(70 + seqs as u64, (2, 4, 128, 128), seqs + 1);
+    let slots: Vec<u32> = (0..seqs as u32).map(|s| (s * 5) % (seqs as u32 + 1)).collect();
+    let rows = layer.rows(b, 80, seqs * STEPS, 3.0);
+    let (want_o, want_state) = layer.reference(&rows, &Seqs::new(&vec![STEPS; seqs], &slots));
     let pool = layer.pool(b)?;
     let per_row = layer.dims.1 * layer.dims.3;
-    let mut o = vec![0f32; SEQS * STEPS * per_row];
+    let mut o = vec![0f32; seqs * STEPS * per_row];
     for k in 0..STEPS {
-        let picks: Vec<Rows> = (0..SEQS).map(|s| layer.take(&rows, s * STEPS + k..s * STEPS + k + 1)).collect();
+        let picks: Vec<Rows> = (0..seqs).map(|s| layer.take(&rows, s * STEPS + k..s * STEPS + k + 1)).collect();
         let step = Rows {
             qkv: picks.iter().flat_map(|r| r.qkv.iter().copied()).collect(),
             a: picks.iter().flat_map(|r| r.a.iter().copied()).collect(),
             b: picks.iter().flat_map(|r| r.b.iter().copied()).collect(),
         };
-        let got = layer.run(b, &step, &Seqs::new(&[1; SEQS], &slots), &pool)?;
-        for s in 0..SEQS {
+        let got = layer.run(b, &step, &Seqs::new(&vec![1; seqs], &slots), &pool)?;
+        for s in 0..seqs {
             let row = s * STEPS + k;
             o[row * per_row..(row + 1) * per_row].copy_from_slice(&got[s * per_row..(s + 1) * per_row]);
         }
     }
-    layer.assert_matches(b, (&o, &pool), (&want_o, &want_state), "delta rule decode steps");
+    layer.assert_matches(b, (&o, &pool), (&want_o, &want_state), &format!("delta rule decode steps of {seqs}"));
     Ok(())
 }
 
