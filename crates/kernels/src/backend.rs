@@ -5,11 +5,13 @@
 //! allocation per op is cheap); only [`GpuBackend::write_kv`] writes into an existing
 //! tensor. Shapes use `t` for tokens of the flat batch, `h` for heads, `d` for head dim.
 
+mod lora;
 mod operands;
 mod recurrent;
 
 use std::fmt::Debug;
 
+pub use self::lora::LoraSegment;
 pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
     UniformRun,
@@ -535,6 +537,30 @@ pub trait GpuBackend: Send + Sync + Debug {
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
         let _ = (x, gate);
         Err(self.no_recurrent_ops())
+    }
+
+    // --- adapters (LoRA) ---------------------------------------------------------------
+
+    /// Whether this backend runs [`Self::lora_shrink_expand`]. Serving with adapters is
+    /// refused at startup on a backend without it.
+    fn supports_lora(&self) -> bool {
+        false
+    }
+
+    /// `out [t, N]` plus, for each segment, `scale · (x[rows] · aᵀ) · bᵀ` added into
+    /// `out[rows, column .. column + n]`, with `x [t, in]`, `a [r, in]`, `b [n, r]`: the
+    /// adapters' deltas of one projection over a mixed batch. Rows no segment names are
+    /// `out`'s unchanged; a row named by several segments (modules fused into one
+    /// projection) gets each delta in its columns. On the CPU a row's result depends on
+    /// that row and its segments alone.
+    ///
+    /// # Errors
+    /// On mismatched shapes, rows past `t` or columns past `N`;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) where the backend has no
+    /// LoRA op ([`Self::supports_lora`]).
+    fn lora_shrink_expand(&self, x: &Tensor, out: &Tensor, segments: &[LoraSegment<'_>]) -> Result<Tensor> {
+        let _ = (x, out, segments);
+        Err(crate::Error::InvalidArgument(format!("the {} backend cannot apply LoRA adapters yet", self.name())))
     }
 
     /// The error of a recurrent op on a backend without them.

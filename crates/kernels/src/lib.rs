@@ -36,7 +36,8 @@ mod tensor;
 use std::sync::Arc;
 
 pub use backend::{
-    AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LaterSample, MemoryInfo, NO_STATE_SLOT,
+    AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LaterSample, LoraSegment, MemoryInfo,
+    NO_STATE_SLOT,
     QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun,
 };
 pub use collective::{Collective, Devices, LocalCollective};

@@ -20,6 +20,7 @@
 
 pub(crate) mod attention;
 mod flash;
+mod lora;
 mod matmul;
 mod moe;
 mod ops;
@@ -32,7 +33,7 @@ pub(crate) mod sample;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{
-    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, RecurrentBatch, Routing, SampleRow, Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, LoraSegment, RecurrentBatch, Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
@@ -376,5 +377,13 @@ impl GpuBackend for CpuBackend {
 
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
         recurrent::sigmoid_mul(x, gate)
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn lora_shrink_expand(&self, x: &Tensor, out: &Tensor, segments: &[LoraSegment<'_>]) -> Result<Tensor> {
+        lora::lora_shrink_expand(x, out, segments)
     }
 }
