@@ -3,9 +3,13 @@
 //! Each sequence contributes a contiguous run of rows: the next chunk of its prompt, or
 //! its last sampled token. Positions continue from what the cache already holds, slots
 //! come from the sequence's block table, and the attention metadata is derived from the
-//! per-sequence query and context lengths.
+//! per-sequence query and context lengths. Rows of sequences that run through a LoRA
+//! adapter are named by runs ([`ForwardBatch::adapter_runs`]); every other row is the base
+//! model's.
 
 use met_cache::SequenceBlocks;
+
+use crate::lora::{Adapter, AdapterRun};
 
 /// Which rows of a pushed chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +58,9 @@ pub struct ForwardBatch {
     /// `(row, slot)`: states to copy out after a row, for the prefix cache's snapshots and
     /// a speculative step's rollback copies; ascending within a sequence.
     pub state_snapshots: Vec<(u32, u32)>,
+    /// Rows that run through a LoRA adapter, ascending, one run per adapter and stretch of
+    /// consecutive rows ([`Self::adapt_last`]).
+    pub adapter_runs: Vec<AdapterRun>,
 }
 
 impl ForwardBatch {
@@ -85,6 +92,19 @@ impl ForwardBatch {
         let table = self.block_tables.len()..self.block_tables.len() + blocks.block_ids().len();
         self.block_tables.extend(blocks.block_ids().iter().map(|b| b.0));
         self.sequences.push(BatchSequence { query_len: tokens.len(), context_len: end, blocks: table });
+    }
+
+    /// Runs the rows of the sequence pushed last through `adapter`.
+    ///
+    /// # Panics
+    /// If no sequence was pushed.
+    pub fn adapt_last(&mut self, adapter: &Adapter) {
+        let query_len = self.sequences.last().expect("adapt a pushed sequence").query_len;
+        let rows = self.token_ids.len() - query_len..self.token_ids.len();
+        match self.adapter_runs.last_mut() {
+            Some(run) if run.adapter.id() == adapter.id() && run.rows.end == rows.start => run.rows.end = rows.end,
+            _ => self.adapter_runs.push(AdapterRun { rows, adapter: adapter.clone() }),
+        }
     }
 
     /// A sequence's recurrent state: its slot, where its state starts when this step is its
@@ -122,6 +142,7 @@ impl ForwardBatch {
         self.state_zero.clear();
         self.state_restore.clear();
         self.state_snapshots.clear();
+        self.adapter_runs.clear();
     }
 
     /// Rows in the batch.

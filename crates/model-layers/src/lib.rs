@@ -14,6 +14,7 @@ pub mod attention;
 mod batch;
 pub mod graphs;
 pub mod layers;
+pub mod lora;
 pub mod models;
 pub mod parallel;
 pub mod runner;
@@ -47,6 +48,15 @@ pub enum ModelError {
     /// The architecture or a setting is not supported.
     #[error("{0}")]
     Unsupported(String),
+    /// A LoRA adapter that cannot be loaded: a missing file, a setting met does not
+    /// implement, or weights that do not fit the model.
+    #[error("LoRA adapter `{name}`: {msg}")]
+    Adapter {
+        /// The name it was to be loaded as.
+        name: String,
+        /// What is wrong.
+        msg: String,
+    },
     /// A tensor-parallel rank failed, or could not start.
     #[error("tensor parallelism: {0}")]
     Parallel(String),

@@ -32,6 +32,7 @@ use super::self_attention::{SelfAttention, StepInputs};
 use super::{Loader, spec};
 use crate::attention::{AttentionBackend, BatchLayout, StepMetadata, widest_table};
 use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
+use crate::lora::{AdapterRun, LayerLora};
 use crate::parallel::{Param, Reduce, Shard, Sharding};
 use crate::{EarlyExit, ForwardBatch, Model, ModelError, Result};
 
@@ -117,10 +118,11 @@ impl DecoderLayer {
         x: &Tensor,
         step: &DeviceStep,
         kv: &KvPools,
+        lora: LayerLora<'_>,
     ) -> Result<Tensor> {
         let out = match &self.mixer {
             Mixer::Attention(a, j) => {
-                let inputs = StepInputs { positions: &step.positions, meta: &step.meta };
+                let inputs = StepInputs { positions: &step.positions, meta: &step.meta, lora };
                 a.forward(b, attention, x, &inputs, kv.layer(*j))?
             }
             Mixer::Linear(gdn, r) => {
@@ -135,8 +137,8 @@ impl DecoderLayer {
     }
 
     /// The MLP of `x [t, hidden]`, its output normalised under the sandwich placement.
-    fn feed_forward(&self, b: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
-        let out = self.mlp.forward(b, x)?;
+    fn feed_forward(&self, b: &dyn GpuBackend, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
+        let out = self.mlp.forward(b, x, lora)?;
         match &self.branch_norms {
             Some([_, post_feedforward]) => Ok(b.rms_norm(&out, post_feedforward, self.eps)?),
             None => Ok(out),
@@ -330,11 +332,12 @@ impl DecoderModel {
     /// The forward pass over inputs already on the device: only device work, no upload and
     /// no wait, so a graph can record it.
     pub(crate) fn run(&self, step: &DeviceStep, kv: &KvPools) -> Result<Tensor> {
-        self.run_layers(step, kv, self.layers.len())
+        self.run_layers(step, kv, self.layers.len(), &[])
     }
 
-    /// [`Self::run`] through the first `layers` layers only, then the final norm and head.
-    fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize) -> Result<Tensor> {
+    /// [`Self::run`] through the first `layers` layers only, then the final norm and head,
+    /// the rows of `runs` through their adapters.
+    fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize, runs: &[AdapterRun]) -> Result<Tensor> {
         let b = &*self.backend;
         if let Some(recurrent) = &step.recurrent {
             recurrent.prepare(b, kv)?;
@@ -342,14 +345,15 @@ impl DecoderModel {
         // [t, hidden] throughout; `residual` carries the stream between fused norms.
         let mut hidden = self.embed(b, &step.ids)?;
         let mut residual: Option<Tensor> = None;
-        for layer in self.layers.iter().take(layers) {
+        for (i, layer) in self.layers.iter().take(layers).enumerate() {
+            let lora = LayerLora::new(runs, i);
             let (normed, res) = match &residual {
                 None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
                 Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
             };
-            let attn = layer.attend(b, &*self.attention, &normed, step, kv)?;
+            let attn = layer.attend(b, &*self.attention, &normed, step, kv, lora)?;
             let (normed, res) = b.add_rms_norm(&attn, &res, &layer.post_norm, self.eps)?;
-            hidden = layer.feed_forward(b, &normed)?;
+            hidden = layer.feed_forward(b, &normed, lora)?;
             residual = Some(res);
         }
         let normed = match &residual {
@@ -387,13 +391,15 @@ impl DecoderModel {
 
     /// The forward pass over `kv`'s pools of this rank, checks done: a graph replay for a
     /// decode step that one holds, else eager.
+    /// Steps with adapters run eagerly: graphs record the base model's ops only.
     pub(crate) fn forward_on(&self, batch: &ForwardBatch, kv: &KvPools, ids: StepIds<'_>) -> Result<Tensor> {
-        if let Some(graphs) = self.graphs.get()
+        if batch.adapter_runs.is_empty()
+            && let Some(graphs) = self.graphs.get()
             && let Some(logits) = graphs.replay(self, batch, kv, ids)?
         {
             return Ok(logits);
         }
-        self.run(&self.upload_step(batch, ids)?, kv)
+        self.run_layers(&self.upload_step(batch, ids)?, kv, self.layers.len(), &batch.adapter_runs)
     }
 
     /// Records decode graphs over this rank's pools ([`Model::capture_graphs`]).
@@ -577,6 +583,7 @@ impl EarlyExit for DecoderModel {
             )));
         }
         self.check(batch, kv)?;
-        self.run_layers(&self.upload_step(batch, StepIds::Host)?, kv.pools(0), layers)
+        let step = self.upload_step(batch, StepIds::Host)?;
+        self.run_layers(&step, kv.pools(0), layers, &batch.adapter_runs)
     }
 }

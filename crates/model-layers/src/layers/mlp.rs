@@ -18,6 +18,7 @@ use met_model_weights::TensorSpec;
 use super::linear::Linear;
 use super::{Loader, spec};
 use crate::Result;
+use crate::lora::{LayerLora, LoraModule};
 use crate::parallel::{Param, Reduce, Sharding, Unit};
 
 /// Gate and up, fused: each rank its share of the intermediate rows.
@@ -159,15 +160,18 @@ impl Mlp {
     ///
     /// # Errors
     /// On device failure.
-    pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
+    /// A dense MLP adds the deltas of `lora`'s adapters to its projections; experts take
+    /// none.
+    pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
         match self {
             Self::Dense { gate_up, down, activation } => {
+                let adapted = lora.adapts(&[LoraModule::Gate, LoraModule::Up]);
                 let act = match (activation, &gate_up.bias) {
-                    (Activation::Silu, None) => backend.matmul_silu_mul(x, &gate_up.weight)?,
-                    (Activation::Silu, Some(_)) => backend.silu_mul(&gate_up.forward(backend, x)?)?,
-                    (Activation::GeluTanh, _) => backend.gelu_tanh_mul(&gate_up.forward(backend, x)?)?,
+                    (Activation::Silu, None) if !adapted => backend.matmul_silu_mul(x, &gate_up.weight)?,
+                    (Activation::Silu, _) => backend.silu_mul(&Self::gate_up(backend, gate_up, x, lora)?)?,
+                    (Activation::GeluTanh, _) => backend.gelu_tanh_mul(&Self::gate_up(backend, gate_up, x, lora)?)?,
                 };
-                down.forward(backend, &act)
+                lora.apply(backend, &act, down.forward(backend, &act)?, &[(LoraModule::Down, 0)])
             }
             Self::Moe { router, gate_up, down, top_k, renormalize, reduce, shared } => {
                 let logits = backend.matmul(x, router, None)?;
@@ -176,9 +180,18 @@ impl Mlp {
                 let Some(shared) = shared else { return Ok(routed) };
                 let (expert, gate) = &**shared;
                 // `[t, 1]` gates, one per token, broadcast over the expert's output.
-                let gated = backend.sigmoid_mul(&expert.forward(backend, x)?, &gate.forward(backend, x)?)?;
+                let shared = expert.forward(backend, x, LayerLora::none())?;
+                let gated = backend.sigmoid_mul(&shared, &gate.forward(backend, x)?)?;
                 Ok(backend.add(&routed, &gated)?)
             }
         }
+    }
+
+    /// The fused gate/up product of `x`, with the adapters' gate and up deltas in their
+    /// halves.
+    fn gate_up(backend: &dyn GpuBackend, gate_up: &Linear, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
+        let half = gate_up.weight.dims()[0] / 2;
+        let out = gate_up.forward(backend, x)?;
+        lora.apply(backend, x, out, &[(LoraModule::Gate, 0), (LoraModule::Up, half)])
     }
 }

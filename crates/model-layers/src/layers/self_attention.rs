@@ -20,6 +20,7 @@ use super::norm::load_norm;
 use super::{Loader, spec};
 use crate::Result;
 use crate::attention::{AttentionBackend, StepMetadata};
+use crate::lora::{LayerLora, LoraModule};
 use crate::parallel::{Param, Sharding, Unit};
 
 /// q, k and v, fused into one projection: each rank its query heads and KV heads.
@@ -43,6 +44,8 @@ pub struct StepInputs<'a> {
     pub positions: &'a Tensor,
     /// Attention metadata of the step.
     pub meta: &'a StepMetadata,
+    /// The step's LoRA adapters at this layer.
+    pub lora: LayerLora<'a>,
 }
 
 /// One layer's self-attention.
@@ -125,7 +128,9 @@ impl SelfAttention {
     ) -> Result<Tensor> {
         let AttentionParams { num_heads: h, num_kv_heads: hkv, head_dim: d, .. } = self.params;
         let t = x.dims()[0];
-        let qkv = self.qkv.forward(backend, x)?;
+        let (q_cols, kv_cols) = (h * d, hkv * d);
+        let parts = [(LoraModule::Q, 0), (LoraModule::K, q_cols), (LoraModule::V, q_cols + kv_cols)];
+        let qkv = step.lora.apply(backend, x, self.qkv.forward(backend, x)?, &parts)?;
         let prologue = QkvPrologue {
             num_heads: h,
             num_kv_heads: hkv,
@@ -144,6 +149,6 @@ impl SelfAttention {
             Some(gate) => backend.sigmoid_mul(&out, &gate.forward(backend, x)?)?,
             None => out,
         };
-        self.o.forward(backend, &out)
+        step.lora.apply(backend, &out, self.o.forward(backend, &out)?, &[(LoraModule::O, 0)])
     }
 }

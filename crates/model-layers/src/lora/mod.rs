@@ -1,0 +1,276 @@
+//! LoRA adapters: PEFT's low-rank deltas on a model's projections, loaded beside the base
+//! weights and applied per row, so one batch mixes sequences of several adapters and of
+//! the base model.
+//!
+//! An adapter is read from a PEFT directory (`adapter_config.json` and
+//! `adapter_model.safetensors`) and checked against the model's recipe before it exists:
+//! every tensor must name a projection this model has (`q/k/v/o_proj` of an attention
+//! layer, `gate/up/down_proj` of a dense MLP; not experts, not hybrid layers), with the
+//! shapes that projection and the adapter's rank give. Its weights are uploaded once; a
+//! loaded [`Adapter`] is immutable and shared (`Arc`), so a request that holds one keeps
+//! it alive and unchanged until it finishes, whatever is unloaded meanwhile.
+//!
+//! A batch names its adapters as runs of rows ([`AdapterRun`]); each projection adds the
+//! runs' deltas into its output through one backend op
+//! ([`GpuBackend::lora_shrink_expand`]), so a CUDA kernel can replace the CPU's without
+//! the layers changing.
+//!
+//! Follows PEFT's `LoraLayer.forward`: `base(x) + lora_B(lora_A(x)) · scaling`.
+
+mod apply;
+mod config;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use met_config::ModelConfig;
+use met_kernels::{GpuBackend, Tensor};
+use met_model_weights::{SafetensorsStore, WeightStore, load};
+
+pub use apply::{AdapterRun, LayerLora};
+use config::AdapterConfig;
+
+use crate::{ModelError, Result};
+
+/// A projection an adapter can target, by PEFT's module name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoraModule {
+    /// `self_attn.q_proj`.
+    Q,
+    /// `self_attn.k_proj`.
+    K,
+    /// `self_attn.v_proj`.
+    V,
+    /// `self_attn.o_proj`.
+    O,
+    /// `mlp.gate_proj`.
+    Gate,
+    /// `mlp.up_proj`.
+    Up,
+    /// `mlp.down_proj`.
+    Down,
+}
+
+impl LoraModule {
+    /// Every module, in the order of [`LayerWeights`].
+    pub const ALL: [Self; 7] = [Self::Q, Self::K, Self::V, Self::O, Self::Gate, Self::Up, Self::Down];
+
+    /// PEFT's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q => "q_proj",
+            Self::K => "k_proj",
+            Self::V => "v_proj",
+            Self::O => "o_proj",
+            Self::Gate => "gate_proj",
+            Self::Up => "up_proj",
+            Self::Down => "down_proj",
+        }
+    }
+
+    /// The module PEFT calls `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The block holding it in a layer's checkpoint names.
+    fn block(self) -> &'static str {
+        match self {
+            Self::Q | Self::K | Self::V | Self::O => "self_attn",
+            _ => "mlp",
+        }
+    }
+
+    /// `(in, out)` of this projection in layer `layer` of `cfg`, or why it has none.
+    fn shape(self, cfg: &ModelConfig, layer: usize) -> std::result::Result<(usize, usize), String> {
+        let (h, q, kv) = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+        let sparse = cfg.moe.as_ref().is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false));
+        match self {
+            Self::Q => Ok((h, q)),
+            Self::K | Self::V => Ok((h, kv)),
+            Self::O => Ok((q, h)),
+            _ if sparse => Err(format!("layer {layer} routes experts, and met applies no adapters to experts")),
+            Self::Gate | Self::Up => Ok((h, cfg.intermediate_size)),
+            Self::Down => Ok((cfg.intermediate_size, h)),
+        }
+    }
+}
+
+/// One module's weights: `A [r, in]` and `B [out, r]`.
+#[derive(Debug, Clone)]
+pub(crate) struct LoraPair {
+    pub a: Tensor,
+    pub b: Tensor,
+}
+
+/// A layer's adapted modules, indexed as [`LoraModule::ALL`].
+type LayerWeights = [Option<LoraPair>; 7];
+
+/// Identifies one load of an adapter: a name loaded again gets a new id, so nothing keyed
+/// by the id (the prefix cache) mixes the two loads' outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdapterId(pub u64);
+
+/// A loaded adapter, shared by the requests that use it.
+pub type Adapter = Arc<LoraAdapter>;
+
+/// Limits an adapter is checked against when it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraLimits {
+    /// The highest rank accepted (`--max-lora-rank`).
+    pub max_rank: usize,
+}
+
+/// A PEFT LoRA adapter on the device.
+pub struct LoraAdapter {
+    id: AdapterId,
+    name: String,
+    rank: usize,
+    scale: f32,
+    layers: Vec<LayerWeights>,
+}
+
+impl std::fmt::Debug for LoraAdapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraAdapter").field("id", &self.id).field("name", &self.name).field("rank", &self.rank).finish()
+    }
+}
+
+/// Two handles are equal when they hold the same load.
+impl PartialEq for LoraAdapter {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for LoraAdapter {}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl LoraAdapter {
+    /// Loads the PEFT adapter in `dir` as `name` for a model of `cfg` on `backend`.
+    ///
+    /// # Errors
+    /// [`ModelError::Adapter`] naming what is wrong: a missing or unreadable file, a
+    /// setting met does not implement, a rank over `limits`, a tensor of a module this
+    /// model lacks or of the wrong shape, or a model whose layers take no adapters.
+    pub fn load(
+        name: &str,
+        dir: &Path,
+        cfg: &ModelConfig,
+        backend: &dyn GpuBackend,
+        limits: LoraLimits,
+    ) -> Result<Self> {
+        let fail = |msg: String| ModelError::Adapter { name: name.to_owned(), msg };
+        supports(cfg).map_err(fail)?;
+        let config = AdapterConfig::read(dir).map_err(fail)?;
+        if config.rank > limits.max_rank {
+            return Err(fail(format!("rank {} is over --max-lora-rank {}", config.rank, limits.max_rank)));
+        }
+        let file = dir.join("adapter_model.safetensors");
+        if !file.is_file() {
+            return Err(fail(format!("{} does not exist", file.display())));
+        }
+        let store = SafetensorsStore::open(&file).map_err(|e| fail(e.to_string()))?;
+        let layers = load_layers(&store, &config, cfg, backend).map_err(fail)?;
+        let id = AdapterId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        Ok(Self { id, name: name.to_owned(), rank: config.rank, scale: config.scale, layers })
+    }
+
+    /// This load's id.
+    pub fn id(&self) -> AdapterId {
+        self.id
+    }
+
+    /// The name it was loaded as.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its rank `r`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The weights of `module` in layer `layer`, if it adapts that projection.
+    pub(crate) fn pair(&self, layer: usize, module: LoraModule) -> Option<&LoraPair> {
+        let i = LoraModule::ALL.iter().position(|&m| m == module).expect("every module is in ALL");
+        self.layers.get(layer)?[i].as_ref()
+    }
+
+    /// PEFT's `scaling`.
+    pub(crate) fn scale(&self) -> f32 {
+        self.scale
+    }
+}
+
+/// Why a model of `cfg` takes no adapters, if it does not.
+fn supports(cfg: &ModelConfig) -> std::result::Result<(), String> {
+    if cfg.linear_attention.is_some() || cfg.attn_output_gate {
+        return Err(format!(
+            "`{}` has hybrid or gated-attention layers, which met applies no adapters to",
+            cfg.model_type
+        ));
+    }
+    Ok(())
+}
+
+/// Every tensor of `store` placed in its layer and module, after checking its name and shape.
+fn load_layers(
+    store: &SafetensorsStore,
+    config: &AdapterConfig,
+    cfg: &ModelConfig,
+    backend: &dyn GpuBackend,
+) -> std::result::Result<Vec<LayerWeights>, String> {
+    let mut layers: Vec<LayerWeights> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+    let mut found = 0;
+    for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
+        let (layer, module) = place(a_name, cfg)?;
+        if !config.targets.contains(&module) {
+            return Err(format!("`{a_name}` adapts {}, which `target_modules` does not list", module.name()));
+        }
+        let b_name = a_name.replace(".lora_A.weight", ".lora_B.weight");
+        let (inputs, outputs) = module.shape(cfg, layer)?;
+        check_shape(store, a_name, [config.rank, inputs])?;
+        check_shape(store, &b_name, [outputs, config.rank])?;
+        let upload = |n: &str| load(store, n, backend).map_err(|e| e.to_string());
+        let i = LoraModule::ALL.iter().position(|&m| m == module).expect("every module is in ALL");
+        layers[layer][i] = Some(LoraPair { a: upload(a_name)?, b: upload(&b_name)? });
+        found += 2;
+    }
+    if let Some(extra) =
+        store.names().into_iter().find(|n| !n.ends_with(".lora_A.weight") && !n.ends_with(".lora_B.weight"))
+    {
+        return Err(format!("`{extra}` is not a LoRA weight met knows"));
+    }
+    if found != store.names().len() {
+        return Err("a `lora_B` weight has no `lora_A` beside it".into());
+    }
+    Ok(layers)
+}
+
+/// The layer and module of a PEFT tensor name such as
+/// `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`.
+fn place(name: &str, cfg: &ModelConfig) -> std::result::Result<(usize, LoraModule), String> {
+    let unknown = || format!("`{name}` is not a LoRA weight of a decoder layer's projection");
+    let rest = name.strip_prefix("base_model.model.model.layers.").ok_or_else(unknown)?;
+    let parts: Vec<&str> = rest.split('.').collect();
+    let [layer, block, module, "lora_A", "weight"] = parts[..] else { return Err(unknown()) };
+    let module = LoraModule::from_name(module).filter(|m| m.block() == block).ok_or_else(unknown)?;
+    let layer: usize = layer.parse().map_err(|_| unknown())?;
+    if layer >= cfg.num_layers {
+        return Err(format!("`{name}`: the model has {} layers", cfg.num_layers));
+    }
+    Ok((layer, module))
+}
+
+fn check_shape(store: &SafetensorsStore, name: &str, want: [usize; 2]) -> std::result::Result<(), String> {
+    match store.info(name) {
+        None => Err(format!("`{name}` is missing")),
+        Some(info) if info.shape != want => {
+            Err(format!("`{name}` has shape {:?}, this model needs {want:?}", info.shape))
+        }
+        Some(_) => Ok(()),
+    }
+}

@@ -1,0 +1,249 @@
+//! LoRA adapters against transformers + peft: the llama fixture with two random PEFT
+//! adapters (`tests/fixtures/lora`, made by `scripts/lora_fixtures.py`: rank 8 on all seven
+//! projections; rank 16 rank-stabilised on five), float32 references.
+//!
+//! One batch mixes rows of the base model and of both adapters. Every row's logits must be
+//! within [`LOGIT_TOLERANCE`] of its own reference, and bit for bit what the same sequence
+//! gives alone and in prefill chunks (a row never depends on its batch-mates). Greedy
+//! continuations decoded in one mixed batch must equal the references. A batch that gives
+//! a row the other adapter must fail the same check.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
+use met_kernels::{CpuBackend, GpuBackend};
+use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
+use met_model_layers::runner::argmax;
+use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, ModelError, load_model};
+use met_model_weights::{SafetensorsStore, WeightStore};
+use serde::Deserialize;
+
+/// As in `hf_equivalence.rs`: both sides compute in f32 and differ only in summation order.
+const LOGIT_TOLERANCE: f32 = 2e-4;
+const CHUNK: usize = 5;
+const ADAPTERS: [&str; 2] = ["r8", "r16_rslora"];
+
+#[derive(Deserialize)]
+struct BaseReference {
+    prompts: Vec<Vec<u32>>,
+    greedy: Vec<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+struct AdapterReference {
+    greedy: Vec<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+struct LoraReference {
+    logit_prompts: Vec<usize>,
+    adapters: std::collections::HashMap<String, AdapterReference>,
+}
+
+struct Fixture {
+    model: Box<dyn Model>,
+    backend: Arc<dyn GpuBackend>,
+    cfg: met_config::ModelConfig,
+    adapters: Vec<Adapter>,
+    base: BaseReference,
+    lora: LoraReference,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn limits() -> LoraLimits {
+    LoraLimits { max_rank: 16 }
+}
+
+fn load() -> Fixture {
+    let dir = fixtures().join("hf/llama");
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
+    let store = SafetensorsStore::open(&dir).unwrap();
+    let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
+    let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+    let adapters = ADAPTERS
+        .iter()
+        .map(|name| {
+            Arc::new(LoraAdapter::load(name, &fixtures().join("lora").join(name), &cfg, &*backend, limits()).unwrap())
+        })
+        .collect();
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
+    let base = serde_json::from_str(&read(dir.join("reference.json"))).unwrap();
+    let lora = serde_json::from_str(&read(fixtures().join("lora/reference.json"))).unwrap();
+    Fixture { model, backend, cfg, adapters, base, lora }
+}
+
+/// One sequence of a test batch: a prompt and the adapter it runs through (`None`: base).
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    prompt: usize,
+    adapter: Option<usize>,
+}
+
+/// The reference logits of `row`, `[len, vocab]` flat.
+fn reference(row: Row) -> Vec<f32> {
+    let (file, name) = match row.adapter {
+        None => (fixtures().join("hf/llama/reference.safetensors"), format!("logits.{}", row.prompt)),
+        Some(a) => (fixtures().join("lora/reference.safetensors"), format!("{}.logits.{}", ADAPTERS[a], row.prompt)),
+    };
+    SafetensorsStore::open(&file).unwrap().host(&name).unwrap().to_f32_vec().unwrap()
+}
+
+/// Logits at every position of each row's prompt, the rows batched together in prefill
+/// chunks of `chunk` tokens; `given[i]` is the adapter row `i` actually runs through.
+fn teacher_forced(f: &Fixture, rows: &[Row], given: &[Option<usize>], chunk: usize) -> Vec<Vec<f32>> {
+    let mut kv = PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 64, false).unwrap();
+    let prompts: Vec<&[u32]> = rows.iter().map(|r| &f.base.prompts[r.prompt][..]).collect();
+    let mut seqs: Vec<_> = rows.iter().map(|_| (0usize, kv.new_sequence())).collect();
+    let mut out = vec![Vec::new(); rows.len()];
+    while seqs.iter().zip(&prompts).any(|((done, _), p)| *done < p.len()) {
+        let mut batch = ForwardBatch::new();
+        let mut taken = Vec::new();
+        for (i, (done, blocks)) in seqs.iter_mut().enumerate().filter(|(i, (done, _))| *done < prompts[*i].len()) {
+            let n = (prompts[i].len() - *done).min(chunk);
+            kv.reserve(blocks, *done + n).unwrap();
+            batch.push(&prompts[i][*done..*done + n], *done, blocks, LogitRows::All);
+            if let Some(a) = given[i] {
+                batch.adapt_last(&f.adapters[a]);
+            }
+            taken.push((i, n));
+            *done += n;
+        }
+        let logits = f.backend.download_f32(&f.model.forward(&batch, &mut kv).unwrap()).unwrap();
+        let mut at = 0;
+        for (i, n) in taken {
+            let width = n * f.model.vocab_size();
+            out[i].extend_from_slice(&logits[at..at + width]);
+            at += width;
+        }
+    }
+    out
+}
+
+/// Every position of every row whose logits miss the reference, as messages.
+fn mismatches(f: &Fixture, rows: &[Row], got: &[Vec<f32>]) -> Vec<String> {
+    let vocab = f.model.vocab_size();
+    let mut bad = Vec::new();
+    for (row, got) in rows.iter().zip(got) {
+        let want = reference(*row);
+        assert_eq!(got.len(), want.len(), "{row:?}: logits shape");
+        for (pos, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
+            let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            if diff > LOGIT_TOLERANCE || argmax(g) != argmax(w) {
+                bad.push(format!("{row:?} position {pos}: max |Δlogit| {diff}"));
+            }
+        }
+    }
+    bad
+}
+
+/// Base and both adapters over the prompts that have adapter references, interleaved.
+fn mixed_rows(f: &Fixture) -> Vec<Row> {
+    let prompts = &f.lora.logit_prompts;
+    let adapters = [None, Some(0), Some(1)];
+    prompts.iter().flat_map(|&prompt| adapters.map(|adapter| Row { prompt, adapter })).collect()
+}
+
+#[test]
+fn a_mixed_batch_matches_transformers_and_peft_row_by_row() {
+    let f = load();
+    let rows = mixed_rows(&f);
+    let given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
+    let batched = teacher_forced(&f, &rows, &given, usize::MAX);
+    let bad = mismatches(&f, &rows, &batched);
+    assert!(bad.is_empty(), "rows off the reference:\n{}", bad.join("\n"));
+    let chunked = teacher_forced(&f, &rows, &given, CHUNK);
+    for (i, row) in rows.iter().enumerate() {
+        let alone = teacher_forced(&f, &rows[i..=i], &given[i..=i], usize::MAX);
+        assert!(alone[0] == batched[i], "{row:?}: alone and batched logits differ");
+        assert!(chunked[i] == batched[i], "{row:?}: chunked and batched logits differ");
+    }
+}
+
+#[test]
+fn the_wrong_adapter_on_one_row_fails_the_check() {
+    let f = load();
+    let rows = mixed_rows(&f);
+    let mut given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
+    // The r16 row of the first prompt runs through r8 instead.
+    given[2] = Some(0);
+    let bad = mismatches(&f, &rows, &teacher_forced(&f, &rows, &given, usize::MAX));
+    assert!(!bad.is_empty(), "a row through the wrong adapter matched its reference");
+    assert!(bad.iter().all(|m| m.contains("adapter: Some(1)")), "only the swapped row may fail: {bad:?}");
+}
+
+/// 16 greedy tokens of every prompt, base and both adapters, decoded in one mixed batch.
+#[test]
+fn greedy_continuations_in_one_mixed_batch_match_the_references() {
+    let f = load();
+    let rows: Vec<Row> = (0..f.base.prompts.len())
+        .flat_map(|prompt| [None, Some(0), Some(1)].map(|adapter| Row { prompt, adapter }))
+        .collect();
+    let mut kv = PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 128, false).unwrap();
+    let mut seqs: Vec<(Vec<u32>, usize, _)> =
+        rows.iter().map(|r| (f.base.prompts[r.prompt].clone(), 0, kv.new_sequence())).collect();
+    for _ in 0..16 {
+        let mut batch = ForwardBatch::new();
+        for ((tokens, done, blocks), row) in seqs.iter_mut().zip(&rows) {
+            kv.reserve(blocks, tokens.len()).unwrap();
+            batch.push(&tokens[*done..], *done, blocks, LogitRows::Last);
+            if let Some(a) = row.adapter {
+                batch.adapt_last(&f.adapters[a]);
+            }
+            *done = tokens.len();
+        }
+        let logits = f.backend.download_f32(&f.model.forward(&batch, &mut kv).unwrap()).unwrap();
+        for ((tokens, _, _), row) in seqs.iter_mut().zip(logits.chunks_exact(f.model.vocab_size())) {
+            tokens.push(argmax(row) as u32);
+        }
+    }
+    for ((tokens, _, _), row) in seqs.iter().zip(&rows) {
+        let want = match row.adapter {
+            None => &f.base.greedy[row.prompt],
+            Some(a) => &f.lora.adapters[ADAPTERS[a]].greedy[row.prompt],
+        };
+        assert_eq!(&tokens[tokens.len() - 16..], &want[..], "{row:?}: greedy continuation");
+    }
+}
+
+fn load_error(f: &Fixture, dir: &Path, max_rank: usize) -> String {
+    match LoraAdapter::load("bad", dir, &f.cfg, &*f.backend, LoraLimits { max_rank }) {
+        Err(e @ ModelError::Adapter { .. }) => e.to_string(),
+        other => panic!("expected an adapter error, got {other:?}"),
+    }
+}
+
+/// Copies adapter `name` into a temporary directory, with its config edited by `edit`.
+fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("lora").join(name);
+    std::fs::copy(src.join("adapter_model.safetensors"), tmp.path().join("adapter_model.safetensors")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("adapter_config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(tmp.path().join("adapter_config.json"), config.to_string()).unwrap();
+    tmp
+}
+
+#[test]
+fn bad_adapters_are_refused_naming_what_is_wrong() {
+    let f = load();
+    let err = load_error(&f, &fixtures().join("lora/r16_rslora"), 8);
+    assert!(err.contains("rank 16 is over --max-lora-rank 8"), "{err}");
+    let err = load_error(&f, &fixtures().join("lora/missing"), 16);
+    assert!(err.contains("adapter_config.json"), "{err}");
+    // The tensors are rank 8; a config claiming 4 makes every shape wrong.
+    let err = load_error(&f, edited("r8", |c| c["r"] = 4.into()).path(), 16);
+    assert!(err.contains("lora_A.weight` has shape [8, 128], this model needs [4, 128]"), "{err}");
+    let err = load_error(
+        &f,
+        edited("r8", |c| c["target_modules"] = serde_json::json!(["q_proj", "embed_tokens"])).path(),
+        16,
+    );
+    assert!(err.contains("`embed_tokens`"), "{err}");
+    let err = load_error(&f, edited("r8", |c| c["target_modules"] = serde_json::json!(["q_proj"])).path(), 16);
+    assert!(err.contains("which `target_modules` does not list"), "{err}");
+}
