@@ -195,6 +195,8 @@ pub struct SequenceBlocks {
     blocks: Vec<BlockId>,
     /// Chain hashes of the leading full blocks whose contents are final.
     hashes: Vec<u64>,
+    /// The parent of its first block in the hash chain ([`Self::in_namespace`]).
+    root: u64,
     block_size: usize,
     pool: Arc<Mutex<BlockPool>>,
     /// Its recurrent-state slot and snapshots (hybrid models' caches only).
@@ -203,7 +205,21 @@ pub struct SequenceBlocks {
 
 impl SequenceBlocks {
     pub(crate) fn new(pool: Arc<Mutex<BlockPool>>, block_size: usize) -> Self {
-        Self { blocks: Vec::new(), hashes: Vec::new(), block_size, pool, state: SequenceState::default() }
+        Self { blocks: Vec::new(), hashes: Vec::new(), root: 0, block_size, pool, state: SequenceState::default() }
+    }
+
+    /// The same empty table, its hash chain started from `namespace` rather than from the
+    /// base model's 0: the K/V of one token prefix differs between namespaces (a LoRA
+    /// adapter's sequences and the base model's), so sequences share prefix blocks only
+    /// within one. Forks keep the namespace.
+    ///
+    /// # Panics
+    /// If the table already holds blocks.
+    #[must_use]
+    pub fn in_namespace(mut self, namespace: u64) -> Self {
+        assert!(self.blocks.is_empty(), "a namespace is chosen before the first block");
+        self.root = if namespace == 0 { 0 } else { chain_hash(namespace, &[]) };
+        self
     }
 
     /// The recurrent-state slot of this sequence: `None` before it first reserved room, and
@@ -353,7 +369,7 @@ impl SequenceBlocks {
         if !pool.prefix_caching() {
             return 0;
         }
-        let mut parent = 0;
+        let mut parent = self.root;
         for chunk in tokens[..limit.min(tokens.len())].chunks_exact(self.block_size) {
             let Some((b, hash)) = pool.lookup(parent, chunk) else { break };
             self.blocks.push(b);
@@ -385,7 +401,7 @@ impl SequenceBlocks {
             return;
         }
         for i in self.hashes.len()..full {
-            let parent = self.hashes.last().copied().unwrap_or(0);
+            let parent = self.hashes.last().copied().unwrap_or(self.root);
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let hash = pool.register(self.blocks[i], parent, chunk);
             self.hashes.push(hash);
@@ -418,7 +434,8 @@ impl SequenceBlocks {
         let shared = self.blocks[..full].to_vec();
         pool.share(&shared);
         let hashes = self.hashes[..full.min(self.hashes.len())].to_vec();
-        Self { blocks: shared, hashes, block_size: self.block_size, pool: Arc::clone(&self.pool), state }
+        let (root, block_size, pool) = (self.root, self.block_size, Arc::clone(&self.pool));
+        Self { blocks: shared, hashes, root, block_size, pool, state }
     }
 }
 

@@ -10,7 +10,9 @@
 //! With prefix caching on, full blocks are hashed as a chain (parent hash + the block's
 //! token ids) once their K/V is written; a new sequence reuses the blocks of its longest
 //! cached prefix, and blocks no sequence references stay cached until the pool needs them
-//! (least recently freed first).
+//! (least recently freed first). Each chain starts from its sequence's namespace, so a
+//! prefix computed through one LoRA adapter is never reused by another or by the base
+//! model ([`SequenceBlocks::in_namespace`]).
 //!
 //! Under tensor parallelism the cache stays one: one block manager and one block table per
 //! sequence, while each rank's device holds its share of every block ([`KvPools`]: the

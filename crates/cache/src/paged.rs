@@ -296,6 +296,31 @@ mod tests {
     }
 
     #[test]
+    fn namespaces_share_prefix_blocks_only_within_themselves() {
+        let c = cache(16);
+        let tokens: Vec<u32> = (0..9).collect();
+        let in_ns = |ns: u64| {
+            let mut s = c.new_sequence().in_namespace(ns);
+            let hit = c.match_prefix(&mut s, &tokens, tokens.len() - 1);
+            c.reserve(&mut s, tokens.len()).unwrap();
+            c.commit(&mut s, &tokens, tokens.len());
+            (s, hit)
+        };
+        let (_base, _) = in_ns(0);
+        let (adapter, hit) = in_ns(7);
+        assert_eq!(hit, 0, "an adapter's sequence reused the base model's blocks");
+        let (_other, hit) = in_ns(8);
+        assert_eq!(hit, 0, "one adapter's sequence reused another's blocks");
+        let (_same, hit) = in_ns(7);
+        assert_eq!(hit, 8, "two sequences of one adapter share their full blocks");
+        let mut fork = c.fork(&adapter, 9);
+        c.reserve(&mut fork, 9).unwrap();
+        c.commit(&mut fork, &tokens, 9);
+        let (_again, hit) = in_ns(0);
+        assert_eq!(hit, 8, "the base model's blocks stay its own");
+    }
+
+    #[test]
     fn a_shared_prefix_reuses_full_blocks() {
         let c = cache(8);
         let a: Vec<u32> = (0..10).collect();
