@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use met_config::{RequestField, SamplingParams};
+use met_model_layers::lora::Adapter;
 use tokio::sync::mpsc;
 
 use crate::constraint::SharedConstraint;
@@ -128,6 +129,8 @@ pub struct EngineRequest {
     pub(crate) priority: i32,
     /// What the output must match (structured output), if anything.
     pub(crate) constraint: Option<SharedConstraint>,
+    /// The LoRA adapter its tokens run through; `None` for the base model.
+    pub(crate) adapter: Option<Adapter>,
     /// The limits it was checked against; an engine with other ones checks it again.
     pub(crate) limits: EngineLimits,
 }
@@ -153,7 +156,7 @@ impl EngineRequest {
         limits: &EngineLimits,
     ) -> Result<Self, RequestError> {
         check(&prompt, &sampling, &stop, n, limits)?;
-        Ok(Self { prompt, sampling, stop, n, priority: 0, constraint: None, limits: *limits })
+        Ok(Self { prompt, sampling, stop, n, priority: 0, constraint: None, adapter: None, limits: *limits })
     }
 
     /// The same request with scheduling priority `priority` (lower runs first, under the
@@ -170,6 +173,19 @@ impl EngineRequest {
     pub fn with_constraint(mut self, constraint: SharedConstraint) -> Self {
         self.constraint = Some(constraint);
         self
+    }
+
+    /// The same request run through LoRA adapter `adapter`, which it holds (loaded and
+    /// unchanged) until it finishes.
+    #[must_use]
+    pub fn with_adapter(mut self, adapter: Adapter) -> Self {
+        self.adapter = Some(adapter);
+        self
+    }
+
+    /// The adapter it runs through, if any.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.as_ref()
     }
 
     /// The constraint its output is held to, if any.
@@ -348,6 +364,7 @@ pub(crate) struct RequestShared {
     pub(crate) stop: StopCriteria,
     pub(crate) priority: i32,
     pub(crate) constraint: Option<SharedConstraint>,
+    pub(crate) adapter: Option<Adapter>,
     pub(crate) arrival: u64,
     pub(crate) arrived: Instant,
     /// Set once the first continuation has computed the whole prompt: the others may then
@@ -366,6 +383,7 @@ impl RequestShared {
             stop: req.stop.clone(),
             priority: req.priority,
             constraint: req.constraint.clone(),
+            adapter: req.adapter.clone(),
             arrival,
             arrived: Instant::now(),
             prompt_ready: AtomicBool::new(false),
@@ -379,5 +397,17 @@ impl RequestShared {
 
     pub(crate) fn prompt_ready(&self) -> bool {
         self.prompt_ready.load(Ordering::Relaxed)
+    }
+
+    /// The prefix-cache namespace of its tokens: its adapter's, or the base model's 0.
+    pub(crate) fn cache_namespace(&self) -> u64 {
+        self.adapter.as_ref().map_or(0, |a| a.id().0)
+    }
+
+    /// Runs the rows `batch` holds last for it through its adapter, if any.
+    pub(crate) fn adapt(&self, batch: &mut met_model_layers::ForwardBatch) {
+        if let Some(adapter) = &self.adapter {
+            batch.adapt_last(adapter);
+        }
     }
 }

@@ -9,6 +9,11 @@
 //! difference anywhere in the logits shows, not only one that flips a greedy pick. Prompts
 //! run from a few tokens to past 32, on both sides of the row counts where the kernels
 //! change how they schedule their work.
+//!
+//! On the llama fixture each prompt also runs through two LoRA adapters
+//! (`model-layers/tests/fixtures/lora`), in the same batches as the base model's requests:
+//! adapter rows must neither disturb their batch-mates nor be disturbed, and the prefix
+//! cache must never hand one adapter's blocks to another or to the base model.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use std::sync::Arc;
 use met_cache::PagedKvCache;
 use met_config::{CpuDots, EngineConfig, SamplingParams};
 use met_kernels::{CpuBackend, GpuBackend};
+use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
 use met_model_layers::models::{gguf_config, load_model, open_gguf, read_config};
 use met_model_layers::{LoadOptions, Model};
 use met_model_weights::SafetensorsStore;
@@ -34,7 +40,12 @@ struct Case {
     load: Box<dyn Fn() -> Box<dyn Model>>,
     backend: Arc<dyn GpuBackend>,
     prompts: Vec<Vec<u32>>,
+    /// Adapters every prompt also runs through (none but on the llama fixture).
+    adapters: Vec<Adapter>,
 }
+
+/// A request of a test: its prompt, its seed, and the index of its adapter.
+type Spec = (Vec<u32>, u64, Option<usize>);
 
 fn backend() -> Arc<dyn GpuBackend> {
     Arc::new(CpuBackend::with_dots(CpuDots::CLI_DEFAULT))
@@ -48,12 +59,22 @@ fn fixture(name: &str) -> Case {
     // One prompt past 32 tokens, made of the others, so a whole prefill runs many rows.
     prompts.push(prompts.iter().flatten().copied().cycle().take(45).collect());
     let backend = backend();
+    let cfg = read_config(&dir.join("config.json")).unwrap();
+    let adapters = match name {
+        "llama" => ["r8", "r16_rslora"]
+            .iter()
+            .map(|a| {
+                let path = dir.join("../../lora").join(a);
+                Arc::new(LoraAdapter::load(a, &path, &cfg, &*backend, LoraLimits { max_rank: 16 }).unwrap())
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let b = Arc::clone(&backend);
     let load = move || {
-        let cfg = read_config(&dir.join("config.json")).unwrap();
         load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &LoadOptions::default()).unwrap()
     };
-    Case { name: name.into(), load: Box::new(load), backend, prompts }
+    Case { name: name.into(), load: Box::new(load), backend, prompts, adapters }
 }
 
 fn default_model() -> Option<Case> {
@@ -71,14 +92,18 @@ fn default_model() -> Option<Case> {
         .enumerate()
         .map(|(p, &len)| (0..len).map(|i| (1000 + (p * 7919 + i * 104_729) % 40_000) as u32).collect())
         .collect();
-    Some(Case { name: "default model".into(), load: Box::new(load), backend, prompts })
+    Some(Case { name: "default model".into(), load: Box::new(load), backend, prompts, adapters: Vec::new() })
 }
 
-fn request(engine: &Engine, prompt: &[u32], seed: u64) -> EngineRequest {
+fn request(engine: &Engine, prompt: &[u32], seed: u64, adapter: Option<&Adapter>) -> EngineRequest {
     let sampling =
         SamplingParams { temperature: 0.8, top_p: 0.95, seed, logprobs: Some(3), ..SamplingParams::default() };
     let stop = StopCriteria { max_new_tokens: NEW_TOKENS, ignore_eos: true, ..StopCriteria::default() };
-    EngineRequest::new(prompt.to_vec(), sampling, stop, 1, &engine.limits()).unwrap()
+    let request = EngineRequest::new(prompt.to_vec(), sampling, stop, 1, &engine.limits()).unwrap();
+    match adapter {
+        Some(a) => request.with_adapter(Arc::clone(a)),
+        None => request,
+    }
 }
 
 /// What a request produced, as bits: each token's id, logprob and top-3 alternatives.
@@ -90,11 +115,13 @@ fn bits(t: &GeneratedToken) -> (u32, Option<u32>, Vec<(u32, u32)>) {
 
 /// Runs `batches` one after another through `engine` (the requests of a batch together),
 /// returning each request's output and the prompt tokens it took from the prefix cache.
-fn run(engine: &mut Engine, batches: &[Vec<(Vec<u32>, u64)>]) -> Vec<(Output, usize)> {
+fn run(engine: &mut Engine, adapters: &[Adapter], batches: &[Vec<Spec>]) -> Vec<(Output, usize)> {
     let mut all = Vec::new();
     for batch in batches {
-        let mut streams: Vec<_> =
-            batch.iter().map(|(p, seed)| engine.submit(request(engine, p, *seed)).unwrap()).collect();
+        let mut streams: Vec<_> = batch
+            .iter()
+            .map(|(p, seed, a)| engine.submit(request(engine, p, *seed, a.map(|a| &adapters[a]))).unwrap())
+            .collect();
         let mut out = vec![(Output::new(), 0); batch.len()];
         while engine.has_work() {
             engine.step();
@@ -121,12 +148,23 @@ fn engine(case: &Case, config: EngineConfig, blocks: usize) -> (Engine, Arc<Metr
 
 /// Every mode gives every request the bits it gets alone.
 fn check(case: &Case) {
-    let requests: Vec<(Vec<u32>, u64)> =
-        SEEDS.iter().flat_map(|&s| case.prompts.iter().map(move |p| (p.clone(), s))).collect();
-    let singles: Vec<Vec<(Vec<u32>, u64)>> = requests.iter().map(|r| vec![r.clone()]).collect();
+    let adapters: Vec<Option<usize>> = std::iter::once(None).chain((0..case.adapters.len()).map(Some)).collect();
+    let mut requests: Vec<Spec> = Vec::new();
+    for &seed in &SEEDS {
+        for p in &case.prompts {
+            requests.extend(adapters.iter().map(|&a| (p.clone(), seed, a)));
+        }
+    }
+    let singles: Vec<Vec<Spec>> = requests.iter().map(|r| vec![r.clone()]).collect();
     let quiet = EngineConfig { prefix_caching: false, block_size: 4, ..EngineConfig::default() };
-    let alone: Vec<Output> = run(&mut engine(case, quiet.clone(), 256).0, &singles).into_iter().map(|o| o.0).collect();
+    let ads = &case.adapters;
+    let alone: Vec<Output> =
+        run(&mut engine(case, quiet.clone(), 256).0, ads, &singles).into_iter().map(|o| o.0).collect();
     assert!(alone.iter().all(|o| o.len() == NEW_TOKENS), "{}: every request runs to its length", case.name);
+    for (r, out) in requests.iter().zip(&alone).filter(|(r, _)| r.2.is_some()) {
+        let base = requests.iter().position(|b| b.0 == r.0 && b.1 == r.1 && b.2.is_none()).unwrap();
+        assert_ne!(out, &alone[base], "{}: adapter {:?} did not change a request's output", case.name, r.2);
+    }
 
     let chunked = EngineConfig { max_prefill_chunk: Some(7), ..quiet.clone() };
     let cached = EngineConfig { prefix_caching: true, ..quiet.clone() };
@@ -135,7 +173,7 @@ fn check(case: &Case) {
     let modes = [("one batch", quiet.clone(), 256), ("chunks of 7", chunked, 256), ("preemption", quiet, tight)];
     for (mode, config, blocks) in modes {
         let (mut engine, metrics) = engine(case, config, blocks);
-        let got = run(&mut engine, std::slice::from_ref(&requests));
+        let got = run(&mut engine, ads, std::slice::from_ref(&requests));
         for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
             assert_eq!(&g.0, want, "{}, {mode}: request {i} differs from itself alone", case.name);
         }
@@ -146,7 +184,7 @@ fn check(case: &Case) {
     // The batch twice through one engine: the second time every prompt's full blocks come
     // from the prefix cache, and the rest of the prompt is computed on top of them.
     let (mut engine, _) = engine(case, cached, 256);
-    let got = run(&mut engine, &[requests.clone(), requests.clone()]);
+    let got = run(&mut engine, ads, &[requests.clone(), requests.clone()]);
     let (first, second) = got.split_at(requests.len());
     assert!(second.iter().any(|o| o.1 > 0), "{}: nothing came from the prefix cache", case.name);
     for (i, (g, want)) in first.iter().chain(second).zip(alone.iter().cycle()).enumerate() {

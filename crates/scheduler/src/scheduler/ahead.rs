@@ -43,6 +43,7 @@ impl Scheduler {
             }
             let logits_row = plan.batch.logit_rows.len();
             plan.batch.push(&[0], position, blocks, LogitRows::Last);
+            seq.request().adapt(&mut plan.batch);
             plan.entries.push(Scheduled { seq: e.seq, len: 1, sample: true, draft: 0, logits_row });
             fed.push(row as u32);
         }

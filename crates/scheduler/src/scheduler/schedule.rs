@@ -186,7 +186,7 @@ impl Scheduler {
             let hit = blocks.capacity();
             return (blocks, hit);
         }
-        let mut blocks = kv.new_sequence();
+        let mut blocks = kv.new_sequence().in_namespace(seq.request().cache_namespace());
         let hit = kv.match_prefix(&mut blocks, seq.tokens(), limit);
         (blocks, hit)
     }
@@ -225,6 +225,7 @@ impl Scheduler {
             let rows = [pending, &seq.draft.tokens()[..e.draft]].concat();
             batch.push(&rows, seq.computed(), blocks, LogitRows::All);
         }
+        seq.request().adapt(batch);
     }
 
     /// A batch of entry `e` of this step's plan alone (to find which sequence failed a batch).
