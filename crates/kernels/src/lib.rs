@@ -37,8 +37,7 @@ use std::sync::Arc;
 
 pub use backend::{
     AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LaterSample, LoraSegment, MemoryInfo,
-    NO_STATE_SLOT,
-    QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun,
+    NO_STATE_SLOT, QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun,
 };
 pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};
