@@ -8,7 +8,8 @@
 //! went through `-exp` and comes back through `ln` ([`A_LOG_BOUND`]). Through
 //! `met_model_layers::load_model`, the GGUF model must then give the safetensors model's
 //! logits (within [`LOGIT_BOUND`], which allows only for that `A_log` rounding) and the
-//! greedy tokens of `reference.json`.
+//! greedy tokens of `reference.json`. `qwen3_5/model-mtp.gguf` adds a multi-token-prediction
+//! block, which met must leave unread.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -98,10 +99,15 @@ fn ulp(x: f32) -> f32 {
 }
 
 fn load(name: &str, gguf: bool) -> (Box<dyn Model>, Arc<dyn GpuBackend>) {
+    load_file(name, gguf.then_some("model.gguf"))
+}
+
+/// The fixture's safetensors model, or the GGUF file `gguf` beside it.
+fn load_file(name: &str, gguf: Option<&str>) -> (Box<dyn Model>, Arc<dyn GpuBackend>) {
     let dir = fixture_dir(name);
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
-    let model = if gguf {
-        let store = open_gguf(&dir.join("model.gguf")).unwrap();
+    let model = if let Some(file) = gguf {
+        let store = open_gguf(&dir.join(file)).unwrap();
         load_model(&gguf_config(&store).unwrap(), &store, Arc::clone(&backend), &LoadOptions::default())
     } else {
         let store = SafetensorsStore::open(&dir).unwrap();
@@ -208,4 +214,19 @@ fn qwen3_5_gguf_matches_safetensors() {
 #[test]
 fn qwen3_5_moe_gguf_matches_safetensors() {
     check_logits_and_greedy("qwen3_5_moe");
+}
+
+/// A GGUF with a multi-token-prediction block (`model-mtp.gguf`: llama.cpp appends it as
+/// block 4, with its `nextn` tensors, and sets `nextn_predict_layers`) loads the four
+/// decoder layers around it: the config of the file without it, and its logits bit for bit.
+#[test]
+fn a_gguf_with_a_prediction_block_loads_the_model_around_it() {
+    let dir = fixture_dir("qwen3_5");
+    let plain = gguf_config(&open_gguf(&dir.join("model.gguf")).unwrap()).unwrap();
+    let with_mtp = gguf_config(&open_gguf(&dir.join("model-mtp.gguf")).unwrap()).unwrap();
+    assert_eq!(with_mtp, plain, "the prediction block changes no decoder setting");
+    let prompts = reference("qwen3_5").prompts;
+    let (want, backend) = load_file("qwen3_5", Some("model.gguf"));
+    let (got, _) = load_file("qwen3_5", Some("model-mtp.gguf"));
+    assert_eq!(logits(&*got, &*backend, &prompts), logits(&*want, &*backend, &prompts));
 }

@@ -80,16 +80,33 @@ pub(crate) fn config_json(file: &GgufFile, arch: &GgufArch) -> Result<Value, Wei
     Ok(Value::Object(c))
 }
 
-/// `block_count`, bounded by the tensors present so that a corrupt count cannot make
-/// later per-layer tables huge (every layer has at least one tensor).
+/// The decoder layers: `block_count` less the `nextn_predict_layers` blocks that
+/// llama.cpp appends after them for multi-token prediction (met does not read those),
+/// bounded by the tensors present so that a corrupt count cannot make later per-layer
+/// tables huge (every layer has at least one tensor).
 pub(crate) fn layer_count(m: &GgufMeta<'_>) -> Result<u64, WeightError> {
-    let layers = m.req_u64("block_count")?;
+    let blocks = m.req_u64("block_count")?;
     let tensors = m.file.tensors().len() as u64;
-    if layers > tensors {
-        let msg = format!("{layers} layers, but the file holds only {tensors} tensors");
+    if blocks > tensors {
+        let msg = format!("{blocks} layers, but the file holds only {tensors} tensors");
         return Err(m.file.metadata_error(&m.key("block_count"), msg));
     }
-    Ok(layers)
+    let nextn = m.opt_u64("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= blocks && nextn > 0 {
+        let msg = format!("{nextn} of the {blocks} blocks would be prediction heads, leaving no decoder layer");
+        return Err(m.file.metadata_error(&m.key("nextn_predict_layers"), msg));
+    }
+    Ok(blocks - nextn)
+}
+
+/// The first block past the decoder layers when the file appends multi-token-prediction
+/// blocks (`nextn_predict_layers`), whose tensors met leaves unread.
+pub(crate) fn first_prediction_block(file: &GgufFile, arch: &GgufArch) -> Result<Option<usize>, WeightError> {
+    let m = GgufMeta { file, arch };
+    match m.opt_u64("nextn_predict_layers")? {
+        Some(n) if n > 0 => Ok(Some(layer_count(&m)? as usize)),
+        _ => Ok(None),
+    }
 }
 
 /// `{arch}.vocab_size`, else the tokenizer's token count, else the embedding rows.

@@ -85,6 +85,11 @@ pub(crate) fn hf_target(name: &str, arch: &[(&str, &str)]) -> Option<HfTarget> {
     Some(HfTarget::Experts { layer, part: hf, suffix: suffix.into() })
 }
 
+/// The block number of a `blk.N.*` tensor name.
+pub(crate) fn block_of(name: &str) -> Option<usize> {
+    block_part(name).map(|(layer, _)| layer)
+}
+
 /// The layer and the rest of a `blk.N.<part>` name.
 fn block_part(name: &str) -> Option<(usize, &str)> {
     let (layer, part) = name.strip_prefix("blk.")?.split_once('.')?;

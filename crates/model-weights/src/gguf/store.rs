@@ -31,7 +31,7 @@ use met_kernels::{DType, HostTensor};
 
 use super::config::{arch_of, config_json};
 use super::gated_delta::{self, GdnHeads, Tiling, VHeadOrder};
-use super::names::{CONFIG_ONLY, HfTarget, hf_target};
+use super::names::{CONFIG_ONLY, HfTarget, block_of, hf_target};
 use super::{GgmlType, GgufArch, GgufFile, dequantize, permute};
 use crate::{TensorInfo, WeightError, WeightStore};
 
@@ -136,9 +136,14 @@ impl GgufStore {
             _ => None,
         };
         let layout = Layout { qk_heads: qk_heads(&file, &arch)?, tiled };
+        let prediction = super::config::first_prediction_block(&file, &arch)?;
         let mut tensors = BTreeMap::new();
         for (index, info) in file.tensors().iter().enumerate() {
             if CONFIG_ONLY.contains(&info.name.as_str()) {
+                continue;
+            }
+            // Multi-token-prediction blocks after the decoder layers are not read.
+            if prediction.is_some_and(|first| block_of(&info.name).is_some_and(|b| b >= first)) {
                 continue;
             }
             for (name, source) in sources(&file, &arch, index, layout)? {
