@@ -52,6 +52,8 @@ pub const STATE_SNAPSHOTS_CACHED: &str = "met_state_snapshots_cached";
 pub const STATE_SNAPSHOTS_CAPACITY: &str = "met_state_snapshots_capacity";
 /// Gauge: device memory of all recurrent-state slots, on one device (bytes).
 pub const STATE_BYTES: &str = "met_state_bytes";
+/// Gauge: LoRA adapters loaded and servable, whether or not a request uses them (adapters).
+pub const LORA_ADAPTERS_LOADED: &str = "met_lora_adapters_loaded";
 
 /// Counter: prompt tokens whose KV entries came from the prefix cache instead of being
 /// computed (tokens).
@@ -250,6 +252,8 @@ pub struct Metrics {
     /// [`STATE_SNAPSHOTS_CAPACITY`] and [`STATE_BYTES`]: all 0 for a model without
     /// recurrent layers.
     pub state: [Gauge; 5],
+    /// [`LORA_ADAPTERS_LOADED`].
+    pub lora_adapters_loaded: Gauge,
     /// [`PREFIX_CACHE_HIT_TOKENS`].
     pub prefix_cache_hit_tokens: Counter,
     /// [`PROMPT_TOKENS_COMPUTED`].
@@ -301,6 +305,7 @@ impl Metrics {
             kv_blocks_used: Gauge::default(),
             state: Default::default(),
             kv_blocks_capacity: Gauge::default(),
+            lora_adapters_loaded: Gauge::default(),
             prefix_cache_hit_tokens: Counter::default(),
             prompt_tokens_computed: Counter::default(),
             generated_tokens: Counter::default(),
@@ -341,6 +346,7 @@ impl Metrics {
         for ((name, help), gauge) in state.into_iter().zip(&self.state) {
             r.register(name, help, gauge.clone());
         }
+        r.register(LORA_ADAPTERS_LOADED, "LoRA adapters loaded", self.lora_adapters_loaded.clone());
         register_counter(
             r,
             PREFIX_CACHE_HIT_TOKENS,
@@ -415,6 +421,11 @@ impl Metrics {
         self.state[1].set(as_i64(sequences));
         self.state[3].set(as_i64(snapshots));
         self.state[4].set(as_i64(bytes));
+    }
+
+    /// Records how many LoRA adapters are loaded, after one loads or unloads.
+    pub fn set_lora_adapters(&self, loaded: usize) {
+        self.lora_adapters_loaded.set(as_i64(loaded));
     }
 
     /// Records the time from a request's arrival to its first generated token.

@@ -8,7 +8,7 @@ use super::*;
 
 /// Every metric with its Prometheus type. `every_metric_is_rendered_with_its_type` fails if a
 /// metric is registered without being listed here.
-const ALL: [(&str, &str); 27] = [
+const ALL: [(&str, &str); 28] = [
     (REQUESTS_WAITING, "gauge"),
     (REQUESTS_RUNNING, "gauge"),
     (KV_BLOCKS_USED, "gauge"),
@@ -18,6 +18,7 @@ const ALL: [(&str, &str); 27] = [
     (STATE_SNAPSHOTS_CACHED, "gauge"),
     (STATE_SNAPSHOTS_CAPACITY, "gauge"),
     (STATE_BYTES, "gauge"),
+    (LORA_ADAPTERS_LOADED, "gauge"),
     (PREFIX_CACHE_HIT_TOKENS, "counter"),
     (PROMPT_TOKENS_COMPUTED, "counter"),
     (GENERATED_TOKENS, "counter"),
@@ -94,6 +95,7 @@ fn step_moves_counters_gauges_and_histograms() {
     metrics.step(&stats);
     metrics.set_kv_capacity(1024);
     metrics.set_state_capacity(8, 16, 4096);
+    metrics.set_lora_adapters(3);
     let text = metrics.render();
 
     assert_eq!(sample(&text, "met_prompt_tokens_computed_total"), Some("592"));
@@ -109,6 +111,7 @@ fn step_moves_counters_gauges_and_histograms() {
     assert_eq!(sample(&text, "met_requests_running"), Some("4"));
     assert_eq!(sample(&text, "met_kv_blocks_used"), Some("90"));
     assert_eq!(sample(&text, "met_kv_blocks_capacity"), Some("1024"));
+    assert_eq!(sample(&text, "met_lora_adapters_loaded"), Some("3"));
     assert_eq!(sample(&text, "met_state_slots_used"), Some("3"));
     assert_eq!(sample(&text, "met_state_slots_capacity"), Some("8"));
     assert_eq!(sample(&text, "met_state_snapshots_cached"), Some("11"));
