@@ -158,7 +158,10 @@ impl Scheduler {
     }
 
     /// Takes back a finished step's plan for reuse.
-    pub(crate) fn recycle(&mut self, plan: Plan) {
+    pub(crate) fn recycle(&mut self, mut plan: Plan) {
+        // The plan keeps its allocations but not its adapters, so an unloaded adapter's
+        // weights go with its last request rather than at the next step.
+        plan.batch.adapter_runs.clear();
         self.spare = plan;
     }
 
