@@ -205,8 +205,12 @@ impl LoraAdapter {
     }
 }
 
-/// Why a model of `cfg` takes no adapters, if it does not.
-fn supports(cfg: &ModelConfig) -> std::result::Result<(), String> {
+/// Whether a model of `cfg` takes adapters at all, and why not when it does not, so a
+/// server can refuse `--enable-lora` before any adapter is named.
+///
+/// # Errors
+/// What about the model keeps adapters off it.
+pub fn supports(cfg: &ModelConfig) -> std::result::Result<(), String> {
     if cfg.linear_attention.is_some() || cfg.attn_output_gate {
         return Err(format!(
             "`{}` has hybrid or gated-attention layers, which met applies no adapters to",
