@@ -16,10 +16,10 @@
 //! every crate below it take typed values and never a command-line struct: [`LoadConfig`]
 //! (which model, which device and kernels), [`EngineSetup`] (the engine around it:
 //! [`EngineConfig`] for the scheduler, the KV cache's size, CUDA graphs,
-//! [`SpeculativeConfig`]) and [`ServeConfig`] (the HTTP server). Each closed set of choices
-//! (`Policy`, `DeviceKind`, `CpuDots`, ...) is an enum whose names the command line offers
-//! (with the `clap` feature, as clap's `ValueEnum`). A bad setting is an [`InvalidSetting`]
-//! naming its flag.
+//! [`SpeculativeConfig`]) and [`ServeConfig`] (the HTTP server, with its [`LoraConfig`]).
+//! Each closed set of choices (`Policy`, `DeviceKind`, `CpuDots`, ...) is an enum whose
+//! names the command line offers (with the `clap` feature, as clap's `ValueEnum`). A bad
+//! setting is an [`InvalidSetting`] naming its flag.
 //!
 //! [`SamplingParams`] are the per-request sampling settings every backend implements; a
 //! field a check refuses is named by a [`RequestField`], which each API dialect spells its
@@ -32,6 +32,7 @@ mod generation;
 mod home;
 mod hybrid;
 mod load;
+mod lora;
 mod model;
 mod named;
 mod request_field;
@@ -47,6 +48,7 @@ pub use generation::GenerationConfig;
 pub use home::{DEFAULT_MODEL_FILE, default_model_for_test, default_model_path, met_home};
 pub use hybrid::{GdnProjections, LinearAttentionConfig};
 pub use load::{AttentionBackendKind, CpuDots, DeviceKind, LoadConfig, LoadFormat};
+pub use lora::{DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig, LoraModulePath};
 pub use model::{Activation, ArchDefaults, ModelConfig, MoeConfig, NormPlacement, NormWeight, RopeConfig, RopeScaling};
 pub use named::UnknownName;
 pub use request_field::RequestField;

@@ -1,9 +1,10 @@
 //! `ServeConfig`: how `met serve` listens and what it lets one request ask for, and the
-//! parsers it applies to chat answers.
+//! parsers it applies to chat answers, and its LoRA adapters.
 
 use std::time::Duration;
 
 use crate::engine::{InvalidSetting, positive};
+use crate::lora::LoraConfig;
 use crate::named::named_enum;
 
 /// `max_tokens` of a request that gives none, and the most one may ask for, unless
@@ -70,6 +71,8 @@ pub struct ServeConfig {
     pub tool_call_parser: Option<ToolCallParser>,
     /// How reasoning is split off chat answers; `None`: it is not.
     pub reasoning_parser: Option<ReasoningParser>,
+    /// LoRA adapters (`--enable-lora`); `None`: requests name the base model only.
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +94,7 @@ impl Default for ServeConfig {
             no_special_tokens_in_user_content: false,
             tool_call_parser: None,
             reasoning_parser: None,
+            lora: None,
         }
     }
 }
@@ -116,6 +120,6 @@ impl ServeConfig {
             let msg = "the key (or MET_API_KEY) is empty: give a key, or unset it to serve without one";
             return Err(InvalidSetting::new("api-key", msg));
         }
-        Ok(())
+        self.lora.as_ref().map_or(Ok(()), LoraConfig::validate)
     }
 }

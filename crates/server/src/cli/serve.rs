@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Args;
-use met_config::{DEFAULT_MAX_TOKENS, ReasoningParser, ServeConfig, ToolCallParser};
+use met_config::{DEFAULT_MAX_TOKENS, LoraConfig, LoraModulePath, ReasoningParser, ServeConfig, ToolCallParser};
 
 use super::config_file;
 use super::engine::{EngineArgs, ModelArgs, settings};
@@ -83,6 +83,21 @@ pub struct ServeArgs {
     /// Split `<think>` reasoning off chat answers into `reasoning_content` (default: off).
     #[arg(long, value_enum, value_name = "PARSER")]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Serve LoRA adapters: requests pick one by naming it as their `model`, and
+    /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` change the set at run time.
+    /// CPU only for now, on one device.
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Adapters to load at startup, as NAME=PATH (a PEFT directory); needs --enable-lora.
+    #[arg(long, value_name = "NAME=PATH", num_args = 1.., value_parser = parse_lora_module)]
+    pub lora_modules: Vec<LoraModulePath>,
+    /// Adapters resident at once; loading one more is answered 400 (default 4; needs
+    /// --enable-lora).
+    #[arg(long, value_name = "N")]
+    pub max_loras: Option<usize>,
+    /// The highest adapter rank accepted (default 16; needs --enable-lora).
+    #[arg(long, value_name = "R")]
+    pub max_lora_rank: Option<usize>,
     /// A TOML file of flags (`port = 9000`, `no-prefix-caching = true`); unknown keys are
     /// errors.
     #[arg(long, value_name = "FILE")]
@@ -122,8 +137,45 @@ impl ServeArgs {
             no_special_tokens_in_user_content: args.no_special_tokens_in_user_content,
             tool_call_parser: args.tool_call_parser,
             reasoning_parser: args.reasoning_parser,
+            lora: lora_settings(args.enable_lora, args.lora_modules, args.max_loras, args.max_lora_rank)?,
         };
         serve.validate()?;
+        if let Some(lora) = &serve.lora {
+            lora.check_world(load.tensor_parallel_size)?;
+        }
         Ok(Serve { load, setup, serve })
     }
+}
+
+/// The LoRA settings of `--enable-lora` and the flags that need it.
+///
+/// # Errors
+/// A LoRA flag without `--enable-lora`, naming it.
+fn lora_settings(
+    enabled: bool,
+    modules: Vec<LoraModulePath>,
+    max_loras: Option<usize>,
+    max_rank: Option<usize>,
+) -> Result<Option<LoraConfig>> {
+    if !enabled {
+        let given = [
+            ("lora-modules", !modules.is_empty()),
+            ("max-loras", max_loras.is_some()),
+            ("max-lora-rank", max_rank.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            bail!("--{flag}: needs --enable-lora");
+        }
+        return Ok(None);
+    }
+    let defaults = LoraConfig::default();
+    Ok(Some(LoraConfig {
+        modules,
+        max_loras: max_loras.unwrap_or(defaults.max_loras),
+        max_rank: max_rank.unwrap_or(defaults.max_rank),
+    }))
+}
+
+fn parse_lora_module(s: &str) -> Result<LoraModulePath, String> {
+    s.parse().map_err(|e: met_config::InvalidSetting| e.msg)
 }
