@@ -137,7 +137,7 @@ async fn validated(state: &AppState, req: MessagesRequest) -> Result<validate::V
 
 async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiError> {
     let permit = state.admit()?;
-    state.check_model(req.model.as_deref())?;
+    let served = state.check_model(req.model.as_deref())?;
     if req.max_tokens.is_none() {
         return Err(ApiError::invalid("max_tokens", "max_tokens: is required"));
     }
@@ -146,14 +146,11 @@ async fn respond(state: AppState, req: MessagesRequest) -> Result<Response, ApiE
     let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
-        streams.push(state.engine().submit(request)?);
+        streams.push(state.engine().submit(served.attach(request))?);
     }
     let mut generation = Generation::new(streams, prompt_tokens, state.tokenizer(), &valid.text);
     let answer = Answer::new(ChoiceOutput::new(&valid.text.output));
-    let meta = Meta {
-        id: format!("msg_{:016x}{:016x}", random_seed(), random_seed()),
-        model: state.config().model_name.clone(),
-    };
+    let meta = Meta { id: format!("msg_{:016x}{:016x}", random_seed(), random_seed()), model: served.name };
     if stream {
         return Ok(event_stream(generation, answer, meta, permit));
     }

@@ -94,6 +94,11 @@ impl ApiError {
         .with_code("model_not_found")
     }
 
+    /// 404: the thing the request field `param` names does not exist (a LoRA adapter).
+    pub fn not_found(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, INVALID, message).with_param(param).with_code("not_found")
+    }
+
     /// 404: no such route.
     pub fn route_not_found(path: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, INVALID, format!("no route {path}")).with_code("not_found")

@@ -15,7 +15,7 @@
 //! `listen` (accepting and serving connections: cap, read timeouts, drain),
 //! `router` (routes and cross-cutting rules), `openai` (the two completion endpoints),
 //! `responses` (the Responses API over the chat path), `anthropic` (Anthropic Messages, the
-//! same way),
+//! same way), `lora` (the adapters requests may name, loaded and unloaded at run time),
 //! `wire` (JSON types), `validate` (wire → engine requests), `structured` (response
 //! formats → grammars), `tools` and `tool_parser` (tool definitions, choices and calls),
 //! `reasoning` (`<think>` splitting), `choice_output` (a choice's text → reasoning, content
@@ -29,6 +29,7 @@ mod dialect;
 mod error;
 mod fault;
 mod listen;
+mod lora;
 mod openai;
 mod options;
 mod progress;
@@ -53,22 +54,26 @@ use anyhow::{Context, Result, bail};
 use axum::Router;
 use axum::extract::Request;
 use axum::response::IntoResponse;
-use met_config::{EngineSetup, LoadConfig, ServeConfig};
+use met_config::{EngineSetup, LoadConfig, ModelConfig, ServeConfig};
 use met_scheduler::Engine;
 use met_telemetry::{Metrics, Phase, PhaseTimer};
 use tower::ServiceExt;
 
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
+pub use lora::{AdapterTarget, LoadedAdapter, LoraRegistry, Served};
 pub use openai::DrainCut;
 pub use router::{HttpOptions, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES, app, app_with};
 pub use server::Server;
 pub use state::{AppState, MAX_N, ServerConfig};
 
+use met_model_layers::lora::LoraLimits;
+
 use crate::resolve::ModelSource;
 use crate::startup::engine::build_engine;
 use crate::startup::kv_budget::cache_size;
 use crate::startup::load::{Text, Weights, load_weights};
+use crate::startup::topology::Topology;
 use met_text::Tokenizer;
 use server::os_signals;
 
@@ -106,7 +111,10 @@ struct Loaded {
     engine: Engine,
     tokenizer: Tokenizer,
     eos_token_ids: Vec<u32>,
-    source: ModelSource,
+    /// The id clients name the model by.
+    model_name: String,
+    /// The LoRA adapters, with `--enable-lora`.
+    lora: Option<LoraRegistry>,
 }
 
 async fn serve(args: Serve) -> Result<()> {
@@ -123,9 +131,8 @@ async fn serve(args: Serve) -> Result<()> {
     timer.done(format_args!("met {}, listening on http://{addr} (503 until ready)", env!("CARGO_PKG_VERSION")));
 
     let metrics = Arc::new(Metrics::new());
-    let spec = load_config.model.clone();
-    let (engine_setup, engine_metrics) = (setup.clone(), Arc::clone(&metrics));
-    let loaded = tokio::task::spawn_blocking(move || load(&load_config, &engine_setup, engine_metrics))
+    let (engine_setup, serve_config, engine_metrics) = (setup.clone(), config.clone(), Arc::clone(&metrics));
+    let loaded = tokio::task::spawn_blocking(move || load(&load_config, &engine_setup, &serve_config, engine_metrics))
         .await
         .context("the loading worker failed")??;
 
@@ -142,7 +149,7 @@ async fn serve(args: Serve) -> Result<()> {
     let timer = PhaseTimer::start(Phase::Router);
     let drain_timeout = config.drain_timeout;
     let server_config = ServerConfig {
-        model_name: model_name(config.served_model_name, spec.as_deref(), &loaded.source),
+        model_name: loaded.model_name,
         eos_token_ids: loaded.eos_token_ids,
         api_key: config.api_key,
         max_concurrent_requests: config.max_concurrent_requests,
@@ -168,7 +175,10 @@ async fn serve(args: Serve) -> Result<()> {
         "model `{}`, {auth}, {} concurrent requests",
         server_config.model_name, server_config.max_concurrent_requests
     );
-    let state = AppState::new(handle, loaded.tokenizer, metrics, server_config)?;
+    let mut state = AppState::new(handle, loaded.tokenizer, metrics, server_config)?;
+    if let Some(lora) = loaded.lora {
+        state = state.with_lora(lora);
+    }
     let _ = slot.set(app_with(state.clone(), options));
     timer.done(detail);
 
@@ -178,11 +188,14 @@ async fn serve(args: Serve) -> Result<()> {
     server.run(&state, drain_timeout, os_signals()?).await
 }
 
-/// Phases 1-8 and the engine: model, KV cache, tokenizer. Blocking.
-fn load(load_config: &LoadConfig, setup: &EngineSetup, metrics: Arc<Metrics>) -> Result<Loaded> {
+/// Phases 1-8 and the engine: model, KV cache, tokenizer, then the `--lora-modules`
+/// adapters. Blocking.
+fn load(load_config: &LoadConfig, setup: &EngineSetup, serve: &ServeConfig, metrics: Arc<Metrics>) -> Result<Loaded> {
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
-    let (Weights { topology, model }, text) = load_weights(load_config, &progress)?;
+    let (Weights { topology, model, config }, text) = load_weights(load_config, &progress)?;
+    // Refused before the KV cache and graphs take their time.
+    let adapters = adapter_target(serve, config, &topology)?;
     let no_tokenizer =
         || format!("{} has no tokenizer (tokenizer.json); met serve needs one", text.source().path().display());
     if !text.has_tokenizer() {
@@ -193,7 +206,7 @@ fn load(load_config: &LoadConfig, setup: &EngineSetup, metrics: Arc<Metrics>) ->
     let demand = engine.max_num_seqs.saturating_mul(model.max_context()).div_ceil(engine.block_size);
     let size = cache_size(setup, &*model, &topology, demand)?;
     let model = fault::inject(fault, model);
-    let engine = build_engine(setup, model, &topology, size, metrics)?;
+    let engine = build_engine(setup, model, &topology, size, Arc::clone(&metrics))?;
     let capacity = engine.limits().kv_capacity;
     if capacity < engine.limits().max_context {
         tracing::warn!(
@@ -203,7 +216,20 @@ fn load(load_config: &LoadConfig, setup: &EngineSetup, metrics: Arc<Metrics>) ->
     }
     let message = no_tokenizer();
     let Text { tokenizer, eos_token_ids, source } = text.load()?;
-    Ok(Loaded { engine, tokenizer: tokenizer.context(message)?, eos_token_ids, source })
+    let model_name = model_name(serve.served_model_name.clone(), load_config.model.as_deref(), &source);
+    let lora = (serve.lora.as_ref().zip(adapters))
+        .map(|(lora, target)| LoraRegistry::from_flags(lora, target, model_name.clone(), metrics))
+        .transpose()?;
+    Ok(Loaded { engine, tokenizer: tokenizer.context(message)?, eos_token_ids, model_name, lora })
+}
+
+/// What `--enable-lora` loads adapters for, checked to run on this model and device.
+fn adapter_target(serve: &ServeConfig, model: ModelConfig, devices: &Topology) -> Result<Option<AdapterTarget>> {
+    let Some(lora) = &serve.lora else { return Ok(None) };
+    let limits = LoraLimits { max_rank: lora.max_rank };
+    let target = AdapterTarget { model, backend: Arc::clone(devices.lead()), limits };
+    target.check()?;
+    Ok(Some(target))
 }
 
 /// `--served-model-name`, else the hub id the model was given as, else its file or

@@ -100,7 +100,7 @@ async fn respond(
     mut cut: DrainCut,
 ) -> Result<Response, ApiError> {
     let permit = state.admit()?;
-    state.check_model(req.model.as_deref())?;
+    let served = state.check_model(req.model.as_deref())?;
     let dialect = match endpoint {
         Endpoint::Chat => Dialect::Chat,
         Endpoint::Completions => Dialect::Completions,
@@ -113,7 +113,7 @@ async fn respond(
     let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
-        streams.push(state.engine().submit(request)?);
+        streams.push(state.engine().submit(served.attach(request))?);
     }
     let generation = Generation::new(streams, prompt_tokens, state.tokenizer(), &valid.text);
     let prefix = match endpoint {
@@ -123,7 +123,7 @@ async fn respond(
     let meta = Meta {
         id: format!("{prefix}-{:016x}{:016x}", random_seed(), random_seed()),
         created: unix_now(),
-        model: state.config().model_name.clone(),
+        model: served.name,
         text: valid.text,
     };
     if meta.text.stream {

@@ -86,7 +86,7 @@ struct Meta {
 
 async fn respond(state: AppState, req: ResponsesRequest) -> Result<Response, ApiError> {
     let permit = state.admit()?;
-    state.check_model(req.model.as_deref())?;
+    let served = state.check_model(req.model.as_deref())?;
     let stream = req.stream.unwrap_or(false);
     let echo = json!({
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
@@ -106,14 +106,14 @@ async fn respond(state: AppState, req: ResponsesRequest) -> Result<Response, Api
     let prompt_tokens = valid.requests.iter().map(|r| r.prompt().len()).sum();
     let mut streams = Vec::with_capacity(valid.requests.len());
     for request in valid.requests {
-        streams.push(state.engine().submit(request)?);
+        streams.push(state.engine().submit(served.attach(request))?);
     }
     let generation = Generation::new(streams, prompt_tokens, state.tokenizer(), &valid.text);
     let output = ChoiceOutput::new(&valid.text.output);
     let meta = Meta {
         id: format!("resp_{:016x}{:016x}", random_seed(), random_seed()),
         created: unix_now(),
-        model: state.config().model_name.clone(),
+        model: served.name,
         echo,
         history,
         store,

@@ -18,6 +18,9 @@
 //! - on the Anthropic routes, every one of these errors in Anthropic's error shape instead
 //!   (`anthropic::own_error_format`).
 //!
+//! The LoRA routes exist only on a server with adapters (`--enable-lora`); their handlers
+//! are in `lora`.
+//!
 //! The small endpoints (health, models, metrics, tokenize, detokenize) are here too;
 //! tokenize and detokenize take a slot of the concurrency limit like generation does.
 //! Generation is in `openai`.
@@ -41,12 +44,12 @@ use super::state::AppState;
 use super::wire::{
     ApiJson, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
-use super::{anthropic, openai, responses};
+use super::{anthropic, lora, openai, responses};
 use met_text::{ChatMessage, RenderOptions};
 
 /// Every route, as the `endpoint` label of the HTTP metric (a fixed set keeps the number of
 /// series bounded).
-const ROUTES: [&str; 10] = [
+const ROUTES: [&str; 12] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/models",
@@ -57,6 +60,8 @@ const ROUTES: [&str; 10] = [
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
 ];
 
 /// Longest request target, in bytes (hyper's own limit, answered without a body, is 64 KiB).
@@ -104,15 +109,18 @@ pub fn app(state: AppState) -> Router {
 /// The router of the whole API over `state`.
 pub fn app_with(state: AppState, options: HttpOptions) -> Router {
     let layers = Layers { state: state.clone(), options: Arc::new(options) };
-    let json = Router::new()
+    let mut json = Router::new()
         .route(ROUTES[0], post(openai::chat_completions))
         .route(ROUTES[1], post(openai::completions))
         .route(ROUTES[5], post(tokenize))
         .route(ROUTES[6], post(detokenize))
         .route(ROUTES[7], post(responses::responses))
         .route(ROUTES[8], post(anthropic::messages))
-        .route(ROUTES[9], post(anthropic::count_tokens))
-        .route_layer(middleware::from_fn_with_state(layers.clone(), read_json_body));
+        .route(ROUTES[9], post(anthropic::count_tokens));
+    if state.lora().is_some() {
+        json = json.route(ROUTES[10], post(lora::load_adapter)).route(ROUTES[11], post(lora::unload_adapter));
+    }
+    let json = json.route_layer(middleware::from_fn_with_state(layers.clone(), read_json_body));
     let mut open = Router::new().route(ROUTES[3], get(health));
     let mut keyed = json.route(ROUTES[2], get(models));
     if layers.options.metrics_without_auth {
@@ -255,17 +263,24 @@ async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], state.metrics().render()).into_response()
 }
 
+/// The base model, then each LoRA adapter with the base as its `parent`.
 async fn models(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList {
-        object: "list",
-        data: vec![ModelCard {
-            id: state.config().model_name.clone(),
-            object: "model",
-            created: state.created(),
-            owned_by: "met",
-            max_model_len: state.max_context(),
-        }],
-    })
+    let base = state.config().model_name.clone();
+    let card = |id: String| ModelCard {
+        id,
+        object: "model",
+        created: state.created(),
+        owned_by: "met",
+        max_model_len: state.max_context(),
+        root: None,
+        parent: None,
+    };
+    let adapters = state.lora().map(|l| l.list()).unwrap_or_default().into_iter().map(|loaded| ModelCard {
+        root: Some(loaded.path.display().to_string()),
+        parent: Some(base.clone()),
+        ..card(loaded.adapter.name().to_owned())
+    });
+    Json(ModelList { object: "list", data: std::iter::once(card(base.clone())).chain(adapters).collect() })
 }
 
 /// `POST /tokenize`: a text prompt, or messages rendered with the chat template.

@@ -1,9 +1,11 @@
 //! [`AppState`]: what every handler shares: the engine handle, the tokenizer and chat
-//! template, the metrics, and the server's settings. Cheap to clone (one `Arc`).
+//! template, the metrics, the server's settings and its LoRA adapters. Cheap to clone (one
+//! `Arc`).
 //!
 //! **Invariant:** nothing here is locked across an `.await`: the engine is reached through
 //! its channel-backed handle, the tokenizer and template are immutable, the ready flag is an
-//! atomic and the concurrency limit a semaphore whose permits are taken without waiting.
+//! atomic, the concurrency limit a semaphore whose permits are taken without waiting, and
+//! the LoRA registry's lock is held only to read or change its map.
 //! Health is the ready flag and the engine's own fault record: an engine that faulted
 //! (a panic inside a step, a device error) makes `/health` answer 503 for good.
 
@@ -20,6 +22,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
+use super::lora::{LoraRegistry, Served};
 use met_text::{ChatMessage, ChatTemplate, TextError, Tokenizer};
 
 /// Largest `n` a request may ask for.
@@ -89,6 +92,8 @@ struct Shared {
     responses: ResponseStore,
     metrics: Arc<Metrics>,
     config: ServerConfig,
+    /// The LoRA adapters, with `--enable-lora`.
+    lora: Option<LoraRegistry>,
     permits: Arc<Semaphore>,
     ready: AtomicBool,
     created: u64,
@@ -122,11 +127,27 @@ impl AppState {
             responses: ResponseStore::default(),
             metrics,
             config,
+            lora: None,
             permits,
             ready: AtomicBool::new(false),
             created: unix_now(),
         };
         Ok(Self { inner: Arc::new(shared) })
+    }
+
+    /// The same state serving LoRA adapters from `lora`.
+    ///
+    /// # Panics
+    /// When the state was already cloned: adapters are set up before anything shares it.
+    pub fn with_lora(mut self, lora: LoraRegistry) -> Self {
+        let shared = Arc::get_mut(&mut self.inner).expect("LoRA is set up before the state is shared");
+        shared.lora = Some(lora);
+        self
+    }
+
+    /// The LoRA adapters, when the server serves them.
+    pub fn lora(&self) -> Option<&LoraRegistry> {
+        self.inner.lora.as_ref()
     }
 
     /// Marks the server ready (`/health` answers 200) or not (503, while draining).
@@ -204,15 +225,20 @@ impl AppState {
             .map_err(|_| ApiError::too_many_requests(self.inner.config.max_concurrent_requests))
     }
 
-    /// Checks a request's `model` field (absent is fine).
+    /// The model a request's `model` field names: the base model when absent or its own
+    /// name, else the LoRA adapter loaded under that name.
     ///
     /// # Errors
     /// 404 for a model this server does not serve.
-    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
-        let served = &self.inner.config.model_name;
+    pub fn check_model(&self, model: Option<&str>) -> Result<Served, ApiError> {
+        let base = &self.inner.config.model_name;
         match model {
-            Some(m) if m != served => Err(ApiError::model_not_found(m, served)),
-            _ => Ok(()),
+            None => Ok(Served { name: base.clone(), adapter: None }),
+            Some(m) if m == base => Ok(Served { name: base.clone(), adapter: None }),
+            Some(m) => match self.lora().and_then(|l| l.get(m)) {
+                Some(adapter) => Ok(Served { name: m.to_owned(), adapter: Some(adapter) }),
+                None => Err(ApiError::model_not_found(m, base)),
+            },
         }
     }
 

@@ -454,7 +454,7 @@ pub struct DetokenizeResponse {
 pub struct ModelList {
     /// Always `list`.
     pub object: &'static str,
-    /// The served model.
+    /// The served model, then its LoRA adapters.
     pub data: Vec<ModelCard>,
 }
 
@@ -471,4 +471,26 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     /// The model's context length.
     pub max_model_len: usize,
+    /// A LoRA adapter's directory (vLLM's field); absent for the base model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// The model a LoRA adapter runs on; absent for the base model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+/// `POST /v1/load_lora_adapter` (vLLM's body).
+#[derive(Debug, Deserialize)]
+pub struct LoadLoraRequest {
+    /// The name requests will give as their `model`.
+    pub lora_name: String,
+    /// The PEFT directory to read it from, on the server's file system.
+    pub lora_path: String,
+}
+
+/// `POST /v1/unload_lora_adapter` (vLLM's body).
+#[derive(Debug, Deserialize)]
+pub struct UnloadLoraRequest {
+    /// The adapter to forget.
+    pub lora_name: String,
 }

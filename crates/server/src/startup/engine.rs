@@ -75,7 +75,7 @@ pub fn build_engine(
     }
     Ok(match (speculative.method, &speculative.draft_model) {
         (SpeculativeMethod::Draft, Some(path)) => {
-            let Weights { topology: draft_devices, model: draft } = load_draft(path, &**backend)?;
+            let Weights { topology: draft_devices, model: draft, .. } = load_draft(path, &**backend)?;
             engine.with_draft_model(&speculative, draft, Arc::clone(draft_devices.lead()))?
         }
         _ => engine.with_speculative(&speculative)?,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use met_config::{GenerationConfig, LoadConfig, LoadFormat};
+use met_config::{GenerationConfig, LoadConfig, LoadFormat, ModelConfig};
 use met_kernels::HostTensor;
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, load_model, models, tensor_specs};
@@ -58,7 +58,7 @@ impl WeightProgress for NoProgress {
 /// # Errors
 /// A model that cannot be found, read or loaded, or devices that do not open.
 pub fn load(config: &LoadConfig) -> Result<LoadedModel> {
-    let (Weights { topology, model }, text) = load_weights(config, &NoProgress)?;
+    let (Weights { topology, model, .. }, text) = load_weights(config, &NoProgress)?;
     let Text { tokenizer, eos_token_ids, source } = text.load()?;
     Ok(LoadedModel { tokenizer, topology, model, eos_token_ids, source })
 }
@@ -69,6 +69,8 @@ pub struct Weights {
     pub topology: Topology,
     /// The model.
     pub model: Box<dyn Model>,
+    /// Its configuration (LoRA adapters are checked against it).
+    pub config: ModelConfig,
 }
 
 /// What phase 8 gives: the model's tokenizer and end-of-sequence tokens.
@@ -194,7 +196,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     timer.done(store.describe());
 
-    Ok((Weights { topology, model }, TextSource { source, gguf, eos_token_ids }))
+    Ok((Weights { topology, model, config }, TextSource { source, gguf, eos_token_ids }))
 }
 
 /// A store that reports each tensor read to a [`WeightProgress`].

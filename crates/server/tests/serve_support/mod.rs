@@ -24,7 +24,7 @@ use met_config::{EngineConfig, Policy, ReasoningParser, ToolCallParser};
 use met_kernels::CpuBackend;
 use met_scheduler::Engine;
 use met_scheduler::mock::{Faults, MockModel};
-use met_server::serve::{AppState, HttpOptions, ServerConfig, app_with};
+use met_server::serve::{AdapterTarget, AppState, HttpOptions, LoraRegistry, ServerConfig, app_with};
 use met_telemetry::Metrics;
 use met_text::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde_json::{Value, json};
@@ -37,6 +37,27 @@ use tower::ServiceExt;
 pub const MODEL: &str = "mock-model";
 /// The mock's context length.
 pub const MAX_CONTEXT: usize = 256;
+/// The fixtures of `model-layers`.
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures")
+}
+
+/// The llama fixture's PEFT adapter `name` (`r8`, `r16_rslora`).
+pub fn adapter_dir(name: &str) -> std::path::PathBuf {
+    fixtures().join("lora").join(name)
+}
+
+/// A LoRA registry for adapters of the llama fixture, on the CPU.
+fn lora_registry(limits: LoraLimitsForTest, metrics: Arc<Metrics>) -> LoraRegistry {
+    let model = met_model_layers::models::read_config(&fixtures().join("hf/llama/config.json")).unwrap();
+    let target = AdapterTarget {
+        model,
+        backend: Arc::new(CpuBackend::new()),
+        limits: met_model_layers::lora::LoraLimits { max_rank: limits.max_rank },
+    };
+    LoraRegistry::new(target, limits.max_loras, MODEL.into(), metrics)
+}
+
 /// The template: `<|im_start|>role\ncontent<|im_end|>\n` per message.
 const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
                         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
@@ -69,6 +90,16 @@ pub struct Options {
     pub reasoning_parser: Option<ReasoningParser>,
     /// The mock model's context length.
     pub max_context: usize,
+    /// `--enable-lora` with these limits; adapters are checked against the llama fixture
+    /// of `model-layers` (the mock's outputs do not depend on them).
+    pub lora: Option<LoraLimitsForTest>,
+}
+
+/// `--max-loras` and `--max-lora-rank` of a test server.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraLimitsForTest {
+    pub max_loras: usize,
+    pub max_rank: usize,
 }
 
 impl Default for Options {
@@ -91,6 +122,7 @@ impl Default for Options {
             tool_call_parser: None,
             reasoning_parser: None,
             max_context: MAX_CONTEXT,
+            lora: None,
         }
     }
 }
@@ -154,7 +186,10 @@ impl TestServer {
             tool_call_parser: options.tool_call_parser,
             reasoning_parser: options.reasoning_parser,
         };
-        let state = AppState::new(handle, tokenizer.clone(), Arc::clone(&metrics), server_config).unwrap();
+        let mut state = AppState::new(handle, tokenizer.clone(), Arc::clone(&metrics), server_config).unwrap();
+        if let Some(limits) = options.lora {
+            state = state.with_lora(lora_registry(limits, Arc::clone(&metrics)));
+        }
         Self {
             app: app_with(state.clone(), options.http),
             state,
