@@ -2,7 +2,8 @@
 //! official `openai` and `anthropic` Python clients (`crates/server/tests/live/`: the
 //! OpenAI API in `test_openai.py`, bad input and hostile clients in `test_errors.py`,
 //! engine faults in `test_faults.py`, many clients and a soak in `test_load.py`, what agents
-//! send in `test_agents.py`; the first four share `live_common.py`).
+//! send in `test_agents.py`, LoRA adapters in `test_lora.py`; all but `test_agents.py`
+//! share `live_common.py`).
 //!
 //! Each suite is a unittest script, run in a process of its own with the same arguments
 //! (`-k NAME` picks tests in every suite); a suite that a filter leaves empty is no failure.
@@ -30,8 +31,9 @@ use sha2::{Digest, Sha256};
 use crate::root;
 
 /// The suites, run one after the other against the same server.
-const SUITES: [&str; 5] = [
+const SUITES: [&str; 6] = [
     "crates/server/tests/live/test_openai.py",
+    "crates/server/tests/live/test_lora.py",
     "crates/server/tests/live/test_errors.py",
     "crates/server/tests/live/test_faults.py",
     "crates/server/tests/live/test_load.py",
@@ -221,6 +223,9 @@ impl Server {
         // default int8 dots may leave at near-tied steps (`default_model_int8.rs`).
         cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--api-key", key])
             .args(["--reasoning-parser", "qwen3", "--cpu-dots", "exact"])
+            // Adapters for `test_lora.py`, which unloads each one it loads; with none loaded
+            // every request runs as without the flag.
+            .args(["--enable-lora", "--max-loras", "2"])
             .env("MET_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("MET_API_KEY")
