@@ -80,9 +80,7 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
         float v[8], wt[8];
 #pragma unroll
         for (u32 j = 0; j < 8; ++j) {
-            // Without `rows` (the slot kernels below) slot s's output is row s.
-            const u32 slot = (u32)(t * k) + j0 + j;
-            const u32 row = j0 + j < k ? (rows ? rows[slot] : slot) : MOE_NONE;
+            const u32 row = j0 + j < k ? rows[t * k + j0 + j] : MOE_NONE;
             v[j] = row != MOE_NONE ? bf2f(y[(u64)row * h + c]) : 0.0f;
             wt[j] = row != MOE_NONE ? load_f(weights, t * k + j0 + j) : 0.0f;
         }
@@ -293,51 +291,3 @@ MET_MOE_GEMM(16, true, 6, _deep)
 MET_MOE_GEMM(32, true, 3, )
 MET_MOE_GEMM(64, true, 3, )
 MET_MOE_GEMM(16, false, 3, _unaligned)
-
-// --- the expert MLPs of a few tokens, slot by slot ------------------------------------------
-//
-// For a decode step of a few tokens (t <= 4) grouping the t·k slots and tiling a GEMM over
-// them costs more than it saves: the tiles are one row each, and `moe_align` alone is a
-// round trip. Instead every (token, choice) slot streams its expert's rows as `gemv.cu`
-// streams a dense matrix (`gemv_dots`), reading the expert from the routing on the device,
-// so no grouping and no host wait; two tokens routed to one expert read it twice, which at
-// these sizes is cheaper than sorting them. Slot s writes row s of its outputs, and the
-// combine (`moe_combine` without `rows`) sums each token's k rows. Rounding is the grouped
-// path's: gate and up rounded to bf16, the SiLU product as `silu_mul_bf16`, the down
-// projection rounded once. A slot whose expert is past `e` computes zeros, which add
-// nothing, as the grouped path gives it no row.
-
-// grid (i, t·k), block GEMV_THREADS: act[s, j] = silu(round(gate_j · x)) · round(up_j · x)
-// for expert experts[s] of gate_up [e, 2i, h] and token s / k of x [t, h].
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8)
-    moe_gemv_silu_bf16(const bf16_t* x, const u32* experts, const bf16_t* gate_up, bf16_t* act, u32 k, u32 e,
-                       u32 half, u32 h) {
-    pdl_enter();  // the routing decides which weights to read, so nothing is fetched early
-    const u32 j = blockIdx.x, s = blockIdx.y, expert = experts[s];
-    const bool valid = expert < e;
-    const bf16_t* w = gate_up + (u64)(valid ? expert : 0) * 2 * half * h;
-    const u32 rows[2] = {j, half + j};
-    float acc[2][1];
-    gemv_dots<1, 2>(x + (u64)(s / k) * h, w, rows, 1, h, acc);
-    if (threadIdx.x == 0) {
-        const float g = round_bf(acc[0][0]), u = round_bf(acc[1][0]);
-        act[(u64)s * half + j] = valid ? f2bf(round_bf(g / (1.0f + expf(-g))) * u) : f2bf(0.0f);
-    }
-}
-
-// grid (ceil(h / 2), t·k), block GEMV_THREADS: y[s, c] = down_c · act[s] for expert
-// experts[s] of down [e, h, i].
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8)
-    moe_gemv_down_bf16(const bf16_t* act, const u32* experts, const bf16_t* down, bf16_t* y, u32 e, u32 h,
-                       u32 i) {
-    pdl_enter();
-    const u32 first = blockIdx.x * 2, s = blockIdx.y, expert = experts[s];
-    const bool valid = expert < e;
-    const bf16_t* w = down + (u64)(valid ? expert : 0) * h * i;
-    const u32 rows[2] = {first, min(first + 1, h - 1)};
-    float acc[2][1];
-    gemv_dots<1, 2>(act + (u64)s * i, w, rows, 1, i, acc);
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (threadIdx.x == (u32)r && first + r < h) y[(u64)s * h + first + r] = f2bf(valid ? acc[r][0] : 0.0f);
-}

@@ -16,7 +16,7 @@ use crate::error::Result;
 /// The largest batch the kernels take; larger ones go to cuBLAS.
 pub(super) const MAX_M: usize = 4;
 /// `GEMV_THREADS` of `gemv.cu`.
-pub(super) const THREADS: u32 = 128;
+const THREADS: u32 = 128;
 /// Blocks of two rows per SM from which a matrix takes two rows per block.
 const TWO_ROW_BLOCKS_PER_SM: usize = 16;
 

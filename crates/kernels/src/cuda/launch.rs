@@ -71,8 +71,6 @@ pub(super) const KERNELS: &[&str] = &[
     "moe_gemm_bf16_m32",
     "moe_gemm_bf16_m64",
     "moe_gemm_bf16_m16_unaligned",
-    "moe_gemv_silu_bf16",
-    "moe_gemv_down_bf16",
     "sample_rows_f32",
     "sample_rows_bf16",
     "argmax_parts_f32",

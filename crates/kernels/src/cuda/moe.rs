@@ -6,8 +6,7 @@
 //! every expert's rows (reading each row's token of `x` in place), SiLU·mul follows, a
 //! second grouped GEMM the down projection, and a combine kernel sums each token's k
 //! outputs weighted by the router. Launch shapes depend only on `t`, `k` and the weight
-//! shapes, so a CUDA graph can hold MoE layers. Steps of a few tokens skip the grouping:
-//! each slot streams its expert's weights as a GEMV ([`SLOT_GEMV_MAX_TOKENS`]).
+//! shapes, so a CUDA graph can hold MoE layers.
 
 use super::{CudaBackend, expect_dtype, launch, ptr};
 use crate::backend::{GpuBackend, Routing};
@@ -61,13 +60,10 @@ pub(super) fn moe_experts(
     if t == 0 || h == 0 || i == 0 || k == 0 {
         return b.zeros(&[t, h], DType::BF16);
     }
-    let aligned = h % 8 == 0 && i % 8 == 0;
-    if aligned && t <= SLOT_GEMV_MAX_TOKENS {
-        return slot_experts(b, x, routing, (gate_up, down), crate::check::Moe { t, h, e, i, k });
-    }
     ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let op = "moe_experts";
     let tk = t * k;
+    let aligned = h % 8 == 0 && i % 8 == 0;
     let bm = if aligned { tile_rows(tk, e) } else { 16 };
     let max_tiles = tk.div_ceil(bm) + e.min(tk);
     ensure(max_tiles <= 65_535, op, || format!("{t} tokens x {k} experts are more rows than one launch covers"))?;
@@ -111,61 +107,14 @@ pub(super) fn moe_experts(
     let y = b.alloc(&[tk, h], DType::BF16)?;
     grouping.gemm(b, &act, None, down, &y, h, i)?;
 
-    combine(b, &y, Some(&grouping.row_of_slot), routing, (t, k, h))
-}
-
-/// Decode steps of at most this many tokens run the expert MLPs slot by slot
-/// (`moe_gemv_silu_bf16`, `moe_gemv_down_bf16`) instead of grouped GEMMs. The class ends at a
-/// CUDA-graph batch size, so a padded replay runs the path its eager step runs.
-const SLOT_GEMV_MAX_TOKENS: usize = 4;
-
-/// The expert MLPs of a few tokens, each (token, choice) slot streaming its expert's
-/// weights: `[t·k, i]` activations, `[t·k, h]` outputs, then the combine.
-fn slot_experts(
-    b: &CudaBackend,
-    x: &Tensor,
-    routing: &Routing,
-    (gate_up, down): (&Tensor, &Tensor),
-    crate::check::Moe { t, h, e, i, k }: crate::check::Moe,
-) -> Result<Tensor> {
-    let op = "moe_experts";
-    let tk = t * k;
-    let block = (super::gemv::THREADS, 1, 1);
-    let experts = ptr(op, &routing.experts)?;
-    let act = b.alloc(&[tk, i], DType::BF16)?;
-    let cfg =
-        cudarc::driver::LaunchConfig { grid_dim: (i as u32, tk as u32, 1), block_dim: block, shared_mem_bytes: 0 };
-    let (xp, gu, ap) = (ptr(op, x)?, ptr(op, gate_up)?, ptr(op, &act)?);
-    launch!(b, "moe_gemv_silu_bf16", cfg, [xp, experts, gu, ap, k as u32, e as u32, i as u32, h as u32])?;
-    let y = b.alloc(&[tk, h], DType::BF16)?;
-    let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (h.div_ceil(2) as u32, tk as u32, 1),
-        block_dim: block,
-        shared_mem_bytes: 0,
-    };
-    let (dp, yp) = (ptr(op, down)?, ptr(op, &y)?);
-    launch!(b, "moe_gemv_down_bf16", cfg, [ap, experts, dp, yp, e as u32, h as u32, i as u32])?;
-    combine(b, &y, None, routing, (t, k, h))
-}
-
-/// `out [t, h]`: each token's k expert outputs weighted by the router, its slot `s` read
-/// from row `rows[s]` of `y` (row `s` without `rows`).
-fn combine(
-    b: &CudaBackend,
-    y: &Tensor,
-    rows: Option<&Tensor>,
-    routing: &Routing,
-    (t, k, h): (usize, usize, usize),
-) -> Result<Tensor> {
-    let op = "moe_experts";
     let out = b.alloc(&[t, h], DType::BF16)?;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (t as u32, h.div_ceil(256) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let rows = rows.map_or(Ok(0), |r| ptr(op, r))?;
-    let args = (ptr(op, y)?, rows, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
+    let args =
+        (ptr(op, &y)?, ptr(op, &grouping.row_of_slot)?, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
     match routing.weights.dtype() {
         DType::F32 => launch!(b, "moe_combine_f32", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
         _ => launch!(b, "moe_combine_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,

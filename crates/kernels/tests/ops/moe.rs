@@ -127,9 +127,8 @@ pub fn moe_experts_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 /// that end part-way through a 64-wide tile (h = 128, i = 88 so 2i = 176), a decode-like
 /// case of one token taking 8 of 16 experts, and batches of about 10 and 30 rows per expert
 /// (on CUDA: tiles of 64 rows, 16 with the deep pipeline, 16 and 32 with the shallow one);
-/// then steps of 1, 3 and 4 tokens, which CUDA runs slot by slot without grouping (tokens
-/// sharing experts, an inner size that is no multiple of the GEMV's vectors per thread),
-/// and 5, the first it groups again.
+/// then steps of 3, 4 and 5 tokens sharing experts, with inner sizes that end part-way
+/// through a tile.
 pub fn moe_experts_grouped_tiles_match_reference(b: &dyn GpuBackend) -> Result<()> {
     check_moe(b, Case { t: 600, e: 8, h: 128, i: 88, k: 2, seed: 22, starved: Some(5) })?;
     check_moe(b, Case { t: 1, e: 16, h: 128, i: 64, k: 8, seed: 23, starved: None })?;
