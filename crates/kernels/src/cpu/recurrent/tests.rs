@@ -215,6 +215,18 @@ pub(super) enum Path {
 
 const PATHS: [Path; 3] = [Path::Recurrent, Path::Chunked, Path::Auto];
 
+/// One step of `seqs` over `rows` from the layer's states gives, on every path, the f64
+/// recurrence's outputs and slots.
+fn assert_every_path_matches(b: &CpuBackend, layer: &Layer, rows: &Rows, seqs: &Seqs) {
+    let (want_o, want_state) = layer.reference(rows, seqs, &layer.state);
+    for path in PATHS {
+        let pool = layer.pool(b);
+        let o = layer.run(b, rows, seqs, &pool, path).unwrap();
+        assert_close(&o, &want_o, DELTA_REL, &format!("{path:?}: outputs"));
+        assert_close(&b.download_f32(&pool).unwrap(), &want_state, DELTA_REL, &format!("{path:?}: states"));
+    }
+}
+
 /// Several sequences of different lengths (one empty, some past a chunk) in one step,
 /// `h_v = 2·h_k` and `d_k ≠ d_v`, from random states: outputs and every slot after
 /// match the f64 recurrence on each path.
@@ -224,13 +236,7 @@ fn delta_rule_matches_reference_on_both_paths() {
     let layer = Layer::new(10, (2, 4, 16, 8), 7);
     let seqs = Seqs::new(&[1, 3, 64, 0, 70, 130, 17], &[6, 0, 2, 5, 1, 4, 3]);
     let rows = layer.rows(20, seqs.rows(), (-3.0, 3.0));
-    let (want_o, want_state) = layer.reference(&rows, &seqs, &layer.state);
-    for path in PATHS {
-        let pool = layer.pool(&b);
-        let o = layer.run(&b, &rows, &seqs, &pool, path).unwrap();
-        assert_close(&o, &want_o, DELTA_REL, &format!("{path:?}: outputs"));
-        assert_close(&b.download_f32(&pool).unwrap(), &want_state, DELTA_REL, &format!("{path:?}: states"));
-    }
+    assert_every_path_matches(&b, &layer, &rows, &seqs);
 }
 
 /// Gates at their extremes: `a + dt_bias` past softplus's threshold of 20, decays whose
@@ -242,13 +248,7 @@ fn delta_rule_matches_reference_at_extreme_gates() {
     layer.a_log = vec![16f32.ln(), 0.001f32.ln()];
     let seqs = Seqs::new(&[100, 3], &[1, 0]);
     let rows = layer.rows(40, seqs.rows(), (-30.0, 30.0));
-    let (want_o, want_state) = layer.reference(&rows, &seqs, &layer.state);
-    for path in PATHS {
-        let pool = layer.pool(&b);
-        let o = layer.run(&b, &rows, &seqs, &pool, path).unwrap();
-        assert_close(&o, &want_o, DELTA_REL, &format!("{path:?}: outputs"));
-        assert_close(&b.download_f32(&pool).unwrap(), &want_state, DELTA_REL, &format!("{path:?}: states"));
-    }
+    assert_every_path_matches(&b, &layer, &rows, &seqs);
 }
 
 /// One sequence of 217 rows fed as steps of 1, 5, 17, 64 and 130 rows in several orders
