@@ -100,14 +100,9 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
 // sequence's rows in order. Column c of the state S [d_k, d_v] evolves on its own given
 // the row's q, k, g and beta:
 //   S[:, c] <- e^g S[:, c];  delta_c = beta (v_c - S[:, c] . k);  S[:, c] += k delta_c;
-//   o_c = S[:, c] . q = (e^g S_old[:, c]) . q + delta_c (k . q),
-// so the state is split by columns: each warp owns C columns, its lane l the rows
-// l, l + 32, ... (R of them, d_k <= 32 R) in registers, and reduces its dot products with
-// shuffles; warps share nothing and never synchronise. Each warp reads the row's q and k
-// itself (lane l the elements of its rows) and normalises them with two warp sums.
-//
-// A prefill runs its rows one after another per head, which is slower than the chunked
-// (WY) tensor-core form FLA uses for long prompts: that form is future work here.
+//   o_c = S[:, c] . q = (e^g S_old[:, c]) . q + delta_c (k . q).
+// This form serves decode steps (and any step a graph records); a step with a long
+// sequence takes the chunked form further down.
 #define DELTA_WARPS 4
 
 // The sizes of a delta-rule step, passed by value (`DeltaDims` of `src/cuda/recurrent.rs`).
@@ -139,151 +134,351 @@ __device__ __forceinline__ float2 delta_gates(const DeltaStep& p, u32 row, u32 j
     return make_float2(decay, 1.0f / (1.0f + expf(-bf2f(p.b[(u64)row * p.hv + j]))));
 }
 
-// This lane's rows of `st` (one head's [dk, dv] state) and the warp's columns, to or from
-// the registers `S`; entries outside the state stay zero.
-template <int R, int C>
-__device__ __forceinline__ void load_state(float (&S)[R][C], const float* st, u32 lane, u32 col0, u32 dk,
-                                           u32 dv) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const u32 row = lane + 32 * r, col = col0 + c;
-            S[r][c] = row < dk && col < dv ? st[(u64)row * dv + col] : 0.0f;
-        }
-}
-
-template <int R, int C>
-__device__ __forceinline__ void store_state(const float (&S)[R][C], float* st, u32 lane, u32 col0, u32 dk,
-                                            u32 dv) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const u32 row = lane + 32 * r, col = col0 + c;
-            if (row < dk && col < dv) st[(u64)row * dv + col] = S[r][c];
-        }
-}
-
-// This lane's elements of the row's L2-normalised query (times dk^-1/2) and key, and
-// their dot product k . q (the same in every lane).
+// The value columns lie across the lanes: one block per (32-column tile, value head,
+// sequence), DELTA_WARPS warps splitting the key rows, lane c of each warp holding column
+// col0 + c of the warp's R rows in registers. A warp so reads and writes whole 128-byte rows
+// of the state (the layout is [d_k, d_v], columns contiguous), and a decode step of many
+// sequences is the state's traffic and little else. (Lanes over key rows, as this file had
+// first, touch one float of 32 rows per instruction: a 256-sequence step of Qwen3.6-35B-A3B
+// ran at half the speed, `bench/results/hybrid-vllm-2026-12-03/`.) The row's q and k go
+// through shared memory, normalised with a block sum, and each column's two dot products
+// over d_k are the four warps' partial sums added in warp order.
 template <int R>
-__device__ __forceinline__ float load_qk(const DeltaStep& p, const bf16_t* x, u32 i, u32 lane, float (&q)[R],
-                                         float (&k)[R]) {
-    float qq = 0.0f, kk = 0.0f;
+__device__ void gated_delta_rule_cols(const DeltaStep& p) {
+    __shared__ float qk_s[2][256];
+    __shared__ float part[2][DELTA_WARPS][32];
+    __shared__ float norms[2][DELTA_WARPS];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const u32 j = blockIdx.y, s = blockIdx.z, col = blockIdx.x * 32 + lane, r0 = warp * R;
+    const u32 start = p.cu[s], end = p.cu[s + 1];
+    if (start == end) return;
+    const u64 head = (u64)p.hv * p.dk * p.dv, per_head = (u64)p.dk * p.dv;
+    const bool keeps = p.slots[s] != NO_SLOT, live = col < p.dv;
+    float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
+    const u32 qh = j / (p.hv / p.hk);
+    float S[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const u32 d = lane + 32 * r;
-        q[r] = d < p.dk ? bf2f(x[(u64)i * p.dk + d]) : 0.0f;
-        k[r] = d < p.dk ? bf2f(x[(u64)(p.hk + i) * p.dk + d]) : 0.0f;
-        qq += q[r] * q[r];
-        kk += k[r] * k[r];
-    }
-    const float qn = rsqrtf((float)p.dk) * rsqrtf(warp_sum(qq) + 1e-6f), kn = rsqrtf(warp_sum(kk) + 1e-6f);
-    float kq = 0.0f;
+    for (int r = 0; r < R; ++r) S[r] = keeps && live && r0 + r < p.dk ? st[(u64)(r0 + r) * p.dv + col] : 0.0f;
+    for (u32 row = start; row < end; ++row) {
+        const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * p.dk + p.hv * p.dv);
+        float qq = 0.0f, kk = 0.0f;
+        for (u32 e = tid; e < 256; e += DELTA_WARPS * 32) {
+            const float qv = e < p.dk ? bf2f(x[(u64)qh * p.dk + e]) : 0.0f;
+            const float kv = e < p.dk ? bf2f(x[(u64)(p.hk + qh) * p.dk + e]) : 0.0f;
+            qk_s[0][e] = qv;
+            qk_s[1][e] = kv;
+            qq += qv * qv;
+            kk += kv * kv;
+        }
+        qq = warp_sum(qq);
+        kk = warp_sum(kk);
+        if (lane == 0) {
+            norms[0][warp] = qq;
+            norms[1][warp] = kk;
+        }
+        __syncthreads();
+        float qsum = 0.0f, ksum = 0.0f;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        q[r] *= qn;
-        k[r] *= kn;
-        kq += k[r] * q[r];
-    }
-    return warp_sum(kq);
-}
-
-// One row of the recurrence for the warp's columns. The sums are butterflies, so every
-// lane holds every column's result; lane 0 writes the outputs.
-template <int R, int C>
-__device__ __forceinline__ void delta_row(const DeltaStep& p, float (&S)[R][C], u32 row, u32 j, u32 lane,
-                                          u32 col0) {
-    const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * p.dk + p.hv * p.dv);
-    float q[R], k[R];
-    const float kq = load_qk<R>(p, x, j / (p.hv / p.hk), lane, q, k);
-    const float2 gates = delta_gates(p, row, j);
-    float sk[C], sq[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-        sk[c] = 0.0f;
-        sq[c] = 0.0f;
+        for (int w = 0; w < DELTA_WARPS; ++w) {
+            qsum += norms[0][w];
+            ksum += norms[1][w];
+        }
+        const float qn = rsqrtf((float)p.dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
+        const float2 gates = delta_gates(p, row, j);
+        float sk = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            S[r][c] *= gates.x;
-            sk[c] += S[r][c] * k[r];
-            sq[c] += S[r][c] * q[r];
+            S[r] *= gates.x;
+            sk += S[r] * (qk_s[1][r0 + r] * kn);
+            sq += S[r] * (qk_s[0][r0 + r] * qn);
         }
-    }
-    // The 2 C butterflies interleaved, so their shuffles overlap.
+        part[0][warp][lane] = sk;
+        part[1][warp][lane] = sq;
+        // k . q over all d_k, in every warp (lane l the entries l, l + 32, ...).
+        float kq = 0.0f;
+        for (u32 e = lane; e < p.dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
+        kq = warp_sum(kq);
+        __syncthreads();
+        float skt = 0.0f, sqt = 0.0f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], o);
-            sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+        for (int w = 0; w < DELTA_WARPS; ++w) {
+            skt += part[0][w][lane];
+            sqt += part[1][w][lane];
         }
-    const bf16_t* v = x + 2 * p.hk * p.dk + (u64)j * p.dv;
-    bf16_t* out = p.out + ((u64)row * p.hv + j) * p.dv;
+        const bf16_t* v = x + 2 * p.hk * p.dk + (u64)j * p.dv;
+        const float delta = live ? gates.y * (bf2f(v[col]) - skt) : 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        const u32 col = col0 + c;
-        const float delta = col < p.dv ? gates.y * (bf2f(v[col]) - sk[c]) : 0.0f;
+        for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
+        if (warp == 0 && live) p.out[((u64)row * p.hv + j) * p.dv + col] = f2bf(sqt + delta * kq);
+        for (u32 n = 0; n < p.n_snap; ++n)
+            if (p.snaps[2 * n] == row && live) {
+                float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
 #pragma unroll
-        for (int r = 0; r < R; ++r) S[r][c] += k[r] * delta;
-        if (lane == 0 && col < p.dv) out[col] = f2bf(sq[c] + delta * kq);
+                for (int r = 0; r < R; ++r)
+                    if (r0 + r < p.dk) snap[(u64)(r0 + r) * p.dv + col] = S[r];
+            }
+        __syncthreads();  // the next row rewrites qk_s, norms and part
     }
-}
-
-template <int R, int C>
-__device__ void gated_delta_rule(const DeltaStep& p) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 j = blockIdx.y, s = blockIdx.z;
-    const u32 col0 = (blockIdx.x * DELTA_WARPS + warp) * C;
-    const u32 start = p.cu[s], end = p.cu[s + 1];
-    // Warp-uniform: a warp past the last column, or of a sequence without rows, has nothing
-    // to do (and its state stays as it is).
-    if (col0 >= p.dv || start == end) return;
-    const u64 head = (u64)p.hv * p.dk * p.dv, per_head = (u64)p.dk * p.dv;
-    // Without a slot (a padding row) the state starts at zero and is dropped after.
-    const bool keeps = p.slots[s] != NO_SLOT;
-    float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
-    float S[R][C];
-    if (keeps) {
-        load_state<R, C>(S, st, lane, col0, p.dk, p.dv);
-    } else {
+    if (keeps && live)
 #pragma unroll
         for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < C; ++c) S[r][c] = 0.0f;
-    }
-    for (u32 row = start; row < end; ++row) {
-        delta_row<R, C>(p, S, row, j, lane, col0);
-        for (u32 n = 0; n < p.n_snap; ++n)
-            if (p.snaps[2 * n] == row)
-                store_state<R, C>(S, p.state + p.snaps[2 * n + 1] * head + j * per_head, lane, col0, p.dk, p.dv);
-    }
-    if (keeps) store_state<R, C>(S, st, lane, col0, p.dk, p.dv);
+            if (r0 + r < p.dk) st[(u64)(r0 + r) * p.dv + col] = S[r];
 }
 
-// `_r{R}`: d_k up to 32 R, 8 columns a warp; `_r{R}_c2`: 2 columns a warp, four times the
-// warps, for steps of few sequences (a decode step at small batch), whose blocks would
-// otherwise leave most of the GPU idle while each waits on its loads. A column's
-// arithmetic is the same in both. Launched with DELTA_WARPS warps a block and a grid of
-// (ceil(dv / (DELTA_WARPS C)), hv, seqs).
-#define GATED_DELTA_RULE(R, C, NAME)                                                                           \
+// `_cols_r{R}`: d_k up to DELTA_WARPS R. Launched with DELTA_WARPS warps a block and a grid
+// of (ceil(dv / 32), hv, seqs).
+#define GATED_DELTA_RULE_COLS(R, NAME)                                                                         \
     extern "C" __global__ void __launch_bounds__(DELTA_WARPS * 32)                                             \
         NAME(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log, const float* dt_bias,    \
              float* state, const u32* cu, const u32* slots, const u32* snaps, bf16_t* out, DeltaDims d) {     \
         pdl_enter();                                                                                           \
         const DeltaStep p = {qkv, a, b, a_log, dt_bias, state, cu, slots, snaps, out,                          \
                              d.hk, d.hv, d.dk, d.dv, d.n_snap};                                                \
-        gated_delta_rule<R, C>(p);                                                                             \
+        gated_delta_rule_cols<R>(p);                                                                           \
     }
-GATED_DELTA_RULE(1, 8, gated_delta_rule_bf16_r1)
-GATED_DELTA_RULE(2, 8, gated_delta_rule_bf16_r2)
-GATED_DELTA_RULE(4, 8, gated_delta_rule_bf16_r4)
-GATED_DELTA_RULE(8, 8, gated_delta_rule_bf16_r8)
-GATED_DELTA_RULE(1, 2, gated_delta_rule_bf16_r1_c2)
-GATED_DELTA_RULE(2, 2, gated_delta_rule_bf16_r2_c2)
-GATED_DELTA_RULE(4, 2, gated_delta_rule_bf16_r4_c2)
-GATED_DELTA_RULE(8, 2, gated_delta_rule_bf16_r8_c2)
+GATED_DELTA_RULE_COLS(8, gated_delta_rule_bf16_cols_r8)
+GATED_DELTA_RULE_COLS(16, gated_delta_rule_bf16_cols_r16)
+GATED_DELTA_RULE_COLS(32, gated_delta_rule_bf16_cols_r32)
+GATED_DELTA_RULE_COLS(64, gated_delta_rule_bf16_cols_r64)
+
+// --- gated_delta_rule, chunked ----------------------------------------------------------
+//
+// The chunked (WY) form for prefill, as `cpu/recurrent/chunked.rs` states it: a sequence's
+// rows are cut into chunks of at most GDR_CHUNK (and after every snapshot row). With
+// gamma_i the running sum of a chunk's log-decays (f64), D_ij = e^(gamma_i - gamma_j),
+// G_i = e^(gamma_i) and S the state before the chunk, the corrections
+// delta_i = beta_i (v_i - S_(i-1)^T k_i) are delta = U - W S, where [U | W] solve the unit
+// lower triangular system (I + KK) [U | W] = [beta v | beta G k] with
+// KK_ij = beta_i D_ij (k_i . k_j) below the diagonal. Then
+// o_i = G_i S^T q_i + sum_(j<=i) D_ij (q_i . k_j) delta_j and the state after the chunk is
+// G_L S + sum_j D_Lj k_j delta_j^T.
+//
+// Two kernels: `gated_delta_chunk_prep_bf16` does what depends on one chunk alone (the
+// normalised rows, the pairwise products, the solve) for every (chunk, value head) at
+// once and leaves it in a scratch; `gated_delta_chunk_scan_bf16` walks each sequence's
+// chunks in order per (value-column tile, head), carrying the state tile in shared memory
+// through the three products with S. Everything is f32 (the decays' sums f64), as in the
+// fused form; only `o` is rounded to bf16.
+#define GDR_CHUNK 64
+#define GDR_THREADS 256
+#define GDR_COLS 32
+
+// Floats of one (chunk, head) scratch: [U | W] [GDR_CHUNK, dv + dk], QK [GDR_CHUNK,
+// GDR_CHUNK], then G_i, D_(L-1)i and the query and key norms, GDR_CHUNK each.
+__device__ __forceinline__ u64 gdr_scratch_floats(u32 dk, u32 dv) {
+    return (u64)GDR_CHUNK * (dv + dk) + GDR_CHUNK * GDR_CHUNK + 4 * GDR_CHUNK;
+}
+
+// Floats a row of the prep kernel's query space takes: the padded queries, or later the
+// solve's GDR_THREADS / 2 columns, whichever is wider.
+__device__ __forceinline__ u32 gdr_query_span(u32 dk) { return dk + 1 > GDR_THREADS / 2 ? dk + 1 : GDR_THREADS / 2; }
+
+// A chunk as the host plans it: its first flat row, its length (0 for a second snapshot
+// of the same row) and the slot its end state is copied to (NO_SLOT for none).
+struct GdrChunk {
+    u32 row, len, snap;
+};
+
+// One block per (chunk, value head), GDR_THREADS threads. Shared memory: gamma (f64) and
+// beta [GDR_CHUNK], the normalised keys [GDR_CHUNK, dk + 1] (padded so that a warp
+// reading 32 rows at one column hits 32 banks), the queries [GDR_CHUNK, gdr_query_span]
+// (reused by the solve's columns once QK is written), KK [GDR_CHUNK, GDR_CHUNK].
+extern "C" __global__ void __launch_bounds__(GDR_THREADS)
+    gated_delta_chunk_prep_bf16(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,
+                                const float* dt_bias, const GdrChunk* chunks, float* scratch, DeltaDims d) {
+    pdl_enter();
+    const GdrChunk ch = chunks[blockIdx.x];
+    const u32 j = blockIdx.y, len = ch.len;
+    if (len == 0) return;
+    const u32 dk = d.dk, dv = d.dv, ld = dk + 1, kh = j / (d.hv / d.hk), tid = threadIdx.x;
+    const u32 lane = tid & 31, warp = tid >> 5;
+    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv;
+    extern __shared__ __align__(16) unsigned char gdr_smem[];
+    double* gam = reinterpret_cast<double*>(gdr_smem);
+    float* beta = reinterpret_cast<float*>(gam + GDR_CHUNK);
+    float* ks = beta + GDR_CHUNK;
+    float* qs = ks + GDR_CHUNK * ld;
+    float* kk = qs + GDR_CHUNK * gdr_query_span(dk);
+    float* sol = qs;  // [GDR_CHUNK, GDR_THREADS / 2], once QK is written
+    float* uw = scratch + ((u64)blockIdx.x * d.hv + j) * gdr_scratch_floats(dk, dv);
+    float* qk = uw + (u64)GDR_CHUNK * (dv + dk);
+    float *gexp = qk + GDR_CHUNK * GDR_CHUNK, *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK,
+          *kn = qn + GDR_CHUNK;
+
+    // Rows: a warp each, normalised as the fused form does (rows past `len` are zeros).
+    for (u32 i = warp; i < GDR_CHUNK; i += GDR_THREADS / 32) {
+        const bf16_t* x = qkv + (u64)(ch.row + i) * width;
+        float qq = 0.0f, kq = 0.0f;
+        for (u32 e = lane; e < dk; e += 32) {
+            const float qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
+            const float kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
+            qs[i * ld + e] = qv;
+            ks[i * ld + e] = kv;
+            qq += qv * qv;
+            kq += kv * kv;
+        }
+        const float qscale = rsqrtf((float)dk) * rsqrtf(warp_sum(qq) + 1e-6f), kscale = rsqrtf(warp_sum(kq) + 1e-6f);
+        for (u32 e = lane; e < dk; e += 32) {
+            qs[i * ld + e] *= qscale;
+            ks[i * ld + e] *= kscale;
+        }
+        if (lane == 0) {
+            qn[i] = i < len ? qscale : 0.0f;
+            kn[i] = i < len ? kscale : 0.0f;
+        }
+    }
+    // Gates: the log-decay g and beta per row, then gamma as a running f64 sum.
+    if (tid < GDR_CHUNK) {
+        float g = 0.0f, bt = 0.0f;
+        if (tid < len) {
+            const u64 at = (u64)(ch.row + tid) * d.hv + j;
+            const float x = bf2f(a[at]) + dt_bias[j];
+            g = -expf(a_log[j]) * (x > 20.0f ? x : log1pf(expf(x)));
+            bt = 1.0f / (1.0f + expf(-bf2f(b[at])));
+        }
+        gam[tid] = (double)g;
+        beta[tid] = bt;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (u32 i = 1; i < len; ++i) gam[i] += gam[i - 1];
+    __syncthreads();
+    if (tid < GDR_CHUNK) {
+        gexp[tid] = tid < len ? (float)exp(gam[tid]) : 0.0f;
+        tail[tid] = tid < len ? expf((float)(gam[len - 1] - gam[tid])) : 0.0f;
+    }
+    // Pairwise products: KK below the diagonal (shared), QK on and below it (scratch).
+    for (u32 p = tid; p < GDR_CHUNK * GDR_CHUNK; p += GDR_THREADS) {
+        const u32 i = p / GDR_CHUNK, jj = p % GDR_CHUNK;
+        float dkk = 0.0f, dqk = 0.0f, decay = 0.0f;
+        if (i < len && jj <= i) {
+            for (u32 e = 0; e < dk; ++e) {
+                const float kj = ks[jj * ld + e];
+                dkk += ks[i * ld + e] * kj;
+                dqk += qs[i * ld + e] * kj;
+            }
+            decay = expf((float)(gam[i] - gam[jj]));
+        }
+        kk[p] = jj < i ? beta[i] * decay * dkk : 0.0f;
+        qk[p] = jj <= i ? decay * dqk : 0.0f;
+    }
+    __syncthreads();
+    // The solve, a column per thread by forward substitution (no thread reads another's
+    // column), GDR_THREADS / 2 columns at a time in the queries' space.
+    const u32 cols = dv + dk, half = GDR_THREADS / 2;
+    const bf16_t* v = qkv + 2ull * d.hk * dk + (u64)j * dv;
+    for (u32 c0 = 0; c0 < cols; c0 += half) {
+        const u32 c = c0 + tid;
+        if (tid >= half || c >= cols) continue;
+        for (u32 i = 0; i < len; ++i) {
+            float x = c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c]) : beta[i] * gexp[i] * ks[i * ld + c - dv];
+            for (u32 jj = 0; jj < i; ++jj) x -= kk[i * GDR_CHUNK + jj] * sol[jj * half + tid];
+            sol[i * half + tid] = x;
+            uw[(u64)i * cols + c] = x;
+        }
+    }
+}
+
+// One block per (value-column tile of GDR_COLS, value head, sequence group), GDR_THREADS
+// threads: thread (r, c) of 8 x 32 owns column c of the tile and the rows r, r + 8, ... of
+// the state tile and of each chunk's outputs. Shared memory: the state tile [dk, GDR_COLS],
+// a chunk's rows of W, then of G q, then of D_L k [GDR_CHUNK, dk], QK [GDR_CHUNK,
+// GDR_CHUNK] and delta [GDR_CHUNK, GDR_COLS]. `groups [g]` are (first chunk, end chunk,
+// state slot) of the sequences, their chunks in order.
+extern "C" __global__ void __launch_bounds__(GDR_THREADS)
+    gated_delta_chunk_scan_bf16(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
+                                const u32* groups, float* state, bf16_t* out, DeltaDims d) {
+    pdl_enter();
+    const u32 j = blockIdx.y, col0 = blockIdx.x * GDR_COLS, tid = threadIdx.x;
+    const u32 c = tid & 31, r = tid >> 5, col = col0 + c;
+    const u32 dk = d.dk, dv = d.dv, kh = j / (d.hv / d.hk), first = groups[3 * blockIdx.z],
+              end = groups[3 * blockIdx.z + 1], slot = groups[3 * blockIdx.z + 2];
+    const bool live = col < dv;
+    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv, head = (u64)d.hv * dk * dv, per_head = (u64)dk * dv;
+    extern __shared__ __align__(16) unsigned char gdr_smem[];
+    float* S = reinterpret_cast<float*>(gdr_smem);
+    float* rows = S + dk * GDR_COLS;
+    float* qks = rows + GDR_CHUNK * dk;
+    float* dl = qks + GDR_CHUNK * GDR_CHUNK;
+    float* st = slot == NO_SLOT ? nullptr : state + slot * head + j * per_head;
+    for (u32 e = r; e < dk; e += 8) S[e * GDR_COLS + c] = st && live ? st[(u64)e * dv + col] : 0.0f;
+    for (u32 n = first; n < end; ++n) {
+        const GdrChunk ch = chunks[n];
+        const float* uw = scratch + ((u64)n * d.hv + j) * gdr_scratch_floats(dk, dv);
+        const float *qk = uw + (u64)GDR_CHUNK * (dv + dk), *gexp = qk + GDR_CHUNK * GDR_CHUNK;
+        const float *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK, *kn = qn + GDR_CHUNK;
+        const u32 len = ch.len, cols = dv + dk;
+        if (len > 0) {
+            __syncthreads();  // the last chunk's products are done with `rows` and `S`
+            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
+                const u32 i = e / dk;
+                rows[e] = i < len ? uw[(u64)i * cols + dv + e % dk] : 0.0f;
+            }
+            for (u32 e = tid; e < GDR_CHUNK * GDR_CHUNK; e += GDR_THREADS) qks[e] = qk[e];
+            __syncthreads();
+            // delta = U - W S.
+            float acc[GDR_CHUNK / 8];
+#pragma unroll
+            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
+                const u32 i = r + 8 * m;
+                acc[m] = i < len && live ? uw[(u64)i * cols + col] : 0.0f;
+            }
+            for (u32 e = 0; e < dk; ++e) {
+                const float s = S[e * GDR_COLS + c];
+#pragma unroll
+                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] -= rows[(r + 8 * m) * dk + e] * s;
+            }
+#pragma unroll
+            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) dl[(r + 8 * m) * GDR_COLS + c] = r + 8 * m < len ? acc[m] : 0.0f;
+            __syncthreads();
+            // o = (G q) S + QK delta.
+            const bf16_t* xq = qkv + (u64)kh * dk;
+            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
+                const u32 i = e / dk;
+                rows[e] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + e % dk]) * qn[i] * gexp[i] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] = 0.0f;
+            for (u32 e = 0; e < dk; ++e) {
+                const float s = S[e * GDR_COLS + c];
+#pragma unroll
+                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += rows[(r + 8 * m) * dk + e] * s;
+            }
+            for (u32 jj = 0; jj < GDR_CHUNK; ++jj) {
+                const float x = dl[jj * GDR_COLS + c];
+#pragma unroll
+                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += qks[(r + 8 * m) * GDR_CHUNK + jj] * x;
+            }
+#pragma unroll
+            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
+                const u32 i = r + 8 * m;
+                if (i < len && live) out[((u64)(ch.row + i) * d.hv + j) * dv + col] = f2bf(acc[m]);
+            }
+            __syncthreads();
+            // S <- G_L S + (D_L k)^T delta.
+            const bf16_t* xk = qkv + (u64)(d.hk + kh) * dk;
+            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
+                const u32 i = e / dk;
+                rows[e] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + e % dk]) * kn[i] * tail[i] : 0.0f;
+            }
+            __syncthreads();
+            const float last = gexp[len - 1];
+            for (u32 e = r; e < dk; e += 8) {
+                float s = last * S[e * GDR_COLS + c];
+                for (u32 i = 0; i < len; ++i) s += rows[i * dk + e] * dl[i * GDR_COLS + c];
+                S[e * GDR_COLS + c] = s;
+            }
+        }
+        // A snapshot takes the state after the chunk: this thread's own entries.
+        if (ch.snap != NO_SLOT && live) {
+            float* snap = state + ch.snap * head + j * per_head;
+            for (u32 e = r; e < dk; e += 8) snap[(u64)e * dv + col] = S[e * GDR_COLS + c];
+        }
+    }
+    if (st && live)
+        for (u32 e = r; e < dk; e += 8) st[(u64)e * dv + col] = S[e * GDR_COLS + c];
+}
 
 // --- rms_norm_gated, sigmoid_mul -----------------------------------------------------------
 

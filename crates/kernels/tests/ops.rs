@@ -107,6 +107,7 @@ macro_rules! backend_tests {
                 recurrent_delta::delta_rule_matches_reference,
                 recurrent_delta::delta_rule_matches_reference_at_extreme_gates,
                 recurrent_delta::delta_rule_carries_state_across_steps,
+                recurrent_delta::delta_rule_long_prompt,
                 recurrent_delta::delta_rule_decode_steps,
                 recurrent_delta::delta_rule_rejects_bad_operands,
             );

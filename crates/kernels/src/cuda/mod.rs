@@ -16,6 +16,7 @@
 
 mod arena;
 mod attention;
+mod chunked_delta;
 mod compile;
 mod device;
 mod gemm;
@@ -138,10 +139,12 @@ impl CudaBackend {
             .iter()
             .chain(&gemv::KERNELS)
             .chain(&recurrent::KERNELS)
+            .chain(&chunked_delta::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels, dev.capability)?;
         moe::raise_shared_memory(&kernels)?;
+        chunked_delta::raise_shared_memory(&kernels, dev.capability)?;
         let blas = Blas::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
         dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;

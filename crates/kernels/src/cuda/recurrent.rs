@@ -11,28 +11,25 @@
 //! snapshots refuses to be recorded in a graph, which would replay its recording's table.
 //!
 //! The delta rule is the fused recurrent form, one row after another per head, for decode
-//! and prefill alike; the chunked (WY) tensor-core form that long prompts want is future
-//! work.
+//! steps and short prefills; a step with a long sequence takes the chunked (WY) form of
+//! `chunked_delta.rs`.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
-use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
+use super::{CudaBackend, chunked_delta, elementwise, expect_dtype, launch, per_row, ptr, storage};
 use crate::backend::{DeltaRule, RecurrentBatch, StateSnapshot};
+use crate::check::SeqRun;
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 13] = [
+pub(super) const KERNELS: [&str; 9] = [
     "causal_conv1d_bf16",
     "conv_states_bf16",
-    "gated_delta_rule_bf16_r1",
-    "gated_delta_rule_bf16_r2",
-    "gated_delta_rule_bf16_r4",
-    "gated_delta_rule_bf16_r8",
-    "gated_delta_rule_bf16_r1_c2",
-    "gated_delta_rule_bf16_r2_c2",
-    "gated_delta_rule_bf16_r4_c2",
-    "gated_delta_rule_bf16_r8_c2",
+    "gated_delta_rule_bf16_cols_r8",
+    "gated_delta_rule_bf16_cols_r16",
+    "gated_delta_rule_bf16_cols_r32",
+    "gated_delta_rule_bf16_cols_r64",
     "rms_norm_gated_bf16",
     "rms_norm_gated_bf16_wf32",
     "sigmoid_mul_bf16",
@@ -41,16 +38,10 @@ pub(super) const KERNELS: [&str; 13] = [
 /// `DELTA_WARPS` of `recurrent.cu`: warps per block.
 const DELTA_WARPS: usize = 4;
 
-/// Steps of at most this many sequences take the delta-rule kernels of 2 value columns a
-/// warp (`_c2`), the others those of 8: a decode step of a few sequences then spreads over
-/// four times the warps. Each column computes the same either way, so the choice changes
-/// no result.
-const NARROW_UP_TO: usize = 8;
-
 /// `DeltaDims` of `recurrent.cu`, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct DeltaDims {
+pub(super) struct DeltaDims {
     hk: u32,
     hv: u32,
     dk: u32,
@@ -98,9 +89,15 @@ fn slot_bytes(op: &'static str, pool: &Tensor) -> Result<usize> {
 
 /// Checks the step's sequences against `t` rows and a pool of `capacity` slots, on the
 /// host copies of `cu_seqlens` and `slots`.
-fn check_runs(b: &CudaBackend, op: &'static str, batch: &RecurrentBatch<'_>, t: usize, capacity: usize) -> Result<()> {
+fn check_runs(
+    b: &CudaBackend,
+    op: &'static str,
+    batch: &RecurrentBatch<'_>,
+    t: usize,
+    capacity: usize,
+) -> Result<Vec<SeqRun>> {
     let (cu, slots) = (b.host_u32(op, batch.cu_seqlens)?, b.host_u32(op, batch.slots)?);
-    crate::check::recurrent_runs(op, (&cu, &slots), batch.snapshots, t, capacity).map(drop)
+    crate::check::recurrent_runs(op, (&cu, &slots), batch.snapshots, t, capacity)
 }
 
 /// The snapshots as the kernels read them, `u32 [n, 2]` of (row, slot), and its address
@@ -160,22 +157,20 @@ pub(super) fn causal_conv1d(
     Ok(out)
 }
 
-/// The delta-rule kernel for key heads of `dk` and a step of `seqs` sequences, with its
-/// value columns per warp: `_r{R}` holds `R` rows per lane.
-fn delta_kernel(dk: usize, seqs: usize) -> Result<(&'static str, usize)> {
-    let narrow = seqs <= NARROW_UP_TO;
-    Ok(match (dk, narrow) {
-        (0..=32, false) => ("gated_delta_rule_bf16_r1", 8),
-        (33..=64, false) => ("gated_delta_rule_bf16_r2", 8),
-        (65..=128, false) => ("gated_delta_rule_bf16_r4", 8),
-        (129..=256, false) => ("gated_delta_rule_bf16_r8", 8),
-        (0..=32, true) => ("gated_delta_rule_bf16_r1_c2", 2),
-        (33..=64, true) => ("gated_delta_rule_bf16_r2_c2", 2),
-        (65..=128, true) => ("gated_delta_rule_bf16_r4_c2", 2),
-        (129..=256, true) => ("gated_delta_rule_bf16_r8_c2", 2),
+/// The delta-rule kernel for key heads of `dk` (`_cols_r{R}`: `R` key rows a warp, 32 value
+/// columns a block).
+fn delta_kernel(dk: usize) -> Result<&'static str> {
+    Ok(match dk {
+        0..=32 => "gated_delta_rule_bf16_cols_r8",
+        33..=64 => "gated_delta_rule_bf16_cols_r16",
+        65..=128 => "gated_delta_rule_bf16_cols_r32",
+        129..=256 => "gated_delta_rule_bf16_cols_r64",
         _ => return Err(Error::InvalidArgument(format!("gated_delta_rule: key heads of {dk} (the kernels take 256)"))),
     })
 }
+
+/// Value columns of a delta-rule block: a warp's lanes.
+const DELTA_COLUMNS: usize = 32;
 
 pub(super) fn gated_delta_rule(
     b: &CudaBackend,
@@ -193,13 +188,12 @@ pub(super) fn gated_delta_rule(
         expect_dtype(OP, operand, &[DType::F32])?;
     }
     let (hk, hv, dk, dv) = (rule.num_key_heads, rule.num_value_heads, rule.key_dim, rule.value_dim);
-    let (kernel, cols) = delta_kernel(dk, batch.slots.elem_count())?;
-    check_runs(b, OP, batch, t, capacity)?;
+    let kernel = delta_kernel(dk)?;
+    let runs = check_runs(b, OP, batch, t, capacity)?;
     let out = b.alloc(&[t, hv, dv], DType::BF16)?;
     if t == 0 {
         return Ok(out);
     }
-    let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
     let dims = DeltaDims {
         hk: as_u32(OP, "key heads", hk)?,
         hv: as_u32(OP, "value heads", hv)?,
@@ -207,9 +201,15 @@ pub(super) fn gated_delta_rule(
         dv: as_u32(OP, "value columns", dv)?,
         n_snap: as_u32(OP, "snapshots", batch.snapshots.len())?,
     };
+    let (a_log, dt_bias) = (rule.a_log, rule.dt_bias);
+    let chunked = chunked_delta::Launch { qkv, a, gb, a_log, dt_bias, state, out: &out };
+    if chunked_delta::try_run(b, &chunked, &runs, (dims, hv, dk, dv))? {
+        return Ok(out);
+    }
+    let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
     let seqs = as_u32(OP, "sequences", batch.slots.elem_count())?;
     let cfg = LaunchConfig {
-        grid_dim: (as_u32(OP, "column tiles", dv.div_ceil(DELTA_WARPS * cols))?, dims.hv, seqs),
+        grid_dim: (as_u32(OP, "column tiles", dv.div_ceil(DELTA_COLUMNS))?, dims.hv, seqs),
         block_dim: ((DELTA_WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };

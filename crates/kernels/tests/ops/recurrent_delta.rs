@@ -201,9 +201,23 @@ pub fn delta_rule_carries_state_across_steps(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
-/// Decode steps of 8 and of 16 sequences (the CUDA backend's narrow and wide kernels), one
-/// row each, four steps in a row (the shape a CUDA graph replays), equal the reference over
-/// the four rows of each.
+/// A prompt of 8,300 rows (past the 8,192 of one wave of the CUDA backend's chunked
+/// form, so its state crosses waves in its slot) beside a short one and a decode row, with
+/// snapshots inside the first wave, at the wave's edge and twice after one row: outputs
+/// and every slot equal the f64 recurrence.
+pub fn delta_rule_long_prompt(b: &dyn GpuBackend) -> Result<()> {
+    let layer = Layer::new(90, (1, 2, 32, 64), 8);
+    let seqs = Seqs::new(&[8300, 40, 1], &[3, 0, 6]).snap(&[(100, 1), (8191, 2), (8320, 4), (8320, 5)]);
+    let rows = layer.rows(b, 91, seqs.rows(), 3.0);
+    let (want_o, want_state) = layer.reference(&rows, &seqs);
+    let pool = layer.pool(b)?;
+    let o = layer.run(b, &rows, &seqs, &pool)?;
+    layer.assert_matches(b, (&o, &pool), (&want_o, &want_state), "delta rule over a long prompt");
+    Ok(())
+}
+
+/// Decode steps of 8 and of 16 sequences, one row each, four steps in a row (the shape a
+/// CUDA graph replays), equal the reference over the four rows of each.
 pub fn delta_rule_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     for seqs in [8, 16] {
         decode_steps(b, seqs)?;
