@@ -234,6 +234,25 @@ impl Engine {
         stats.running = self.scheduler.num_running();
         stats.kv_blocks_used = self.kv.num_blocks() - self.kv.num_free_blocks();
         stats.state = self.kv.state_usage().map(|u| (u.sequences_held, u.snapshots_cached));
+        // One line a step for whoever asks (`MET_LOG=met_scheduler=debug`): what the step
+        // held and where its time went, to read a slow step off a live server.
+        tracing::debug!(
+            "step {:.2} ms: {} tokens ({} prompt, {} from the prefix cache), {} sampled, {} preempted, \
+             {} running, {} waiting, schedule {:.2} / forward {:.2} / sample {:.2} / postprocess {:.2} ms{}",
+            ms(stats.duration),
+            stats.batch_tokens,
+            stats.prompt_tokens,
+            stats.prefix_cache_hit_tokens,
+            stats.generated_tokens,
+            stats.preemptions,
+            stats.running,
+            stats.waiting,
+            ms(stats.phases.schedule),
+            ms(stats.phases.forward),
+            ms(stats.phases.sample),
+            ms(stats.phases.postprocess),
+            if stats.ahead { ", ahead" } else { "" },
+        );
         self.metrics.step(&stats);
         self.last_step = stats;
     }
@@ -274,4 +293,9 @@ impl Engine {
     pub fn total_blocks(&self) -> usize {
         self.kv.num_blocks()
     }
+}
+
+/// Milliseconds of `d`, for the step log.
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
