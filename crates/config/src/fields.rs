@@ -100,6 +100,11 @@ impl<'a> RawConfig<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
+    /// The object's keys, in the file's order.
+    pub fn keys(&self) -> Vec<String> {
+        self.map.keys().cloned().collect()
+    }
+
     /// Whether `key` is present at all, even as null.
     pub fn has_key(&self, key: &str) -> bool {
         self.map.contains_key(key)

@@ -35,6 +35,7 @@ mod load;
 mod lora;
 mod model;
 mod named;
+mod quant;
 mod request_field;
 mod sampling;
 mod serve;
@@ -51,6 +52,7 @@ pub use load::{AttentionBackendKind, CpuDots, DeviceKind, LoadConfig, LoadFormat
 pub use lora::{DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig, LoraModulePath};
 pub use model::{Activation, ArchDefaults, ModelConfig, MoeConfig, NormPlacement, NormWeight, RopeConfig, RopeScaling};
 pub use named::UnknownName;
+pub use quant::{QuantConfig, ScaleLayout};
 pub use request_field::RequestField;
 pub use sampling::{InvalidSampling, MAX_TOP_LOGPROBS, SamplingParams};
 pub use serve::{DEFAULT_MAX_TOKENS, ReasoningParser, ServeConfig, ToolCallParser};

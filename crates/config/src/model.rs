@@ -205,6 +205,8 @@ pub struct ModelConfig {
     /// Where a vision-language checkpoint keeps its text model (`model.language_model.`),
     /// read as if under `model.`; `None` for a text-only checkpoint.
     pub text_prefix: Option<String>,
+    /// How the checkpoint's weights are quantized; `None` for plain float weights.
+    pub quantization: Option<crate::QuantConfig>,
 }
 
 impl ModelConfig {
@@ -283,6 +285,7 @@ impl ModelConfig {
             attn_output_gate: false,
             linear_attention: None,
             text_prefix: None,
+            quantization: crate::QuantConfig::read(f)?,
         })
     }
 
