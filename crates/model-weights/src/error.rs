@@ -90,6 +90,14 @@ pub enum WeightError {
         /// The stored element type, as the file names it.
         dtype: String,
     },
+    /// A quantized weight that cannot be dequantized as its checkpoint describes it.
+    #[error("quantized weight `{name}` {msg}")]
+    Quantized {
+        /// The weight.
+        name: String,
+        /// What is wrong.
+        msg: String,
+    },
     /// Tensors could not be concatenated.
     #[error("cannot concatenate {names:?}: {msg}")]
     Concat {

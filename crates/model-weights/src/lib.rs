@@ -18,6 +18,7 @@
 
 mod dummy;
 mod error;
+mod fp8;
 pub mod gguf;
 mod load;
 mod preflight;
@@ -27,6 +28,7 @@ use met_kernels::{DType, HostTensor};
 
 pub use dummy::DummyStore;
 pub use error::{PreflightReport, WeightError};
+pub use fp8::{Fp8View, dequantize as dequantize_fp8};
 pub use gguf::{
     GgmlType, GgufArch, GgufFile, GgufMeta, GgufStore, GgufTensorInfo, GgufValue, RawTensor, VHeadOrder, insert_opt,
 };
@@ -88,6 +90,13 @@ pub trait WeightStore: Send + Sync {
     /// of making it on the host and copying it over. Its values equal [`Self::host`]'s.
     /// `None` (the default) for stored data.
     fn uniform_run(&self, name: &str) -> Option<met_kernels::UniformRun> {
+        let _ = name;
+        None
+    }
+
+    /// The shape and bytes of `name` when it is stored as `float8_e4m3fn` (what
+    /// [`Fp8View`] dequantizes); `None` otherwise, and for a store that holds none.
+    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
         let _ = name;
         None
     }

@@ -126,6 +126,13 @@ impl WeightStore for SafetensorsStore {
         let bytes = &self.shards[stored.shard].map[stored.range.clone()];
         Ok(HostTensor::from_bytes(dtype, &stored.shape, Cow::Borrowed(bytes))?)
     }
+
+    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+        let stored = self.tensors.get(name)?;
+        let bytes = &self.shards[stored.shard].map[stored.range.clone()];
+        let fits = stored.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(bytes.len());
+        (stored.dtype.as_ref().err()?.as_str() == "F8_E4M3" && fits).then(|| (stored.shape.clone(), bytes))
+    }
 }
 
 impl fmt::Debug for SafetensorsStore {

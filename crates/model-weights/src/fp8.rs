@@ -1,0 +1,138 @@
+//! FP8 checkpoints read as float weights: each `float8_e4m3fn` weight times its scales.
+//!
+//! [`Fp8View`] serves a store whose quantized weights sit next to their scales
+//! (`<weight>_scale_inv` in transformers' block-wise `fp8`, `<weight>_scale` in the
+//! per-tensor and compressed-tensors layouts) as if the checkpoint held the dequantized
+//! f32 weights: the scales disappear from its names, the weights report f32, and every
+//! other tensor passes through. The view's values are what transformers computes when it
+//! dequantizes: `w = fp8(q) · s` with `s` the scale of the weight's tensor, row or block.
+//! This is how the CPU runs such checkpoints, and how the GPU does until it has FP8 kernels:
+//! a device then holds the weights in its float dtype.
+//!
+//! A quantized weight without a scale, a scale whose shape does not cover its weight, or
+//! an FP8 tensor that is not a 2-D weight is an error naming the tensor.
+
+use met_config::ScaleLayout;
+use met_kernels::HostTensor;
+
+use crate::{TensorInfo, WeightError, WeightStore};
+
+/// `store` with its FP8 weights dequantized; `layout` from the checkpoint's
+/// `quantization_config` (`None`: tell per-tensor from per-channel by the scale's shape).
+pub struct Fp8View<'a> {
+    inner: &'a dyn WeightStore,
+    layout: Option<ScaleLayout>,
+}
+
+impl<'a> Fp8View<'a> {
+    /// The view of `inner`.
+    pub fn new(inner: &'a dyn WeightStore, layout: Option<ScaleLayout>) -> Self {
+        Self { inner, layout }
+    }
+
+    /// The scale tensor of the quantized weight `name`.
+    fn scale_name(&self, name: &str) -> Option<String> {
+        ["_scale_inv", "_scale"].iter().map(|s| format!("{name}{s}")).find(|s| self.inner.info(s).is_some())
+    }
+
+    /// Whether `name` is a companion of a quantized weight in the store, which the view
+    /// hides: the weight's scales, or the static activation scale the dequantized weights
+    /// do not use.
+    fn is_companion(&self, name: &str) -> bool {
+        let weight_of = |suffix: &str| name.strip_suffix(suffix).map(str::to_owned);
+        // `.input_scale` first: it ends in `_scale` too.
+        let owner = weight_of(".input_scale")
+            .map(|m| format!("{m}.weight"))
+            .or_else(|| weight_of("_scale_inv"))
+            .or_else(|| weight_of("_scale"));
+        owner.is_some_and(|w| self.inner.float8(&w).is_some())
+    }
+}
+
+impl WeightStore for Fp8View<'_> {
+    fn describe(&self) -> String {
+        format!("{} (fp8 weights dequantized)", self.inner.describe())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.inner.names().into_iter().filter(|n| !self.is_companion(n)).collect()
+    }
+
+    fn info(&self, name: &str) -> Option<TensorInfo> {
+        if self.is_companion(name) {
+            return None;
+        }
+        match self.inner.float8(name) {
+            Some((shape, _)) => Some(TensorInfo { name: name.into(), dtype: met_kernels::DType::F32, shape }),
+            None => self.inner.info(name),
+        }
+    }
+
+    fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError> {
+        let Some((shape, bytes)) = self.inner.float8(name) else { return self.inner.host(name) };
+        let bad = |msg: String| WeightError::Quantized { name: name.into(), msg };
+        let scale_name = self.scale_name(name).ok_or_else(|| bad("has no `_scale_inv` or `_scale` tensor".into()))?;
+        let scale = self.inner.host(&scale_name)?;
+        let values = dequantize(&shape, bytes, (&scale.to_f32_vec()?, scale.shape()), self.layout).map_err(bad)?;
+        Ok(HostTensor::from_f32(&values, &shape))
+    }
+
+    fn uniform_run(&self, name: &str) -> Option<met_kernels::UniformRun> {
+        self.inner.uniform_run(name)
+    }
+}
+
+/// The f32 values of an e4m3 weight `[n, k]` under its scales.
+///
+/// # Errors
+/// A message when the weight is not 2-D or the scale's shape does not fit `layout`.
+pub fn dequantize(
+    shape: &[usize],
+    bytes: &[u8],
+    (scale, scale_shape): (&[f32], &[usize]),
+    layout: Option<ScaleLayout>,
+) -> Result<Vec<f32>, String> {
+    let &[n, k] = shape else { return Err(format!("is an fp8 tensor of shape {shape:?}; met reads 2-D weights")) };
+    let layout = match layout {
+        Some(l) => l,
+        None if scale.len() == 1 => ScaleLayout::Tensor,
+        None if scale.len() == n => ScaleLayout::Channel,
+        None => return Err(format!("has a scale of shape {scale_shape:?}, neither one per tensor nor per row")),
+    };
+    let (rows, cols) = match layout {
+        ScaleLayout::Tensor => (n.max(1), k.max(1)),
+        ScaleLayout::Channel => (1, k.max(1)),
+        ScaleLayout::Block(r, c) => (r, c),
+    };
+    let grid = (n.div_ceil(rows), k.div_ceil(cols));
+    if scale.len() != grid.0 * grid.1 {
+        return Err(format!(
+            "has a scale of shape {scale_shape:?} where its {layout:?} layout over [{n}, {k}] needs {} x {}",
+            grid.0, grid.1
+        ));
+    }
+    let table = e4m3_table();
+    let mut out = Vec::with_capacity(n * k);
+    for (i, row) in bytes.chunks_exact(k.max(1)).take(n).enumerate() {
+        let scales = &scale[(i / rows) * grid.1..][..grid.1];
+        out.extend(row.iter().enumerate().map(|(j, &q)| table[q as usize] * scales[j / cols]));
+    }
+    Ok(out)
+}
+
+/// Every e4m3 byte's value: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, subnormals
+/// below exponent 1, no infinities, and NaN at `S.1111.111`.
+fn e4m3_table() -> [f32; 256] {
+    std::array::from_fn(|b| {
+        let (sign, exp, man) = (if b & 0x80 != 0 { -1.0 } else { 1.0 }, (b >> 3) & 0xf, b & 7);
+        let magnitude = match (exp, man) {
+            (15, 7) => f32::NAN,
+            (0, m) => m as f32 / 8.0 * 2f32.powi(-6),
+            (e, m) => (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7),
+        };
+        sign * magnitude
+    })
+}
+
+#[cfg(test)]
+mod tests;
