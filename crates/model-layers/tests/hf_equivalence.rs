@@ -179,6 +179,11 @@ macro_rules! fixture_tests {
 
 fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, qwen3_next, qwen3_5, qwen3_5_moe);
 
+// FP8 checkpoints (`scripts/fp8_fixtures.py`): the qwen3 fixture's projections in e4m3 with
+// block, per-row and per-tensor scales, against float32 transformers on the dequantized
+// weights.
+fixture_tests!(qwen3_fp8_block, qwen3_fp8_channel, qwen3_fp8_tensor);
+
 /// The CPU backend records no graphs: capture says so and every step stays eager.
 #[test]
 fn cpu_models_skip_graph_capture() {

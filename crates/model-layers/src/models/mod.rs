@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use met_config::{ConfigError, ConfigJson, ModelConfig, RawConfig};
 use met_kernels::GpuBackend;
-use met_model_weights::{GgufArch, GgufStore, TensorSpec, WeightError, WeightStore, preflight};
+use met_model_weights::{Fp8View, GgufArch, GgufStore, TensorSpec, WeightError, WeightStore, preflight};
 
 use crate::attention::{AttentionBackendKind, attention_backend};
 use crate::layers::decoder::{self, DecoderModel, LM_HEAD};
@@ -169,6 +169,8 @@ pub fn load_model(
     backend: Arc<dyn GpuBackend>,
     options: &LoadOptions,
 ) -> Result<Box<dyn Model>> {
+    let dequantized = fp8_view(cfg, store);
+    let store: &dyn WeightStore = dequantized.as_ref().map_or(store, |v| v);
     let view = checkpoint_view::canonical(cfg, store);
     let store: &dyn WeightStore = match &view {
         Some(v) => v,
@@ -186,10 +188,18 @@ pub fn load_model(
 /// # Errors
 /// [`ModelError::Weights`] with the preflight report.
 pub(crate) fn check_store(cfg: &ModelConfig, store: &dyn WeightStore) -> Result<()> {
+    let dequantized = fp8_view(cfg, store);
+    let store: &dyn WeightStore = dequantized.as_ref().map_or(store, |v| v);
     match checkpoint_view::canonical(cfg, store) {
         Some(view) => check_canonical(cfg, &view),
         None => check_canonical(cfg, store),
     }
+}
+
+/// A quantized checkpoint's weights dequantized to f32 as they are read (every scheme
+/// `QuantConfig` admits stores float8 weights with scales); `None` for a float checkpoint.
+pub(crate) fn fp8_view<'a>(cfg: &ModelConfig, store: &'a dyn WeightStore) -> Option<Fp8View<'a>> {
+    cfg.quantization.as_ref().map(|q| Fp8View::new(store, q.scales))
 }
 
 /// [`check_store`] of a store already under the canonical names.

@@ -55,6 +55,8 @@ pub fn load_tensor_parallel(
     }
     check_world(cfg, world)?;
     check_store(cfg, store)?;
+    let dequantized = crate::models::fp8_view(cfg, store);
+    let store: &dyn WeightStore = dequantized.as_ref().map_or(store, |v| v);
     let shards = collectives.iter().map(|c| Shard::of(cfg, Arc::clone(c))).collect::<Result<Vec<_>>>()?;
     let load = |(shard, backend): (Shard, &Arc<dyn GpuBackend>)| {
         let attention = attention_backend(options.attention_backend, Arc::clone(backend));

@@ -194,6 +194,15 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     };
     progress.finish();
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
+    if let Some(q) = &config.quantization {
+        // Said at every start: the memory and speed are those of the float model.
+        tracing::warn!(
+            "{} weights are dequantized to {:?} as they load (no FP8 kernels yet): memory and speed are the \
+             unquantized model's",
+            q.method,
+            backend.float_dtype()
+        );
+    }
     timer.done(store.describe());
 
     Ok((Weights { topology, model, config }, TextSource { source, gguf, eos_token_ids }))
@@ -230,6 +239,10 @@ impl WeightStore for Counted<'_> {
             self.progress.tensor(name);
         }
         run
+    }
+
+    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+        self.inner.float8(name)
     }
 }
 
