@@ -358,3 +358,28 @@ fn hybrid_configs_that_met_cannot_serve_are_refused_naming_the_field() {
     assert!(message(vl).contains("attn_output_gate"), "{}", message(vl));
     assert!(message(r#"{"model_type": "qwen3_5"}"#).contains("text_config"));
 }
+
+#[test]
+fn fp8_checkpoints_name_their_scales() {
+    use met_config::ScaleLayout;
+    for name in ["Qwen3-30B-A3B-FP8", "Qwen3-32B-FP8"] {
+        let q = real(name).quantization.unwrap_or_else(|| panic!("{name}: quantized"));
+        assert_eq!(
+            (q.method.as_str(), q.scales, q.static_activations),
+            ("fp8", Some(ScaleLayout::Block(128, 128)), false)
+        );
+    }
+    let moe = real("Qwen3-30B-A3B-FP8").quantization.unwrap();
+    assert!(moe.unquantized.iter().any(|m| m == "lm_head"), "the MoE lists what stays in bf16");
+    let llama = real("Meta-Llama-3-8B-Instruct-FP8").quantization.unwrap();
+    assert_eq!((llama.scales, llama.static_activations), (None, true));
+    assert_eq!(real("Qwen3-8B").quantization, None);
+    // A vision-language config keeps `quantization_config` beside `text_config`.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/Qwen3.5-27B/config.json");
+    let vl = read_config_with_overrides(
+        &path,
+        r#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#,
+    )
+    .unwrap();
+    assert_eq!(vl.quantization.unwrap().scales, Some(ScaleLayout::Block(128, 128)));
+}

@@ -90,6 +90,10 @@ fn vision_language(
     if let Some(tied) = f.opt_bool("tie_word_embeddings")? {
         c.tie_word_embeddings = tied;
     }
+    // A quantized vision-language checkpoint says so at the top level.
+    if let Some(q) = met_config::QuantConfig::read(f)? {
+        c.quantization = Some(q);
+    }
     Ok(c)
 }
 
