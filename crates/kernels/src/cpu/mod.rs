@@ -50,7 +50,7 @@ enum CpuData {
     U32(Vec<u32>),
     /// Rows of whole blocks of the tensor's quantised dtype.
     Quant(Vec<u8>),
-    /// Q4_0, Q4_1 and Q8_0 matrices, repacked for the matmul kernels.
+    /// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, repacked for the matmul kernels.
     Packed(PackedQuant),
 }
 

@@ -2,10 +2,11 @@
 //!
 //! Every result is a function of its activation row and weight row alone, computed the
 //! same way for a decode row and for a prompt's thousandth row (see `rows.rs`, which only
-//! schedules the pairs): packed Q4_0 / Q4_1 / Q8_0 matrices through their fused kernels,
-//! exact f32 ones or integer ones against activations quantised to 8 bits per block, each
-//! row on its own ([`CpuDots`], [`Q8Rows`]); other block formats dequantised a tile of
-//! rows at a time and multiplied by [`dot_f32_rows`]. Either way the weights are exactly
+//! schedules the pairs): packed matrices through their fused kernels, integer ones against
+//! activations quantised to 8 bits per block or exact f32 ones, each row on its own
+//! ([`CpuDots`], [`Q8Rows`]); the exact products of the K-quants and every product of the
+//! formats without a packed layout dequantise a tile of rows at a time and multiply by
+//! [`dot_f32_rows`]. Either way the weights are exactly
 //! the file's values. The backend holds the choice of dots; tests against exact
 //! references use the exact ones.
 
@@ -15,7 +16,7 @@ use std::ops::Range;
 use super::rows::{TILE, products};
 use crate::quant::{PackedQuant, Q8Rows, QuantFormat, block_sums, dequantize_row, dot_f32_rows};
 
-/// How the CPU computes products with packed Q4_0 / Q4_1 / Q8_0 weights: one of the closed
+/// How the CPU computes products with packed quantised weights: one of the closed
 /// sets of settings in `met-config`, which the command line offers by name.
 pub use met_config::CpuDots;
 
@@ -83,6 +84,12 @@ pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize,
             let q = Q8Rows::quantize(x, k);
             products(n, m, &|run, out| w.dot_rows_q8(&q, run, out))
         }
+        // The K-quants have no f32 kernels of their own: tiles of their rows dequantise
+        // to exactly the file's values and multiply as f32 rows.
+        CpuDots::Exact if w.format().block_elems() > 32 => {
+            let dequantize = |rows: Range<usize>, out: &mut [f32]| w.dequantize_rows(rows, out);
+            products(n, m, &|run, out| dot_dequantized(x, k, &dequantize, run, out))
+        }
         CpuDots::Exact => {
             let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
             products(n, m, &|run, out| w.dot_rows_many(x, &sums, run, out))
@@ -128,13 +135,23 @@ mod tests {
         bytes
     }
 
+    /// The formats with a packed layout.
+    const PACKED: [QuantFormat; 6] = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+    ];
+
     /// A few activation rows (a decode row and its speculative tokens) give each row
     /// exactly its result alone, bit for bit, with either kind of dots: verification must
     /// see decode's logits.
     #[test]
     fn few_rows_equal_each_row_alone_bit_for_bit() {
         let (k, n) = (256, 37);
-        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        for format in PACKED {
             let w = weights(format, n, k);
             let packed = PackedQuant::from_blocks(format, &w, k).unwrap();
             for dots in [CpuDots::Exact, CpuDots::Int8] {

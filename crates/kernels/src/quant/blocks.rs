@@ -96,12 +96,33 @@ fn q5_1(b: &[u8; 24], out: &mut [f32; 32]) {
 /// sub-blocks 0-3 keep 6 bits in bytes `j` and `j + 4`; sub-blocks 4-7 keep their low 4
 /// bits in byte `j + 4` and their top 2 bits in the top bits of bytes `j − 4` and `j`.
 fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
-    let (sc, m) = if j < 4 {
+    let (sc, m) = scale_min_k4_bits(j, s);
+    (f32::from(sc), f32::from(m))
+}
+
+/// [`scale_min_k4`] as the 6-bit integers.
+pub(super) fn scale_min_k4_bits(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
         ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-    };
-    (f32::from(sc), f32::from(m))
+    }
+}
+
+/// The 6-bit quants (0..=63) of a Q6_K block in element order, `ql` and `qh` combined.
+pub(super) fn q6_k_quants(b: &[u8; 210]) -> [u8; QK_K] {
+    let (ql, qh) = (&b[..128], &b[128..192]);
+    let mut q = [0u8; QK_K];
+    for half_i in 0..2 {
+        let (ql, qh, q) = (&ql[64 * half_i..], &qh[32 * half_i..], &mut q[128 * half_i..]);
+        for l in 0..32 {
+            q[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            q[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    q
 }
 
 fn q4_k(b: &[u8; 144], out: &mut [f32; QK_K]) {
@@ -187,6 +208,19 @@ mod tests {
         s[8] = 0x5A; // sub-block 4: scale low 0xA, min low 0x5
         assert_eq!(scale_min_k4(0, &s), (1.0, 2.0));
         assert_eq!(scale_min_k4(4, &s), (f32::from(0xAu8 | (3 << 4)), f32::from(0x5u8 | (2 << 4))));
+    }
+
+    /// With `d = 1` and unit scales, a Q6_K block decodes to its quants less 32.
+    #[test]
+    fn q6_k_quants_are_the_decoded_values_plus_32() {
+        let mut block = [0u8; 210];
+        block.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 89 % 251) as u8);
+        block[192..208].fill(1);
+        block[208..].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+        let mut out = [0f32; QK_K];
+        decode_block(QuantFormat::Q6_K, &block, &mut out);
+        let q = q6_k_quants(&block);
+        assert!(q.iter().zip(&out).all(|(&q, &v)| f32::from(q) - 32.0 == v));
     }
 
     #[test]

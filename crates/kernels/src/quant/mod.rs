@@ -12,6 +12,7 @@
 mod blocks;
 mod f32_rows;
 mod packed;
+mod packed_k;
 mod q8;
 mod simd;
 #[cfg(target_arch = "x86_64")]
@@ -20,6 +21,8 @@ mod x86;
 mod x86_int;
 #[cfg(target_arch = "x86_64")]
 mod x86_isa;
+#[cfg(target_arch = "x86_64")]
+mod x86_kquant;
 
 use std::fmt;
 
@@ -150,8 +153,8 @@ pub fn block_sums(x: &[f32]) -> Vec<f32> {
 }
 
 /// `out[r] = x · row r` for the quantised rows `rows` (each `x.len()` elements), decoding
-/// each block. The formats the CPU computes with most (Q4_0, Q4_1, Q8_0) go through
-/// [`PackedQuant::dot_rows`] and its SIMD kernels instead.
+/// each block. The formats with a packed layout go through [`PackedQuant`] and its SIMD
+/// kernels instead.
 ///
 /// # Panics
 /// If the lengths do not match the format.
@@ -185,3 +188,5 @@ fn dot_scalar(format: QuantFormat, x: &[f32], row: &[u8]) -> f32 {
 mod tests;
 #[cfg(test)]
 mod tests_int;
+#[cfg(test)]
+mod tests_kquant;

@@ -1,4 +1,4 @@
-//! The CPU's working layout of Q4_0, Q4_1 and Q8_0 matrices: the same values as the
+//! The CPU's working layout of Q4_0, Q4_1, Q8_0 and K-quant matrices: the same values as the
 //! file's blocks, with the f16 scales (and minimums) split out of the blocks at upload.
 //!
 //! A GGUF block interleaves a 2-byte f16 scale with its quants, which the kernels would
@@ -12,12 +12,28 @@
 //!
 //! Both arrays end with [`SCALE_PAD`] zeros, so a kernel may load a whole vector of scales
 //! that starts at any block of the matrix (lanes past a row's end are masked or unused).
+//!
+//! The K-quants (Q4_K, Q5_K, Q6_K: 256-element super-blocks) keep their f16 scales per
+//! super-block and their small integer scales per 32-element block (two per block for
+//! Q6_K), unpacked to a byte each; their quants are regrouped so every pair of blocks reads
+//! like a Q4_K chunk (see `packed_k`). A kernel sees every format as 32-element blocks with
+//! one f32 scale (and minimum) each.
 
 use super::{QuantFormat, SimdLevel};
 
 /// Zero scales after the last block's, for vector loads of up to 16 f16 values that start
 /// at any block.
 pub(super) const SCALE_PAD: usize = 16;
+
+/// Quant bytes per 32-element block of `format`'s packed layout (Q5_0 and Q5_1 have none).
+pub(super) const fn payload_bytes(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q8_0 => 32,
+        QuantFormat::Q5_K => 20,
+        QuantFormat::Q6_K => 24,
+        _ => 16,
+    }
+}
 
 /// An f16's value.
 pub(super) fn f16_value(bits: u16) -> f32 {
@@ -27,22 +43,31 @@ pub(super) fn f16_value(bits: u16) -> f32 {
 /// A matrix of `rows × k` quantised values in the packed layout.
 #[derive(Debug, Clone)]
 pub struct PackedQuant {
-    format: QuantFormat,
-    k: usize,
-    rows: usize,
+    pub(super) format: QuantFormat,
+    pub(super) k: usize,
+    pub(super) rows: usize,
     /// Scale of each block as f16 bits, row-major `[rows, k / 32]`, then [`SCALE_PAD`] zeros.
     pub(super) d: Vec<u16>,
     /// Q4_1: minimum of each block. Q4_0: `−8 · d`, so both share one kernel. Q8_0: empty.
     /// Laid out as `d`.
     pub(super) m: Vec<u16>,
-    /// The quants of each block without their header: 16 bytes (Q4) or 32 (Q8).
+    /// K-quants: each block's integer scale (Q4_K, Q5_K: 6 bits; Q6_K: two i8 per block,
+    /// one per 16 elements), row-major, then [`SUB_PAD`] zeros. Empty otherwise.
+    pub(super) sc: Vec<u8>,
+    /// Q4_K, Q5_K: each block's 6-bit minimum, laid out as `sc`. Empty otherwise.
+    pub(super) mn: Vec<u8>,
+    /// The quants of each block without their header: [`Self::payload`] bytes a block.
     pub(super) qs: Vec<u8>,
 }
+
+/// Zero integer scales after the last block's, for vector loads of up to 32 of them that
+/// start at any block.
+pub(super) const SUB_PAD: usize = 32;
 
 impl PackedQuant {
     /// Whether `format` has a packed layout.
     pub fn supports(format: QuantFormat) -> bool {
-        matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0)
+        !matches!(format, QuantFormat::Q5_0 | QuantFormat::Q5_1)
     }
 
     /// Repacks `rows` rows of `k` elements of GGUF blocks, or `None` for a format without a
@@ -52,6 +77,9 @@ impl PackedQuant {
         let row_bytes = format.bytes_for(k)?;
         if !Self::supports(format) || row_bytes == 0 || !blocks.len().is_multiple_of(row_bytes) {
             return None;
+        }
+        if format.block_elems() == super::blocks::QK_K {
+            return Some(Self::from_k_blocks(format, blocks, k));
         }
         let (header, payload) = match format {
             QuantFormat::Q4_1 => (4, 16),
@@ -65,6 +93,8 @@ impl PackedQuant {
             rows: blocks.len() / row_bytes,
             d: Vec::with_capacity(n + SCALE_PAD),
             m: Vec::with_capacity(if format == QuantFormat::Q8_0 { 0 } else { n + SCALE_PAD }),
+            sc: Vec::new(),
+            mn: Vec::new(),
             qs: Vec::with_capacity(n * payload),
         };
         let bits = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
@@ -112,9 +142,14 @@ impl PackedQuant {
         self.k / 32
     }
 
-    /// Quant bytes per block.
+    /// Quant bytes per 32-element block.
     pub(super) fn payload(&self) -> usize {
-        if self.format == QuantFormat::Q8_0 { 32 } else { 16 }
+        payload_bytes(self.format)
+    }
+
+    /// Whether the format is a K-quant (256-element super-blocks).
+    pub(super) fn is_k(&self) -> bool {
+        self.format.block_elems() == super::blocks::QK_K
     }
 
     /// Rows `rows` as f32, equal to dequantising the original blocks (the same
@@ -127,6 +162,9 @@ impl PackedQuant {
     /// every level gives the same values.
     pub(super) fn dequantize_rows_at(&self, level: SimdLevel, rows: std::ops::Range<usize>, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len() * self.k, "output does not hold the rows");
+        if self.is_k() {
+            return self.dequantize_k_rows(rows, out);
+        }
         let (nb, p) = (self.blocks_per_row(), self.payload());
         #[cfg(target_arch = "x86_64")]
         if super::x86::dequantize_blocks(level, self.format, (&self.d, &self.m, &self.qs), rows.start * nb, out) {
@@ -167,7 +205,7 @@ impl PackedQuant {
         assert_eq!(out.len(), rows.len(), "one output per row");
         assert!(rows.end <= self.rows(), "rows past the matrix");
         #[cfg(target_arch = "x86_64")]
-        if super::x86::packed_dot_rows(self, x, sums, rows.clone(), out) {
+        if !self.is_k() && super::x86::packed_dot_rows(self, x, sums, rows.clone(), out) {
             return;
         }
         let mut w = vec![0f32; self.k];
@@ -191,7 +229,7 @@ impl PackedQuant {
         assert_eq!(out.len(), m * rows.len(), "one output per row pair");
         assert!(rows.end <= self.rows(), "rows past the matrix");
         #[cfg(target_arch = "x86_64")]
-        if m > 1 && super::x86::packed_dot_rows_many(self, x, sums, rows.clone(), out) {
+        if m > 1 && !self.is_k() && super::x86::packed_dot_rows_many(self, x, sums, rows.clone(), out) {
             return;
         }
         let nb = self.blocks_per_row();

@@ -1,20 +1,26 @@
-//! Integer dot products of packed Q4_0 / Q4_1 / Q8_0 rows with activations quantised to
-//! 8 bits per 32-element block, as llama.cpp's `q8` activation blocks do.
+//! Integer dot products of packed rows (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K,
+//! Q6_K) with activations quantised to 8 bits per 32-element block, as llama.cpp's `q8`
+//! activation blocks do.
 //!
 //! The f32 kernels ([`super::PackedQuant::dot_rows`]) widen every weight to f32 and are
 //! exact; a decode step of a model that fits in cache is bound by that arithmetic. Here
 //! each activation block becomes `dx · qx` (`dx = max|x| / 127`, `qx` an i8), so a weight
 //! block contributes `dw · dx · Σ q·qx (+ m · dx · Σ qx)` with the inner sum in exact
-//! integer arithmetic: 32 multiply-adds per instruction pair instead of 16 or 8.
+//! integer arithmetic: 32 multiply-adds per instruction pair instead of 16 or 8. The
+//! K-quants fit the same form block by block: a Q4_K/Q5_K block's `dw` is `d · sc` and its
+//! `m` is `−dmin · mn`; a Q6_K block's two sub-block scales multiply their integer sums
+//! (still exact) and `dw` is the super-block's `d`. Every format shares one activation
+//! quantisation.
 //!
 //! Invariants: the integer sums are exact at every SIMD level (no saturation: see the
-//! kernels in `x86_int`), so levels differ only in the order of the f32 scaling of the
-//! per-block sums. The one error against the exact product is the rounding of `x` to
-//! `qx`: at most `dx / 2` per element, i.e. `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|` (tested).
-//! Each activation row's result is bit for bit the same however many activation rows and
-//! weight rows run together, so speculative verification sees decode's logits.
+//! kernels in `x86_int` and `x86_kquant`), so levels differ only in the order of the f32
+//! scaling of the per-block sums. The one error against the exact product is the rounding
+//! of `x` to `qx`: at most `dx / 2` per element, i.e. `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|`
+//! (tested). Each activation row's result is bit for bit the same however many activation
+//! rows and weight rows run together, so speculative verification sees decode's logits.
 
 use super::packed::{PackedQuant, f16_value};
+use super::packed_k::{BLOCKS_PER_SUPER, k_quant};
 use super::{QuantFormat, SimdLevel};
 
 /// Activation rows `[m, k]` quantised per 32-element block to `d · q` with i8 `q`.
@@ -94,55 +100,112 @@ pub(super) struct ActRow<'a> {
 }
 
 /// One row of a packed matrix: its `nb` blocks' scales and minimums (Q4) as f16 bits, and
-/// payloads. `d` and `m` start at the row's first block and run on to the end of the
-/// matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`] zeros), so a vector
-/// load of 16 of them that starts at any block of the row stays in bounds; the row's own
-/// are the first `nb`.
+/// payloads. `d` and `m` start at the row's first block (K-quants: super-block) and run on
+/// to the end of the matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`]
+/// zeros), so a vector load of 16 of them that starts at any block of the row stays in
+/// bounds; the row's own are the first `nb` (K-quants: `nb / 8`). `sc` and `mn` (the
+/// K-quants' integer scales and minimums) run on the same way, past [`super::packed::SUB_PAD`].
 #[derive(Clone, Copy)]
 pub(super) struct WeightRow<'a> {
+    pub(super) format: QuantFormat,
     pub(super) nb: usize,
     pub(super) d: &'a [u16],
     pub(super) m: &'a [u16],
+    pub(super) sc: &'a [u8],
+    pub(super) mn: &'a [u8],
     pub(super) qs: &'a [u8],
 }
 
 impl<'a> WeightRow<'a> {
-    /// Row `r` of `p` (no minimums for Q8_0).
+    /// Row `r` of `p` (no minimums for Q8_0 and Q6_K).
     pub(super) fn of(p: &'a PackedQuant, r: usize) -> Self {
         let nb = p.blocks_per_row();
-        let q4 = p.format() != QuantFormat::Q8_0;
+        let (per_scale, subs) = match p.format() {
+            QuantFormat::Q6_K => (BLOCKS_PER_SUPER, 2),
+            QuantFormat::Q4_K | QuantFormat::Q5_K => (BLOCKS_PER_SUPER, 1),
+            _ => (1, 0),
+        };
+        let tail = |v: &'a [u16], at: usize| if v.is_empty() { v } else { &v[at..] };
+        let tail8 = |v: &'a [u8], at: usize| if v.is_empty() { v } else { &v[at..] };
         Self {
+            format: p.format(),
             nb,
-            d: &p.d[r * nb..],
-            m: if q4 { &p.m[r * nb..] } else { &[] },
+            d: &p.d[r * nb / per_scale..],
+            m: tail(&p.m, r * nb / per_scale),
+            sc: tail8(&p.sc, r * nb * subs),
+            mn: tail8(&p.mn, r * nb),
             qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
         }
+    }
+
+    /// Whether the format has minimum terms (`m · dx · Σ qx`).
+    pub(super) fn has_minimums(&self) -> bool {
+        !matches!(self.format, QuantFormat::Q8_0 | QuantFormat::Q6_K)
+    }
+}
+
+/// Block `b`'s f32 scale: the f16 `d` of a Q4_0/Q4_1/Q8_0 block, `d · sc` of a Q4_K/Q5_K
+/// one (exact: 11 by 6 bits), the super-block's `d` for Q6_K (whose sub-block scales
+/// multiply the integer sums).
+pub(super) fn block_scale(w: &WeightRow<'_>, b: usize) -> f32 {
+    match w.format {
+        QuantFormat::Q4_K | QuantFormat::Q5_K => f16_value(w.d[b / BLOCKS_PER_SUPER]) * f32::from(w.sc[b]),
+        QuantFormat::Q6_K => f16_value(w.d[b / BLOCKS_PER_SUPER]),
+        _ => f16_value(w.d[b]),
+    }
+}
+
+/// Block `b`'s minimum term factor: the f16 `m` of Q4_0/Q4_1, `−dmin · mn` of Q4_K/Q5_K
+/// (exact), zero without minimums.
+pub(super) fn block_min(w: &WeightRow<'_>, b: usize) -> f32 {
+    match w.format {
+        QuantFormat::Q4_K | QuantFormat::Q5_K => -f16_value(w.m[b / BLOCKS_PER_SUPER]) * f32::from(w.mn[b]),
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => f16_value(w.m[b]),
+        _ => 0.0,
     }
 }
 
 /// `Σ m · s` over a row's blocks: the minimum (or Q4_0 offset, `m = −8 · d`) terms, added
 /// after the integer blocks in the same order at every level.
 pub(super) fn min_term(w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
-    w.m.iter().take(w.nb).zip(a.s).map(|(&m, s)| f16_value(m) * s).sum()
+    if !w.has_minimums() {
+        return 0.0;
+    }
+    (0..w.nb).zip(a.s).map(|(b, s)| block_min(w, b) * s).sum()
 }
 
-/// The exact integer sum `Σ q · qx` of block `b`: the reference the SIMD kernels match.
-pub(super) fn block_int_dot(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 {
+/// The exact integer sum `Σ q · qx` of block `b` (Q6_K: `Σ sc · Σ (q − 32) · qx` over its
+/// two sub-blocks): the reference the SIMD kernels match.
+pub(super) fn block_int_dot(w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 {
     let qx = &a.qs[b * 32..(b + 1) * 32];
-    if q4 {
-        let qs = &w.qs[b * 16..(b + 1) * 16];
-        (0..16).map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16])).sum()
-    } else {
-        w.qs[b * 32..(b + 1) * 32].iter().zip(qx).map(|(&q, &x)| i32::from(q.cast_signed()) * i32::from(x)).sum()
+    match w.format {
+        QuantFormat::Q8_0 => {
+            w.qs[b * 32..(b + 1) * 32].iter().zip(qx).map(|(&q, &x)| i32::from(q.cast_signed()) * i32::from(x)).sum()
+        }
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+            let qs = &w.qs[b * 16..(b + 1) * 16];
+            (0..16)
+                .map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16]))
+                .sum()
+        }
+        QuantFormat::Q6_K => (0..2)
+            .map(|h| {
+                let sub: i32 = (16 * h..16 * h + 16)
+                    .map(|l| (i32::from(k_quant(w.format, w.qs, b, l)) - 32) * i32::from(qx[l]))
+                    .sum();
+                i32::from(w.sc[2 * b + h].cast_signed()) * sub
+            })
+            .sum(),
+        _ => (0..32).map(|l| i32::from(k_quant(w.format, w.qs, b, l)) * i32::from(qx[l])).sum(),
     }
 }
 
 /// `w · a` without SIMD: each block's exact integer sum scaled by `dw · dx`, then the
 /// minimum terms.
-pub(super) fn dot_scalar(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
+pub(super) fn dot_scalar(w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
     let mut acc = 0f32;
     for b in 0..w.nb {
-        acc += f16_value(w.d[b]) * a.d[b] * block_int_dot(q4, w, a, b) as f32;
+        acc += block_scale(w, b) * a.d[b] * block_int_dot(w, a, b) as f32;
     }
     acc + min_term(w, a)
 }
@@ -169,12 +232,11 @@ impl PackedQuant {
             return;
         }
         let _ = level;
-        let q4 = self.format() != QuantFormat::Q8_0;
         let n = rows.len();
         for i in 0..x.rows() {
             let a = x.row(i);
             for (j, r) in rows.clone().enumerate() {
-                out[i * n + j] = dot_scalar(q4, &WeightRow::of(self, r), &a);
+                out[i * n + j] = dot_scalar(&WeightRow::of(self, r), &a);
             }
         }
     }

@@ -106,7 +106,7 @@ fn packed_matrices_keep_the_values_and_products() {
             }
         }
     }
-    assert!(PackedQuant::from_blocks(QuantFormat::Q6_K, &[0; 210], 256).is_none());
+    assert!(PackedQuant::from_blocks(QuantFormat::Q5_0, &[0; 22 * 8], 256).is_none());
 }
 
 /// A Q4_0 scale whose `−8 · d` no f16 holds leaves the matrix unpacked (its blocks are

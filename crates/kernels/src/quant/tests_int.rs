@@ -6,7 +6,7 @@
 use half::f16;
 
 use super::packed::f16_value;
-use super::q8::{ActRow, WeightRow, block_int_dot, dot_scalar, min_term, quantize_block};
+use super::q8::{ActRow, WeightRow, block_int_dot, block_min, block_scale, dot_scalar, min_term, quantize_block};
 use super::tests::random_row;
 use super::*;
 
@@ -37,10 +37,22 @@ fn packed(format: QuantFormat, n: usize, k: usize, seed: u32) -> PackedQuant {
 }
 
 /// `Σ |terms|` of the scalar reference: the scale of its f32 rounding.
-fn term_size(q4: bool, w: &WeightRow<'_>, a: &ActRow<'_>) -> f64 {
+fn term_size(w: &WeightRow<'_>, a: &ActRow<'_>) -> f64 {
     let blocks: f64 =
-        (0..w.nb).map(|b| f64::from(f16_value(w.d[b]) * a.d[b]) * f64::from(block_int_dot(q4, w, a, b).abs())).sum();
-    blocks + w.m.iter().take(w.nb).zip(a.s).map(|(&m, s)| f64::from((f16_value(m) * s).abs())).sum::<f64>()
+        (0..w.nb).map(|b| f64::from(block_scale(w, b) * a.d[b]) * f64::from(block_int_dot(w, a, b).abs())).sum();
+    blocks + (0..w.nb).zip(a.s).map(|(b, s)| f64::from((block_min(w, b) * s).abs())).sum::<f64>()
+}
+
+/// Every packed format with row lengths of its own: for the K-quants one super-block and
+/// more, up to nine (72 blocks, past the kernels' 64-block groups; odd counts leave the
+/// AVX-512 minimum terms a half step).
+fn cases() -> impl Iterator<Item = (QuantFormat, usize)> {
+    let ks_k = [256, 512, 768, 2304];
+    let k_formats = [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K];
+    FORMATS
+        .into_iter()
+        .flat_map(|f| KS.map(|k| (f, k)))
+        .chain(k_formats.into_iter().flat_map(move |f| ks_k.map(|k| (f, k))))
 }
 
 fn int_product(level: SimdLevel, p: &PackedQuant, x: &Q8Rows, rows: std::ops::Range<usize>) -> Vec<f32> {
@@ -56,22 +68,19 @@ fn int_product(level: SimdLevel, p: &PackedQuant, x: &Q8Rows, rows: std::ops::Ra
 /// with room to spare, and far below the `dw · dx` that one unit of integer error adds.
 #[test]
 fn every_level_matches_the_scalar_integer_reference() {
-    for format in FORMATS {
-        let q4 = format != QuantFormat::Q8_0;
-        for k in KS {
-            let (n, nb) = (13, k / 32);
-            let p = packed(format, n, k, k as u32);
-            let x = Q8Rows::quantize(&activations(16, k, 3), k);
-            for level in SimdLevel::available() {
-                let got = int_product(level, &p, &x, 0..n);
-                for i in 0..16 {
-                    for j in 0..n {
-                        let (w, a) = (WeightRow::of(&p, j), x.row(i));
-                        let want = f64::from(dot_scalar(q4, &w, &a));
-                        let bound = (nb + 32) as f64 * f64::from(f32::EPSILON) * term_size(q4, &w, &a);
-                        let g = f64::from(got[i * n + j]);
-                        assert!((g - want).abs() <= bound, "{format} k={k} {level:?} ({i},{j}): {g} vs {want}");
-                    }
+    for (format, k) in cases() {
+        let (n, nb) = (13, k / 32);
+        let p = packed(format, n, k, k as u32);
+        let x = Q8Rows::quantize(&activations(16, k, 3), k);
+        for level in SimdLevel::available() {
+            let got = int_product(level, &p, &x, 0..n);
+            for i in 0..16 {
+                for j in 0..n {
+                    let (w, a) = (WeightRow::of(&p, j), x.row(i));
+                    let want = f64::from(dot_scalar(&w, &a));
+                    let bound = (nb + 32) as f64 * f64::from(f32::EPSILON) * term_size(&w, &a);
+                    let g = f64::from(got[i * n + j]);
+                    assert!((g - want).abs() <= bound, "{format} k={k} {level:?} ({i},{j}): {g} vs {want}");
                 }
             }
         }
@@ -85,7 +94,6 @@ fn every_level_matches_the_scalar_integer_reference() {
 #[test]
 fn integer_sums_are_exact_at_every_level() {
     for format in FORMATS {
-        let q4 = format != QuantFormat::Q8_0;
         for k in KS {
             let n = 9;
             let mut bytes = Vec::new();
@@ -120,7 +128,7 @@ fn integer_sums_are_exact_at_every_level() {
                 let got = int_product(level, &p, &x, 0..n);
                 for i in 0..x.rows() {
                     for j in 0..n {
-                        let want = dot_scalar(q4, &WeightRow::of(&p, j), &x.row(i));
+                        let want = dot_scalar(&WeightRow::of(&p, j), &x.row(i));
                         assert_eq!(got[i * n + j], want, "{format} k={k} {level:?} ({i},{j})");
                     }
                 }
@@ -134,31 +142,29 @@ fn integer_sums_are_exact_at_every_level() {
 /// at most `1e-5 · Σ |w · x|`.
 #[test]
 fn int_product_is_within_the_activation_rounding_of_the_exact_product() {
-    for format in FORMATS {
-        for k in KS {
-            let n = 11;
-            let p = packed(format, n, k, 5 + k as u32);
-            let xf = activations(4, k, 21);
-            let x = Q8Rows::quantize(&xf, k);
-            let mut w = vec![0f32; n * k];
-            p.dequantize_rows(0..n, &mut w);
-            for level in SimdLevel::available() {
-                let got = int_product(level, &p, &x, 0..n);
-                for i in 0..4 {
-                    for j in 0..n {
-                        let (xr, wr) = (&xf[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
-                        let exact: f64 = xr.iter().zip(wr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-                        let size: f64 = xr.iter().zip(wr).map(|(a, b)| f64::from((a * b).abs())).sum();
-                        let rounding: f64 = (0..k / 32)
-                            .map(|b| {
-                                let wsum: f64 = wr[b * 32..(b + 1) * 32].iter().map(|v| f64::from(v.abs())).sum();
-                                f64::from(x.d[i * (k / 32) + b]) / 2.0 * wsum
-                            })
-                            .sum();
-                        let g = f64::from(got[i * n + j]);
-                        let bound = rounding + 1e-5 * size;
-                        assert!((g - exact).abs() <= bound, "{format} k={k} {level:?} ({i},{j}): {g} vs {exact}");
-                    }
+    for (format, k) in cases() {
+        let n = 11;
+        let p = packed(format, n, k, 5 + k as u32);
+        let xf = activations(4, k, 21);
+        let x = Q8Rows::quantize(&xf, k);
+        let mut w = vec![0f32; n * k];
+        p.dequantize_rows(0..n, &mut w);
+        for level in SimdLevel::available() {
+            let got = int_product(level, &p, &x, 0..n);
+            for i in 0..4 {
+                for j in 0..n {
+                    let (xr, wr) = (&xf[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                    let exact: f64 = xr.iter().zip(wr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                    let size: f64 = xr.iter().zip(wr).map(|(a, b)| f64::from((a * b).abs())).sum();
+                    let rounding: f64 = (0..k / 32)
+                        .map(|b| {
+                            let wsum: f64 = wr[b * 32..(b + 1) * 32].iter().map(|v| f64::from(v.abs())).sum();
+                            f64::from(x.d[i * (k / 32) + b]) / 2.0 * wsum
+                        })
+                        .sum();
+                    let g = f64::from(got[i * n + j]);
+                    let bound = rounding + 1e-5 * size;
+                    assert!((g - exact).abs() <= bound, "{format} k={k} {level:?} ({i},{j}): {g} vs {exact}");
                 }
             }
         }
@@ -170,21 +176,19 @@ fn int_product_is_within_the_activation_rounding_of_the_exact_product() {
 /// operations of a pair.
 #[test]
 fn few_rows_equal_one_row_at_a_time_bit_for_bit() {
-    for format in FORMATS {
-        for k in [96, 576] {
-            let n = 19;
-            let p = packed(format, n, k, 40);
-            for level in SimdLevel::available() {
-                for m in 1..=16 {
-                    let xf = activations(m, k, m as u32);
-                    let x = Q8Rows::quantize(&xf, k);
-                    let together = int_product(level, &p, &x, 2..n);
-                    for i in 0..m {
-                        let alone = Q8Rows::quantize(&xf[i * k..(i + 1) * k], k);
-                        for j in 2..n {
-                            let one = int_product(level, &p, &alone, j..j + 1);
-                            assert_eq!(together[i * (n - 2) + j - 2], one[0], "{format} {level:?} m={m} ({i},{j})");
-                        }
+    for (format, k) in cases().filter(|&(_, k)| matches!(k, 96 | 576 | 256 | 768)) {
+        let n = 19;
+        let p = packed(format, n, k, 40);
+        for level in SimdLevel::available() {
+            for m in 1..=16 {
+                let xf = activations(m, k, m as u32);
+                let x = Q8Rows::quantize(&xf, k);
+                let together = int_product(level, &p, &x, 2..n);
+                for i in 0..m {
+                    let alone = Q8Rows::quantize(&xf[i * k..(i + 1) * k], k);
+                    for j in 2..n {
+                        let one = int_product(level, &p, &alone, j..j + 1);
+                        assert_eq!(together[i * (n - 2) + j - 2], one[0], "{format} {level:?} m={m} ({i},{j})");
                     }
                 }
             }

@@ -29,7 +29,7 @@ pub(super) const WIDEN: usize = 64;
 /// `d` must hold at least `c + n + 7` values; the CPU must have AVX and F16C.
 #[inline]
 #[target_feature(enable = "avx,f16c")]
-unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
+pub(super) unsafe fn widen(d: &[u16], c: usize, n: usize, out: &mut [f32; WIDEN]) {
     for j in (0..n).step_by(8) {
         // SAFETY: as the caller guarantees; `j + 8 <= WIDEN` since both are multiples of 8.
         unsafe {

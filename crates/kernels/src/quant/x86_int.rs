@@ -1,5 +1,5 @@
-//! AVX-512 VNNI and AVX2 integer kernels for packed Q4_0 / Q4_1 / Q8_0 rows against `q8`
-//! activation rows ([`super::q8`]).
+//! AVX-512 VNNI and AVX2 integer kernels for packed rows against `q8` activation rows
+//! ([`super::q8`]); the K-quants' blocks are in [`super::x86_kquant`].
 //!
 //! Register blocking: a kernel call takes `R` weight rows and `M` activation rows and keeps
 //! `R · M` accumulators live, so every weight block is loaded and unpacked once for all `M`
@@ -21,8 +21,9 @@
 use std::arch::x86_64::*;
 
 use super::q8::{ActRow, Q8Rows, WeightRow};
-use super::x86::{WIDEN, widen_group};
+use super::x86::WIDEN;
 use super::x86_isa::{Avx2, Avx512, IntIsa, Q4Blocks, Q8Blocks, Weights};
+use super::x86_kquant::{Q4KBlocks, Q5KBlocks, Q6KBlocks};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -42,7 +43,6 @@ type Kernel<const R: usize, const M: usize> = unsafe fn(&[WeightRow<'_>; R], &[A
 /// The output of one `dot_rows` call and what every tile of it shares.
 struct Job<'a, 'p> {
     level: SimdLevel,
-    q4: bool,
     p: &'p PackedQuant,
     rows: std::ops::Range<usize>,
     out: &'a mut [f32],
@@ -60,9 +60,8 @@ pub(super) fn dot_rows(
     if level == SimdLevel::None {
         return false;
     }
-    let q4 = p.format() != QuantFormat::Q8_0;
     let m = x.rows();
-    let mut job = Job { level, q4, p, rows, out };
+    let mut job = Job { level, p, rows, out };
     let group = if m >= MANY_M { PROMPT_M } else { MAX_M };
     for first in (0..m).step_by(group) {
         match (m - first).min(group) {
@@ -109,11 +108,22 @@ impl Job<'_, '_> {
     /// Weight rows `r..r + R` against the group; returns `R`.
     fn tile<const R: usize, const M: usize>(&mut self, r: usize, first: usize, acts: &[ActRow<'_>; M]) -> usize {
         let w: [WeightRow<'_>; R] = std::array::from_fn(|j| WeightRow::of(self.p, r + j));
-        let kernel: Kernel<R, M> = match (self.level, self.q4) {
-            (SimdLevel::Avx512, true) => kernel_512::<Q4Blocks, R, M>,
-            (SimdLevel::Avx512, false) => kernel_512::<Q8Blocks, R, M>,
-            (_, true) => kernel_256::<Q4Blocks, R, M>,
-            (_, false) => kernel_256::<Q8Blocks, R, M>,
+        let kernel: Kernel<R, M> = if self.level == SimdLevel::Avx512 {
+            match self.p.format() {
+                QuantFormat::Q8_0 => kernel_512::<Q8Blocks, R, M>,
+                QuantFormat::Q4_K => kernel_512::<Q4KBlocks, R, M>,
+                QuantFormat::Q5_K => kernel_512::<Q5KBlocks, R, M>,
+                QuantFormat::Q6_K => kernel_512::<Q6KBlocks, R, M>,
+                _ => kernel_512::<Q4Blocks, R, M>,
+            }
+        } else {
+            match self.p.format() {
+                QuantFormat::Q8_0 => kernel_256::<Q8Blocks, R, M>,
+                QuantFormat::Q4_K => kernel_256::<Q4KBlocks, R, M>,
+                QuantFormat::Q5_K => kernel_256::<Q5KBlocks, R, M>,
+                QuantFormat::Q6_K => kernel_256::<Q6KBlocks, R, M>,
+                _ => kernel_256::<Q4Blocks, R, M>,
+            }
         };
         // SAFETY: `dot_rows` runs only at a level the CPU has (the caller caps it at the
         // detected one, and AVX-512 here implies VNNI); every row holds `nb` scales and
@@ -178,6 +188,7 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 /// the current group of `WIDEN` blocks, widened to f32, indexed from the group's start.
 struct Ptrs<const R: usize, const M: usize> {
     wq: [*const u8; R],
+    wsc: [*const u8; R],
     wd: [*const f32; R],
     aq: [*const i8; M],
     ad: [*const f32; M],
@@ -187,6 +198,7 @@ impl<const R: usize, const M: usize> Ptrs<R, M> {
     fn of(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M], dw: &[[f32; WIDEN]; R]) -> Self {
         Self {
             wq: std::array::from_fn(|r| w[r].qs.as_ptr()),
+            wsc: std::array::from_fn(|r| w[r].sc.as_ptr()),
             wd: std::array::from_fn(|r| dw[r].as_ptr()),
             aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
             ad: std::array::from_fn(|i| a[i].d.as_ptr()),
@@ -294,8 +306,11 @@ unsafe fn kernel<S: IntIsa, W: Weights<S>, const R: usize, const M: usize>(
     let mut acc = [[unsafe { S::zero() }; M]; R];
     let mut products: BlockScales<R, M> = [[[std::mem::MaybeUninit::uninit(); WIDEN]; M]; R];
     for c in (0..w[0].nb).step_by(WIDEN) {
-        // SAFETY: every row's scale array runs on past its blocks (`WeightRow`).
-        let n = unsafe { widen_group(w, c, &mut dw) };
+        let n = (w[0].nb - c).min(WIDEN);
+        for (row, dw) in w.iter().zip(dw.iter_mut()) {
+            // SAFETY: every row's scale arrays run on past its blocks (`WeightRow`).
+            unsafe { W::widen(row, c, n, dw) };
+        }
         if uses_products::<S, M>() {
             // SAFETY: every activation row holds `nb >= c + n` scales; `S` has AVX2.
             unsafe { block_scales_256(&dw, a, c, n, &mut products) };
@@ -319,7 +334,7 @@ unsafe fn kernel<S: IntIsa, W: Weights<S>, const R: usize, const M: usize>(
     }
     if W::MINIMUMS {
         // SAFETY: as the caller guarantees.
-        unsafe { add_min_terms::<S, R, M>(w, a, &mut acc) };
+        unsafe { add_min_terms::<S, W, R, M>(w, a, &mut acc) };
     }
     let mut out = [[0f32; M]; R];
     for (out, acc) in out.iter_mut().zip(&acc) {
@@ -349,16 +364,16 @@ unsafe fn block_step<S: IntIsa, W: Weights<S>, const R: usize, const M: usize, c
 ) {
     // SAFETY: as the caller guarantees.
     unsafe {
-        let mut qx = [S::zero_int(); M];
+        let mut qx = [W::prepare(S::zero_int()); M];
         for (qx, aq) in qx.iter_mut().zip(&ptrs.aq) {
-            *qx = S::load_acts::<FULL>(aq.add(b * 32));
+            *qx = W::prepare(S::load_acts::<FULL>(aq.add(b * 32)));
         }
         let mut dx = [S::zero(); M];
         for (dx, ad) in dx.iter_mut().zip(&ptrs.ad) {
             *dx = S::scales::<FULL>(ad.add(b));
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            let u = W::unpack::<FULL>(ptrs.wq[r].add(b * W::PAYLOAD));
+            let u = W::unpack::<FULL>(ptrs.wq[r], ptrs.wsc[r], b);
             let dw = S::scales::<FULL>(ptrs.wd[r].add(j));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let dot = S::to_f32(W::dot(u, qx[i]));
@@ -380,7 +395,7 @@ unsafe fn block_step<S: IntIsa, W: Weights<S>, const R: usize, const M: usize, c
 /// # Safety
 /// As [`kernel`].
 #[inline(always)]
-unsafe fn add_min_terms<S: IntIsa, const R: usize, const M: usize>(
+unsafe fn add_min_terms<S: IntIsa, W: Weights<S>, const R: usize, const M: usize>(
     w: &[WeightRow<'_>; R],
     a: &[ActRow<'_>; M],
     acc: &mut [[S::F; M]; R],
@@ -397,7 +412,7 @@ unsafe fn add_min_terms<S: IntIsa, const R: usize, const M: usize>(
                 *s = S::load_masked(a.s.as_ptr().add(b), mask);
             }
             for (row, acc) in w.iter().zip(acc.iter_mut()) {
-                let m = S::load_f16_masked(row.m.as_ptr().add(b), mask);
+                let m = W::minimums(row, b, mask);
                 for (acc, s) in acc.iter_mut().zip(&s) {
                     *acc = S::fmadd(m, *s, *acc);
                 }

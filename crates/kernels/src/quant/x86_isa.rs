@@ -21,6 +21,9 @@
 
 use std::arch::x86_64::*;
 
+use super::q8::WeightRow;
+use super::x86::{WIDEN, widen};
+
 /// The AVX-512 kernels (F and BW; the integer ones also VNNI).
 #[derive(Clone, Copy)]
 pub(super) struct Avx512;
@@ -264,16 +267,41 @@ pub(super) trait IntIsa: Isa {
 
 /// A packed weight format's blocks as an [`IntIsa`] multiplies them.
 pub(super) trait Weights<S: IntIsa> {
-    /// Bytes of one block's quants.
-    const PAYLOAD: usize;
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     const MINIMUMS: bool;
     /// A step's weight blocks, unpacked for [`Self::dot`].
     type Unpacked: Copy;
-    /// The weight blocks of a step at `qs` (with `!FULL` the first alone).
-    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> Self::Unpacked;
-    /// The exact `Σ q · qx` of each block of the step, in i32 lanes.
-    unsafe fn dot(w: Self::Unpacked, qx: S::I) -> S::I;
+    /// A step's activation quants as [`Self::dot`] takes them, prepared once for every
+    /// weight row.
+    type Acts: Copy;
+    /// The weight blocks of the step from block `b` of a row whose quants start at `qs`
+    /// and integer scales at `sc` (K-quants) (with `!FULL` block `b` alone).
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, sc: *const u8, b: usize) -> Self::Unpacked;
+    /// The activation quants of a step, prepared.
+    unsafe fn prepare(qx: S::I) -> Self::Acts;
+    /// The exact integer sum of each block of the step, in i32 lanes.
+    unsafe fn dot(w: Self::Unpacked, qx: Self::Acts) -> S::I;
+
+    /// The f32 scales of blocks `c .. c + n` of `row` into `out`: its f16 `d`s, widened.
+    ///
+    /// # Safety
+    /// The CPU must have AVX and F16C; `row`'s arrays run on past its blocks (`WeightRow`).
+    #[inline(always)]
+    unsafe fn widen(row: &WeightRow<'_>, c: usize, n: usize, out: &mut [f32; WIDEN]) {
+        // SAFETY: as the caller guarantees.
+        unsafe { widen(row.d, c, n, out) }
+    }
+
+    /// The minimums of `S::LANES` blocks of `row` from block `b`, those outside `mask`
+    /// zero: its f16 `m`s, widened.
+    ///
+    /// # Safety
+    /// The CPU must have `S`'s features; `row`'s arrays run on past its blocks.
+    #[inline(always)]
+    unsafe fn minimums(row: &WeightRow<'_>, b: usize, mask: S::Mask) -> S::F {
+        // SAFETY: as the caller guarantees.
+        unsafe { S::load_f16_masked(row.m.as_ptr().add(b), mask) }
+    }
 }
 
 /// Q4_0 and Q4_1 blocks: 16 bytes of nibbles, low ones elements 0..16, high ones 16..32.
@@ -360,16 +388,17 @@ unsafe fn load_pair<const FULL: bool>(p: *const u8) -> __m512i {
 }
 
 impl Weights<Avx512> for Q4Blocks {
-    const PAYLOAD: usize = 16;
     const MINIMUMS: bool = true;
     type Unpacked = __m512i;
+    type Acts = __m512i;
 
     /// Lanes of 128 bits: [low nibbles of the first block, its high nibbles, the same of
     /// the second], the element order of the activation blocks.
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> __m512i {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> __m512i {
         // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
         unsafe {
+            let qs = qs.add(b * 16);
             if FULL {
                 let (v, mask) = (_mm256_loadu_si256(qs.cast()), _mm256_set1_epi8(0x0F));
                 let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
@@ -383,6 +412,11 @@ impl Weights<Avx512> for Q4Blocks {
         }
     }
 
+    #[inline(always)]
+    unsafe fn prepare(qx: __m512i) -> __m512i {
+        qx
+    }
+
     /// `vpdpbusd`: the nibbles are the unsigned operand.
     #[inline(always)]
     unsafe fn dot(u: __m512i, qx: __m512i) -> __m512i {
@@ -392,18 +426,23 @@ impl Weights<Avx512> for Q4Blocks {
 }
 
 impl Weights<Avx512> for Q8Blocks {
-    const PAYLOAD: usize = 32;
     const MINIMUMS: bool = false;
     /// `|w|` and the lanes where `w` is negative.
     type Unpacked = (__m512i, __mmask64);
+    type Acts = __m512i;
 
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> (__m512i, __mmask64) {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> (__m512i, __mmask64) {
         // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
         unsafe {
-            let w = load_pair::<FULL>(qs);
+            let w = load_pair::<FULL>(qs.add(b * 32));
             (_mm512_abs_epi8(w), _mm512_movepi8_mask(w))
         }
+    }
+
+    #[inline(always)]
+    unsafe fn prepare(qx: __m512i) -> __m512i {
+        qx
     }
 
     /// `vpdpbusd` of `|w|` with `qx` carrying `w`'s sign (the sign trick).
@@ -475,21 +514,26 @@ impl IntIsa for Avx2 {
 }
 
 impl Weights<Avx2> for Q4Blocks {
-    const PAYLOAD: usize = 16;
     const MINIMUMS: bool = true;
     type Unpacked = __m256i;
+    type Acts = __m256i;
 
     /// The block's 16 bytes go to both halves, the upper one shifted by a nibble, so after
     /// the mask the lower half holds the low nibbles (elements 0..16) and the upper one the
     /// high ones (16..32): three instructions instead of five.
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> __m256i {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> __m256i {
         // SAFETY: the caller guarantees AVX2 and the block.
         unsafe {
-            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast()));
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.add(b * 16).cast()));
             let nibble = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
             _mm256_and_si256(_mm256_srlv_epi32(v, nibble), _mm256_set1_epi8(0x0F))
         }
+    }
+
+    #[inline(always)]
+    unsafe fn prepare(qx: __m256i) -> __m256i {
+        qx
     }
 
     /// `vpmaddubsw` (the nibbles unsigned), then `vpmaddwd` by ones into i32.
@@ -501,18 +545,23 @@ impl Weights<Avx2> for Q4Blocks {
 }
 
 impl Weights<Avx2> for Q8Blocks {
-    const PAYLOAD: usize = 32;
     const MINIMUMS: bool = false;
     /// `|w|` and `w` (whose signs `qx` takes).
     type Unpacked = (__m256i, __m256i);
+    type Acts = __m256i;
 
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2 and the block.
         unsafe {
-            let w = _mm256_loadu_si256(qs.cast());
+            let w = _mm256_loadu_si256(qs.add(b * 32).cast());
             (_mm256_sign_epi8(w, w), w)
         }
+    }
+
+    #[inline(always)]
+    unsafe fn prepare(qx: __m256i) -> __m256i {
+        qx
     }
 
     /// `vpmaddubsw` of `|w|` with `qx` carrying `w`'s sign (the sign trick).
