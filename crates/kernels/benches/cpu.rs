@@ -10,6 +10,8 @@
 //! - `matmul_quant` / `layer_q4_1`: packed Q4_1 and Q8_0 matmuls with exact and integer
 //!   dots, one MLP projection for m = 1, 5 and 64, and the seven of one layer for m = 1, 5
 //!   (decode) and 256 (a prompt).
+//! - `matmul_kquant`: packed Q4_K, Q5_K and Q6_K at Qwen3-0.6B's MLP projection (K-quant
+//!   rows are whole 256-element super-blocks, which SmolLM2's 576 is not).
 //! - `paged_attention`: 9 query heads on 3 KV heads of 64 dims in blocks of 16 (SmolLM2-135M's
 //!   attention), for 32 decode rows over 512-token contexts and for a 256-token prefill,
 //!   and the `flash` op on that prefill.
@@ -210,9 +212,10 @@ fn packed_weights(
     use met_kernels::quant::QuantFormat;
     let row = format.bytes_for(k).expect("whole blocks");
     let mut w: Vec<u8> = values(n * row, seed).iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    let scale_at = if format == QuantFormat::Q6_K { format.block_bytes() - 2 } else { 0 };
     for block in w.chunks_exact_mut(format.block_bytes()) {
-        block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-        if format == QuantFormat::Q4_1 {
+        block[scale_at..scale_at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q4_K | QuantFormat::Q5_K) {
             block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
         }
     }
@@ -240,6 +243,58 @@ fn matmul_quant(c: &mut Criterion) {
             }
         }
     }
+    group.finish();
+}
+
+/// `cpu::matmul_packed` with the K-quants of a Q4_K_M file at Qwen3-0.6B's MLP up
+/// projection (`k` = 1024, `n` = 3072), with exact and integer dots, for a decode step and
+/// a 64-token chunk of a prompt.
+fn matmul_kquant(c: &mut Criterion) {
+    use met_kernels::CpuDots;
+    use met_kernels::quant::QuantFormat;
+    let (k, n) = (1024, 3072);
+    let mut group = c.benchmark_group("matmul_kquant");
+    for format in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K] {
+        let packed = packed_weights(format, n, k, 5);
+        for dots in [CpuDots::Exact, CpuDots::Int8] {
+            for m in [1, 64] {
+                let x = values(m * k, 2);
+                group.throughput(flops(2 * m * k * n));
+                group.bench_function(format!("{format}/{dots}/m{m}_k{k}_n{n}"), |bench| {
+                    bench.iter(|| met_kernels::cpu::matmul_packed(black_box(&x), black_box(&packed), None, m, dots));
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+/// The matmuls of a Qwen3-0.6B Q4_K_M decode step but the head: 28 layers of fused q/k/v,
+/// o, fused gate/up (Q4_K) and down (Q6_K), one activation row, about 200 MB of weights
+/// streamed from memory per step as in a real decode.
+fn decode_kquant(c: &mut Criterion) {
+    use met_kernels::CpuDots;
+    use met_kernels::quant::QuantFormat;
+    let shapes = [
+        (4096, 1024, QuantFormat::Q4_K),
+        (1024, 2048, QuantFormat::Q4_K),
+        (6144, 1024, QuantFormat::Q4_K),
+        (1024, 3072, QuantFormat::Q6_K),
+    ];
+    let layers: Vec<Vec<_>> =
+        (0..28).map(|l| shapes.iter().map(|&(n, k, f)| packed_weights(f, n, k, 100 + l)).collect()).collect();
+    let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k, _)| values(k, 4)).collect();
+    let mut group = c.benchmark_group("decode_kquant");
+    group.throughput(flops(28 * shapes.iter().map(|&(n, k, _)| 2 * k * n).sum::<usize>()));
+    group.bench_function("int8/m1", |bench| {
+        bench.iter(|| {
+            for layer in &layers {
+                for (w, x) in layer.iter().zip(&xs) {
+                    black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, 1, CpuDots::Int8));
+                }
+            }
+        });
+    });
     group.finish();
 }
 
@@ -284,6 +339,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = matmul_f32, matmul_quant, layer_q4_1, gemm_peak, paged_attention
+    targets = matmul_f32, matmul_quant, matmul_kquant, decode_kquant, layer_q4_1, gemm_peak, paged_attention
 }
 criterion_main!(benches);

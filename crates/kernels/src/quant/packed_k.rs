@@ -96,43 +96,44 @@ impl PackedQuant {
         }
     }
 
-    /// Rows `rows` of a K-quant as f32, equal to the reference decoder's values.
+    /// Rows `rows` of a K-quant as f32, equal to the reference decoder's values: per
+    /// block, its quants, then `d · sc · q − dmin · mn` (Q6_K: `d · sc · (q − 32)`), the
+    /// decoders' products in their order, in loops the compiler vectorises (the exact
+    /// dots dequantise every weight of a step).
     pub(super) fn dequantize_k_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         let nb = self.blocks_per_row();
         for (b, o) in (rows.start * nb..rows.end * nb).zip(out.chunks_exact_mut(32)) {
+            let q = block_quants(self.format, &self.qs, b);
             let d = f16_value(self.d[b / BLOCKS_PER_SUPER]);
-            for (l, o) in o.iter_mut().enumerate() {
-                let q = f32::from(self.quant(b, l));
-                *o = match self.format {
-                    QuantFormat::Q6_K => d * f32::from(self.sc[2 * b + l / 16].cast_signed()) * (q - 32.0),
-                    _ => {
-                        let dmin = f16_value(self.m[b / BLOCKS_PER_SUPER]);
-                        d * f32::from(self.sc[b]) * q - dmin * f32::from(self.mn[b])
-                    }
-                };
+            if self.format == QuantFormat::Q6_K {
+                for (h, (o, q)) in o.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
+                    let scale = d * f32::from(self.sc[2 * b + h].cast_signed());
+                    o.iter_mut().zip(q).for_each(|(o, &q)| *o = scale * (f32::from(q) - 32.0));
+                }
+            } else {
+                let scale = d * f32::from(self.sc[b]);
+                let min = f16_value(self.m[b / BLOCKS_PER_SUPER]) * f32::from(self.mn[b]);
+                o.iter_mut().zip(&q).for_each(|(o, &q)| *o = scale * f32::from(q) - min);
             }
         }
     }
-
-    /// The unsigned quant of element `l` of block `b` (counted over the whole matrix).
-    fn quant(&self, b: usize, l: usize) -> u8 {
-        k_quant(self.format, &self.qs, b, l)
-    }
 }
 
-/// The unsigned quant of element `l` of block `b` of packed K-quant quants `qs` (which
-/// start at a chunk).
-pub(super) fn k_quant(format: QuantFormat, qs: &[u8], b: usize, l: usize) -> u8 {
-    let chunk = &qs[(b / 2) * 2 * payload_bytes(format)..];
+/// The unsigned quants of block `b` of packed K-quant quants `qs` (which start at a chunk).
+pub(super) fn block_quants(format: QuantFormat, qs: &[u8], b: usize) -> [u8; 32] {
+    let chunk = &qs[(b / 2) * 2 * payload_bytes(format)..][..2 * payload_bytes(format)];
     let half = b % 2;
-    let e = 32 * half + l;
-    let nibble = (chunk[l] >> (4 * half)) & 0xF;
+    let mut q: [u8; 32] = std::array::from_fn(|l| (chunk[l] >> (4 * half)) & 0xF);
     match format {
         QuantFormat::Q5_K => {
-            let hi = u64::from_le_bytes(chunk[32..40].try_into().expect("8 bytes of high bits"));
-            nibble | (((hi >> e) & 1) as u8) << 4
+            let hi = u64::from_le_bytes(chunk[32..40].try_into().expect("8 bytes of high bits")) >> (32 * half);
+            q.iter_mut().enumerate().for_each(|(l, q)| *q |= (((hi >> l) & 1) as u8) << 4);
         }
-        QuantFormat::Q6_K => nibble | ((chunk[32 + e % 16] >> (2 * (e / 16))) & 3) << 4,
-        _ => nibble,
+        QuantFormat::Q6_K => {
+            let highs = &chunk[32..48];
+            q.iter_mut().enumerate().for_each(|(l, q)| *q |= ((highs[l % 16] >> (2 * (2 * half + l / 16))) & 3) << 4);
+        }
+        _ => {}
     }
+    q
 }

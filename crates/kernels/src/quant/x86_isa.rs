@@ -269,6 +269,11 @@ pub(super) trait IntIsa: Isa {
 pub(super) trait Weights<S: IntIsa> {
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     const MINIMUMS: bool;
+    /// Whether the kernels prefetch the next tile's quants (`x86_int::PREFETCH_TILES`):
+    /// the K-quants, measured; the older formats keep the form they were measured in.
+    const PREFETCH: bool = false;
+    /// Quant bytes per block (on average over a K-quant's chunk), for the prefetch.
+    const BLOCK_BYTES: usize = 0;
     /// A step's weight blocks, unpacked for [`Self::dot`].
     type Unpacked: Copy;
     /// A step's activation quants as [`Self::dot`] takes them, prepared once for every

@@ -151,6 +151,8 @@ macro_rules! scaled_with_minimums {
 
 impl Weights<Avx512> for Q4KBlocks {
     const MINIMUMS: bool = true;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q4K_CHUNK / 2;
     type Unpacked = __m512i;
     type Acts = __m512i;
 
@@ -176,6 +178,8 @@ impl Weights<Avx512> for Q4KBlocks {
 
 impl Weights<Avx512> for Q5KBlocks {
     const MINIMUMS: bool = true;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q5K_CHUNK / 2;
     type Unpacked = __m512i;
     type Acts = __m512i;
 
@@ -208,6 +212,8 @@ impl Weights<Avx512> for Q5KBlocks {
 
 impl Weights<Avx512> for Q6KBlocks {
     const MINIMUMS: bool = false;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q6K_CHUNK / 2;
     /// The unsigned quants and each i16 lane's sub-block scale.
     type Unpacked = (__m512i, __m512i);
     /// The quants and `32 · (qx_2i + qx_2i+1)` per i16 lane.
@@ -273,6 +279,8 @@ unsafe fn widen_q6(row: &WeightRow<'_>, c: usize, n: usize, out: &mut [f32; WIDE
 
 impl Weights<Avx2> for Q4KBlocks {
     const MINIMUMS: bool = true;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q4K_CHUNK / 2;
     type Unpacked = __m256i;
     type Acts = __m256i;
 
@@ -298,6 +306,8 @@ impl Weights<Avx2> for Q4KBlocks {
 
 impl Weights<Avx2> for Q5KBlocks {
     const MINIMUMS: bool = true;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q5K_CHUNK / 2;
     type Unpacked = __m256i;
     type Acts = __m256i;
 
@@ -336,6 +346,8 @@ impl Weights<Avx2> for Q5KBlocks {
 
 impl Weights<Avx2> for Q6KBlocks {
     const MINIMUMS: bool = false;
+    const PREFETCH: bool = true;
+    const BLOCK_BYTES: usize = Q6K_CHUNK / 2;
     /// The unsigned quants and each i16 lane's sub-block scale.
     type Unpacked = (__m256i, __m256i);
     /// The quants and `32 · (qx_2i + qx_2i+1)` per i16 lane.
