@@ -117,25 +117,51 @@ pub(super) struct WeightRow<'a> {
 }
 
 impl<'a> WeightRow<'a> {
-    /// Row `r` of `p` (no minimums for Q8_0 and Q6_K). Kernels take a few rows at a time,
-    /// so this runs once per row and tile: strides by format, no division, and inlined
-    /// (a call returned the struct through memory, which the caller's wider loads then
-    /// waited on: measured, a third of a Q4_1 decode matmul's time).
+    /// Row `r` of `p`, whatever its format (no minimums for Q8_0 and Q6_K): the scalar
+    /// path's and the tests' view. The SIMD kernels take their rows from [`Self::lean`] or
+    /// [`Self::of_k`], fixed by the kernel's format, once per row and tile: strides by
+    /// format, no division, and inlined (a call returned the struct through memory, which
+    /// the caller's wider loads then waited on: measured, a third of a Q4_1 decode
+    /// matmul's time).
     #[inline(always)]
     pub(super) fn of(p: &'a PackedQuant, r: usize) -> Self {
+        match p.format() {
+            QuantFormat::Q8_0 => Self::lean::<false>(p, r),
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => Self::of_k(p, r),
+            _ => Self::lean::<true>(p, r),
+        }
+    }
+
+    /// Row `r` of a Q4_0 / Q4_1 (`Q4`) or Q8_0 matrix, with constant strides and no integer
+    /// scales: the SIMD kernels of these formats build their rows with this alone, so the
+    /// K-quants' strides cost them nothing.
+    #[inline(always)]
+    pub(super) fn lean<const Q4: bool>(p: &'a PackedQuant, r: usize) -> Self {
         let nb = p.blocks_per_row();
-        let supers = nb / BLOCKS_PER_SUPER;
-        // Per row: scales and minimums (f16), integer scales, integer minimums.
-        let (d_row, m_row, sc_row, mn_row) = match p.format() {
-            QuantFormat::Q6_K => (supers, 0, 2 * nb, 0),
-            QuantFormat::Q4_K | QuantFormat::Q5_K => (supers, supers, nb, nb),
-            QuantFormat::Q8_0 => (nb, 0, 0, 0),
-            _ => (nb, nb, 0, 0),
-        };
+        let payload = if Q4 { 16 } else { 32 };
         Self {
             format: p.format(),
             nb,
-            d: &p.d[r * d_row..],
+            d: &p.d[r * nb..],
+            m: if Q4 { &p.m[r * nb..] } else { &[] },
+            sc: &[],
+            mn: &[],
+            qs: &p.qs[r * nb * payload..(r + 1) * nb * payload],
+        }
+    }
+
+    /// Row `r` of a K-quant matrix: one f16 scale (and minimum) per super-block, integer
+    /// scales (and minimums) per block.
+    #[inline(always)]
+    pub(super) fn of_k(p: &'a PackedQuant, r: usize) -> Self {
+        let nb = p.blocks_per_row();
+        let supers = nb / BLOCKS_PER_SUPER;
+        // Per row: scales and minimums (f16), integer scales, integer minimums.
+        let (m_row, sc_row, mn_row) = if p.format() == QuantFormat::Q6_K { (0, 2 * nb, 0) } else { (supers, nb, nb) };
+        Self {
+            format: p.format(),
+            nb,
+            d: &p.d[r * supers..],
             m: &p.m[r * m_row..],
             sc: &p.sc[r * sc_row..],
             mn: &p.mn[r * mn_row..],

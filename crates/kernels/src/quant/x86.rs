@@ -61,6 +61,12 @@ pub(super) unsafe fn widen_group<const R: usize>(
     n
 }
 
+/// Row `r` of a Q4_0 / Q4_1 (`q4`) or Q8_0 matrix, the only formats these kernels take.
+#[inline(always)]
+fn lean_row(p: &super::packed::PackedQuant, r: usize, q4: bool) -> WeightRow<'_> {
+    if q4 { WeightRow::lean::<true>(p, r) } else { WeightRow::lean::<false>(p, r) }
+}
+
 /// The process's SIMD level (see [`super::SimdLevel::current`]).
 fn level() -> Level {
     Level::current()
@@ -83,7 +89,7 @@ pub(super) fn packed_dot_rows(
     let mut j = 0;
     while j < out.len() {
         let (ra, rb) = (rows.start + j, rows.start + (j + 1).min(out.len() - 1));
-        let w = [WeightRow::of(p, ra), WeightRow::of(p, rb)];
+        let w = [lean_row(p, ra, q4), lean_row(p, rb, q4)];
         // SAFETY: the kernels run only on CPUs with their features (checked by `level`);
         // each row holds `nb` scales (and minimums) and `nb` payloads, `x` holds `32 · nb`
         // values and `sums` `nb` (checked by the caller).
@@ -151,7 +157,7 @@ impl ManyRows<'_, '_> {
         let ss: [&[f32]; M] = std::array::from_fn(|i| &self.sums[(first + i) * nb..(first + i + 1) * nb]);
         let q4 = self.p.format() != QuantFormat::Q8_0;
         for (j, r) in self.rows.clone().enumerate() {
-            let w = WeightRow::of(self.p, r);
+            let w = lean_row(self.p, r, q4);
             // SAFETY: the CPU has AVX-512 (checked by `level`); the row holds `nb` scales,
             // minimums and payloads, each activation row `32 · nb` values and each sums row
             // `nb` (checked by the caller).

@@ -37,8 +37,8 @@ const MANY_M: usize = 16;
 /// Activation rows per kernel call for prompts.
 const PROMPT_M: usize = 4;
 
-/// A kernel over `R` weight rows and `M` activation rows.
-type Kernel<const R: usize, const M: usize> = unsafe fn(&[WeightRow<'_>; R], &[ActRow<'_>; M]) -> [[f32; M]; R];
+/// A kernel over the `R` weight rows of a matrix from a given one and `M` activation rows.
+type Kernel<const R: usize, const M: usize> = unsafe fn(&PackedQuant, usize, &[ActRow<'_>; M]) -> [[f32; M]; R];
 
 /// The output of one `dot_rows` call and what every tile of it shares.
 struct Job<'a, 'p> {
@@ -92,28 +92,24 @@ impl Job<'_, '_> {
             (SimdLevel::Avx512, 6) | (_, ..=2) => 2,
             _ => 1,
         };
+        // Chosen once per group, not per tile: a decode tile is a few dozen blocks.
+        let (four, two, one) = (self.kernel::<4, M>(), self.kernel::<2, M>(), self.kernel::<1, M>());
         let mut r = self.rows.start;
         while r < self.rows.end {
             let left = self.rows.end - r;
             r += if tile >= 4 && left >= 4 {
-                self.tile::<4, M>(r, first, &acts)
+                self.tile(four, r, first, &acts)
             } else if tile >= 2 && left >= 2 {
-                self.tile::<2, M>(r, first, &acts)
+                self.tile(two, r, first, &acts)
             } else {
-                self.tile::<1, M>(r, first, &acts)
+                self.tile(one, r, first, &acts)
             };
         }
     }
 
-    /// Weight rows `r..r + R` against the group; returns `R`.
-    fn tile<const R: usize, const M: usize>(&mut self, r: usize, first: usize, acts: &[ActRow<'_>; M]) -> usize {
-        // A loop, not `array::from_fn`, whose closure stayed a call that returned each row
-        // through memory (measured: a third of a Q4_1 decode matmul's time).
-        let mut w = [WeightRow::of(self.p, r); R];
-        for (j, w) in w.iter_mut().enumerate().skip(1) {
-            *w = WeightRow::of(self.p, r + j);
-        }
-        let kernel: Kernel<R, M> = if self.level == SimdLevel::Avx512 {
+    /// The kernel for `R` weight rows of the matrix's format and `M` activation rows.
+    fn kernel<const R: usize, const M: usize>(&self) -> Kernel<R, M> {
+        if self.level == SimdLevel::Avx512 {
             match self.p.format() {
                 QuantFormat::Q8_0 => kernel_512::<Q8Blocks, R, M>,
                 QuantFormat::Q4_K => kernel_512::<Q4KBlocks, R, M>,
@@ -129,11 +125,22 @@ impl Job<'_, '_> {
                 QuantFormat::Q6_K => kernel_256::<Q6KBlocks, R, M>,
                 _ => kernel_256::<Q4Blocks, R, M>,
             }
-        };
+        }
+    }
+
+    /// Weight rows `r..r + R` against the group with `kernel`; returns `R`.
+    fn tile<const R: usize, const M: usize>(
+        &mut self,
+        kernel: Kernel<R, M>,
+        r: usize,
+        first: usize,
+        acts: &[ActRow<'_>; M],
+    ) -> usize {
         // SAFETY: `dot_rows` runs only at a level the CPU has (the caller caps it at the
-        // detected one, and AVX-512 here implies VNNI); every row holds `nb` scales and
-        // payloads and every activation row `32 · nb` quants (checked by the caller).
-        let got = unsafe { kernel(&w, acts) };
+        // detected one, and AVX-512 here implies VNNI); rows `r..r + R` exist, every row
+        // holds `nb` scales and payloads and every activation row `32 · nb` quants
+        // (checked by the caller).
+        let got = unsafe { kernel(self.p, r, acts) };
         let n = self.rows.len();
         for (j, got) in got.iter().enumerate() {
             for (i, g) in got.iter().enumerate() {
@@ -284,11 +291,12 @@ const fn uses_products<S: IntIsa, const M: usize>() -> bool {
 /// As [`kernel`], on a CPU with AVX-512F, BW and VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn kernel_512<W: Weights<Avx512>, const R: usize, const M: usize>(
-    w: &[WeightRow<'_>; R],
+    p: &PackedQuant,
+    r: usize,
     a: &[ActRow<'_>; M],
 ) -> [[f32; M]; R] {
     // SAFETY: this function enables `Avx512`'s features; the rest as the caller guarantees.
-    unsafe { kernel::<Avx512, W, R, M>(w, a) }
+    unsafe { kernel::<Avx512, W, R, M>(p, r, a) }
 }
 
 /// [`kernel`] with AVX2.
@@ -297,26 +305,35 @@ unsafe fn kernel_512<W: Weights<Avx512>, const R: usize, const M: usize>(
 /// As [`kernel`], on a CPU with AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kernel_256<W: Weights<Avx2>, const R: usize, const M: usize>(
-    w: &[WeightRow<'_>; R],
+    p: &PackedQuant,
+    r: usize,
     a: &[ActRow<'_>; M],
 ) -> [[f32; M]; R] {
     // SAFETY: this function enables `Avx2`'s features; the rest as the caller guarantees.
-    unsafe { kernel::<Avx2, W, R, M>(w, a) }
+    unsafe { kernel::<Avx2, W, R, M>(p, r, a) }
 }
 
-/// `R` weight rows of format `W` × `M` q8 rows at `S`: the blocks in steps of `S::STEP`
-/// (a last step of one where a group's count is odd), then the minimum terms, then each
-/// accumulator's lanes summed.
+/// Weight rows `r..r + R` of `p` (format `W`) × `M` q8 rows at `S`: the blocks in steps
+/// of `S::STEP` (a last step of one where a group's count is odd), then the minimum terms,
+/// then each accumulator's lanes summed. The rows are built here, by `W`, so they stay in
+/// registers and hold only what `W` reads.
 ///
 /// # Safety
-/// The CPU must have `S`'s features (and F16C); every weight row holds `nb` scales (and
-/// minimums) running on past its blocks (`WeightRow`) and `W::PAYLOAD · nb` payload bytes,
-/// and every activation row `nb` scales and block terms and `32 · nb` quants.
+/// The CPU must have `S`'s features (and F16C); `p` holds rows `r..r + R` and is of `W`'s
+/// format, and every activation row holds `nb` scales and block terms and `32 · nb` quants.
 #[inline(always)]
 unsafe fn kernel<S: IntIsa, W: Weights<S>, const R: usize, const M: usize>(
-    w: &[WeightRow<'_>; R],
+    p: &PackedQuant,
+    r: usize,
     a: &[ActRow<'_>; M],
 ) -> [[f32; M]; R] {
+    // A loop, not `array::from_fn`, whose closure stayed a call that returned each row
+    // through memory (measured: a third of a Q4_1 decode matmul's time).
+    let mut w = [W::row(p, r); R];
+    for (j, w) in w.iter_mut().enumerate().skip(1) {
+        *w = W::row(p, r + j);
+    }
+    let w = &w;
     let mut dw = [[0f32; WIDEN]; R];
     // SAFETY: the CPU has `S`'s features (the caller guarantees).
     let mut acc = [[unsafe { S::zero() }; M]; R];

@@ -21,6 +21,7 @@
 
 use std::arch::x86_64::*;
 
+use super::PackedQuant;
 use super::q8::WeightRow;
 use super::x86::{WIDEN, widen};
 
@@ -265,8 +266,14 @@ pub(super) trait IntIsa: Isa {
     unsafe fn load_f16_masked(p: *const u16, mask: Self::Mask) -> Self::F;
 }
 
+/// Where a packed format's kernels find a row's arrays, whatever the instruction set.
+pub(super) trait Rows {
+    /// Row `r` of `p`, a matrix of this format.
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_>;
+}
+
 /// A packed weight format's blocks as an [`IntIsa`] multiplies them.
-pub(super) trait Weights<S: IntIsa> {
+pub(super) trait Weights<S: IntIsa>: Rows {
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     const MINIMUMS: bool;
     /// Whether the kernels prefetch the next tile's quants (`x86_int::PREFETCH_TILES`):
@@ -314,6 +321,20 @@ pub(super) struct Q4Blocks;
 
 /// Q8_0 blocks: 32 signed bytes.
 pub(super) struct Q8Blocks;
+
+impl Rows for Q4Blocks {
+    #[inline(always)]
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_> {
+        WeightRow::lean::<true>(p, r)
+    }
+}
+
+impl Rows for Q8Blocks {
+    #[inline(always)]
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_> {
+        WeightRow::lean::<false>(p, r)
+    }
+}
 
 impl IntIsa for Avx512 {
     type I = __m512i;

@@ -19,10 +19,11 @@
 
 use std::arch::x86_64::*;
 
+use super::PackedQuant;
 use super::packed_k::BLOCKS_PER_SUPER;
 use super::q8::WeightRow;
 use super::x86::WIDEN;
-use super::x86_isa::{Avx2, Avx512, IntIsa, Isa, Q4Blocks, Weights};
+use super::x86_isa::{Avx2, Avx512, IntIsa, Isa, Q4Blocks, Rows, Weights};
 
 /// Q4_K blocks: chunks of 32 bytes of nibbles.
 pub(super) struct Q4KBlocks;
@@ -32,6 +33,27 @@ pub(super) struct Q5KBlocks;
 
 /// Q6_K blocks: chunks of 32 bytes of nibbles and 16 bytes of bits 4–5.
 pub(super) struct Q6KBlocks;
+
+impl Rows for Q4KBlocks {
+    #[inline(always)]
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_> {
+        WeightRow::of_k(p, r)
+    }
+}
+
+impl Rows for Q5KBlocks {
+    #[inline(always)]
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_> {
+        WeightRow::of_k(p, r)
+    }
+}
+
+impl Rows for Q6KBlocks {
+    #[inline(always)]
+    fn row(p: &PackedQuant, r: usize) -> WeightRow<'_> {
+        WeightRow::of_k(p, r)
+    }
+}
 
 /// Bytes of a chunk (two blocks) of each format.
 const Q4K_CHUNK: usize = 32;
