@@ -196,11 +196,12 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 }
 
 /// How many tiles ahead (of `R` weight rows, which lie back to back) the kernels prefetch
-/// the weights of a format that asks for it ([`Weights::PREFETCH`]): a tile of short rows
-/// is over before the hardware prefetchers have found its streams, so a decode step would
-/// wait on memory at every tile. Measured (bench `decode_kquant`, Qwen3-0.6B's layers,
-/// 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine): 48 → 33 ms;
-/// two tiles ahead did no better than one.
+/// the weights for a decode step ([`prefetches`]), whatever the format: a tile of short
+/// rows is over before the hardware prefetchers have found its streams, so a decode step
+/// would wait on memory at every tile. Measured (bench `decode_kquant`, Qwen3-0.6B's
+/// layers, 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine): 48 → 33
+/// ms; two tiles ahead did no better than one. The default model's Q4_1 decode gains too
+/// (`bench/results/cpu-kquant-2026-12-03/q4_1-default-model.md`).
 const PREFETCH_TILES: usize = 1;
 
 /// Raw views of a group's rows, read without bounds checks in the inner loops (the
@@ -275,6 +276,14 @@ unsafe fn block_scales_256<const R: usize, const M: usize>(
 
 /// Activation rows from which the AVX2 kernels take their scales from `block_scales_256`.
 pub(super) const PRODUCTS_FROM: usize = 4;
+
+/// Whether a kernel over `M` activation rows prefetches the next tile: only for the few
+/// rows of a decode step (and its speculative tokens), which read each weight once; a
+/// prompt's groups of [`PROMPT_M`] rows read every weight again per group, mostly from
+/// cache, and the prefetches only cost them.
+const fn prefetches<const M: usize>() -> bool {
+    M < PROMPT_M
+}
 
 /// `block_scales_256`'s products, written before they are read.
 type BlockScales<const R: usize, const M: usize> = [[[std::mem::MaybeUninit<f32>; WIDEN]; M]; R];
@@ -406,7 +415,7 @@ unsafe fn block_step<S: IntIsa, W: Weights<S>, const R: usize, const M: usize, c
             *dx = S::scales::<FULL>(ad.add(b));
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            if W::PREFETCH {
+            if prefetches::<M>() {
                 let ahead = ptrs.wq[r].wrapping_add(ptrs.ahead + b * W::BLOCK_BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
             }

@@ -276,11 +276,8 @@ pub(super) trait Rows {
 pub(super) trait Weights<S: IntIsa>: Rows {
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     const MINIMUMS: bool;
-    /// Whether the kernels prefetch the next tile's quants (`x86_int::PREFETCH_TILES`):
-    /// the K-quants, measured; the older formats keep the form they were measured in.
-    const PREFETCH: bool = false;
-    /// Quant bytes per block (on average over a K-quant's chunk), for the prefetch.
-    const BLOCK_BYTES: usize = 0;
+    /// Quant bytes per block (K-quants: over a chunk), for `x86_int`'s prefetch.
+    const BLOCK_BYTES: usize;
     /// A step's weight blocks, unpacked for [`Self::dot`].
     type Unpacked: Copy;
     /// A step's activation quants as [`Self::dot`] takes them, prepared once for every
@@ -415,6 +412,7 @@ unsafe fn load_pair<const FULL: bool>(p: *const u8) -> __m512i {
 
 impl Weights<Avx512> for Q4Blocks {
     const MINIMUMS: bool = true;
+    const BLOCK_BYTES: usize = 16;
     type Unpacked = __m512i;
     type Acts = __m512i;
 
@@ -453,6 +451,7 @@ impl Weights<Avx512> for Q4Blocks {
 
 impl Weights<Avx512> for Q8Blocks {
     const MINIMUMS: bool = false;
+    const BLOCK_BYTES: usize = 32;
     /// `|w|` and the lanes where `w` is negative.
     type Unpacked = (__m512i, __mmask64);
     type Acts = __m512i;
@@ -541,6 +540,7 @@ impl IntIsa for Avx2 {
 
 impl Weights<Avx2> for Q4Blocks {
     const MINIMUMS: bool = true;
+    const BLOCK_BYTES: usize = 16;
     type Unpacked = __m256i;
     type Acts = __m256i;
 
@@ -572,6 +572,7 @@ impl Weights<Avx2> for Q4Blocks {
 
 impl Weights<Avx2> for Q8Blocks {
     const MINIMUMS: bool = false;
+    const BLOCK_BYTES: usize = 32;
     /// `|w|` and `w` (whose signs `qx` takes).
     type Unpacked = (__m256i, __m256i);
     type Acts = __m256i;

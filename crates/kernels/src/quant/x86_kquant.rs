@@ -173,7 +173,6 @@ macro_rules! scaled_with_minimums {
 
 impl Weights<Avx512> for Q4KBlocks {
     const MINIMUMS: bool = true;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q4K_CHUNK / 2;
     type Unpacked = __m512i;
     type Acts = __m512i;
@@ -200,7 +199,6 @@ impl Weights<Avx512> for Q4KBlocks {
 
 impl Weights<Avx512> for Q5KBlocks {
     const MINIMUMS: bool = true;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q5K_CHUNK / 2;
     type Unpacked = __m512i;
     type Acts = __m512i;
@@ -234,7 +232,6 @@ impl Weights<Avx512> for Q5KBlocks {
 
 impl Weights<Avx512> for Q6KBlocks {
     const MINIMUMS: bool = false;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q6K_CHUNK / 2;
     /// The unsigned quants and each i16 lane's sub-block scale.
     type Unpacked = (__m512i, __m512i);
@@ -301,7 +298,6 @@ unsafe fn widen_q6(row: &WeightRow<'_>, c: usize, n: usize, out: &mut [f32; WIDE
 
 impl Weights<Avx2> for Q4KBlocks {
     const MINIMUMS: bool = true;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q4K_CHUNK / 2;
     type Unpacked = __m256i;
     type Acts = __m256i;
@@ -328,7 +324,6 @@ impl Weights<Avx2> for Q4KBlocks {
 
 impl Weights<Avx2> for Q5KBlocks {
     const MINIMUMS: bool = true;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q5K_CHUNK / 2;
     type Unpacked = __m256i;
     type Acts = __m256i;
@@ -368,7 +363,6 @@ impl Weights<Avx2> for Q5KBlocks {
 
 impl Weights<Avx2> for Q6KBlocks {
     const MINIMUMS: bool = false;
-    const PREFETCH: bool = true;
     const BLOCK_BYTES: usize = Q6K_CHUNK / 2;
     /// The unsigned quants and each i16 lane's sub-block scale.
     type Unpacked = (__m256i, __m256i);
