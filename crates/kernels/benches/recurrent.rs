@@ -4,7 +4,8 @@
 //!
 //! - `decode_64`: one row for each of 64 sequences, each with its own state slot (the
 //!   delta rule's pool is 128 MiB, so a step streams every state from memory once).
-//! - `prefill_2048`: one sequence of 2,048 rows (the delta rule runs it in chunks of 64).
+//! - `prefill_2048`: one sequence of 2,048 rows (the delta rule runs them one by one, as it
+//!   runs every row, so that a prompt gives the bits its decode steps would).
 //!
 //! Throughput is rows per second. Every timed call ends with `synchronize`, as a device
 //! backend will need; states carry from one iteration to the next, as in serving.

@@ -1,14 +1,16 @@
 //! The recurrent (Gated DeltaNet) ops on the CPU, following transformers'
 //! `modeling_qwen3_next.py` (`torch_causal_conv1d_fn`, `torch_recurrent_gated_delta_rule`,
-//! `torch_chunk_gated_delta_rule`, `Qwen3NextRMSNormGated`).
+//! `Qwen3NextRMSNormGated`).
 //!
 //! States live in f32 pools the caller owns; the convolution (`conv.rs`) and the delta rule
-//! (`delta.rs`, with its chunked form in `chunked.rs`) update each sequence's slot in place
-//! and copy snapshots out as they pass the snapshot rows. `check::recurrent_runs` has
+//! (`delta.rs`, its recurrence over value columns in `columns.rs`) update each sequence's
+//! slot in place and copy snapshots out as they pass the snapshot rows. Every op computes a
+//! row the same way whatever step it arrives in, so a sequence's outputs never depend on
+//! how its rows were batched (the delta rule runs row by row even in a long prompt). `check::recurrent_runs` has
 //! already made every slot a step writes distinct, which is what lets the pool's tasks write
 //! the pool through one shared pointer without meeting.
 
-mod chunked;
+mod columns;
 mod conv;
 mod delta;
 #[cfg(test)]

@@ -1,20 +1,22 @@
 //! The recurrent ops against the f64 references of `reference.rs`, through the
-//! `GpuBackend` methods (and the delta rule's two evaluation paths forced one at a time).
+//! `GpuBackend` methods (and the delta rule's ways of sharing out its work forced one at a
+//! time), and the delta rule's bitwise invariance to how a sequence's rows are batched.
 //!
 //! Bounds: an element passes when `|got − want| ≤ rel · (|want| + rms(want))`, as the op
 //! conformance suite measures (the convolution and the norms, in `op_tests.rs`, use its
 //! f32 tolerance). The delta rule carries its state through hundreds of rows of f32
-//! rounding (normalisation, gates, two passes over `S` per row, or a triangular solve and
-//! four GEMMs per chunk); against the f64 recurrence the worst element of these cases
-//! measured 1.0e-6 for outputs and 5.9e-7 for states, on either path (17 and 10 units of
-//! f32 rounding, u = 2⁻²⁴ ≈ 6e-8), so `DELTA_REL` = 5e-6 (84 u) leaves room for other
-//! accumulation orders and still fails a wrong decay or a state not carried.
+//! rounding (normalisation, gates, a pass over `S` per row); against the f64 recurrence the
+//! worst element of these cases measured 1.0e-6 for outputs and 5.9e-7 for states with the
+//! earlier row-by-row and chunked forms (17 and 10 units of f32 rounding, u = 2⁻²⁴ ≈ 6e-8),
+//! so `DELTA_REL` = 5e-6 (84 u) leaves room for other accumulation orders and still fails a
+//! wrong decay or a state not carried.
 
 use crate::backend::{DeltaRule, RecurrentBatch, StateSnapshot};
 use crate::{CpuBackend, DType, GpuBackend, HostTensor, Result, Tensor};
 
-use super::delta::gated_delta_rule_by;
+use super::delta::{Plan, gated_delta_rule_by};
 use super::reference::{self, DeltaInputs, Step};
+use crate::quant::SimdLevel;
 
 /// The bound of the delta rule's outputs and states (module doc).
 const DELTA_REL: f64 = 5e-6;
@@ -165,8 +167,7 @@ impl Layer {
         let rule = self.rule(&a_log, &dt_bias);
         let o = seqs.with_batch(b, |batch| match path {
             Path::Auto => b.gated_delta_rule(&qkv, &a, &bb, &rule, pool, batch),
-            Path::Recurrent => gated_delta_rule_by((&qkv, &a, &bb), &rule, pool, batch, usize::MAX),
-            Path::Chunked => gated_delta_rule_by((&qkv, &a, &bb), &rule, pool, batch, 1),
+            path => gated_delta_rule_by((&qkv, &a, &bb), &rule, pool, batch, path.plan()),
         })?;
         b.download_f32(&o)
     }
@@ -202,18 +203,32 @@ pub(super) fn take_rows(layer: &Layer, rows: &Rows, range: std::ops::Range<usize
     }
 }
 
-/// How the delta rule evaluates a step's segments.
+/// How the delta rule shares out a step's work, none of which may change a bit.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Path {
-    /// Row by row.
-    Recurrent,
-    /// In chunks of up to 64 rows.
-    Chunked,
-    /// The op's own choice: chunks from `CHUNKED_MIN_ROWS` rows.
+    /// One value column per task, through the one-column kernel.
+    Columns,
+    /// A whole head per task.
+    Heads,
+    /// The op's own sharing, with the portable (no SIMD) build of the kernel.
+    Portable,
+    /// The op as `GpuBackend::gated_delta_rule` runs it.
     Auto,
 }
 
-const PATHS: [Path; 3] = [Path::Recurrent, Path::Chunked, Path::Auto];
+impl Path {
+    fn plan(self) -> Plan {
+        let level = SimdLevel::current();
+        match self {
+            Self::Columns => Plan { columns_per_task: Some(1), level },
+            Self::Heads => Plan { columns_per_task: Some(usize::MAX), level },
+            Self::Portable => Plan { columns_per_task: None, level: SimdLevel::None },
+            Self::Auto => Plan { columns_per_task: None, level },
+        }
+    }
+}
+
+const PATHS: [Path; 4] = [Path::Columns, Path::Heads, Path::Portable, Path::Auto];
 
 /// One step of `seqs` over `rows` from the layer's states gives, on every path, the f64
 /// recurrence's outputs and slots.
@@ -231,7 +246,7 @@ fn assert_every_path_matches(b: &CpuBackend, layer: &Layer, rows: &Rows, seqs: &
 /// `h_v = 2·h_k` and `d_k ≠ d_v`, from random states: outputs and every slot after
 /// match the f64 recurrence on each path.
 #[test]
-fn delta_rule_matches_reference_on_both_paths() {
+fn delta_rule_matches_reference_on_every_path() {
     let b = CpuBackend::new();
     let layer = Layer::new(10, (2, 4, 16, 8), 7);
     let seqs = Seqs::new(&[1, 3, 64, 0, 70, 130, 17], &[6, 0, 2, 5, 1, 4, 3]);
@@ -332,5 +347,94 @@ fn delta_rule_snapshots_equal_stopped_runs() {
                 b.download_f32(&stopped_pool).unwrap()[from..from + per_slot].iter().map(|&v| f64::from(v)).collect();
             assert_close(&got[to..to + per_slot], &want, DELTA_REL, &format!("{path:?}: snapshot after row {row}"));
         }
+    }
+}
+
+/// `v` as bits, so that a comparison tells `-0.0` from `0.0` and sees equal NaNs.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `total` rows cut into steps of `len` (the last one shorter).
+fn cut(total: usize, len: usize) -> Vec<usize> {
+    (0..total).step_by(len).map(|at| len.min(total - at)).collect()
+}
+
+/// Runs the layer's sequence in slot 2 over `rows` in steps of `steps` rows, each step
+/// behind a batch-mate of a few rows in slot 0, with snapshots after the sequence's rows
+/// `snap_after` (consumed rows) into slots 3, 4, ... when a step passes them. Returns the
+/// sequence's outputs, its slot and the snapshot slots.
+fn run_in_steps(
+    b: &CpuBackend,
+    layer: &Layer,
+    rows: &Rows,
+    steps: &[usize],
+    snap_after: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    let (pool, mut o, mut at) = (layer.pool(b), Vec::new(), 0);
+    let per_slot = layer.state.len() / layer.slots;
+    let row = layer.dims.1 * layer.dims.3;
+    for (i, &len) in steps.iter().enumerate() {
+        let mate = 1 + i % 4;
+        let step = take_rows(layer, rows, at..at + len);
+        let both = Rows {
+            qkv: [layer.rows(1000 + i as u64, mate, (-3.0, 3.0)).qkv, step.qkv].concat(),
+            a: [layer.rows(2000 + i as u64, mate, (-3.0, 3.0)).a, step.a].concat(),
+            b: [layer.rows(3000 + i as u64, mate, (-3.0, 3.0)).b, step.b].concat(),
+        };
+        let snaps: Vec<(u32, u32)> = (snap_after.iter().enumerate())
+            .filter(|&(_, &n)| n > at && n <= at + len)
+            .map(|(s, &n)| ((mate + n - at - 1) as u32, 3 + s as u32))
+            .collect();
+        let seqs = Seqs::new(&[mate, len], &[0, 2]).snap(&snaps);
+        o.extend_from_slice(&layer.run(b, &both, &seqs, &pool, Path::Auto).unwrap()[mate * row..]);
+        at += len;
+    }
+    let state = b.download_f32(&pool).unwrap();
+    (o, state[2 * per_slot..(3 + snap_after.len()) * per_slot].to_vec())
+}
+
+/// A sequence's outputs, final state and snapshots are the same bits whether its 150 rows
+/// arrive in one step (a prompt alone), in prefill chunks of 5 or 7, one row a step
+/// (decode), or cut as a prefix hit's tail and speculative verifies of 5 would cut them,
+/// each step batched with another sequence: the delta rule's arithmetic for a row never
+/// depends on the step it is in. Heads of 40 value columns take the 16-column kernel and
+/// the one-column one.
+#[test]
+fn delta_rule_gives_the_same_bits_however_a_sequence_is_cut_into_steps() {
+    let b = CpuBackend::new();
+    let layer = Layer::new(110, (2, 4, 16, 40), 6);
+    let rows = layer.rows(120, 150, (-3.0, 3.0));
+    let snap_after = [8, 64, 101];
+    let (want_o, want_state) = run_in_steps(&b, &layer, &rows, &[150], &snap_after);
+    let (ref_o, ref_state) = layer.reference(&rows, &Seqs::new(&[150], &[2]), &layer.state);
+    assert_close(&want_o, &ref_o, DELTA_REL, "one step: outputs");
+    let per_slot = layer.state.len() / layer.slots;
+    assert_close(&want_state[..per_slot], &ref_state[2 * per_slot..3 * per_slot], DELTA_REL, "one step: state");
+    let cuts = [cut(150, 5), cut(150, 7), cut(150, 1), vec![3, 61, 5, 1, 5, 5, 2, 68]];
+    for steps in cuts {
+        let (o, state) = run_in_steps(&b, &layer, &rows, &steps, &snap_after);
+        assert!(bits(&o) == bits(&want_o), "steps {steps:?}: outputs differ from one step's");
+        for (s, (got, want)) in state.chunks(per_slot).zip(want_state.chunks(per_slot)).enumerate() {
+            assert!(bits(got) == bits(want), "steps {steps:?}: slot {s} of the states differs from one step's");
+        }
+    }
+}
+
+/// Every way of sharing out a step (a column per task, a head per task, the op's choice)
+/// and the portable build give the same bits as the op, outputs, slots and snapshots.
+#[test]
+fn delta_rule_gives_the_same_bits_on_every_path() {
+    let b = CpuBackend::new();
+    let layer = Layer::new(130, (2, 4, 8, 40), 9);
+    let seqs = Seqs::new(&[1, 37, 0, 5, 70], &[4, 0, 2, 1, 3]).snap(&[(3, 5), (20, 6), (43, 7), (112, 8)]);
+    let rows = layer.rows(140, seqs.rows(), (-3.0, 3.0));
+    let pool = layer.pool(&b);
+    let want_o = bits(&layer.run(&b, &rows, &seqs, &pool, Path::Auto).unwrap());
+    let want_pool = bits(&b.download_f32(&pool).unwrap());
+    for path in PATHS {
+        let pool = layer.pool(&b);
+        assert!(bits(&layer.run(&b, &rows, &seqs, &pool, path).unwrap()) == want_o, "{path:?}: outputs");
+        assert!(bits(&b.download_f32(&pool).unwrap()) == want_pool, "{path:?}: slots");
     }
 }
