@@ -10,6 +10,11 @@
 //! run from a few tokens to past 32, on both sides of the row counts where the kernels
 //! change how they schedule their work.
 //!
+//! The hybrid fixtures (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: Gated DeltaNet layers beside
+//! attention) run the same modes with state slots, prefix hits resuming from state
+//! snapshots every block, and a mode more: prompt-lookup speculation, whose verify steps
+//! run a few rows per sequence and whose rejections return the state to a rollback copy.
+//!
 //! On the llama fixture each prompt also runs through two LoRA adapters
 //! (`model-layers/tests/fixtures/lora`), in the same batches as the base model's requests:
 //! adapter rows must neither disturb their batch-mates nor be disturbed, and the prefix
@@ -18,7 +23,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use met_cache::PagedKvCache;
+use met_cache::{PagedKvCache, StateSizing};
 use met_config::{CpuDots, EngineConfig, SamplingParams};
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
@@ -26,9 +31,12 @@ use met_model_layers::models::{gguf_config, load_model, open_gguf, read_config};
 use met_model_layers::{LoadOptions, Model};
 use met_model_weights::SafetensorsStore;
 use met_scheduler::{Engine, EngineRequest, GeneratedToken, StopCriteria};
+use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
 const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
+
+const HYBRIDS: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
 const SEEDS: [u64; 3] = [1, 2, 3];
 
@@ -42,6 +50,8 @@ struct Case {
     prompts: Vec<Vec<u32>>,
     /// Adapters every prompt also runs through (none but on the llama fixture).
     adapters: Vec<Adapter>,
+    /// Whether the requests also run with speculation (the hybrids).
+    speculate: bool,
 }
 
 /// A request of a test: its prompt, its seed, and the index of its adapter.
@@ -74,7 +84,7 @@ fn fixture(name: &str) -> Case {
     let load = move || {
         load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &LoadOptions::default()).unwrap()
     };
-    Case { name: name.into(), load: Box::new(load), backend, prompts, adapters }
+    Case { name: name.into(), load: Box::new(load), backend, prompts, adapters, speculate: HYBRIDS.contains(&name) }
 }
 
 fn default_model() -> Option<Case> {
@@ -92,7 +102,8 @@ fn default_model() -> Option<Case> {
         .enumerate()
         .map(|(p, &len)| (0..len).map(|i| (1000 + (p * 7919 + i * 104_729) % 40_000) as u32).collect())
         .collect();
-    Some(Case { name: "default model".into(), load: Box::new(load), backend, prompts, adapters: Vec::new() })
+    let name = "default model".into();
+    Some(Case { name, load: Box::new(load), backend, prompts, adapters: Vec::new(), speculate: false })
 }
 
 fn request(engine: &Engine, prompt: &[u32], seed: u64, adapter: Option<&Adapter>) -> EngineRequest {
@@ -138,9 +149,18 @@ fn run(engine: &mut Engine, adapters: &[Adapter], batches: &[Vec<Spec>]) -> Vec<
 }
 
 fn engine(case: &Case, config: EngineConfig, blocks: usize) -> (Engine, Arc<Metrics>) {
+    engine_rolling_back(case, config, blocks, 0)
+}
+
+/// [`engine`] with `rollback` rollback state slots per sequence (for speculation). A hybrid
+/// model gets a state slot per sequence and, with prefix caching, a snapshot every block.
+fn engine_rolling_back(case: &Case, config: EngineConfig, blocks: usize, rollback: usize) -> (Engine, Arc<Metrics>) {
     let model = (case.load)();
-    let kv =
-        PagedKvCache::new(&*case.backend, model.kv_layout(), config.block_size, blocks, config.prefix_caching).unwrap();
+    let layout = model.kv_layout();
+    let snapshots = if config.prefix_caching { config.max_num_seqs } else { 0 };
+    let states = layout.state.map(|_| StateSizing { sequences: config.max_num_seqs, snapshots, interval: 1, rollback });
+    let (prefix, size) = (config.prefix_caching, config.block_size);
+    let kv = PagedKvCache::with_states(&[&*case.backend], layout, size, blocks, prefix, states).unwrap();
     let metrics = Arc::new(Metrics::new());
     let engine = Engine::new(model, Arc::clone(&case.backend), Box::new(kv), config, Arc::clone(&metrics)).unwrap();
     (engine, metrics)
@@ -190,11 +210,39 @@ fn check(case: &Case) {
     for (i, (g, want)) in first.iter().chain(second).zip(alone.iter().cycle()).enumerate() {
         assert_eq!(&g.0, want, "{}, prefix hit: request {i} differs from itself alone", case.name);
     }
+    if case.speculate {
+        check_speculation(case, &alone, &requests);
+    }
+}
+
+/// Prompt-lookup speculation (point-mass proposals, so sampling keeps its draws) gives
+/// every request the bits it gets alone, with rejections along the way.
+fn check_speculation(case: &Case, alone: &[Output], requests: &[Spec]) {
+    let ngram = SpeculativeConfig { ngram_min: 1, ..SpeculativeConfig::ngram(4) };
+    let config = EngineConfig { block_size: 4, max_prefill_chunk: Some(5), ..EngineConfig::default() };
+    let (engine, metrics) = engine_rolling_back(case, config, 256, ngram.num_tokens);
+    let mut engine = engine.with_speculative(&ngram).unwrap();
+    let got = run(&mut engine, &case.adapters, &[requests.to_vec()]);
+    for (i, (g, want)) in got.iter().zip(alone).enumerate() {
+        assert_eq!(&g.0, want, "{}, speculation: request {i} differs from itself alone", case.name);
+    }
+    let (drafted, accepted) = (metrics.spec_draft_tokens.get(), metrics.spec_accepted_tokens.get());
+    assert!(drafted > accepted, "{}: {drafted} drafted, {accepted} accepted: nothing was rejected", case.name);
 }
 
 #[test]
 fn every_fixture_gives_each_request_its_bits_alone_in_any_batch() {
     for name in FIXTURES {
+        check(&fixture(name));
+    }
+}
+
+/// The hybrids with the delta rule at the settings users get: its rows go one at a time
+/// whatever the step, so a 45-token prompt alone, chunks of 7, a recompute, a prefix hit's
+/// tail and a speculative verify all give the same bits.
+#[test]
+fn every_hybrid_fixture_gives_each_request_its_bits_alone_in_any_batch() {
+    for name in HYBRIDS {
         check(&fixture(name));
     }
 }
