@@ -11,10 +11,10 @@
 //! over the spinning pool (`pool.rs`) when the output is large, on the calling thread when
 //! it is small (a decode step's norms and activations; `ops::for_each_row` says why). The
 //! reference attention's tasks are shared over the pool unless the step sees only a few
-//! thousand key elements. The Gated DeltaNet ops take one task per (sequence, value head)
-//! and update state pools in place (`recurrent.rs`); their chunked form (runs of 4 rows or
-//! more) rounds differently from the row-by-row one, so a hybrid model's prompt chunking
-//! is not yet bit-invariant. Storage sits behind a lock because some ops write into an
+//! thousand key elements. The Gated DeltaNet ops update state pools in place
+//! (`recurrent.rs`); the delta rule runs every row by itself, in tasks of (sequence, value
+//! head, value columns), so a hybrid model's outputs do not depend on its prompt chunking
+//! either. Storage sits behind a lock because some ops write into an
 //! existing tensor (`write_kv` into the KV pools, the recurrent ops into their state
 //! pools); every other op only reads its operands and allocates its result.
 
