@@ -5,8 +5,10 @@
 //! Column `c` of `S [d_k, d_v]` needs only `δ_c`, `v_c` and the row's `q`, `k`, `e^g` and
 //! `β`, so columns are independent and a task can take any run of them. It walks them in
 //! blocks of [`WIDEST`] columns (AVX-512) or 16, and walks every row of its sequence over
-//! one block before the next, so the block's `d_k × 32` slice of the state (16 KiB at
-//! `d_k` = 128) stays in L1 from row to row.
+//! one block before the next, in a contiguous copy of the block's `d_k × 32` slice of the
+//! state (16 KiB at `d_k` = 128) that stays in L1 from row to row. A step of one row (a
+//! decode step) instead runs whole rows of the task's columns in the pool's order
+//! (`run_row`), so that states streamed from memory are read in order.
 //!
 //! **Invariant (bitwise):** every element is the result of the same operations in the same
 //! order whatever the batch, the step the row arrives in, the columns of the task, the block
@@ -74,8 +76,8 @@ unsafe fn run_256(prep: &Prepared<'_>, run: &SeqRun, j: usize, cols: Range<usize
     unsafe { run_body::<NARROW>(prep, run, j, cols, sink) }
 }
 
-/// The task: its columns cut into blocks of `W`, then of [`NARROW`], then single columns,
-/// each block run over every row in the task's tile.
+/// The task: one row by [`run_row`]; more, its columns cut into blocks of `W`, then of
+/// [`NARROW`], then single columns, each block run over every row in a copy of its own.
 #[inline(always)]
 unsafe fn run_body<const W: usize>(prep: &Prepared<'_>, run: &SeqRun, j: usize, cols: Range<usize>, sink: &Sink) {
     let (_, _, dk, dv) = prep.dims();
@@ -92,28 +94,26 @@ unsafe fn run_body<const W: usize>(prep: &Prepared<'_>, run: &SeqRun, j: usize, 
         // SAFETY: as our caller guarantees, `state` being head `j`'s.
         return unsafe { run_row(prep, run, (j, cols), state, sink) };
     }
-    let blocks = blocks::<W>(cols.len());
-    let mut tile = vec![0f32; dk * cols.len()];
-    // SAFETY: (each of the three) the task's columns of head `j` are this task's alone
-    // (our caller), `state` addresses head `j`'s `d_k × d_v` floats, the tile is the
-    // task's own and each block of it `d_k × n` floats at `d_k · c`.
-    unsafe { copy_tile(state.wrapping_add(cols.start), dv, (&mut tile, dk), &blocks, true) };
-    for &(c, n) in &blocks {
-        let block = Block { ptr: tile[c * dk..].as_mut_ptr(), stride: n, rows: dk };
+    // A block works in a contiguous copy over its rows: `d_k` rows `d_v` apart in the pool
+    // fall in a few cache sets (at 128 × 128, 8 of L1's 64) and would not stay in L1.
+    let mut tile = vec![0f32; dk * W];
+    for (c, n) in blocks::<W>(cols.len()) {
+        let home = Block { ptr: state.wrapping_add(cols.start + c), stride: dv, rows: dk };
+        let s = Block { ptr: tile.as_mut_ptr(), stride: n, rows: dk };
         let at = (j, cols.start + c);
-        // SAFETY: as above.
+        // SAFETY: the block's columns of head `j` are this task's alone (our caller) and
+        // `state` addresses head `j`'s `d_k × d_v` floats; the tile is the task's own and
+        // holds `d_k × n` floats.
         unsafe {
             if n == W {
-                run_block::<W>(prep, run, at, block, sink);
+                run_block::<W>(prep, run, at, (home, s), sink);
             } else if n == NARROW {
-                run_block::<NARROW>(prep, run, at, block, sink);
+                run_block::<NARROW>(prep, run, at, (home, s), sink);
             } else {
-                run_block::<1>(prep, run, at, block, sink);
+                run_block::<1>(prep, run, at, (home, s), sink);
             }
         }
     }
-    // SAFETY: as above.
-    unsafe { copy_tile(state.wrapping_add(cols.start), dv, (&mut tile, dk), &blocks, false) };
 }
 
 /// A run of one row (a decode step) over the task's columns in the pool's own order: a pass
@@ -166,38 +166,23 @@ fn blocks<const W: usize>(cols: usize) -> Vec<(usize, usize)> {
     by(0..wide, W).chain(by(wide..wide + narrow, NARROW)).chain(by(wide + narrow..cols, 1)).collect()
 }
 
-/// Copies a task's columns between the pool (`d_k` rows from `pool`, `stride` apart) and its
-/// tile of `blocks`, `into` the tile or back, a pool row at a time: in the pool's order,
-/// so that a step that streams states from memory reads and writes them sequentially.
+/// Every row of `run` over the `N` columns from `c` of head `j`, whose values lie in `home`,
+/// worked on in the copy `s`: outputs written, snapshots copied to the pool after their
+/// rows, the state copied back at the end.
 ///
 /// # Safety
-/// `pool` addresses `d_k` rows of the task's columns at `stride`, this task's alone.
+/// As [`run`], for these columns; `home` is `d_k × N` floats of head `j`'s state, `s` as
+/// many of the task's own.
 #[inline(always)]
-unsafe fn copy_tile(
-    pool: *mut f32,
-    stride: usize,
-    (tile, dk): (&mut [f32], usize),
-    blocks: &[(usize, usize)],
-    into: bool,
+unsafe fn run_block<const N: usize>(
+    prep: &Prepared<'_>,
+    run: &SeqRun,
+    (j, c): (usize, usize),
+    (home, s): (Block, Block),
+    sink: &Sink,
 ) {
-    for r in 0..dk {
-        // SAFETY: row `r` of the task's columns (the caller).
-        let row = unsafe { std::slice::from_raw_parts_mut(pool.add(r * stride), tile.len() / dk.max(1)) };
-        for &(c, n) in blocks {
-            let (t, p) = (&mut tile[c * dk + r * n..][..n], &mut row[c..c + n]);
-            if into { t.copy_from_slice(p) } else { p.copy_from_slice(t) }
-        }
-    }
-}
-
-/// Every row of `run` over the `N` columns from `c` of head `j`, whose values lie in `s`:
-/// outputs written, snapshots copied to the pool after their rows.
-///
-/// # Safety
-/// As [`run`], for these columns; `s` is `d_k × N` floats of the task's own.
-#[inline(always)]
-unsafe fn run_block<const N: usize>(prep: &Prepared<'_>, run: &SeqRun, (j, c): (usize, usize), s: Block, sink: &Sink) {
-    let (_, _, dk, dv) = prep.dims();
+    // SAFETY: `home` and `s` as our caller guarantees.
+    unsafe { home.copy_to::<N>(&s) };
     // SAFETY: (every block access here) `s` is the task's own; the snapshot blocks are
     // `d_k` rows of `N` columns of head `j`'s snapshot slots, this task's alone (our
     // caller), and the output is head `j` of a row of the sequence.
@@ -220,11 +205,13 @@ unsafe fn run_block<const N: usize>(prep: &Prepared<'_>, run: &SeqRun, (j, c): (
         // SAFETY: as above.
         unsafe { sink.out(row, j).add(c).cast::<[f32; N]>().write_unaligned(o) };
         while let Some(&(_, slot)) = snapshots.next_if(|&&(rows, _)| run.start + rows == row + 1) {
-            let to = Block { ptr: sink.state(slot, j).wrapping_add(c), stride: dv, rows: dk };
+            let to = Block { ptr: sink.state(slot, j).wrapping_add(c), ..home };
             // SAFETY: as above; a snapshot slot is none of the step's other slots.
             unsafe { s.copy_to::<N>(&to) };
         }
     }
+    // SAFETY: as above.
+    unsafe { s.copy_to::<N>(&home) };
 }
 
 /// `rows` rows of a block of columns, `stride` floats apart, from `ptr`.
