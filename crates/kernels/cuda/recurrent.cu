@@ -243,7 +243,7 @@ GATED_DELTA_RULE_COLS(64, gated_delta_rule_bf16_cols_r64)
 
 // --- gated_delta_rule, chunked ----------------------------------------------------------
 //
-// The chunked (WY) form for prefill, as `cpu/recurrent/chunked.rs` states it: a sequence's
+// The chunked (WY) form for prefill (transformers' `torch_chunk_gated_delta_rule`): a sequence's
 // rows are cut into chunks of at most GDR_CHUNK (and after every snapshot row). With
 // gamma_i the running sum of a chunk's log-decays (f64), D_ij = e^(gamma_i - gamma_j),
 // G_i = e^(gamma_i) and S the state before the chunk, the corrections
