@@ -8,12 +8,15 @@
 //! - `tests/`: the GPU test binaries (the op conformance suite, the kernels' unit tests
 //!   with the NVRTC compile, the Hugging Face fixtures through the engine), release, with
 //!   stable names;
-//! - `fixtures/hf/`: the fixtures those tests read; `configs/`: the real `config.json`
-//!   files of the transformers comparison; `gpu_compare.py`: that comparison;
+//! - `configs/`: the real `config.json` files of the transformers comparison;
+//!   `gpu_compare.py`: that comparison;
 //!   `gpu_gate.py`: the precision gate (sharp random weights of every architecture, prompts
 //!   to 4,096 tokens, met against transformers-float32 within 1.5x transformers-bf16's own
 //!   distance), with its test of the test (a deliberately wrong kernel must fail it);
-//! - `run.sh`: runs every test binary, the gate and the comparison, then prints a pass/fail
+//! - `run.sh`: run from inside the repository it was built from (a device run carries the
+//!   working tree, and the fixtures the tests read are its own
+//!   `crates/model-layers/tests/fixtures/hf`, not a copy: the tree and the bundle together
+//!   must stay under a run's 64 MiB); it runs every test binary, the gate and the comparison, then prints a pass/fail
 //!   summary, the gate's per-length table and the comparison's numbers; logs go to the
 //!   folder given as its first argument, and further arguments pick steps by name
 //!   (`run.sh logs ops gate`).
@@ -58,7 +61,6 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     }
     let bench = build_artifact(&["bench", "-p", "met-kernels", "--bench", "cuda"], "bench")?;
     strip_into(&bench, &out.join("tests").join("kernels-bench"))?;
-    copy_dir(&root().join("crates/model-layers/tests/fixtures/hf"), &out.join("fixtures/hf"))?;
     for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct", "Qwen3-30B-A3B"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
@@ -121,8 +123,8 @@ fn strip_into(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies `from` into `to`, leaving out GGUF files: the GPU tests read the safetensors
-/// fixtures only, and a run takes at most 64 MiB along, the repository included.
+/// Copies `from` into `to`, leaving out GGUF files (a run takes at most 64 MiB along, the
+/// repository included).
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
@@ -172,7 +174,7 @@ mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
 export MET_HOME="${MET_HOME:-$(mktemp -d /tmp/met-home.XXXX)}"
-export MET_HF_FIXTURES="$HERE/fixtures/hf"
+export MET_HF_FIXTURES="${MET_HF_FIXTURES:-$HERE/../crates/model-layers/tests/fixtures/hf}"
 export RUST_BACKTRACE=1 PYTHONUNBUFFERED=1 MET_LOG="${MET_LOG:-info}"
 declare -a SUMMARY
 FAILED=0
@@ -216,7 +218,7 @@ step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
 step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 120 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=1
 step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gpu-graphs" --nocapture --test-threads=1
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
-step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$HERE/fixtures/hf/qwen3" \
+step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$MET_HF_FIXTURES/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
 # The precision gate, and its test: met with a deliberately wrong attention kernel must fail.
 step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \

@@ -93,8 +93,8 @@ struct Fixture {
     tolerance: f32,
 }
 
-/// The fixtures: `MET_HF_FIXTURES` (set by the gpu-bundle runner, whose copy travels with
-/// the test binary), else the source tree's.
+/// The fixtures: `MET_HF_FIXTURES` (set by the gpu-bundle runner to those of the working
+/// tree a device run carries), else the source tree's.
 fn fixtures_dir() -> PathBuf {
     std::env::var_os("MET_HF_FIXTURES")
         .map(PathBuf::from)
