@@ -155,13 +155,9 @@ pub(super) struct Launch<'a> {
 /// Runs the step in the chunked form if it should: a sequence of [`CHUNKED_FROM`] rows or
 /// more, key heads the device's kernels take, no graph being recorded and a plan whose
 /// waves keep every state. Returns whether it ran.
-pub(super) fn try_run(
-    b: &CudaBackend,
-    ops: &Launch<'_>,
-    runs: &[SeqRun],
-    (dims, hv, dk, dv): (DeltaDims, usize, usize, usize),
-) -> Result<bool> {
+pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: DeltaDims) -> Result<bool> {
     const OP: &str = "gated_delta_rule";
+    let (hv, dk, dv) = (dims.hv as usize, dims.dk as usize, dims.dv as usize);
     let long = runs.iter().any(|r| r.end - r.start >= CHUNKED_FROM);
     if !long || dk > widest_keys(b.dev.capability) || b.dev.recording_here() {
         return Ok(false);

@@ -42,11 +42,11 @@ const DELTA_WARPS: usize = 4;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(super) struct DeltaDims {
-    hk: u32,
-    hv: u32,
-    dk: u32,
-    dv: u32,
-    n_snap: u32,
+    pub(super) hk: u32,
+    pub(super) hv: u32,
+    pub(super) dk: u32,
+    pub(super) dv: u32,
+    pub(super) n_snap: u32,
 }
 
 // SAFETY: `repr(C)` plain data with the field order and types of the CUDA struct of the
@@ -203,7 +203,7 @@ pub(super) fn gated_delta_rule(
     };
     let (a_log, dt_bias) = (rule.a_log, rule.dt_bias);
     let chunked = chunked_delta::Launch { qkv, a, gb, a_log, dt_bias, state, out: &out };
-    if chunked_delta::try_run(b, &chunked, &runs, (dims, hv, dk, dv))? {
+    if chunked_delta::try_run(b, &chunked, &runs, dims)? {
         return Ok(out);
     }
     let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
