@@ -44,22 +44,18 @@ impl QuantConfig {
     /// [`ConfigError::Invalid`] naming the field for a method or scheme met cannot load.
     pub fn read(f: &RawConfig<'_>) -> Result<Option<Self>, ConfigError> {
         let Some(q) = f.object("quantization_config")? else { return Ok(None) };
-        let method = q.str("quant_method")?.to_owned();
-        let parsed = match method.as_str() {
-            "fp8" => Self::read_fp8(&q),
-            "compressed-tensors" => Self::read_compressed(&q),
+        match q.str("quant_method")? {
+            "fp8" => Self::read_fp8(&q).map(Some),
+            "compressed-tensors" => Self::read_compressed(&q).map(Some),
             other => Err(q.invalid(
                 "quant_method",
                 format!("`{other}` is not a quantization met loads (it loads `fp8` and float8 `compressed-tensors`)"),
             )),
-        };
-        parsed.map(|(scales, static_activations, unquantized)| {
-            Some(Self { method, scales, static_activations, unquantized })
-        })
+        }
     }
 
     /// transformers' `fp8`: e4m3 weights, `weight_block_size` for block scales.
-    fn read_fp8(q: &RawConfig<'_>) -> Result<(Option<ScaleLayout>, bool, Vec<String>), ConfigError> {
+    fn read_fp8(q: &RawConfig<'_>) -> Result<Self, ConfigError> {
         if let Some(fmt) = q.opt_str("fmt")?
             && fmt != "e4m3"
         {
@@ -76,12 +72,17 @@ impl QuantConfig {
             other => return Err(q.invalid("activation_scheme", format!("`{other}` is neither dynamic nor static"))),
         };
         let unquantized = q.str_list("modules_to_not_convert")?.unwrap_or_default();
-        Ok((scales, static_activations, unquantized.into_iter().map(str::to_owned).collect()))
+        Ok(Self {
+            method: "fp8".into(),
+            scales,
+            static_activations,
+            unquantized: unquantized.into_iter().map(str::to_owned).collect(),
+        })
     }
 
     /// compressed-tensors: every config group must quantize weights to 8-bit floats the
     /// same way.
-    fn read_compressed(q: &RawConfig<'_>) -> Result<(Option<ScaleLayout>, bool, Vec<String>), ConfigError> {
+    fn read_compressed(q: &RawConfig<'_>) -> Result<Self, ConfigError> {
         let Some(groups) = q.object("config_groups")? else { return Err(q.missing("config_groups")) };
         let mut found: Option<(ScaleLayout, bool)> = None;
         for name in groups.keys() {
@@ -113,7 +114,12 @@ impl QuantConfig {
         }
         let Some((layout, static_acts)) = found else { return Err(q.invalid("config_groups", "is empty")) };
         let ignore = q.str_list("ignore")?.unwrap_or_default();
-        Ok((Some(layout), static_acts, ignore.into_iter().map(str::to_owned).collect()))
+        Ok(Self {
+            method: "compressed-tensors".into(),
+            scales: Some(layout),
+            static_activations: static_acts,
+            unquantized: ignore.into_iter().map(str::to_owned).collect(),
+        })
     }
 }
 
