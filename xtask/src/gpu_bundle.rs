@@ -123,8 +123,7 @@ fn strip_into(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies `from` into `to`, leaving out GGUF files (a run takes at most 64 MiB along, the
-/// repository included).
+/// Copies the files of `from` into `to`, recursively.
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
@@ -132,7 +131,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         let target = to.join(entry.file_name());
         if entry.file_type()?.is_dir() {
             copy_dir(&entry.path(), &target)?;
-        } else if entry.path().extension().is_none_or(|e| e != "gguf") {
+        } else {
             std::fs::copy(entry.path(), &target)?;
         }
     }
