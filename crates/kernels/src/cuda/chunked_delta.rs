@@ -23,8 +23,10 @@ use crate::error::{Error, Result};
 /// The kernels of the chunked form, looked up at startup.
 pub(super) const KERNELS: [&str; 2] = ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16"];
 
-/// A step takes the chunked form once one of its sequences has this many rows: below it,
-/// the fused kernel's few dependent rows cost less than the two chunked launches.
+/// A step takes the chunked form once one of its sequences has this many rows. Not tuned:
+/// the crossover against the fused kernel is unmeasured; decode steps (one row a sequence)
+/// and speculative verifies of a few rows stay fused, and a default warm-up step (32 rows a
+/// sequence) runs chunked, so the KV budget sees the scratch.
 pub(super) const CHUNKED_FROM: usize = 16;
 
 /// `GDR_CHUNK`, `GDR_THREADS` and `GDR_COLS` of `recurrent.cu`.
