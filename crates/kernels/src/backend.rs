@@ -2,16 +2,16 @@
 //! transformer.
 //!
 //! Ops take tensors on this backend and return new ones (backends pool their memory, so
-//! allocation per op is cheap); only [`GpuBackend::write_kv`] writes into an existing
-//! tensor. Shapes use `t` for tokens of the flat batch, `h` for heads, `d` for head dim.
+//! allocation per op is cheap); only [`GpuBackend::write_kv`], the state-slot ops and the
+//! LoRA ops write into an existing tensor. Shapes use `t` for tokens of the flat batch, `h` for heads, `d` for head dim.
 
-mod lora;
+pub(crate) mod lora;
 mod operands;
 mod recurrent;
 
 use std::fmt::Debug;
 
-pub use self::lora::LoraSegment;
+pub use self::lora::{LORA_MAX_PARTS, LoraSlots, LoraStack, NO_LORA_SLOT};
 pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
     UniformRun,
@@ -541,26 +541,48 @@ pub trait GpuBackend: Send + Sync + Debug {
 
     // --- adapters (LoRA) ---------------------------------------------------------------
 
-    /// Whether this backend runs [`Self::lora_shrink_expand`]. Serving with adapters is
-    /// refused at startup on a backend without it.
+    /// Whether this backend runs [`Self::lora_shrink_expand`] and
+    /// [`Self::lora_write_slot`]. Serving with adapters is refused at startup on a backend
+    /// without them.
     fn supports_lora(&self) -> bool {
         false
     }
 
-    /// `out [t, N]` plus, for each segment, `scale · (x[rows] · aᵀ) · bᵀ` added into
-    /// `out[rows, column .. column + n]`, with `x [t, in]`, `a [r, in]`, `b [n, r]`: the
-    /// adapters' deltas of one projection over a mixed batch. Rows no segment names are
-    /// `out`'s unchanged; a row named by several segments (modules fused into one
-    /// projection) gets each delta in its columns. On the CPU a row's result depends on
-    /// that row and its segments alone.
+    /// `out [t, N]` plus, for each row whose slot `s = lora.rows[row]` is an adapter's, and
+    /// each module of `lora.stacks`, `scales[s] · (x[row] · a[s]ᵀ) · b[s]ᵀ` added into
+    /// `out[row, column .. column + n]`, with `x [t, in]`, `a [slots, r, in]`,
+    /// `b [slots, n, r]`: the adapters' deltas of one projection over a mixed batch. Rows
+    /// at [`NO_LORA_SLOT`] (or at a slot past the stacks, which a device-written slot
+    /// tensor may hold) keep `out`'s values bit for bit. A row's result depends on that
+    /// row and its slot alone. `out` is consumed: a backend may add into its storage and
+    /// return it.
     ///
     /// # Errors
-    /// On mismatched shapes, rows past `t` or columns past `N`;
+    /// On mismatched shapes or dtypes, more than [`LORA_MAX_PARTS`] modules, a host-known
+    /// row slot past the stacks, columns past `N`;
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) where the backend has no
-    /// LoRA op ([`Self::supports_lora`]).
-    fn lora_shrink_expand(&self, x: &Tensor, out: &Tensor, segments: &[LoraSegment<'_>]) -> Result<Tensor> {
-        let _ = (x, out, segments);
-        Err(crate::Error::InvalidArgument(format!("the {} backend cannot apply LoRA adapters yet", self.name())))
+    /// LoRA ops ([`Self::supports_lora`]).
+    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        let _ = (x, out, lora);
+        Err(self.no_lora_ops())
+    }
+
+    /// Overwrites slot `slot` of `stack [slots, ..]` with `src` (as many elements as a slot
+    /// holds, in `stack`'s dtype), in order with the backend's other work: how an adapter's
+    /// padded weights and its scale become resident.
+    ///
+    /// # Errors
+    /// A slot past the stack or a `src` of another size or dtype; as
+    /// [`Self::lora_shrink_expand`] where the backend has no LoRA ops.
+    fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
+        let _ = (stack, slot, src);
+        Err(self.no_lora_ops())
+    }
+
+    /// The error of a LoRA op on a backend without them.
+    #[doc(hidden)]
+    fn no_lora_ops(&self) -> crate::Error {
+        crate::Error::InvalidArgument(format!("the {} backend cannot apply LoRA adapters yet", self.name()))
     }
 
     /// The error of a recurrent op on a backend without them.

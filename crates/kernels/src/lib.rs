@@ -36,8 +36,9 @@ mod tensor;
 use std::sync::Arc;
 
 pub use backend::{
-    AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LaterSample, LoraSegment, MemoryInfo,
-    NO_STATE_SLOT, QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun,
+    AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LORA_MAX_PARTS, LaterSample, LoraSlots,
+    LoraStack, MemoryInfo, NO_LORA_SLOT, NO_STATE_SLOT, QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled,
+    StateSnapshot, UniformRun,
 };
 pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};

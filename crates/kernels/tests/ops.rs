@@ -18,6 +18,7 @@ mod ops {
     pub mod draws;
     pub mod harness;
     pub mod later;
+    pub mod lora;
     pub mod masks;
     pub mod moe;
     pub mod props;
@@ -29,8 +30,8 @@ mod ops {
 }
 
 use ops::{
-    attention, dense, draws, harness, later, masks, moe, props, quant, recurrent, recurrent_delta, recurrent_reference,
-    sampling,
+    attention, dense, draws, harness, later, lora, masks, moe, props, quant, recurrent, recurrent_delta,
+    recurrent_reference, sampling,
 };
 
 /// Instantiates every check as a `#[test]` in module `$backend`, each on a fresh backend
@@ -110,6 +111,10 @@ macro_rules! backend_tests {
                 recurrent_delta::delta_rule_long_prompt,
                 recurrent_delta::delta_rule_decode_steps,
                 recurrent_delta::delta_rule_rejects_bad_operands,
+                lora::lora_decode_batches_match_reference,
+                lora::lora_prefill_batches_match_reference,
+                lora::lora_slot_writes_land_in_their_slot,
+                lora::lora_rejects_bad_operands,
             );
         }
     };
@@ -176,5 +181,11 @@ mod cuda_only {
     fn bf16_logits_sample_as_their_f32_values() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::masks::bf16_logits_sample_as_their_f32_values(&backend)
+    }
+
+    #[test]
+    fn lora_replays_in_a_graph_with_new_slots() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::lora::lora_replays_in_a_graph_with_new_slots(&backend)
     }
 }

@@ -3,29 +3,126 @@
 //!
 //! An adapter replaces a projection `W` by `W + scale · B·A` for its rows only. Rather
 //! than merging weights (one copy of `W` per adapter), the delta is computed beside the
-//! base product: the rows of each adapter are a contiguous run of the batch (a
-//! sequence's rows are contiguous, and runs of one adapter may be several), shrunk to the
-//! adapter's rank by `A`, expanded back by `B`, scaled and added into the output columns
-//! the projection gives that module (a fused q/k/v or gate/up projection holds several).
-//! Rows outside every segment, the base model's, keep the base product bit for bit.
+//! base product: each row's input is shrunk to rank `r` by its adapter's `A`, expanded
+//! back by `B`, scaled and added into the output columns the projection gives that module
+//! (a fused q/k/v or gate/up projection holds several).
+//!
+//! Adapters live in slots: per module, every resident adapter's `A` stacked as
+//! `[slots, r_max, in]` and `B` as `[slots, n, r_max]`, zero past the adapter's own rank,
+//! with one scale per slot. A step names each row's slot in a `u32 [t]` tensor, base rows
+//! [`NO_LORA_SLOT`]. Nothing about a step but that tensor's contents depends on which
+//! adapters its rows use, so a decode step can be recorded once in a graph and replayed
+//! with other adapters by rewriting it.
+//!
+//! **Invariant:** rows at [`NO_LORA_SLOT`] (or past the stacks) keep the base product bit
+//! for bit; zero-padded ranks add exact zeros, so a rank-8 adapter in a rank-16 slot
+//! computes as the rank-8 adapter alone.
 
-use std::ops::Range;
+use crate::error::{Result, ensure};
+use crate::{DType, Tensor};
 
-use crate::Tensor;
+/// The slot of a row that runs through no adapter (the base model's rows, padding).
+pub const NO_LORA_SLOT: u32 = u32::MAX;
 
-/// One adapter module applied to one run of rows ([`GpuBackend::lora_shrink_expand`]).
-///
-/// [`GpuBackend::lora_shrink_expand`]: crate::GpuBackend::lora_shrink_expand
-#[derive(Debug, Clone)]
-pub struct LoraSegment<'a> {
-    /// The rows of the batch this adapter applies to.
-    pub rows: Range<usize>,
-    /// `[r, in]`: the shrink to rank `r` (PEFT's `lora_A.weight`).
+/// The most modules one projection fuses (q, k and v).
+pub const LORA_MAX_PARTS: usize = 3;
+
+/// One module's resident adapters and where its output columns start.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraStack<'a> {
+    /// `[slots, r_max, in]`: each slot's shrink (PEFT's `lora_A.weight`), zero-padded.
     pub a: &'a Tensor,
-    /// `[n, r]`: the expansion (PEFT's `lora_B.weight`).
+    /// `[slots, n, r_max]`: each slot's expansion (PEFT's `lora_B.weight`), zero-padded.
     pub b: &'a Tensor,
-    /// `lora_alpha / r`, or `lora_alpha / √r` for rank-stabilised adapters.
-    pub scale: f32,
     /// The first of the `n` output columns the delta is added into.
     pub column: usize,
+}
+
+/// The adapters of one projection over one step ([`GpuBackend::lora_shrink_expand`]).
+///
+/// [`GpuBackend::lora_shrink_expand`]: crate::GpuBackend::lora_shrink_expand
+#[derive(Debug, Clone, Copy)]
+pub struct LoraSlots<'a> {
+    /// `u32 [t]`: each row's slot, or [`NO_LORA_SLOT`].
+    pub rows: &'a Tensor,
+    /// `f32 [slots]`: each slot's `lora_alpha / r` (or `/ √r` for rank-stabilised ones).
+    pub scales: &'a Tensor,
+    /// The modules fused in the projection, at most [`LORA_MAX_PARTS`].
+    pub stacks: &'a [LoraStack<'a>],
+}
+
+/// The sizes of one checked LoRA op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoraDims {
+    /// Rows.
+    pub t: usize,
+    /// Input columns.
+    pub k: usize,
+    /// Output columns of the whole projection.
+    pub width: usize,
+    /// Slots.
+    pub slots: usize,
+    /// Padded rank.
+    pub rank: usize,
+}
+
+/// Checks `x [t, in]`, `out [t, N]` and `lora`'s operands against each other: one float
+/// dtype for `x`, `out` and the stacks, equal slot counts and ranks, disjoint columns
+/// inside `out` (a backend may add the modules' deltas at once).
+pub(crate) fn check(op: &'static str, x: &Tensor, out: &Tensor, lora: &LoraSlots<'_>) -> Result<LoraDims> {
+    let (xd, od) = (x.dims(), out.dims());
+    ensure(xd.len() == 2 && od.len() == 2 && xd[0] == od[0], op, || format!("x {xd:?} and out {od:?}"))?;
+    let (t, k, width) = (xd[0], xd[1], od[1]);
+    ensure(lora.rows.dtype() == DType::U32 && lora.rows.dims() == [t], op, || {
+        format!("row slots {:?} {:?} for {t} rows", lora.rows.dtype(), lora.rows.dims())
+    })?;
+    ensure(lora.scales.dtype() == DType::F32 && lora.scales.dims().len() == 1, op, || {
+        format!("scales {:?} {:?} must be f32 [slots]", lora.scales.dtype(), lora.scales.dims())
+    })?;
+    let slots = lora.scales.dims()[0];
+    ensure(!lora.stacks.is_empty() && lora.stacks.len() <= LORA_MAX_PARTS, op, || {
+        format!("{} modules in one projection (1 to {LORA_MAX_PARTS})", lora.stacks.len())
+    })?;
+    let rank = lora.stacks[0].a.dims().get(1).copied().unwrap_or(0);
+    for s in lora.stacks {
+        check_stack(op, s, [slots, rank, k], width)?;
+        ensure(s.a.dtype() == x.dtype() && s.b.dtype() == x.dtype(), op, || "stacks in x's dtype".into())?;
+    }
+    let mut spans: Vec<(usize, usize)> = lora.stacks.iter().map(|s| (s.column, s.column + s.b.dims()[1])).collect();
+    spans.sort_unstable();
+    ensure(spans.windows(2).all(|w| w[0].1 <= w[1].0), op, || format!("overlapping module columns {spans:?}"))?;
+    ensure(x.dtype() == out.dtype() && x.dtype().is_float(), op, || {
+        format!("x {:?} and out {:?} must share one float dtype", x.dtype(), out.dtype())
+    })?;
+    Ok(LoraDims { t, k, width, slots, rank })
+}
+
+/// One stack: `a [slots, rank, k]`, `b [slots, n, rank]`, columns `column..column + n`
+/// inside `width`.
+fn check_stack(op: &'static str, s: &LoraStack<'_>, [slots, rank, k]: [usize; 3], width: usize) -> Result<()> {
+    let (ad, bd) = (s.a.dims(), s.b.dims());
+    ensure(ad == [slots, rank, k], op, || format!("a {ad:?}, expected [{slots}, {rank}, {k}]"))?;
+    ensure(bd.len() == 3 && bd[0] == slots && bd[2] == rank, op, || {
+        format!("b {bd:?}, expected [{slots}, n, {rank}]")
+    })?;
+    ensure(s.column + bd[1] <= width, op, || format!("columns {}..{} of {width}", s.column, s.column + bd[1]))
+}
+
+/// Checks row slots read on the host: each is a slot of the stacks or [`NO_LORA_SLOT`].
+pub(crate) fn check_rows(op: &'static str, rows: &[u32], slots: usize) -> Result<()> {
+    match rows.iter().find(|&&s| s != NO_LORA_SLOT && s as usize >= slots) {
+        Some(s) => Err(crate::Error::InvalidArgument(format!("{op}: row slot {s} of {slots} slots"))),
+        None => Ok(()),
+    }
+}
+
+/// Checks that `src` fills one slot of `stack [slots, ..]`, in its dtype.
+pub(crate) fn check_slot_write(op: &'static str, stack: &Tensor, slot: usize, src: &Tensor) -> Result<usize> {
+    let d = stack.dims();
+    ensure(!d.is_empty() && slot < d[0], op, || format!("slot {slot} of {d:?}"))?;
+    let per_slot: usize = d[1..].iter().product();
+    ensure(src.elem_count() == per_slot && src.dtype() == stack.dtype(), op, || {
+        format!("{:?} {:?} into one slot of {:?} {d:?}", src.dtype(), src.dims(), stack.dtype())
+    })?;
+    Ok(per_slot)
 }

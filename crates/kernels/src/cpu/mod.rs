@@ -33,7 +33,7 @@ pub(crate) mod sample;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{
-    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, LoraSegment, RecurrentBatch, Routing, SampleRow, Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, LoraSlots, RecurrentBatch, Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
@@ -383,7 +383,11 @@ impl GpuBackend for CpuBackend {
         true
     }
 
-    fn lora_shrink_expand(&self, x: &Tensor, out: &Tensor, segments: &[LoraSegment<'_>]) -> Result<Tensor> {
-        lora::lora_shrink_expand(x, out, segments)
+    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_shrink_expand(x, &out, lora)
+    }
+
+    fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
+        lora::lora_write_slot(stack, slot, src)
     }
 }

@@ -23,6 +23,7 @@ mod gemm;
 mod gemv;
 mod graph;
 mod launch;
+mod lora;
 mod moe;
 pub(crate) mod nccl;
 mod ops;
@@ -140,6 +141,7 @@ impl CudaBackend {
             .chain(&gemv::KERNELS)
             .chain(&recurrent::KERNELS)
             .chain(&chunked_delta::KERNELS)
+            .chain(&lora::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels, dev.capability)?;
@@ -483,5 +485,17 @@ impl GpuBackend for CudaBackend {
 
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
         recurrent::sigmoid_mul(self, x, gate)
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &crate::LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_shrink_expand(self, x, out, lora)
+    }
+
+    fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
+        lora::lora_write_slot(self, stack, slot, src)
     }
 }

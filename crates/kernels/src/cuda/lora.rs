@@ -1,0 +1,108 @@
+//! The LoRA ops on the GPU: the kernels of `cuda/lora.cu` behind the operand checks the CPU
+//! backend shares (`backend::lora::check`).
+//!
+//! A projection's deltas are two launches whatever its rows hold: the shrink of every row
+//! to its slot's rank (f32, `[t, parts, rank]`), then the expansion added into `out` in
+//! place. Base rows are skipped by the kernels themselves, reading the row-slot tensor on
+//! the device, so the launches depend on shapes alone and a decode step records into a
+//! graph that replays with whatever slots are written before it. The row slots are checked
+//! on the host when their host copy is at hand (an eager step's upload); a graph's own
+//! slot tensor has none, and a slot past the stacks is then a base row on the device.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use super::{CudaBackend, elementwise, expect_dtype, launch, ptr, storage};
+use crate::backend::lora::{self as operands, LoraDims};
+use crate::backend::{LORA_MAX_PARTS, LoraSlots};
+use crate::error::{Error, Result};
+use crate::{DType, Tensor};
+
+/// The kernels of `lora.cu`, looked up at startup.
+pub(super) const KERNELS: [&str; 3] = ["lora_shrink_bf16", "lora_expand_bf16", "lora_copy_b16"];
+
+/// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block.
+const SHRINK_WARPS: u32 = 4;
+
+/// `LORA_EXPAND_THREADS` of `lora.cu`: output columns per expansion block.
+const EXPAND_THREADS: u32 = 256;
+
+/// `LoraParts` of `lora.cu`, passed by value: each module's stacks, output columns and
+/// first column; unused parts are zero.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct LoraParts {
+    a: [u64; LORA_MAX_PARTS],
+    b: [u64; LORA_MAX_PARTS],
+    n: [u32; LORA_MAX_PARTS],
+    column: [u32; LORA_MAX_PARTS],
+}
+
+// SAFETY: `repr(C)` plain data with the field order and types of the CUDA struct of the
+// same name (six u64 then six u32: 72 bytes, no padding on either side).
+unsafe impl DeviceRepr for LoraParts {}
+
+const BF16: &[DType] = &[DType::BF16];
+
+/// A size as the kernels' u32 indices take it.
+fn as_u32(op: &'static str, what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{op}: {n} {what} exceed the kernel's u32 indices")))
+}
+
+pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+    const OP: &str = "lora_shrink_expand";
+    let d = operands::check(OP, x, &out, lora)?;
+    expect_dtype(OP, x, BF16)?;
+    let host_rows = storage(OP, lora.rows)?.host_u32.lock().clone();
+    if let Some(rows) = host_rows {
+        operands::check_rows(OP, &rows, d.slots)?;
+    }
+    if d.t == 0 || d.rank == 0 || d.slots == 0 {
+        return Ok(out);
+    }
+    let parts = parts(OP, lora)?;
+    let n_parts = lora.stacks.len() as u32;
+    let LoraDims { t, k, width, slots, rank } = d;
+    let (t32, k32, width32) = (as_u32(OP, "rows", t)?, as_u32(OP, "inputs", k)?, as_u32(OP, "columns", width)?);
+    let (slots32, rank32) = (as_u32(OP, "slots", slots)?, as_u32(OP, "ranks", rank)?);
+    let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
+    let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
+    let shrink =
+        LaunchConfig { grid_dim: (t32, n_parts, 1), block_dim: (SHRINK_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
+    let widest = parts.n.iter().copied().max().unwrap_or(0);
+    let expand = LaunchConfig {
+        grid_dim: (t32, widest.div_ceil(EXPAND_THREADS).max(1), n_parts),
+        block_dim: (EXPAND_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
+    launch!(b, "lora_expand_bf16", expand, [sp, rows, parts, scales, op_, slots32, rank32, width32])?;
+    Ok(out)
+}
+
+/// The stacks of `lora` as the kernels take them.
+fn parts(op: &'static str, lora: &LoraSlots<'_>) -> Result<LoraParts> {
+    let mut parts = LoraParts::default();
+    for (i, s) in lora.stacks.iter().enumerate() {
+        expect_dtype(op, s.a, BF16)?;
+        expect_dtype(op, s.b, BF16)?;
+        parts.a[i] = ptr(op, s.a)?;
+        parts.b[i] = ptr(op, s.b)?;
+        parts.n[i] = as_u32(op, "columns", s.b.dims()[1])?;
+        parts.column[i] = as_u32(op, "columns", s.column)?;
+    }
+    Ok(parts)
+}
+
+pub(super) fn lora_write_slot(b: &CudaBackend, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
+    const OP: &str = "lora_write_slot";
+    let per_slot = operands::check_slot_write(OP, stack, slot, src)?;
+    expect_dtype(OP, stack, &[DType::BF16, DType::F32])?;
+    // The copy kernel moves 16-bit words: a bf16 element is one, an f32 two.
+    let words = per_slot * stack.dtype().size_in_bytes() / 2;
+    if words == 0 {
+        return Ok(());
+    }
+    let dst = ptr(OP, stack)? + (slot * per_slot * stack.dtype().size_in_bytes()) as u64;
+    launch!(b, "lora_copy_b16", elementwise(words), [ptr(OP, src)?, dst, words as u64])
+}
