@@ -21,6 +21,13 @@
 //! padding rows take no slot, so they start from a zero state and keep none. What a graph
 //! cannot record, because it varies per step, runs around the replay: zeroing or restoring
 //! the slots of sequences that start in the step before it, copying snapshots out after.
+//!
+//! A model serving LoRA adapters records its graphs with its adapter slots
+//! ([`crate::lora::LoraPool`]) and a row-slot tensor of its own, written per replay like
+//! the recurrent slots: each row's adapter slot, [`met_kernels::NO_LORA_SLOT`] for base
+//! and padding rows. Adapters loaded or unloaded between replays change only what the
+//! slots hold, never what was recorded. A model without slots replays only steps without
+//! adapters.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +39,7 @@ use met_kernels::{DType, Graph, HostTensor, Tensor};
 use crate::attention::{BatchLayout, StepLayout, widest_table};
 use crate::layers::decoder::{DecoderModel, DeviceStep, StepIds};
 use crate::layers::mixer::{self, RecurrentStep};
+use crate::lora::StepLora;
 use crate::{ForwardBatch, Model, Result};
 
 /// The batch sizes captured by default: padding a step up to the next one wastes at most
@@ -173,7 +181,8 @@ impl DecodeGraphs {
             && batch.logit_rows.len() == n
             && batch.logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
         let fits = batch.sequences.iter().all(|s| s.blocks.len() <= self.max_blocks);
-        if !decode_only || !fits || !kv.layer(0).0.same_storage(&self.pool) {
+        let adapters_fit = batch.adapter_runs.is_empty() || g.step.lora.is_some();
+        if !decode_only || !fits || !adapters_fit || !kv.layer(0).0.same_storage(&self.pool) {
             return Ok(None);
         }
         let b = &**model.backend();
@@ -203,6 +212,9 @@ impl DecodeGraphs {
         if let Some(recurrent) = &step.recurrent {
             mixer::before_replay(b, kv, batch)?;
             recurrent.write_slots(b, &batch.state_slots)?;
+        }
+        if let Some(lora) = &step.lora {
+            lora.write_rows(b, batch)?;
         }
         g.graph.replay()?;
         if step.recurrent.is_some() {
@@ -241,6 +253,8 @@ fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vo
         logit_rows: None,
         logit_order: model.logit_order(size)?,
         recurrent: if model.is_hybrid() { Some(RecurrentStep::for_graph(b, size)?) } else { None },
+        // Recorded with every row at no slot: the kernels' launches do not depend on it.
+        lora: model.lora().map(|pool| StepLora::for_graph(b, pool, size)).transpose()?,
     };
     // One eager run first, so every kernel and library handle is loaded before recording.
     let eager = model.run(&step, kv)?;

@@ -115,6 +115,18 @@ pub trait Model: Send + Sync {
         Ok(GraphCapture::Skipped("this model runs eagerly".into()))
     }
 
+    /// Serves LoRA adapters from `pool`'s slots: every step then leaves room for their
+    /// deltas, and graphs captured after this call record them, so decode steps with
+    /// adapters replay too. Call it before [`Self::capture_graphs`], once.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] for models that take no adapters (the default), or a
+    /// second pool.
+    fn attach_lora(&self, pool: std::sync::Arc<lora::LoraPool>) -> Result<()> {
+        let _ = pool;
+        Err(ModelError::Unsupported("this model serves no LoRA adapters".into()))
+    }
+
     /// How many forward passes so far ran from a captured graph.
     fn graph_replays(&self) -> u64 {
         0

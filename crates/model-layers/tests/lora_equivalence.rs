@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
 use met_kernels::{CpuBackend, GpuBackend};
-use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
+use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
 use met_model_layers::runner::argmax;
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, ModelError, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
@@ -64,11 +64,12 @@ fn load() -> Fixture {
     let store = SafetensorsStore::open(&dir).unwrap();
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
     let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+    // Three slots for two adapters: the free one is zero, and rows never read it.
+    let pool = LoraPool::new(&cfg, Arc::clone(&backend), limits(), 3).unwrap();
+    model.attach_lora(Arc::clone(&pool)).unwrap();
     let adapters = ADAPTERS
         .iter()
-        .map(|name| {
-            Arc::new(LoraAdapter::load(name, &fixtures().join("lora").join(name), &cfg, &*backend, limits()).unwrap())
-        })
+        .map(|name| Arc::new(LoraAdapter::load(name, &fixtures().join("lora").join(name), &cfg, &pool).unwrap()))
         .collect();
     let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
     let base = serde_json::from_str(&read(dir.join("reference.json"))).unwrap();
@@ -210,7 +211,8 @@ fn greedy_continuations_in_one_mixed_batch_match_the_references() {
 }
 
 fn load_error(f: &Fixture, dir: &Path, max_rank: usize) -> String {
-    match LoraAdapter::load("bad", dir, &f.cfg, &*f.backend, LoraLimits { max_rank }) {
+    let pool = LoraPool::new(&f.cfg, Arc::clone(&f.backend), LoraLimits { max_rank }, 1).unwrap();
+    match LoraAdapter::load("bad", dir, &f.cfg, &pool) {
         Err(e @ ModelError::Adapter { .. }) => e.to_string(),
         other => panic!("expected an adapter error, got {other:?}"),
     }

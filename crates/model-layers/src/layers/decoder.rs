@@ -32,7 +32,7 @@ use super::self_attention::{SelfAttention, StepInputs};
 use super::{Loader, spec};
 use crate::attention::{AttentionBackend, BatchLayout, StepMetadata, widest_table};
 use crate::graphs::{DecodeGraphs, GraphCapture, GraphSettings};
-use crate::lora::{AdapterRun, LayerLora};
+use crate::lora::{LayerLora, LoraPool, StepLora};
 use crate::parallel::{Param, Reduce, Shard, Sharding};
 use crate::{EarlyExit, ForwardBatch, Model, ModelError, Result};
 
@@ -168,6 +168,8 @@ pub struct DecoderModel {
     max_context: usize,
     /// Decode steps recorded as graphs, once captured.
     graphs: OnceLock<DecodeGraphs>,
+    /// The slots of the LoRA adapters it serves, once attached.
+    lora: OnceLock<Arc<LoraPool>>,
 }
 
 /// Where a step's token ids come from.
@@ -194,6 +196,8 @@ pub(crate) struct DeviceStep {
     pub logit_order: Option<Tensor>,
     /// Hybrid models: the recurrent layers' metadata.
     pub recurrent: Option<RecurrentStep>,
+    /// With LoRA adapters: their slots and each row's.
+    pub lora: Option<StepLora>,
 }
 
 impl DecoderModel {
@@ -264,6 +268,7 @@ impl DecoderModel {
             },
             max_context: cfg.max_position_embeddings,
             graphs: OnceLock::new(),
+            lora: OnceLock::new(),
             shard,
             backend,
             attention,
@@ -326,18 +331,18 @@ impl DecoderModel {
                 Some(_) => Some(RecurrentStep::upload(b, batch)?),
                 None => None,
             },
+            lora: StepLora::eager(b, batch, self.lora.get())?,
         })
     }
 
     /// The forward pass over inputs already on the device: only device work, no upload and
     /// no wait, so a graph can record it.
     pub(crate) fn run(&self, step: &DeviceStep, kv: &KvPools) -> Result<Tensor> {
-        self.run_layers(step, kv, self.layers.len(), &[])
+        self.run_layers(step, kv, self.layers.len())
     }
 
-    /// [`Self::run`] through the first `layers` layers only, then the final norm and head,
-    /// the rows of `runs` through their adapters.
-    fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize, runs: &[AdapterRun]) -> Result<Tensor> {
+    /// [`Self::run`] through the first `layers` layers only, then the final norm and head.
+    fn run_layers(&self, step: &DeviceStep, kv: &KvPools, layers: usize) -> Result<Tensor> {
         let b = &*self.backend;
         if let Some(recurrent) = &step.recurrent {
             recurrent.prepare(b, kv)?;
@@ -346,7 +351,7 @@ impl DecoderModel {
         let mut hidden = self.embed(b, &step.ids)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().take(layers).enumerate() {
-            let lora = LayerLora::new(runs, i);
+            let lora = LayerLora::new(step.lora.as_ref(), i);
             let (normed, res) = match &residual {
                 None => (b.rms_norm(&hidden, &layer.input_norm, self.eps)?, hidden),
                 Some(r) => b.add_rms_norm(&hidden, r, &layer.input_norm, self.eps)?,
@@ -391,15 +396,18 @@ impl DecoderModel {
 
     /// The forward pass over `kv`'s pools of this rank, checks done: a graph replay for a
     /// decode step that one holds, else eager.
-    /// Steps with adapters run eagerly: graphs record the base model's ops only.
     pub(crate) fn forward_on(&self, batch: &ForwardBatch, kv: &KvPools, ids: StepIds<'_>) -> Result<Tensor> {
-        if batch.adapter_runs.is_empty()
-            && let Some(graphs) = self.graphs.get()
+        if let Some(graphs) = self.graphs.get()
             && let Some(logits) = graphs.replay(self, batch, kv, ids)?
         {
             return Ok(logits);
         }
-        self.run_layers(&self.upload_step(batch, ids)?, kv, self.layers.len(), &batch.adapter_runs)
+        self.run_layers(&self.upload_step(batch, ids)?, kv, self.layers.len())
+    }
+
+    /// The LoRA slots it serves adapters from, once attached.
+    pub(crate) fn lora(&self) -> Option<&Arc<LoraPool>> {
+        self.lora.get()
     }
 
     /// Records decode graphs over this rank's pools ([`Model::capture_graphs`]).
@@ -547,6 +555,19 @@ impl Model for DecoderModel {
         self.capture_on(kv.pools(0), settings)
     }
 
+    fn attach_lora(&self, pool: Arc<LoraPool>) -> Result<()> {
+        if !self.backend.supports_lora() {
+            return Err(ModelError::Unsupported(format!("the {} backend has no LoRA ops", self.backend.name())));
+        }
+        if self.graphs.get().is_some() {
+            return Err(ModelError::Unsupported("LoRA slots must be attached before graphs are captured".into()));
+        }
+        if self.shard.world_size() > 1 {
+            return Err(ModelError::Unsupported("LoRA adapters under tensor parallelism".into()));
+        }
+        self.lora.set(pool).map_err(|_| ModelError::Unsupported("LoRA slots were already attached".into()))
+    }
+
     fn graph_replays(&self) -> u64 {
         self.graphs.get().map_or(0, DecodeGraphs::replays)
     }
@@ -584,6 +605,6 @@ impl EarlyExit for DecoderModel {
         }
         self.check(batch, kv)?;
         let step = self.upload_step(batch, StepIds::Host)?;
-        self.run_layers(&step, kv.pools(0), layers, &batch.adapter_runs)
+        self.run_layers(&step, kv.pools(0), layers)
     }
 }

@@ -1,16 +1,26 @@
-//! Adapters inside a forward pass: the runs of rows a batch assigns to each adapter, and
-//! the one call per projection that adds their deltas.
+//! Adapters inside a forward pass: the runs of rows a batch assigns to each adapter, the
+//! slot of each row they become on the device, and the one call per projection that adds
+//! the deltas.
 //!
-//! Rows no run names are the base model's and come out of a projection bit for bit as
-//! without adapters; a run's rows get exactly their adapter's delta, computed from those
-//! rows alone on the CPU, so a row's output does not depend on its batch-mates.
+//! A step with adapters carries a [`StepLora`]: the pool the adapters live in and `u32 [t]`
+//! row slots, [`NO_LORA_SLOT`] for the base model's rows. An eager step uploads its own
+//! row slots; a decode graph owns its tensor and rewrites it before each replay, so one
+//! recording serves any mix of adapters. Rows at [`NO_LORA_SLOT`] come out of a
+//! projection bit for bit as its base product; a row's delta is computed from that row
+//! alone, so its output does not depend on its batch-mates.
+//!
+//! Where a step carries a pool, the layers take their unfused paths (the gate/up product
+//! apart from its activation, so the delta can be added between), for every row; a model
+//! serving adapters therefore computes its base rows one way whether or not adapters share
+//! the step, eagerly or replayed.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-use met_kernels::{GpuBackend, LoraSegment, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor};
 
-use super::{Adapter, LoraModule};
-use crate::Result;
+use super::{Adapter, LoraModule, LoraPool};
+use crate::{ForwardBatch, ModelError, Result};
 
 /// Consecutive rows of a batch that run through one adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,49 +31,120 @@ pub struct AdapterRun {
     pub adapter: Adapter,
 }
 
+/// The adapters of one step on the device.
+pub(crate) struct StepLora {
+    pool: Arc<LoraPool>,
+    /// `u32 [t]`: each row's slot; `None` when no row has an adapter (nothing to add).
+    rows: Option<Tensor>,
+}
+
+impl StepLora {
+    /// An eager step's adapters: the pool of `attached` (the model's) or else of the
+    /// batch's adapters, and the rows' slots uploaded when any row has an adapter. `None`
+    /// when there is neither a pool nor an adapter.
+    ///
+    /// # Errors
+    /// An adapter of another pool than the step's; device failures.
+    pub fn eager(b: &dyn GpuBackend, batch: &ForwardBatch, attached: Option<&Arc<LoraPool>>) -> Result<Option<Self>> {
+        let runs = &batch.adapter_runs;
+        let Some(pool) = attached.or_else(|| runs.first().map(|r| r.adapter.pool())) else { return Ok(None) };
+        let rows = if runs.is_empty() {
+            None
+        } else {
+            let slots = row_slots(runs, batch.num_tokens(), pool)?;
+            Some(b.upload(&HostTensor::from_u32(&slots, &[slots.len()]), DType::U32)?)
+        };
+        Ok(Some(Self { pool: Arc::clone(pool), rows }))
+    }
+
+    /// A graph's adapters over `size` rows, every row at [`NO_LORA_SLOT`] until
+    /// [`Self::write_rows`] names others.
+    ///
+    /// # Errors
+    /// On device failure.
+    pub fn for_graph(b: &dyn GpuBackend, pool: &Arc<LoraPool>, size: usize) -> Result<Self> {
+        let rows = b.upload(&HostTensor::from_u32(&vec![NO_LORA_SLOT; size], &[size]), DType::U32)?;
+        Ok(Self { pool: Arc::clone(pool), rows: Some(rows) })
+    }
+
+    /// Writes the slots of `batch`'s rows into a graph's row slots, padding rows at
+    /// [`NO_LORA_SLOT`].
+    ///
+    /// # Errors
+    /// An adapter of another pool; device failures.
+    pub fn write_rows(&self, b: &dyn GpuBackend, batch: &ForwardBatch) -> Result<()> {
+        let Some(rows) = &self.rows else { return Ok(()) };
+        let slots = row_slots(&batch.adapter_runs, rows.elem_count(), &self.pool)?;
+        Ok(b.write_u32(rows, &slots)?)
+    }
+}
+
+/// The slot of each of `t` rows: its run's adapter's, else [`NO_LORA_SLOT`].
+fn row_slots(runs: &[AdapterRun], t: usize, pool: &Arc<LoraPool>) -> Result<Vec<u32>> {
+    let mut slots = vec![NO_LORA_SLOT; t];
+    for run in runs {
+        if !Arc::ptr_eq(run.adapter.pool(), pool) {
+            return Err(ModelError::Batch(format!(
+                "adapter `{}` lives in the slots of another model",
+                run.adapter.name()
+            )));
+        }
+        let Some(rows) = slots.get_mut(run.rows.clone()) else {
+            return Err(ModelError::Batch(format!("adapter rows {:?} past a batch of {t}", run.rows)));
+        };
+        rows.fill(run.adapter.slot());
+    }
+    Ok(slots)
+}
+
 /// The adapters of one step as a layer sees them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct LayerLora<'a> {
-    runs: &'a [AdapterRun],
+    step: Option<&'a StepLora>,
     layer: usize,
 }
 
 impl<'a> LayerLora<'a> {
-    /// Layer `layer` of a step with `runs`.
-    pub fn new(runs: &'a [AdapterRun], layer: usize) -> Self {
-        Self { runs, layer }
+    /// Layer `layer` of a step with `step`'s adapters.
+    pub(crate) fn new(step: Option<&'a StepLora>, layer: usize) -> Self {
+        Self { step, layer }
     }
 
     /// No adapter on any row.
     pub fn none() -> Self {
-        Self { runs: &[], layer: 0 }
+        Self { step: None, layer: 0 }
     }
 
-    /// Whether any run adapts one of `modules` in this layer.
+    /// Whether the step's slots hold any of `modules` in this layer, so the projection
+    /// must leave room to add deltas.
     pub fn adapts(&self, modules: &[LoraModule]) -> bool {
-        self.runs.iter().any(|r| modules.iter().any(|&m| r.adapter.pair(self.layer, m).is_some()))
+        self.step.is_some_and(|s| modules.iter().any(|&m| s.pool.stack(self.layer, m).is_some()))
     }
 
     /// `out [t, N]` of a projection of `x [t, in]` fused from `parts` (each module and its
-    /// first output column), plus every run's deltas of those modules.
+    /// first output column), plus each adapted row's deltas of those modules.
     ///
     /// # Errors
     /// On device failure.
     pub fn apply(&self, b: &dyn GpuBackend, x: &Tensor, out: Tensor, parts: &[(LoraModule, usize)]) -> Result<Tensor> {
-        let segments: Vec<LoraSegment<'_>> = self
-            .runs
+        let Some(step) = self.step else { return Ok(out) };
+        let Some(rows) = &step.rows else { return Ok(out) };
+        let stacks: Vec<LoraStack<'_>> = parts
             .iter()
-            .flat_map(|run| {
-                parts.iter().filter_map(move |&(module, column)| {
-                    let pair = run.adapter.pair(self.layer, module)?;
-                    let scale = run.adapter.scale();
-                    Some(LoraSegment { rows: run.rows.clone(), a: &pair.a, b: &pair.b, scale, column })
-                })
+            .filter_map(|&(module, column)| {
+                let s = step.pool.stack(self.layer, module)?;
+                Some(LoraStack { a: &s.a, b: &s.b, column })
             })
             .collect();
-        if segments.is_empty() {
+        if stacks.is_empty() {
             return Ok(out);
         }
-        Ok(b.lora_shrink_expand(x, &out, &segments)?)
+        Ok(b.lora_shrink_expand(x, out, &LoraSlots { rows, scales: step.pool.scales(), stacks: &stacks })?)
+    }
+}
+
+impl std::fmt::Debug for LayerLora<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerLora").field("layer", &self.layer).field("adapters", &self.step.is_some()).finish()
     }
 }

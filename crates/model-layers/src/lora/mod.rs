@@ -6,30 +6,35 @@
 //! `adapter_model.safetensors`) and checked against the model's recipe before it exists:
 //! every tensor must name a projection this model has (`q/k/v/o_proj` of an attention
 //! layer, `gate/up/down_proj` of a dense MLP; not experts, not hybrid layers), with the
-//! shapes that projection and the adapter's rank give. Its weights are uploaded once; a
-//! loaded [`Adapter`] is immutable and shared (`Arc`), so a request that holds one keeps
-//! it alive and unchanged until it finishes, whatever is unloaded meanwhile.
+//! shapes that projection and the adapter's rank give. Its weights are written once into a
+//! free slot of the model's [`LoraPool`]; a loaded [`Adapter`] is immutable and shared
+//! (`Arc`) and holds its slot, so a request that holds one keeps it resident and unchanged
+//! until it finishes, whatever is unloaded meanwhile.
 //!
-//! A batch names its adapters as runs of rows ([`AdapterRun`]); each projection adds the
-//! runs' deltas into its output through one backend op
-//! ([`GpuBackend::lora_shrink_expand`]), so a CUDA kernel can replace the CPU's without
-//! the layers changing.
+//! A batch names its adapters as runs of rows ([`AdapterRun`]); a step turns them into
+//! the slot of each row, and each projection adds the deltas through one backend op
+//! ([`GpuBackend::lora_shrink_expand`]) that reads those slots on the device, so the same
+//! step runs eagerly or replayed from a decode graph.
 //!
 //! Follows PEFT's `LoraLayer.forward`: `base(x) + lora_B(lora_A(x)) · scaling`.
 
 mod apply;
 mod config;
+mod pool;
+mod random;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use met_config::ModelConfig;
-use met_kernels::{GpuBackend, Tensor};
-use met_model_weights::{SafetensorsStore, WeightStore, load};
+use met_model_weights::{SafetensorsStore, WeightStore};
 
+pub(crate) use apply::StepLora;
 pub use apply::{AdapterRun, LayerLora};
 use config::AdapterConfig;
+pub use pool::LoraPool;
+use pool::{HostWeights, SlotLease};
 
 use crate::{ModelError, Result};
 
@@ -69,6 +74,11 @@ impl LoraModule {
         }
     }
 
+    /// Its position in [`Self::ALL`].
+    pub(crate) fn index(self) -> usize {
+        Self::ALL.iter().position(|&m| m == self).expect("every module is in ALL")
+    }
+
     /// The module PEFT calls `name`.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.name() == name)
@@ -97,16 +107,6 @@ impl LoraModule {
     }
 }
 
-/// One module's weights: `A [r, in]` and `B [out, r]`.
-#[derive(Debug, Clone)]
-pub(crate) struct LoraPair {
-    pub a: Tensor,
-    pub b: Tensor,
-}
-
-/// A layer's adapted modules, indexed as [`LoraModule::ALL`].
-type LayerWeights = [Option<LoraPair>; 7];
-
 /// Identifies one load of an adapter: a name loaded again gets a new id, so nothing keyed
 /// by the id (the prefix cache) mixes the two loads' outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,13 +122,14 @@ pub struct LoraLimits {
     pub max_rank: usize,
 }
 
-/// A PEFT LoRA adapter on the device.
+/// A PEFT LoRA adapter, resident in a slot of its model's [`LoraPool`].
 pub struct LoraAdapter {
     id: AdapterId,
     name: String,
     rank: usize,
-    scale: f32,
-    layers: Vec<LayerWeights>,
+    /// Per layer, which modules ([`LoraModule::ALL`] order) it adapts.
+    adapted: Vec<[bool; 7]>,
+    lease: SlotLease,
 }
 
 impl std::fmt::Debug for LoraAdapter {
@@ -149,33 +150,45 @@ impl Eq for LoraAdapter {}
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl LoraAdapter {
-    /// Loads the PEFT adapter in `dir` as `name` for a model of `cfg` on `backend`.
+    /// Loads the PEFT adapter in `dir` as `name` for a model of `cfg` into a free slot of
+    /// `pool` (the model's, [`crate::Model::attach_lora`]).
     ///
     /// # Errors
     /// [`ModelError::Adapter`] naming what is wrong: a missing or unreadable file, a
-    /// setting met does not implement, a rank over `limits`, a tensor of a module this
-    /// model lacks or of the wrong shape, or a model whose layers take no adapters.
-    pub fn load(
-        name: &str,
-        dir: &Path,
-        cfg: &ModelConfig,
-        backend: &dyn GpuBackend,
-        limits: LoraLimits,
-    ) -> Result<Self> {
+    /// setting met does not implement, a rank over the pool's, a tensor of a module this
+    /// model lacks or of the wrong shape, a model whose layers take no adapters, or no free
+    /// slot (every one held by a loaded adapter, or by an unloaded one whose requests are
+    /// still running).
+    pub fn load(name: &str, dir: &Path, cfg: &ModelConfig, pool: &Arc<LoraPool>) -> Result<Self> {
         let fail = |msg: String| ModelError::Adapter { name: name.to_owned(), msg };
         supports(cfg).map_err(fail)?;
         let config = AdapterConfig::read(dir).map_err(fail)?;
-        if config.rank > limits.max_rank {
-            return Err(fail(format!("rank {} is over --max-lora-rank {}", config.rank, limits.max_rank)));
+        if config.rank > pool.max_rank() {
+            return Err(fail(format!("rank {} is over --max-lora-rank {}", config.rank, pool.max_rank())));
         }
         let file = dir.join("adapter_model.safetensors");
         if !file.is_file() {
             return Err(fail(format!("{} does not exist", file.display())));
         }
         let store = SafetensorsStore::open(&file).map_err(|e| fail(e.to_string()))?;
-        let layers = load_layers(&store, &config, cfg, backend).map_err(fail)?;
+        let weights = read_layers(&store, &config, cfg).map_err(fail)?;
+        Self::install(name, weights, config.scale, pool)
+    }
+
+    /// Writes `weights` into a free slot of `pool` as an adapter named `name`.
+    fn install(name: &str, weights: HostWeights, scale: f32, pool: &Arc<LoraPool>) -> Result<Self> {
+        let lease = pool.take().ok_or_else(|| ModelError::Adapter {
+            name: name.to_owned(),
+            msg: format!(
+                "all {} LoRA slots (--max-loras) are held, by loaded adapters or by unloaded ones whose requests \
+                 are still running",
+                pool.slots()
+            ),
+        })?;
+        pool.write(&lease, &weights, scale)?;
+        let adapted = weights.layers.iter().map(|l| l.each_ref().map(Option::is_some)).collect();
         let id = AdapterId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        Ok(Self { id, name: name.to_owned(), rank: config.rank, scale: config.scale, layers })
+        Ok(Self { id, name: name.to_owned(), rank: weights.rank, adapted, lease })
     }
 
     /// This load's id.
@@ -193,15 +206,19 @@ impl LoraAdapter {
         self.rank
     }
 
-    /// The weights of `module` in layer `layer`, if it adapts that projection.
-    pub(crate) fn pair(&self, layer: usize, module: LoraModule) -> Option<&LoraPair> {
-        let i = LoraModule::ALL.iter().position(|&m| m == module).expect("every module is in ALL");
-        self.layers.get(layer)?[i].as_ref()
+    /// Whether it adapts `module` in layer `layer`.
+    pub fn adapts(&self, layer: usize, module: LoraModule) -> bool {
+        self.adapted.get(layer).is_some_and(|l| l[module.index()])
     }
 
-    /// PEFT's `scaling`.
-    pub(crate) fn scale(&self) -> f32 {
-        self.scale
+    /// Its slot in [`Self::pool`].
+    pub(crate) fn slot(&self) -> u32 {
+        self.lease.slot()
+    }
+
+    /// The slots it lives in.
+    pub(crate) fn pool(&self) -> &Arc<LoraPool> {
+        self.lease.pool()
     }
 }
 
@@ -220,14 +237,14 @@ pub fn supports(cfg: &ModelConfig) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Every tensor of `store` placed in its layer and module, after checking its name and shape.
-fn load_layers(
+/// Every tensor of `store` read to the host and placed in its layer and module, after
+/// checking its name and shape.
+fn read_layers(
     store: &SafetensorsStore,
     config: &AdapterConfig,
     cfg: &ModelConfig,
-    backend: &dyn GpuBackend,
-) -> std::result::Result<Vec<LayerWeights>, String> {
-    let mut layers: Vec<LayerWeights> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+) -> std::result::Result<HostWeights, String> {
+    let mut layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
     let mut found = 0;
     for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
         let (layer, module) = place(a_name, cfg)?;
@@ -238,9 +255,8 @@ fn load_layers(
         let (inputs, outputs) = module.shape(cfg, layer)?;
         check_shape(store, a_name, [config.rank, inputs])?;
         check_shape(store, &b_name, [outputs, config.rank])?;
-        let upload = |n: &str| load(store, n, backend).map_err(|e| e.to_string());
-        let i = LoraModule::ALL.iter().position(|&m| m == module).expect("every module is in ALL");
-        layers[layer][i] = Some(LoraPair { a: upload(a_name)?, b: upload(&b_name)? });
+        let read = |n: &str| store.host(n).and_then(|h| Ok(h.to_f32_vec()?)).map_err(|e| format!("`{n}`: {e}"));
+        layers[layer][module.index()] = Some((read(a_name)?, read(&b_name)?));
         found += 2;
     }
     if let Some(extra) =
@@ -251,7 +267,7 @@ fn load_layers(
     if found != store.names().len() {
         return Err("a `lora_B` weight has no `lora_A` beside it".into());
     }
-    Ok(layers)
+    Ok(HostWeights { rank: config.rank, layers })
 }
 
 /// The layer and module of a PEFT tensor name such as

@@ -1,0 +1,181 @@
+//! The device slots adapters live in while they are loaded: `--max-loras` of them, each
+//! holding one adapter's weights for every projection the model lets adapters touch.
+//!
+//! Per layer and module, the slots' shrinks are one stack `A [slots, r_max, in]` and their
+//! expansions one stack `B [slots, out, r_max]`, with `r_max` = `--max-lora-rank`; an
+//! adapter of lower rank is zero past its rank, and a module it does not adapt is zero in
+//! its slot, so both add exact zeros. One f32 scale per slot sits beside them. The stacks
+//! are allocated once, so their addresses never change and a decode step recorded in a
+//! graph reads whichever adapters occupy the slots when it is replayed; a step says which
+//! by the slot of each row ([`met_kernels::LoraSlots::rows`]).
+//!
+//! **Invariant:** a slot is written only while free, and is free only when no [`SlotLease`]
+//! holds it. A loaded adapter owns its lease, and every request running through the
+//! adapter holds the adapter (an `Arc`), so an unloaded adapter's slot is taken again only
+//! after its last request finishes; the write is queued behind every step already issued
+//! on the device, so no step in flight sees it.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use met_config::ModelConfig;
+use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
+
+use super::{LoraLimits, LoraModule};
+use crate::Result;
+
+/// One module's stacks in one layer.
+#[derive(Debug)]
+pub(crate) struct Stack {
+    /// `[slots, r_max, in]`.
+    pub a: Tensor,
+    /// `[slots, out, r_max]`.
+    pub b: Tensor,
+}
+
+/// An adapter's weights on the host, by layer and module ([`LoraModule::ALL`] order):
+/// `A [rank, in]` and `B [out, rank]`, row-major.
+pub(crate) struct HostWeights {
+    pub rank: usize,
+    pub layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]>,
+}
+
+/// The slots of one model's adapters on its device.
+pub struct LoraPool {
+    backend: Arc<dyn GpuBackend>,
+    max_rank: usize,
+    /// Per layer, per module: `None` where the layer has no such projection (experts).
+    layers: Vec<[Option<Stack>; 7]>,
+    /// `f32 [slots]`.
+    scales: Tensor,
+    /// Slots no adapter holds.
+    free: Mutex<Vec<u32>>,
+    slots: usize,
+}
+
+impl std::fmt::Debug for LoraPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraPool").field("slots", &self.slots).field("max_rank", &self.max_rank).finish()
+    }
+}
+
+impl LoraPool {
+    /// `max_loras` empty slots of rank `limits.max_rank` for a model of `cfg` on `backend`.
+    ///
+    /// # Errors
+    /// [`crate::ModelError::Unsupported`] for a model whose layers take no adapters, or
+    /// zero slots; device failures allocating the stacks.
+    pub fn new(
+        cfg: &ModelConfig,
+        backend: Arc<dyn GpuBackend>,
+        limits: LoraLimits,
+        max_loras: usize,
+    ) -> Result<Arc<Self>> {
+        super::supports(cfg).map_err(crate::ModelError::Unsupported)?;
+        if max_loras == 0 || limits.max_rank == 0 {
+            return Err(crate::ModelError::Unsupported("LoRA slots need --max-loras and a rank of at least 1".into()));
+        }
+        let (dtype, r) = (backend.float_dtype(), limits.max_rank);
+        let layers = (0..cfg.num_layers)
+            .map(|layer| {
+                let stack = |m: LoraModule| -> Result<Option<Stack>> {
+                    let Ok((inputs, outputs)) = m.shape(cfg, layer) else { return Ok(None) };
+                    let a = backend.zeros(&[max_loras, r, inputs], dtype)?;
+                    Ok(Some(Stack { a, b: backend.zeros(&[max_loras, outputs, r], dtype)? }))
+                };
+                let [q, k, v, o, g, u, d] = LoraModule::ALL.map(stack);
+                Ok([q?, k?, v?, o?, g?, u?, d?])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let scales = backend.zeros(&[max_loras], DType::F32)?;
+        let free = Mutex::new((0..max_loras as u32).rev().collect());
+        Ok(Arc::new(Self { backend, max_rank: r, layers, scales, free, slots: max_loras }))
+    }
+
+    /// How many adapters the slots hold at most.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The highest rank a slot holds.
+    pub fn max_rank(&self) -> usize {
+        self.max_rank
+    }
+
+    /// Slots no adapter holds now.
+    pub fn free_slots(&self) -> usize {
+        self.free().len()
+    }
+
+    /// The free list; a panic elsewhere while it was held leaves it whole (a push or a pop).
+    fn free(&self) -> MutexGuard<'_, Vec<u32>> {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The stacks of `module` in `layer`, where the layer has that projection.
+    pub(crate) fn stack(&self, layer: usize, module: LoraModule) -> Option<&Stack> {
+        self.layers.get(layer)?[module.index()].as_ref()
+    }
+
+    /// `f32 [slots]`: each slot's scale.
+    pub(crate) fn scales(&self) -> &Tensor {
+        &self.scales
+    }
+
+    /// Takes a free slot, if any.
+    pub(crate) fn take(self: &Arc<Self>) -> Option<SlotLease> {
+        let slot = self.free().pop()?;
+        Some(SlotLease { pool: Arc::clone(self), slot })
+    }
+
+    /// Writes `weights` and `scale` into `lease`'s slot: every module of every layer, zero
+    /// past the adapter's rank and where it adapts nothing.
+    ///
+    /// # Errors
+    /// On device failure.
+    pub(crate) fn write(&self, lease: &SlotLease, weights: &HostWeights, scale: f32) -> Result<()> {
+        let (b, r_max, slot) = (&*self.backend, self.max_rank, lease.slot as usize);
+        for (layer, modules) in self.layers.iter().enumerate() {
+            for (m, stack) in modules.iter().enumerate() {
+                let Some(stack) = stack else { continue };
+                let (inputs, outputs) = (stack.a.dims()[2], stack.b.dims()[1]);
+                let (mut a, mut bb) = (vec![0f32; r_max * inputs], vec![0f32; outputs * r_max]);
+                if let Some((wa, wb)) = weights.layers.get(layer).and_then(|l| l[m].as_ref()) {
+                    let r = weights.rank;
+                    a[..r * inputs].copy_from_slice(wa);
+                    for (row, src) in bb.chunks_exact_mut(r_max).zip(wb.chunks_exact(r)) {
+                        row[..r].copy_from_slice(src);
+                    }
+                }
+                let upload = |v: &[f32], dims: &[usize]| b.upload(&HostTensor::from_f32(v, dims), b.float_dtype());
+                b.lora_write_slot(&stack.a, slot, &upload(&a, &[r_max, inputs])?)?;
+                b.lora_write_slot(&stack.b, slot, &upload(&bb, &[outputs, r_max])?)?;
+            }
+        }
+        let scale = b.upload(&HostTensor::from_f32(&[scale], &[1]), DType::F32)?;
+        Ok(b.lora_write_slot(&self.scales, slot, &scale)?)
+    }
+}
+
+/// One slot held by one loaded adapter; dropping it frees the slot.
+pub(crate) struct SlotLease {
+    pool: Arc<LoraPool>,
+    slot: u32,
+}
+
+impl SlotLease {
+    /// The slot's index, as row slots name it.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The pool the slot belongs to.
+    pub fn pool(&self) -> &Arc<LoraPool> {
+        &self.pool
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.pool.free().push(self.slot);
+    }
+}
