@@ -179,3 +179,64 @@ impl Drop for SlotLease {
         self.pool.free().push(self.slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use met_kernels::CpuBackend;
+
+    use super::*;
+    use crate::lora::LoraAdapter;
+
+    fn llama() -> ModelConfig {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
+        crate::models::read_config(&dir.join("config.json")).unwrap()
+    }
+
+    /// A slot is held while its adapter lives (in any handle) and taken again after; with
+    /// every slot held, a load is refused naming the limit.
+    #[test]
+    fn a_slot_is_free_again_only_when_its_adapter_is_gone() {
+        let cfg = llama();
+        let pool = LoraPool::new(&cfg, Arc::new(CpuBackend::new()), LoraLimits { max_rank: 8 }, 2).unwrap();
+        let first = Arc::new(LoraAdapter::random("a", &cfg, &pool, 8, 1).unwrap());
+        let second = LoraAdapter::random("b", &cfg, &pool, 4, 2).unwrap();
+        assert_ne!(first.slot(), second.slot());
+        assert_eq!(pool.free_slots(), 0);
+        let err = LoraAdapter::random("c", &cfg, &pool, 8, 3).unwrap_err().to_string();
+        assert!(err.contains("all 2 LoRA slots"), "{err}");
+        let running = Arc::clone(&first);
+        drop(first);
+        assert_eq!(pool.free_slots(), 0, "a running request still holds the adapter");
+        let slot = running.slot();
+        drop(running);
+        assert_eq!(pool.free_slots(), 1);
+        assert_eq!(LoraAdapter::random("c", &cfg, &pool, 8, 3).unwrap().slot(), slot);
+        assert!(LoraAdapter::random("d", &cfg, &pool, 16, 4).unwrap_err().to_string().contains("rank 16"));
+    }
+
+    /// A slot holds its adapter's weights zero-padded to the pool's rank, and zeros where
+    /// the adapter adapts nothing; the scale sits at the slot.
+    #[test]
+    fn a_slot_holds_the_padded_weights_and_the_scale() {
+        let cfg = llama();
+        let b: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
+        let pool = LoraPool::new(&cfg, Arc::clone(&b), LoraLimits { max_rank: 4 }, 2).unwrap();
+        let (inputs, outputs) = LoraModule::O.shape(&cfg, 0).unwrap();
+        let mut layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]> =
+            (0..cfg.num_layers).map(|_| Default::default()).collect();
+        let (a, bb) = (vec![1.5; 2 * inputs], vec![2.5; outputs * 2]);
+        layers[0][LoraModule::O.index()] = Some((a, bb));
+        let lease = pool.take().unwrap();
+        pool.write(&lease, &HostWeights { rank: 2, layers }, 0.75).unwrap();
+        let slot = lease.slot() as usize;
+        let o = pool.stack(0, LoraModule::O).unwrap();
+        let (sa, sb) = (b.download_f32(&o.a).unwrap(), b.download_f32(&o.b).unwrap());
+        let a_slot = &sa[slot * 4 * inputs..(slot + 1) * 4 * inputs];
+        assert!(a_slot[..2 * inputs].iter().all(|&v| v == 1.5) && a_slot[2 * inputs..].iter().all(|&v| v == 0.0));
+        let b_row = &sb[slot * outputs * 4..slot * outputs * 4 + 4];
+        assert_eq!(b_row, [2.5, 2.5, 0.0, 0.0]);
+        let q = pool.stack(0, LoraModule::Q).unwrap();
+        assert!(b.download_f32(&q.a).unwrap().iter().all(|&v| v == 0.0), "an unadapted module is zero");
+        assert_eq!(b.download_f32(pool.scales()).unwrap()[slot], 0.75);
+    }
+}
