@@ -26,7 +26,7 @@ use std::sync::Arc;
 use met_cache::{PagedKvCache, StateSizing};
 use met_config::{CpuDots, EngineConfig, SamplingParams};
 use met_kernels::{CpuBackend, GpuBackend};
-use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
+use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
 use met_model_layers::models::{gguf_config, load_model, open_gguf, read_config};
 use met_model_layers::{LoadOptions, Model};
 use met_model_weights::SafetensorsStore;
@@ -71,13 +71,13 @@ fn fixture(name: &str) -> Case {
     let backend = backend();
     let cfg = read_config(&dir.join("config.json")).unwrap();
     let adapters = match name {
-        "llama" => ["r8", "r16_rslora"]
-            .iter()
-            .map(|a| {
-                let path = dir.join("../../lora").join(a);
-                Arc::new(LoraAdapter::load(a, &path, &cfg, &*backend, LoraLimits { max_rank: 16 }).unwrap())
-            })
-            .collect(),
+        "llama" => {
+            let pool = LoraPool::new(&cfg, Arc::clone(&backend), LoraLimits { max_rank: 16 }, 2).unwrap();
+            ["r8", "r16_rslora"]
+                .iter()
+                .map(|a| Arc::new(LoraAdapter::load(a, &dir.join("../../lora").join(a), &cfg, &pool).unwrap()))
+                .collect()
+        }
         _ => Vec::new(),
     };
     let b = Arc::clone(&backend);

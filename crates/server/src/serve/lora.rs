@@ -6,9 +6,12 @@
 //! **Invariant:** at most `--max-loras` adapters are held, each under a name that is
 //! neither the base model's nor another adapter's. Unloading only forgets the name: a
 //! request already submitted holds its own [`Adapter`] (an `Arc`), so its stream runs to
-//! the end through the weights it started with, which are freed when the last such request
-//! finishes. The lock guards the map alone: an adapter's files are read and uploaded
-//! outside it, on a blocking worker, and no `.await` happens under it.
+//! the end through the weights it started with, which keep their device slot until the
+//! last such request finishes. The model's [`LoraPool`] therefore has twice `--max-loras`
+//! slots: every loaded adapter can be replaced while its requests drain; a load that finds
+//! every slot held is refused (400) until some finish. The lock guards the map alone: an
+//! adapter's files are read and uploaded outside it, on a blocking worker, and no `.await`
+//! happens under it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,7 +21,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use met_config::{LoraConfig, ModelConfig};
 use met_kernels::GpuBackend;
-use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits};
+use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
 use met_scheduler::EngineRequest;
 use met_telemetry::Metrics;
 
@@ -41,20 +44,31 @@ impl AdapterTarget {
     /// Checks adapters can run at all: on this backend and on this model.
     ///
     /// # Errors
-    /// A backend without the LoRA op (CUDA for now), or a model whose layers take no
-    /// adapters, naming `--enable-lora`.
+    /// A backend without the LoRA ops, or a model whose layers take no adapters, naming
+    /// `--enable-lora`.
     pub fn check(&self) -> anyhow::Result<()> {
         if !self.backend.supports_lora() {
             let device = self.backend.device();
-            anyhow::bail!("--enable-lora: the {device} backend does not run LoRA adapters yet; serve on --device cpu");
+            anyhow::bail!("--enable-lora: the {device} backend does not run LoRA adapters");
         }
         met_model_layers::lora::supports(&self.model).map_err(|e| anyhow::anyhow!("--enable-lora: {e}"))
+    }
+
+    /// The device slots of a server holding `max_loras` adapters: twice as many, so each
+    /// loaded adapter can be replaced while the requests of the one it replaced drain.
+    ///
+    /// # Errors
+    /// A model that takes no adapters, or a device that cannot hold the slots.
+    pub fn slots(&self, max_loras: usize) -> anyhow::Result<Arc<LoraPool>> {
+        LoraPool::new(&self.model, Arc::clone(&self.backend), self.limits, 2 * max_loras)
+            .map_err(|e| anyhow::anyhow!("--enable-lora: the adapters' device slots: {e}"))
     }
 }
 
 /// The loaded adapters, by name, in the order they were loaded.
 pub struct LoraRegistry {
     target: AdapterTarget,
+    pool: Arc<LoraPool>,
     max_loras: usize,
     base: String,
     adapters: Mutex<Vec<LoadedAdapter>>,
@@ -72,24 +86,42 @@ pub struct LoadedAdapter {
 
 impl LoraRegistry {
     /// An empty registry for adapters of the model served as `base`, holding at most
-    /// `max_loras`, counted in `metrics`.
-    pub fn new(target: AdapterTarget, max_loras: usize, base: String, metrics: Arc<Metrics>) -> Self {
-        metrics.set_lora_adapters(0);
-        Self { target, max_loras, base, adapters: Mutex::new(Vec::new()), metrics }
+    /// `max_loras`, counted in `metrics`, in slots of its own ([`AdapterTarget::slots`]):
+    /// for a model that runs adapters from whichever pool they name (the CPU's eager steps).
+    ///
+    /// # Errors
+    /// As [`AdapterTarget::slots`].
+    pub fn new(target: AdapterTarget, max_loras: usize, base: String, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
+        let pool = target.slots(max_loras)?;
+        Ok(Self::in_slots(target, pool, max_loras, base, metrics))
     }
 
-    /// The registry of `--enable-lora` with the `--lora-modules` adapters of `config`
-    /// loaded (startup).
+    /// [`Self::new`] over `pool`, the slots the served model was given
+    /// ([`met_model_layers::Model::attach_lora`]).
+    pub fn in_slots(
+        target: AdapterTarget,
+        pool: Arc<LoraPool>,
+        max_loras: usize,
+        base: String,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        metrics.set_lora_adapters(0);
+        Self { target, pool, max_loras, base, adapters: Mutex::new(Vec::new()), metrics }
+    }
+
+    /// The registry of `--enable-lora` over the model's `pool`, with the `--lora-modules`
+    /// adapters of `config` loaded (startup).
     ///
     /// # Errors
     /// An adapter that does not load, naming its flag value and what is wrong with it.
     pub fn from_flags(
         config: &LoraConfig,
         target: AdapterTarget,
+        pool: Arc<LoraPool>,
         base: String,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let registry = Self::new(target, config.max_loras, base, metrics);
+        let registry = Self::in_slots(target, pool, config.max_loras, base, metrics);
         for m in &config.modules {
             registry
                 .load(&m.name, &m.path)
@@ -115,7 +147,7 @@ impl LoraRegistry {
     /// limit reached, or an adapter that does not load (the file or field at fault).
     pub fn load(&self, name: &str, path: &Path) -> Result<(), ApiError> {
         self.check_room(name)?;
-        let adapter = LoraAdapter::load(name, path, &self.target.model, &*self.target.backend, self.target.limits)
+        let adapter = LoraAdapter::load(name, path, &self.target.model, &self.pool)
             .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
         let mut adapters = self.lock();
         // Another load of the same name, or one filling the last slot, may have finished

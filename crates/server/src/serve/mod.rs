@@ -194,8 +194,17 @@ fn load(load_config: &LoadConfig, setup: &EngineSetup, serve: &ServeConfig, metr
     let fault = fault::from_env()?;
     let progress = progress::WeightBar::for_stderr();
     let (Weights { topology, model, config }, text) = load_weights(load_config, &progress)?;
-    // Refused before the KV cache and graphs take their time.
+    // Refused before the KV cache and graphs take their time; the slots are the model's
+    // before its graphs are captured, so decode steps with adapters replay too.
     let adapters = adapter_target(serve, config, &topology)?;
+    let slots = match (&serve.lora, &adapters) {
+        (Some(lora), Some(target)) => {
+            let pool = target.slots(lora.max_loras)?;
+            model.attach_lora(Arc::clone(&pool)).context("--enable-lora")?;
+            Some(pool)
+        }
+        _ => None,
+    };
     let no_tokenizer =
         || format!("{} has no tokenizer (tokenizer.json); met serve needs one", text.source().path().display());
     if !text.has_tokenizer() {
@@ -217,8 +226,8 @@ fn load(load_config: &LoadConfig, setup: &EngineSetup, serve: &ServeConfig, metr
     let message = no_tokenizer();
     let Text { tokenizer, eos_token_ids, source } = text.load()?;
     let model_name = model_name(serve.served_model_name.clone(), load_config.model.as_deref(), &source);
-    let lora = (serve.lora.as_ref().zip(adapters))
-        .map(|(lora, target)| LoraRegistry::from_flags(lora, target, model_name.clone(), metrics))
+    let lora = (serve.lora.as_ref().zip(adapters).zip(slots))
+        .map(|((lora, target), pool)| LoraRegistry::from_flags(lora, target, pool, model_name.clone(), metrics))
         .transpose()?;
     Ok(Loaded { engine, tokenizer: tokenizer.context(message)?, eos_token_ids, model_name, lora })
 }

@@ -55,7 +55,7 @@ fn lora_registry(limits: LoraLimitsForTest, metrics: Arc<Metrics>) -> LoraRegist
         backend: Arc::new(CpuBackend::new()),
         limits: met_model_layers::lora::LoraLimits { max_rank: limits.max_rank },
     };
-    LoraRegistry::new(target, limits.max_loras, MODEL.into(), metrics)
+    LoraRegistry::new(target, limits.max_loras, MODEL.into(), metrics).expect("LoRA slots on the CPU")
 }
 
 /// The template: `<|im_start|>role\ncontent<|im_end|>\n` per message.
