@@ -14,6 +14,8 @@
 //!   hits): the prefill time (until every request has its first token), every decode step's
 //!   latency (p50/p90/p99), and the whole batch's latency.
 //!
+//! Both take `--lora-dummy N:R`: random adapters spread over the requests ([`lora`]).
+//!
 //! They live here, beside the engine's startup, not in `met-bench`: they are callers of the
 //! engine, while `met-bench` knows no met crate so that it measures any server alike; they
 //! share its result header, figures and random streams.
@@ -38,7 +40,10 @@ use met_telemetry::{Metrics, StepPhases};
 use serde::Serialize;
 
 use crate::batch::{Draft, sized_engine, speculative_figures};
-use crate::startup::load::{LoadedModel, load};
+
+mod lora;
+
+pub use lora::LoraDummy;
 
 /// `met bench throughput`: requests submitted at once.
 #[derive(Debug, Clone)]
@@ -51,6 +56,8 @@ pub struct Throughput {
     pub output_len: usize,
     /// Seed of the random prompts.
     pub seed: u64,
+    /// Random adapters the requests run through, if any.
+    pub lora_dummy: Option<LoraDummy>,
     /// Where the JSON result goes.
     pub output: Option<PathBuf>,
 }
@@ -70,6 +77,8 @@ pub struct Latency {
     pub num_warmup: usize,
     /// Seed of the random prompts.
     pub seed: u64,
+    /// Random adapters the requests run through, if any.
+    pub lora_dummy: Option<LoraDummy>,
     /// Where the JSON result goes.
     pub output: Option<PathBuf>,
 }
@@ -202,7 +211,7 @@ impl std::fmt::Display for PhaseMedians {
 pub fn throughput(load_config: &LoadConfig, setup: &EngineSetup, args: &Throughput) -> Result<()> {
     check_lengths(args.num_prompts, "--num-prompts", args.input_len, args.output_len)?;
     let start = Instant::now();
-    let LoadedModel { model, topology, .. } = load(load_config)?;
+    let (model, topology, adapters) = lora::load(load_config, args.lora_dummy)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let requests = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, args.seed);
@@ -212,7 +221,7 @@ pub fn throughput(load_config: &LoadConfig, setup: &EngineSetup, args: &Throughp
     let mut engine = sized_engine(setup, model, &topology, &requests, Arc::clone(&metrics))?;
     let header = header("throughput", device, load_config, start.elapsed().as_secs_f64());
 
-    let requests = Draft::make_all(requests, &engine.limits(), "request")?;
+    let requests = lora::spread(Draft::make_all(requests, &engine.limits(), "request")?, &adapters);
     let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
     let output_tokens = run.tokens;
     let prompt_tokens = args.num_prompts * args.input_len;
@@ -267,7 +276,7 @@ pub fn latency(load_config: &LoadConfig, setup: &EngineSetup, args: &Latency) ->
         bail!("--num-iters must be at least 1");
     }
     let start = Instant::now();
-    let LoadedModel { model, topology, .. } = load(load_config)?;
+    let (model, topology, adapters) = lora::load(load_config, args.lora_dummy)?;
     let vocab = model.vocab_size();
     check_context(model.max_context(), args.input_len, args.output_len)?;
     let batch =
@@ -281,7 +290,7 @@ pub fn latency(load_config: &LoadConfig, setup: &EngineSetup, args: &Latency) ->
     let (mut prefill, mut steps, mut whole, mut host) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut decode_steps: Vec<Step> = Vec::new();
     for i in 0..args.num_warmup + args.num_iters {
-        let requests = Draft::make_all(batch(i), &engine.limits(), "request")?;
+        let requests = lora::spread(Draft::make_all(batch(i), &engine.limits(), "request")?, &adapters);
         let run = rayon::scope(|_| drive(&mut engine, requests, &*waits))?;
         if i < args.num_warmup {
             continue;

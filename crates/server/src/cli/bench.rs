@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 use super::engine::{EngineArgs, ModelArgs, settings};
-use crate::offline::{self, Latency, Throughput};
+use crate::offline::{self, Latency, LoraDummy, Throughput};
 
 /// `met bench`.
 #[derive(Debug, Args)]
@@ -56,6 +56,7 @@ impl BenchArgs {
                     input_len: args.input_len,
                     output_len: args.output_len,
                     seed: args.seed,
+                    lora_dummy: args.lora_dummy,
                     output: args.output,
                 };
                 offline::throughput(&load, &setup, &job)
@@ -69,6 +70,7 @@ impl BenchArgs {
                     num_iters: args.num_iters,
                     num_warmup: args.num_warmup,
                     seed: args.seed,
+                    lora_dummy: args.lora_dummy,
                     output: args.output,
                 };
                 offline::latency(&load, &setup, &job)
@@ -109,6 +111,10 @@ pub struct ThroughputArgs {
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Run the requests through N random rank-R LoRA adapters on every projection, request
+    /// i through adapter i mod N (as N:R, e.g. 8:16).
+    #[arg(long, value_name = "N:R")]
+    pub lora_dummy: Option<LoraDummy>,
     /// Write the JSON result here.
     #[arg(long)]
     pub output: Option<PathBuf>,
@@ -141,6 +147,10 @@ pub struct LatencyArgs {
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Run the requests through N random rank-R LoRA adapters on every projection, request
+    /// i through adapter i mod N (as N:R, e.g. 8:16).
+    #[arg(long, value_name = "N:R")]
+    pub lora_dummy: Option<LoraDummy>,
     /// Write the JSON result here.
     #[arg(long)]
     pub output: Option<PathBuf>,
