@@ -35,11 +35,12 @@ use crate::{cargo, root, run};
 const MAX_BYTES: u64 = 48 << 20;
 
 /// Test binaries to bundle: (cargo arguments selecting them, name in the bundle).
-const TESTS: [(&[&str], &str); 4] = [
+const TESTS: [(&[&str], &str); 5] = [
     (&["-p", "met-kernels", "--test", "ops"], "kernels-ops"),
     (&["-p", "met-kernels", "--lib"], "kernels-lib"),
     (&["-p", "met-scheduler", "--test", "gpu_hf_fixtures"], "scheduler-gpu-hf-fixtures"),
     (&["-p", "met-model-layers", "--test", "gpu_graphs"], "model-layers-gpu-graphs"),
+    (&["-p", "met-model-layers", "--test", "gpu_lora_graphs"], "model-layers-gpu-lora-graphs"),
 ];
 
 /// Builds and fills `gpu-bundle/`.
@@ -216,6 +217,8 @@ export HERE LOGS
 step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
 step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 120 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=1
 step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gpu-graphs" --nocapture --test-threads=1
+step graphs "cuda graphs with LoRA = eager" gpu-lora-graphs.log 90 "$HERE/tests/model-layers-gpu-lora-graphs" \
+  --nocapture --test-threads=1
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
 step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$MET_HF_FIXTURES/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
@@ -244,6 +247,21 @@ bench_offline() {
 }
 export -f bench_offline
 step bench "offline benches (dummy weights)" bench.log 300 bash -c bench_offline
+# Not run by default (`run.sh lorabench`): Llama-3.1-8B shape on dummy weights, base and
+# with 8 random rank-16 adapters on all seven projections, side by side: batch 1 latency
+# and 256 requests at once, alternating base and adapters.
+bench_lora() {
+  local m="$HERE/configs/Llama-3.1-8B-Instruct" lora
+  for lora in "" "--lora-dummy 8:16" "" "--lora-dummy 8:16"; do
+    local tag=base; [ -n "$lora" ] && tag=lora
+    "$HERE/met" bench latency --model "$m" --load-format dummy --batch-size 1 --input-len 128 --output-len 256 \
+      --num-iters 3 $lora --output "$LOGS/bench-lora-latency-$tag-$((SECONDS)).json" || return 1
+    "$HERE/met" bench throughput --model "$m" --load-format dummy --num-prompts 256 --input-len 128 \
+      --output-len 256 $lora --output "$LOGS/bench-lora-throughput-$tag-$((SECONDS)).json" || return 1
+  done
+}
+export -f bench_lora
+step lorabench "LoRA benches (8B shape, 8 x r16)" bench-lora.log 540 bash -c bench_lora
 # Kernel benches (criterion): decode-batch GEMV bandwidth per shape beside a device copy.
 step kbench "kernel benches" kernel-bench.log 240 "$HERE/tests/kernels-bench" --bench
 # Where a decode step's time goes: ncu times every kernel of a few eager decode steps of

@@ -28,7 +28,7 @@ const STEPS: usize = 16;
 /// The step before which adapter 0 is unloaded and adapter 2 loaded into its slot.
 const SWAP: usize = 8;
 
-/// The fixtures: beside `MET_HF_FIXTURES` (the GPU bundle's `fixtures/hf`) when set.
+/// The fixtures: the parent of `MET_HF_FIXTURES` when set (the GPU bundle points it at the tree's).
 fn fixtures() -> PathBuf {
     std::env::var_os("MET_HF_FIXTURES")
         .map(|hf| PathBuf::from(hf).join(".."))
