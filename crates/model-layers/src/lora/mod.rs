@@ -34,7 +34,7 @@ pub(crate) use apply::StepLora;
 pub use apply::{AdapterRun, LayerLora};
 use config::AdapterConfig;
 pub use pool::LoraPool;
-use pool::{HostWeights, SlotLease};
+use pool::{HostPair, HostWeights, SlotLease};
 
 use crate::{ModelError, Result};
 
@@ -244,7 +244,7 @@ fn read_layers(
     config: &AdapterConfig,
     cfg: &ModelConfig,
 ) -> std::result::Result<HostWeights, String> {
-    let mut layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+    let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
     let mut found = 0;
     for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
         let (layer, module) = place(a_name, cfg)?;

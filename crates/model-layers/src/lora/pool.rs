@@ -32,11 +32,13 @@ pub(crate) struct Stack {
     pub b: Tensor,
 }
 
-/// An adapter's weights on the host, by layer and module ([`LoraModule::ALL`] order):
-/// `A [rank, in]` and `B [out, rank]`, row-major.
+/// One module's weights on the host: `A [rank, in]` and `B [out, rank]`, row-major.
+pub(crate) type HostPair = (Vec<f32>, Vec<f32>);
+
+/// An adapter's weights on the host, by layer and module ([`LoraModule::ALL`] order).
 pub(crate) struct HostWeights {
     pub rank: usize,
-    pub layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]>,
+    pub layers: Vec<[Option<HostPair>; 7]>,
 }
 
 /// The slots of one model's adapters on its device.
@@ -222,8 +224,7 @@ mod tests {
         let b: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
         let pool = LoraPool::new(&cfg, Arc::clone(&b), LoraLimits { max_rank: 4 }, 2).unwrap();
         let (inputs, outputs) = LoraModule::O.shape(&cfg, 0).unwrap();
-        let mut layers: Vec<[Option<(Vec<f32>, Vec<f32>)>; 7]> =
-            (0..cfg.num_layers).map(|_| Default::default()).collect();
+        let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
         let (a, bb) = (vec![1.5; 2 * inputs], vec![2.5; outputs * 2]);
         layers[0][LoraModule::O.index()] = Some((a, bb));
         let lease = pool.take().unwrap();
