@@ -46,35 +46,44 @@ __device__ __forceinline__ float lora_dot8(uint4 x, uint4 a) {
     return acc;
 }
 
-// One warp's dot of `x [k]` and `a [k]`, every lane holding the result. The 16-byte path
-// needs `k % 8 == 0`, which also keeps every row of `x` and `a` 16-byte aligned.
-__device__ __forceinline__ float lora_warp_dot(const bf16_t* x, const bf16_t* a, u32 k, u32 lane) {
+// Lane `lane` of warp `warp`'s share of the dot of `x [k]` and `a [k]`: the 16-byte words
+// (or, when `k % 8 != 0`, the elements) `first = warp * 32 + lane`, then every
+// LORA_SHRINK_WARPS * 32-th after it. The 16-byte path needs `k % 8 == 0`, which also keeps
+// every row of `x` and `a` 16-byte aligned.
+__device__ __forceinline__ float lora_partial_dot(const bf16_t* x, const bf16_t* a, u32 k, u32 first) {
+    const u32 stride = LORA_SHRINK_WARPS * 32;
     float acc = 0.0f;
     if ((k & 7u) == 0) {
         const uint4* xv = (const uint4*)x;
         const uint4* av = (const uint4*)a;
-        for (u32 i = lane; i < k / 8; i += 32) acc += lora_dot8(xv[i], av[i]);
+        for (u32 i = first; i < k / 8; i += stride) acc += lora_dot8(xv[i], av[i]);
     } else {
-        for (u32 i = lane; i < k; i += 32) acc += bf2f(x[i]) * bf2f(a[i]);
+        for (u32 i = first; i < k; i += stride) acc += bf2f(x[i]) * bf2f(a[i]);
     }
-    return warp_sum(acc);
+    return acc;
 }
 
-// Block (row, part): `shrunk [t, parts, rank]` row `row`, part `part`, one warp per rank
-// index in turn. Base rows write nothing (the expansion reads nothing of theirs).
+// Block (row, part, q): `shrunk [t, parts, rank]` at (row, part, q), the dot of the row's
+// input with rank `q` of its slot's `a`. The block's warps split `k` and their sums are
+// added in warp order, so the result depends on the row alone. A base row's blocks write
+// nothing (the expansion reads nothing of theirs); every thread of a block shares its row,
+// so they leave together, before the barrier.
 extern "C" __global__ void __launch_bounds__(LORA_SHRINK_WARPS * 32)
     lora_shrink_bf16(const bf16_t* x, const u32* rows, LoraParts parts, float* shrunk, u32 slots, u32 rank, u32 k) {
     pdl_enter();
-    const u32 row = blockIdx.x, part = blockIdx.y;
+    __shared__ float partial[LORA_SHRINK_WARPS];
+    const u32 row = blockIdx.x, part = blockIdx.y, q = blockIdx.z;
     const u32 slot = rows[row];
     if (slot >= slots) return;
-    const bf16_t* a = (const bf16_t*)lora_pick(parts.a, part) + (u64)slot * rank * k;
-    const bf16_t* xr = x + (u64)row * k;
+    const bf16_t* a = (const bf16_t*)lora_pick(parts.a, part) + ((u64)slot * rank + q) * k;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float* dst = shrunk + ((u64)row * gridDim.y + part) * rank;
-    for (u32 q = warp; q < rank; q += LORA_SHRINK_WARPS) {
-        const float v = lora_warp_dot(xr, a + (u64)q * k, k, lane);
-        if (lane == 0) dst[q] = v;
+    const float sum = warp_sum(lora_partial_dot(x + (u64)row * k, a, k, warp * 32 + lane));
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (u32 w = 0; w < LORA_SHRINK_WARPS; ++w) total += partial[w];
+        shrunk[((u64)row * gridDim.y + part) * rank + q] = total;
     }
 }
 

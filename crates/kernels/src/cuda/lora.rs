@@ -2,8 +2,9 @@
 //! backend shares (`backend::lora::check`).
 //!
 //! A projection's deltas are two launches whatever its rows hold: the shrink of every row
-//! to its slot's rank (f32, `[t, parts, rank]`), then the expansion added into `out` in
-//! place. Base rows are skipped by the kernels themselves, reading the row-slot tensor on
+//! to its slot's rank (f32, `[t, parts, rank]`, a block per row, module and rank index, so
+//! a decode step of one row still spreads over rank × modules blocks), then the expansion
+//! added into `out` in place (a thread per output column). Base rows are skipped by the kernels themselves, reading the row-slot tensor on
 //! the device, so the launches depend on shapes alone and a decode step records into a
 //! graph that replays with whatever slots are written before it. The row slots are checked
 //! on the host when their host copy is at hand (an eager step's upload); a graph's own
@@ -20,8 +21,11 @@ use crate::{DType, Tensor};
 /// The kernels of `lora.cu`, looked up at startup.
 pub(super) const KERNELS: [&str; 3] = ["lora_shrink_bf16", "lora_expand_bf16", "lora_copy_b16"];
 
-/// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block.
+/// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block, which split the inputs.
 const SHRINK_WARPS: u32 = 4;
+
+/// The most blocks a grid's third dimension holds: the shrink's ranks.
+const MAX_GRID_Z: usize = 65_535;
 
 /// `LORA_EXPAND_THREADS` of `lora.cu`: output columns per expansion block.
 const EXPAND_THREADS: u32 = 256;
@@ -64,10 +68,13 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     let LoraDims { t, k, width, slots, rank } = d;
     let (t32, k32, width32) = (as_u32(OP, "rows", t)?, as_u32(OP, "inputs", k)?, as_u32(OP, "columns", width)?);
     let (slots32, rank32) = (as_u32(OP, "slots", slots)?, as_u32(OP, "ranks", rank)?);
+    if rank > MAX_GRID_Z {
+        return Err(Error::InvalidArgument(format!("{OP}: rank {rank} (the shrink's grid takes {MAX_GRID_Z})")));
+    }
     let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
     let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
     let shrink =
-        LaunchConfig { grid_dim: (t32, n_parts, 1), block_dim: (SHRINK_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        LaunchConfig { grid_dim: (t32, n_parts, rank32), block_dim: (SHRINK_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
     let widest = parts.n.iter().copied().max().unwrap_or(0);
     let expand = LaunchConfig {
