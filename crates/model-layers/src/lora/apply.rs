@@ -148,3 +148,38 @@ impl std::fmt::Debug for LayerLora<'_> {
         f.debug_struct("LayerLora").field("layer", &self.layer).field("adapters", &self.step.is_some()).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use met_kernels::CpuBackend;
+
+    use super::*;
+    use crate::lora::{LoraAdapter, LoraLimits};
+
+    fn pool() -> (met_config::ModelConfig, Arc<LoraPool>) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
+        let cfg = crate::models::read_config(&dir.join("config.json")).unwrap();
+        let pool = LoraPool::new(&cfg, Arc::new(CpuBackend::new()), LoraLimits { max_rank: 8 }, 3).unwrap();
+        (cfg, pool)
+    }
+
+    /// Each run's rows get its adapter's slot, every other row (padding included) none; an
+    /// adapter of another pool is refused.
+    #[test]
+    fn runs_become_row_slots() {
+        let (cfg, pool) = pool();
+        let a = Arc::new(LoraAdapter::random("a", &cfg, &pool, 8, 1).unwrap());
+        let b = Arc::new(LoraAdapter::random("b", &cfg, &pool, 4, 2).unwrap());
+        let runs = [
+            AdapterRun { rows: 1..3, adapter: Arc::clone(&a) },
+            AdapterRun { rows: 3..4, adapter: Arc::clone(&b) },
+            AdapterRun { rows: 5..6, adapter: Arc::clone(&a) },
+        ];
+        let (sa, sb) = (a.slot(), b.slot());
+        let n = NO_LORA_SLOT;
+        assert_eq!(row_slots(&runs, 8, &pool).unwrap(), [n, sa, sa, sb, n, sa, n, n]);
+        assert!(row_slots(&runs, 5, &pool).is_err(), "a run past the rows");
+        let (_, other) = self::pool();
+        assert!(row_slots(&runs, 8, &other).unwrap_err().to_string().contains("another model"));
+    }
+}
