@@ -254,7 +254,7 @@ fn record(model: &DecoderModel, kv: &KvPools, size: usize, max_blocks: usize, vo
         logit_order: model.logit_order(size)?,
         recurrent: if model.is_hybrid() { Some(RecurrentStep::for_graph(b, size)?) } else { None },
         // Recorded with every row at no slot: the kernels' launches do not depend on it.
-        lora: model.lora().map(|pool| StepLora::for_graph(b, pool, size)).transpose()?,
+        lora: model.lora.get().map(|pool| StepLora::for_graph(b, pool, size)).transpose()?,
     };
     // One eager run first, so every kernel and library handle is loaded before recording.
     let eager = model.run(&step, kv)?;

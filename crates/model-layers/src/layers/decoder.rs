@@ -168,8 +168,8 @@ pub struct DecoderModel {
     max_context: usize,
     /// Decode steps recorded as graphs, once captured.
     graphs: OnceLock<DecodeGraphs>,
-    /// The slots of the LoRA adapters it serves, once attached.
-    lora: OnceLock<Arc<LoraPool>>,
+    /// The slots of the LoRA adapters it serves, once attached (graphs record them).
+    pub(crate) lora: OnceLock<Arc<LoraPool>>,
 }
 
 /// Where a step's token ids come from.
@@ -405,11 +405,6 @@ impl DecoderModel {
         self.run_layers(&self.upload_step(batch, ids)?, kv, self.layers.len())
     }
 
-    /// The LoRA slots it serves adapters from, once attached.
-    pub(crate) fn lora(&self) -> Option<&Arc<LoraPool>> {
-        self.lora.get()
-    }
-
     /// Records decode graphs over this rank's pools ([`Model::capture_graphs`]).
     pub(crate) fn capture_on(&self, kv: &KvPools, settings: &GraphSettings) -> Result<GraphCapture> {
         if !self.backend.supports_graphs() {
@@ -556,15 +551,7 @@ impl Model for DecoderModel {
     }
 
     fn attach_lora(&self, pool: Arc<LoraPool>) -> Result<()> {
-        if !self.backend.supports_lora() {
-            return Err(ModelError::Unsupported(format!("the {} backend has no LoRA ops", self.backend.name())));
-        }
-        if self.graphs.get().is_some() {
-            return Err(ModelError::Unsupported("LoRA slots must be attached before graphs are captured".into()));
-        }
-        if self.shard.world_size() > 1 {
-            return Err(ModelError::Unsupported("LoRA adapters under tensor parallelism".into()));
-        }
+        pool.check_attach(&*self.backend, self.shard.world_size(), self.graphs.get().is_some())?;
         self.lora.set(pool).map_err(|_| ModelError::Unsupported("LoRA slots were already attached".into()))
     }
 

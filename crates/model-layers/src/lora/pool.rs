@@ -108,6 +108,25 @@ impl LoraPool {
         self.free().len()
     }
 
+    /// Checks that a model of `world_size` ranks on `backend`, its graphs `captured` or
+    /// not yet, can serve adapters from these slots.
+    ///
+    /// # Errors
+    /// [`crate::ModelError::Unsupported`] naming why not: a backend without the LoRA ops,
+    /// tensor parallelism, or graphs already recorded without the slots.
+    pub(crate) fn check_attach(&self, backend: &dyn GpuBackend, world_size: usize, captured: bool) -> Result<()> {
+        let why = if !backend.supports_lora() {
+            format!("the {} backend has no LoRA ops", backend.name())
+        } else if world_size > 1 {
+            "LoRA adapters are not split over tensor-parallel ranks".to_owned()
+        } else if captured {
+            "LoRA slots must be attached before graphs are captured".to_owned()
+        } else {
+            return Ok(());
+        };
+        Err(crate::ModelError::Unsupported(why))
+    }
+
     /// The free list; a panic elsewhere while it was held leaves it whole (a push or a pop).
     fn free(&self) -> MutexGuard<'_, Vec<u32>> {
         self.free.lock().unwrap_or_else(PoisonError::into_inner)
