@@ -9,13 +9,18 @@
 //
 // Arithmetic: the shrink `x · aᵀ` accumulates in f32 and stays f32 (no rounding between
 // shrink and expand); the expansion accumulates in f32 and is added to the base output as
-// `base + delta · scale` (PEFT's order), rounded once to bf16. Each row is computed by its
-// own blocks in a fixed order, so a row's result does not depend on the batch around it.
+// `base + delta · scale` (PEFT's order), rounded once to bf16. The shrink is a block per
+// row, module and rank index (a decode step of one row still spreads over many blocks); the
+// expansion works in tiles of LORA_TILE_ROWS rows, so rows of one adapter in a tile find its
+// `b` in cache. Each row's sums run in an order fixed by the shapes alone: a row's result
+// does not depend on the batch around it.
 
 #define LORA_NO_SLOT 0xffffffffu
 #define LORA_MAX_PARTS 3
+#define LORA_TILE_ROWS 64
 #define LORA_SHRINK_WARPS 4
 #define LORA_EXPAND_THREADS 256
+#define LORA_EXPAND_COLUMNS 64
 
 // The modules of one fused projection (q/k/v, gate/up, or one alone): their stacks, the
 // output columns each has and where they start. Mirrors `LoraParts` of `src/cuda/lora.rs`.
@@ -43,6 +48,19 @@ __device__ __forceinline__ float lora_dot8(uint4 x, uint4 a) {
         acc += __uint_as_float(xs[i] << 16) * __uint_as_float(as[i] << 16);
         acc += __uint_as_float(xs[i] & 0xffff0000u) * __uint_as_float(as[i] & 0xffff0000u);
     }
+    return acc;
+}
+
+// `acc` plus the products of eight f32s with eight bf16s (one 16-byte word), added in order.
+__device__ __forceinline__ float lora_fma8(float acc, float4 s0, float4 s1, uint4 w) {
+    acc += s0.x * __uint_as_float(w.x << 16);
+    acc += s0.y * __uint_as_float(w.x & 0xffff0000u);
+    acc += s0.z * __uint_as_float(w.y << 16);
+    acc += s0.w * __uint_as_float(w.y & 0xffff0000u);
+    acc += s1.x * __uint_as_float(w.z << 16);
+    acc += s1.y * __uint_as_float(w.z & 0xffff0000u);
+    acc += s1.z * __uint_as_float(w.w << 16);
+    acc += s1.w * __uint_as_float(w.w & 0xffff0000u);
     return acc;
 }
 
@@ -87,23 +105,57 @@ extern "C" __global__ void __launch_bounds__(LORA_SHRINK_WARPS * 32)
     }
 }
 
-// Thread (row, part, column j): `out[row, column + j] += scale · Σ_q shrunk[q] · b[j, q]`.
-// The parts' columns are disjoint (checked on the host), so no two threads meet.
+// Block (column tile, row tile, part): LORA_EXPAND_COLUMNS columns of the part by
+// LORA_TILE_ROWS rows. Lane i of warp w owns columns 2i and 2i + 1 of the tile in rows
+// w, w + 8, ... of the row tile, adding `scale · Σ_q shrunk[q] · b[j, q]` into
+// `out[row, column + j]`. A lane's two `b` rows are 64 contiguous bytes at rank 16, so a warp
+// reads whole lines, and the tile's rows of one adapter find them in cache. The parts'
+// columns are disjoint (checked on the host), so no two threads meet; each sum runs over q
+// in order, whatever the batch.
 extern "C" __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
-    lora_expand_bf16(const float* shrunk, const u32* rows, LoraParts parts, const float* scales, bf16_t* out, u32 slots,
-                     u32 rank, u32 width) {
+    lora_expand_bf16(const float* __restrict__ shrunk, const u32* __restrict__ rows, LoraParts parts,
+                     const float* __restrict__ scales, bf16_t* __restrict__ out, u32 t, u32 slots, u32 rank,
+                     u32 width) {
     pdl_enter();
-    const u32 row = blockIdx.x, part = blockIdx.z;
-    const u32 j = blockIdx.y * blockDim.x + threadIdx.x;
-    const u32 slot = rows[row];
-    const u32 n = lora_pick(parts.n, part);
-    if (slot >= slots || j >= n) return;
-    const float* s = shrunk + ((u64)row * gridDim.z + part) * rank;
-    const bf16_t* bj = (const bf16_t*)lora_pick(parts.b, part) + ((u64)slot * n + j) * rank;
-    float acc = 0.0f;
-    for (u32 q = 0; q < rank; ++q) acc += s[q] * bf2f(bj[q]);
-    bf16_t* o = out + (u64)row * width + lora_pick(parts.column, part) + j;
-    *o = f2bf(bf2f(*o) + acc * scales[slot]);
+    const u32 part = blockIdx.z, n = lora_pick(parts.n, part), column = lora_pick(parts.column, part);
+    const u32 j = blockIdx.x * LORA_EXPAND_COLUMNS + 2 * (threadIdx.x % 32);
+    if (j >= n) return;
+    const bool pair = j + 1 < n, words = (rank & 7u) == 0, packed = pair && ((width | column) & 1u) == 0;
+    const bf16_t* b = (const bf16_t*)lora_pick(parts.b, part);
+    const u32 end = min(t, (blockIdx.y + 1) * LORA_TILE_ROWS);
+    for (u32 row = blockIdx.y * LORA_TILE_ROWS + threadIdx.x / 32; row < end; row += LORA_EXPAND_THREADS / 32) {
+        const u32 slot = rows[row];
+        if (slot >= slots) continue;
+        const float* s = shrunk + ((u64)row * gridDim.z + part) * rank;
+        const bf16_t* b0 = b + ((u64)slot * n + j) * rank;  // column j, then column j + 1
+        float acc0 = 0.0f, acc1 = 0.0f;
+        if (words) {
+            for (u32 q = 0; q < rank; q += 8) {
+                const float4 s0 = *reinterpret_cast<const float4*>(s + q);
+                const float4 s1 = *reinterpret_cast<const float4*>(s + q + 4);
+                // Both columns' words are loaded before either is used, so their reads overlap.
+                const uint4 w0 = *reinterpret_cast<const uint4*>(b0 + q);
+                const uint4 w1 = pair ? *reinterpret_cast<const uint4*>(b0 + rank + q) : w0;
+                acc0 = lora_fma8(acc0, s0, s1, w0);
+                acc1 = lora_fma8(acc1, s0, s1, w1);
+            }
+        } else {
+            for (u32 q = 0; q < rank; ++q) {
+                acc0 += s[q] * bf2f(b0[q]);
+                if (pair) acc1 += s[q] * bf2f(b0[rank + q]);
+            }
+        }
+        const float scale = scales[slot];
+        bf16_t* o = out + (u64)row * width + column + j;
+        if (packed) {
+            u32* o2 = reinterpret_cast<u32*>(o);
+            const u32 v = *o2;
+            *o2 = pack_bf16(__uint_as_float(v << 16) + acc0 * scale, __uint_as_float(v & 0xffff0000u) + acc1 * scale);
+        } else {
+            o[0] = f2bf(bf2f(o[0]) + acc0 * scale);
+            if (pair) o[1] = f2bf(bf2f(o[1]) + acc1 * scale);
+        }
+    }
 }
 
 // `n` 16-bit words from `src` to `dst`: one slot of a stack (or a scale) written in stream

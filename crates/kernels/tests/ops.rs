@@ -113,6 +113,7 @@ macro_rules! backend_tests {
                 recurrent_delta::delta_rule_rejects_bad_operands,
                 lora::lora_decode_batches_match_reference,
                 lora::lora_prefill_batches_match_reference,
+                lora::lora_odd_shapes_match_reference,
                 lora::lora_slot_writes_land_in_their_slot,
                 lora::lora_rejects_bad_operands,
             );

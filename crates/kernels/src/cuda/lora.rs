@@ -4,9 +4,11 @@
 //! A projection's deltas are two launches whatever its rows hold: the shrink of every row
 //! to its slot's rank (f32, `[t, parts, rank]`, a block per row, module and rank index, so
 //! a decode step of one row still spreads over rank × modules blocks), then the expansion
-//! added into `out` in place (a thread per output column). Base rows are skipped by the kernels themselves, reading the row-slot tensor on
-//! the device, so the launches depend on shapes alone and a decode step records into a
-//! graph that replays with whatever slots are written before it. The row slots are checked
+//! added into `out` in place (a block per 64 columns and a tile of rows, a lane per two
+//! columns, so the tile's rows of one adapter find its `b` in cache). Base rows are skipped
+//! by the kernels themselves, reading the row-slot tensor on the device, so the launches
+//! depend on shapes alone and a decode step records into a graph that replays with
+//! whatever slots are written before it. The row slots are checked
 //! on the host when their host copy is at hand (an eager step's upload); a graph's own
 //! slot tensor has none, and a slot past the stacks is then a base row on the device.
 
@@ -24,11 +26,17 @@ pub(super) const KERNELS: [&str; 3] = ["lora_shrink_bf16", "lora_expand_bf16", "
 /// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block, which split the inputs.
 const SHRINK_WARPS: u32 = 4;
 
+/// `LORA_TILE_ROWS` of `lora.cu`: rows per expansion block.
+const TILE_ROWS: usize = 64;
+
 /// The most blocks a grid's third dimension holds: the shrink's ranks.
 const MAX_GRID_Z: usize = 65_535;
 
-/// `LORA_EXPAND_THREADS` of `lora.cu`: output columns per expansion block.
+/// `LORA_EXPAND_THREADS` of `lora.cu`: threads per expansion block.
 const EXPAND_THREADS: u32 = 256;
+
+/// `LORA_EXPAND_COLUMNS` of `lora.cu`: output columns per expansion block, two a lane.
+const EXPAND_COLUMNS: u32 = 64;
 
 /// `LoraParts` of `lora.cu`, passed by value: each module's stacks, output columns and
 /// first column; unused parts are zero.
@@ -71,6 +79,7 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     if rank > MAX_GRID_Z {
         return Err(Error::InvalidArgument(format!("{OP}: rank {rank} (the shrink's grid takes {MAX_GRID_Z})")));
     }
+    let tiles = as_u32(OP, "row tiles", t.div_ceil(TILE_ROWS))?;
     let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
     let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
     let shrink =
@@ -78,12 +87,12 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
     let widest = parts.n.iter().copied().max().unwrap_or(0);
     let expand = LaunchConfig {
-        grid_dim: (t32, widest.div_ceil(EXPAND_THREADS).max(1), n_parts),
+        grid_dim: (widest.div_ceil(EXPAND_COLUMNS).max(1), tiles, n_parts),
         block_dim: (EXPAND_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
-    launch!(b, "lora_expand_bf16", expand, [sp, rows, parts, scales, op_, slots32, rank32, width32])?;
+    launch!(b, "lora_expand_bf16", expand, [sp, rows, parts, scales, op_, t32, slots32, rank32, width32])?;
     Ok(out)
 }
 

@@ -21,8 +21,14 @@ const RANK: usize = 16;
 /// Output columns of the q, k and v modules, in that order.
 const PARTS: [usize; 3] = [48, 16, 24];
 
-/// The adapters' ranks by slot (slot 1 is resident but used by no row).
-const RANKS: [usize; SLOTS] = [8, 16, 16];
+/// Odd module widths (and so odd columns), which the CUDA expansion writes one at a time.
+const ODD_PARTS: [usize; 3] = [47, 17, 25];
+
+/// The adapters' ranks by slot for a stack of rank `rank` (slot 1 is resident but used by
+/// no row).
+fn ranks(rank: usize) -> [usize; SLOTS] {
+    [rank / 2, rank, rank]
+}
 const SCALES: [f32; SLOTS] = [2.0, 7.0, 0.25];
 
 /// One module's stacks as stored, on the host.
@@ -31,19 +37,25 @@ struct Module {
     b: Vec<f32>,
     n: usize,
     column: usize,
+    rank: usize,
 }
 
 /// Stacks `[SLOTS, RANK, k]` and `[SLOTS, n, RANK]`, zero past each slot's rank.
 fn module(b: &dyn GpuBackend, rng: &mut Rng, k: usize, n: usize, column: usize) -> Module {
-    let mut a = stored(b, rng.vec(SLOTS * RANK * k));
-    let mut bb = stored(b, rng.vec(SLOTS * n * RANK));
-    for (s, &r) in RANKS.iter().enumerate() {
-        a[(s * RANK + r) * k..(s + 1) * RANK * k].fill(0.0);
+    module_of_rank(b, rng, k, n, column, RANK)
+}
+
+/// Stacks `[SLOTS, rank, k]` and `[SLOTS, n, rank]`, zero past each slot's own rank.
+fn module_of_rank(b: &dyn GpuBackend, rng: &mut Rng, k: usize, n: usize, column: usize, rank: usize) -> Module {
+    let mut a = stored(b, rng.vec(SLOTS * rank * k));
+    let mut bb = stored(b, rng.vec(SLOTS * n * rank));
+    for (s, r) in ranks(rank).into_iter().enumerate() {
+        a[(s * rank + r) * k..(s + 1) * rank * k].fill(0.0);
         for j in 0..n {
-            bb[(s * n + j) * RANK + r..(s * n + j + 1) * RANK].fill(0.0);
+            bb[(s * n + j) * rank + r..(s * n + j + 1) * rank].fill(0.0);
         }
     }
-    Module { a, b: bb, n, column }
+    Module { a, b: bb, n, column, rank }
 }
 
 /// Each row's slot: base rows and both adapters interleaved, runs of several rows too.
@@ -58,11 +70,12 @@ fn reference(x: &[f32], out: &[f32], rows: &[u32], modules: &[Module], k: usize,
     for (i, &slot) in rows.iter().enumerate().filter(|(_, s)| **s != NO_LORA_SLOT) {
         let s = slot as usize;
         for m in modules {
-            let shrunk: Vec<f64> = (0..RANK)
-                .map(|q| (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(m.a[(s * RANK + q) * k + l])).sum())
+            let r = m.rank;
+            let shrunk: Vec<f64> = (0..r)
+                .map(|q| (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(m.a[(s * r + q) * k + l])).sum())
                 .collect();
             for j in 0..m.n {
-                let d: f64 = (0..RANK).map(|q| shrunk[q] * f64::from(m.b[(s * m.n + j) * RANK + q])).sum();
+                let d: f64 = (0..r).map(|q| shrunk[q] * f64::from(m.b[(s * m.n + j) * r + q])).sum();
                 want[i * width + m.column + j] += f64::from(SCALES[s]) * d;
             }
         }
@@ -85,8 +98,8 @@ impl Step {
         let stacks = modules
             .iter()
             .map(|m| {
-                let a = upload_f32(b, &m.a, &[SLOTS, RANK, k])?;
-                Ok((a, upload_f32(b, &m.b, &[SLOTS, m.n, RANK])?, m.column))
+                let a = upload_f32(b, &m.a, &[SLOTS, m.rank, k])?;
+                Ok((a, upload_f32(b, &m.b, &[SLOTS, m.n, m.rank])?, m.column))
             })
             .collect::<Result<_>>()?;
         Ok(Self {
@@ -109,14 +122,19 @@ impl Step {
 /// A batch of `t` rows with inputs of `k` (a multiple of 8 or not: the CUDA shrink reads
 /// 16-byte words only then), against the reference; base rows bit for bit.
 fn check_mixed(b: &dyn GpuBackend, t: usize, k: usize, seed: u64) -> Result<()> {
+    check_shaped(b, t, k, seed, &PARTS, RANK)
+}
+
+/// `check_mixed` with modules of `parts` columns and stacks of rank `rank`.
+fn check_shaped(b: &dyn GpuBackend, t: usize, k: usize, seed: u64, parts: &[usize], rank: usize) -> Result<()> {
     let mut rng = Rng::new(seed);
-    let width: usize = PARTS.iter().sum();
+    let width: usize = parts.iter().sum();
     let mut column = 0;
-    let modules: Vec<Module> = PARTS
+    let modules: Vec<Module> = parts
         .iter()
         .map(|&n| {
             column += n;
-            module(b, &mut rng, k, n, column - n)
+            module_of_rank(b, &mut rng, k, n, column - n, rank)
         })
         .collect();
     let (x, out, rows) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)), row_slots(t));
@@ -139,10 +157,19 @@ pub fn lora_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
     check_mixed(b, 5, 52, 5)
 }
 
-/// Prefill-sized batches: hundreds of rows.
+/// Prefill-sized batches: hundreds of rows, crossing several of the CUDA kernels' row tiles.
 pub fn lora_prefill_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
     check_mixed(b, 300, 128, 6)?;
     check_mixed(b, 97, 36, 7)
+}
+
+/// Shapes off the kernels' fast paths: odd module widths (and odd first columns), a rank
+/// that is not a multiple of 8, and a rank of 24 that takes ranks eight at a time in three
+/// groups.
+pub fn lora_odd_shapes_match_reference(b: &dyn GpuBackend) -> Result<()> {
+    check_shaped(b, 70, 64, 11, &ODD_PARTS, RANK)?;
+    check_shaped(b, 9, 40, 12, &PARTS, 12)?;
+    check_shaped(b, 130, 72, 13, &ODD_PARTS, 24)
 }
 
 /// Writing a slot changes that slot alone, in bf16/f32 stacks and the f32 scales.
