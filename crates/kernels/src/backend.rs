@@ -70,6 +70,18 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// device is out of memory.
     fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor>;
 
+    /// `parts` joined along dim 0 as one tensor (a fused q/k/v or gate/up projection, or
+    /// stacked experts), uploaded as [`Self::upload`] would upload their join
+    /// ([`HostTensor::concat_rows`]: parts of different dtypes widened to f32). A backend
+    /// that keeps quantised matrices may keep each part's format instead, so a fusion of
+    /// parts in different formats costs no more than the parts.
+    ///
+    /// # Errors
+    /// As [`HostTensor::concat_rows`] and [`Self::upload`].
+    fn upload_rows(&self, parts: Vec<HostTensor<'_>>, dtype: DType) -> Result<Tensor> {
+        self.upload(&HostTensor::concat_rows(parts)?, dtype)
+    }
+
     /// A float tensor of `dims` ([`Self::float_dtype`]) made of `runs` back to back, each
     /// rounded once to the float dtype: random weights without a host round trip (dummy
     /// checkpoints). The default generates on the host and uploads; a device backend

@@ -105,6 +105,47 @@ impl<'a> HostTensor<'a> {
         Ok(HostTensor { dtype: self.dtype, shape: [&[range.len()], trailing].concat(), bytes })
     }
 
+    /// `parts` joined along dim 0, their trailing dims equal: their bytes back to back
+    /// when they share a dtype, else their values widened to f32. One part passes through.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no parts, a 0-D part, trailing dims that differ, or
+    /// u32 parts beside others.
+    pub fn concat_rows(mut parts: Vec<HostTensor<'a>>) -> Result<HostTensor<'a>> {
+        let Some(first) = parts.first() else { return Err(Error::InvalidArgument("no tensors to join".into())) };
+        let Some((_, trailing)) = first.shape.split_first() else {
+            return Err(Error::InvalidArgument("a 0-D tensor has no rows".into()));
+        };
+        let trailing = trailing.to_vec();
+        let mut rows = 0;
+        for p in &parts {
+            if p.shape.get(1..) != Some(&trailing[..]) {
+                return Err(Error::InvalidArgument(format!(
+                    "shapes {:?} and {:?} do not join by rows",
+                    first.shape, p.shape
+                )));
+            }
+            rows += p.shape[0];
+        }
+        let shape = [&[rows][..], &trailing].concat();
+        if parts.len() == 1 {
+            return Ok(parts.remove(0));
+        }
+        let dtype = parts[0].dtype;
+        if parts.iter().all(|p| p.dtype == dtype) {
+            let bytes = parts.iter().flat_map(|p| p.bytes.iter().copied()).collect();
+            return HostTensor::from_bytes(dtype, &shape, Cow::Owned(bytes));
+        }
+        if parts.iter().any(|p| p.dtype == DType::U32) {
+            return Err(Error::InvalidArgument("u32 rows cannot join rows of another dtype".into()));
+        }
+        let mut data = Vec::with_capacity(shape.iter().product());
+        for p in &parts {
+            data.extend(p.to_f32_vec()?);
+        }
+        Ok(HostTensor::from_f32(&data, &shape))
+    }
+
     /// The same rows followed by zero rows, `rows` rows in all: a share of a
     /// vocabulary-parallel table padded to the size every rank holds. Zero bytes are zero
     /// values in every dtype (a ggml block of zeros has a zero scale).

@@ -21,7 +21,7 @@ pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, dots: CpuDot
             }
             super::matmul_quant(&xs, &blocks, bs.as_deref(), (m, k, n), q)
         }
-        WeightView::Packed(p) => super::qmatmul::matmul_packed(&xs, &p, bs.as_deref(), m, dots),
+        WeightView::Packed(parts) => super::qmatmul::matmul_packed_parts(&xs, &parts, bs.as_deref(), m, dots),
     };
     Ok(f32_tensor(out, &[m, n]))
 }

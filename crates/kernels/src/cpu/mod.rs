@@ -50,8 +50,10 @@ enum CpuData {
     U32(Vec<u32>),
     /// Rows of whole blocks of the tensor's quantised dtype.
     Quant(Vec<u8>),
-    /// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, repacked for the matmul kernels.
-    Packed(PackedQuant),
+    /// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, repacked for the matmul kernels: one
+    /// matrix, or the row blocks of a fused one whose parts come in different formats
+    /// (each part keeps its own; the tensor's dtype names the first part's).
+    Packed(Vec<PackedQuant>),
 }
 
 /// The multithreaded f32 CPU backend, on the process's spinning pool (sized like rayon's
@@ -105,7 +107,7 @@ pub(crate) fn read_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLo
 pub(crate) enum WeightView<'a> {
     F32(MappedRwLockReadGuard<'a, [f32]>),
     Quant(QuantFormat, MappedRwLockReadGuard<'a, [u8]>),
-    Packed(MappedRwLockReadGuard<'a, PackedQuant>),
+    Packed(MappedRwLockReadGuard<'a, [PackedQuant]>),
 }
 
 /// Read access to a weight tensor, f32 or quantised.
@@ -114,7 +116,7 @@ pub(crate) fn read_weight<'a>(op: &'static str, t: &'a Tensor) -> Result<WeightV
     let guard = storage(op, t)?.0.read();
     if matches!(*guard, CpuData::Packed(_)) {
         return Ok(WeightView::Packed(RwLockReadGuard::map(guard, |d| match d {
-            CpuData::Packed(p) => p,
+            CpuData::Packed(p) => &p[..],
             _ => unreachable!("matched above"),
         })));
     }
@@ -137,9 +139,17 @@ impl WeightView<'_> {
                 crate::quant::dequantize_row(*q, &b[rows.start * row_bytes..rows.end * row_bytes], &mut out);
                 std::borrow::Cow::Owned(out)
             }
-            Self::Packed(p) => {
+            Self::Packed(parts) => {
                 let mut out = vec![0f32; rows.len() * k];
-                p.dequantize_rows(rows, &mut out);
+                let mut first = 0;
+                for p in parts.iter() {
+                    let own = rows.start.max(first)..rows.end.min(first + p.rows());
+                    if !own.is_empty() {
+                        let at = (own.start - rows.start) * k..(own.end - rows.start) * k;
+                        p.dequantize_rows(own.start - first..own.end - first, &mut out[at]);
+                    }
+                    first += p.rows();
+                }
                 std::borrow::Cow::Owned(out)
             }
         }
@@ -218,7 +228,7 @@ impl GpuBackend for CpuBackend {
             // them); anything else quantised is widened.
             DType::Quant(q) if host.shape().len() == 2 => {
                 let data = match PackedQuant::from_blocks(q, host.bytes(), host.shape()[1]) {
-                    Some(p) => CpuData::Packed(p),
+                    Some(p) => CpuData::Packed(vec![p]),
                     None => CpuData::Quant(host.bytes().to_vec()),
                 };
                 Tensor::from_storage(
@@ -229,6 +239,38 @@ impl GpuBackend for CpuBackend {
             }
             _ => f32_tensor(host.to_f32_vec()?, host.shape()),
         })
+    }
+
+    /// Matrices of packed formats keep each part's blocks, even where the parts' formats
+    /// differ (a Q4_K_M file's q and k in Q4_K beside a Q6_K v): a product runs each part's
+    /// kernel on its rows. Anything else is joined as the default does.
+    fn upload_rows(&self, parts: Vec<HostTensor<'_>>, dtype: DType) -> Result<Tensor> {
+        let first = parts.first().map(HostTensor::dtype);
+        let packable = |p: &HostTensor<'_>| {
+            matches!(p.dtype(), DType::Quant(q) if PackedQuant::supports(q))
+                && p.shape().len() == 2
+                && parts.first().is_some_and(|f| f.shape()[1..] == p.shape()[1..])
+        };
+        let mixed = parts.iter().any(|p| Some(p.dtype()) != first);
+        if dtype != DType::F32 || parts.len() < 2 || !mixed || !parts.iter().all(packable) {
+            return self.upload(&HostTensor::concat_rows(parts)?, dtype);
+        }
+        let k = parts[0].shape()[1];
+        let rows: usize = parts.iter().map(|p| p.shape()[0]).sum();
+        let packed = parts
+            .iter()
+            .map(|p| {
+                let DType::Quant(q) = p.dtype() else { unreachable!("packable parts are quantised") };
+                PackedQuant::from_blocks(q, p.bytes(), k)
+                    .ok_or_else(|| Error::InvalidArgument(format!("{q} rows of {k} that do not pack")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = parts[0].dtype();
+        Ok(Tensor::from_storage(
+            Storage::Cpu(CpuStorage(RwLock::new(CpuData::Packed(packed)))),
+            dtype,
+            Shape::new(&[rows, k]),
+        ))
     }
 
     fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {

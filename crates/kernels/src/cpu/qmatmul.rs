@@ -77,25 +77,73 @@ fn dot_dequantized(
 /// # Panics
 /// If `x` is not `[m, k]`.
 pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize, dots: CpuDots) -> Vec<f32> {
-    let (k, n) = (w.k(), w.rows());
+    matmul_packed_parts(x, std::slice::from_ref(w), bias, m, dots)
+}
+
+/// [`matmul_packed`] for a matrix stored as row blocks `parts` (a fused projection whose
+/// parts keep their own formats), all of `k` columns: each weight row's products are
+/// those of its part alone, so the result equals the parts' products side by side.
+///
+/// # Panics
+/// If `x` is not `[m, k]` or the parts' `k` differ.
+pub fn matmul_packed_parts(
+    x: &[f32],
+    parts: &[PackedQuant],
+    bias: Option<&[f32]>,
+    m: usize,
+    dots: CpuDots,
+) -> Vec<f32> {
+    let k = parts.first().map_or(0, PackedQuant::k);
+    assert!(parts.iter().all(|p| p.k() == k), "parts of different widths");
+    let n = parts.iter().map(PackedQuant::rows).sum();
     assert_eq!(x.len(), m * k, "x is not [m, k]");
-    let out = match dots {
-        CpuDots::Int8 => {
-            let q = Q8Rows::quantize(x, k);
-            products(n, m, &|run, out| w.dot_rows_q8(&q, run, out))
-        }
+    let q8 = matches!(dots, CpuDots::Int8).then(|| Q8Rows::quantize(x, k));
+    let sums: Vec<f32> = if matches!(dots, CpuDots::Exact) && parts.iter().any(|p| p.format().block_elems() <= 32) {
+        x.chunks_exact(k.max(1)).flat_map(block_sums).collect()
+    } else {
+        Vec::new()
+    };
+    let dot_part = |w: &PackedQuant, run: Range<usize>, out: &mut [f32]| match &q8 {
+        Some(q) => w.dot_rows_q8(q, run, out),
         // The K-quants have no f32 kernels of their own: tiles of their rows dequantise
         // to exactly the file's values and multiply as f32 rows.
-        CpuDots::Exact if w.format().block_elems() > 32 => {
+        None if w.format().block_elems() > 32 => {
             let dequantize = |rows: Range<usize>, out: &mut [f32]| w.dequantize_rows(rows, out);
-            products(n, m, &|run, out| dot_dequantized(x, k, &dequantize, run, out))
+            dot_dequantized(x, k, &dequantize, run, out);
         }
-        CpuDots::Exact => {
-            let sums: Vec<f32> = x.chunks_exact(k.max(1)).flat_map(block_sums).collect();
-            products(n, m, &|run, out| w.dot_rows_many(x, &sums, run, out))
-        }
+        None => w.dot_rows_many(x, &sums, run, out),
     };
+    let out = products(n, m, &|run, out| for_parts(parts, run, out, &dot_part));
     add_bias(out, bias, n)
+}
+
+/// `out [m, run.len()]` for weight rows `run` of a matrix stored as row blocks `parts`:
+/// `dot` of each part over its rows in the run, written straight into `out` when one part
+/// holds the whole run.
+fn for_parts(
+    parts: &[PackedQuant],
+    run: Range<usize>,
+    out: &mut [f32],
+    dot: &impl Fn(&PackedQuant, Range<usize>, &mut [f32]),
+) {
+    let width = run.len();
+    let m = out.len() / width.max(1);
+    let mut first = 0;
+    for p in parts {
+        let own = run.start.max(first)..run.end.min(first + p.rows());
+        if own.len() == width {
+            return dot(p, own.start - first..own.end - first, out);
+        }
+        if !own.is_empty() {
+            let mut part = vec![0f32; m * own.len()];
+            dot(p, own.start - first..own.end - first, &mut part);
+            for (i, got) in part.chunks_exact(own.len()).enumerate() {
+                let at = i * width + own.start - run.start;
+                out[at..at + own.len()].copy_from_slice(got);
+            }
+        }
+        first += p.rows();
+    }
 }
 
 /// Adds `bias` to every row of `out` (`[m, n]`).
@@ -175,6 +223,72 @@ mod tests {
                     assert_eq!(&many[i * 5..(i + 1) * 5], &one[..], "{format} m={m} rows 3..8");
                 }
             }
+        }
+    }
+
+    /// A matrix kept as row blocks of different formats (a Q4_K_M fused q/k/v: Q4_K rows,
+    /// then Q6_K, then Q4_K again) gives, for both kinds of dots and row counts on both
+    /// sides of [`MANY_ROWS`], bit for bit each part's own product side by side, with part
+    /// boundaries inside a run and inside a tile.
+    #[test]
+    fn row_blocks_of_different_formats_equal_their_parts_side_by_side() {
+        let k = 256;
+        let layout = [(QuantFormat::Q4_K, 70), (QuantFormat::Q6_K, 37), (QuantFormat::Q4_K, TILE + 3)];
+        let parts: Vec<PackedQuant> =
+            layout.iter().map(|&(f, n)| PackedQuant::from_blocks(f, &weights(f, n, k), k).unwrap()).collect();
+        let n: usize = layout.iter().map(|&(_, n)| n).sum();
+        for dots in [CpuDots::Exact, CpuDots::Int8] {
+            for m in [1, 5, MANY_ROWS, 40] {
+                let x = batch(m, k);
+                let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
+                let got = matmul_packed_parts(&x, &parts, Some(&bias), m, dots);
+                let alone: Vec<Vec<f32>> = parts.iter().map(|p| matmul_packed(&x, p, None, m, dots)).collect();
+                for i in 0..m {
+                    let want: Vec<f32> = alone
+                        .iter()
+                        .zip(&layout)
+                        .flat_map(|(a, &(_, w))| a[i * w..(i + 1) * w].iter().copied())
+                        .zip(&bias)
+                        .map(|(v, b)| v + b)
+                        .collect();
+                    assert_eq!(&got[i * n..(i + 1) * n], &want[..], "{dots} m={m} row {i}");
+                }
+            }
+        }
+    }
+
+    /// The CPU backend keeps a fusion of Q4_K and Q6_K parts in their own formats: its
+    /// values are the widened join's, and its product is the parts' kernels side by side.
+    #[test]
+    fn uploaded_row_blocks_keep_their_formats() {
+        use crate::{GpuBackend, HostTensor};
+        let k = 256;
+        let host = |f: QuantFormat, n: usize| {
+            HostTensor::from_bytes(crate::DType::Quant(f), &[n, k], weights(f, n, k).into()).unwrap()
+        };
+        let parts = vec![host(QuantFormat::Q4_K, 40), host(QuantFormat::Q6_K, 24), host(QuantFormat::Q4_K, 8)];
+        let widened = HostTensor::concat_rows(parts.clone()).unwrap().to_f32_vec().unwrap();
+        for dots in [CpuDots::Exact, CpuDots::Int8] {
+            let cpu = super::super::CpuBackend::with_dots(dots);
+            let w = cpu.upload_rows(parts.clone(), crate::DType::F32).unwrap();
+            assert_eq!(w.dtype(), crate::DType::Quant(QuantFormat::Q4_K), "the first part's format");
+            assert_eq!(w.dims(), [72, k]);
+            assert_eq!(cpu.download_f32(&w).unwrap(), widened, "values of the join");
+            let x = batch(3, k);
+            let got = cpu
+                .download_f32(
+                    &cpu.matmul(&cpu.upload(&HostTensor::from_f32(&x, &[3, k]), crate::DType::F32).unwrap(), &w, None)
+                        .unwrap(),
+                )
+                .unwrap();
+            let packed: Vec<PackedQuant> = parts
+                .iter()
+                .map(|p| {
+                    let crate::DType::Quant(f) = p.dtype() else { unreachable!() };
+                    PackedQuant::from_blocks(f, p.bytes(), k).unwrap()
+                })
+                .collect();
+            assert_eq!(got, matmul_packed_parts(&x, &packed, None, 3, dots), "{dots}");
         }
     }
 
