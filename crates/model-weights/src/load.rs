@@ -4,7 +4,8 @@
 //! matmul weight, gate/up one MLP weight, and per-expert MoE weights one stacked tensor
 //! (concatenate along dim 0, then reshape the device tensor). Equal dtypes are joined as raw
 //! bytes, so no precision is lost; mixed dtypes are widened to f32 first, which is exact
-//! for f16 and bf16.
+//! for f16 and bf16, unless the backend keeps each part's format
+//! ([`GpuBackend::upload_rows`]: the CPU does for packed quantised matrices).
 //!
 //! A tensor-parallel rank loads only its share of a tensor ([`load_slices`]): rows of dim 0
 //! (borrowed straight from a memory-mapped file), optionally followed by zero rows, or a
@@ -14,7 +15,6 @@
 //! random stream ([`WeightStore::uniform_run`]), the backend generates the fused tensor in
 //! place ([`GpuBackend::random_uniform`]), with the same values.
 
-use std::borrow::Cow;
 use std::ops::Range;
 
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
@@ -35,7 +35,8 @@ pub fn load(store: &dyn WeightStore, name: &str, backend: &dyn GpuBackend) -> Re
 
 /// Loads several tensors concatenated along dim 0 (trailing dims must agree) as one
 /// device tensor: used to fuse q/k/v, gate/up, and to stack MoE experts. Mixed dtypes are
-/// widened to f32 on the host before upload; equal dtypes are concatenated as raw bytes.
+/// widened to f32 on the host before upload (or kept apart, [`GpuBackend::upload_rows`]);
+/// equal dtypes are concatenated as raw bytes.
 ///
 /// # Errors
 /// [`WeightError::Concat`] for an empty list, a 0-D tensor or disagreeing trailing dims;
@@ -47,8 +48,7 @@ pub fn load_concat(store: &dyn WeightStore, names: &[&str], backend: &dyn GpuBac
         return Ok(backend.random_uniform(&shape, &runs)?);
     }
     let parts = names.iter().map(|n| store.host(n)).collect::<Result<Vec<_>, _>>()?;
-    let host = concat_dim0(names, parts)?;
-    Ok(backend.upload(&host, backend.float_dtype())?)
+    upload_rows(names, parts, backend)
 }
 
 /// The part of a stored tensor one tensor-parallel rank loads.
@@ -105,32 +105,20 @@ pub fn load_slices(
             part.map_err(|e| concat_error(&[name], format!("{slice:?} of `{name}`: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let host = concat_dim0(&names, sliced)?;
-    Ok(backend.upload(&host, backend.float_dtype())?)
+    upload_rows(&names, sliced, backend)
 }
 
-/// Joins host tensors along dim 0; a single part passes through without a copy.
-fn concat_dim0<'a>(names: &[&str], mut parts: Vec<HostTensor<'a>>) -> Result<HostTensor<'a>, WeightError> {
-    let shape = concat_shape(names, &parts.iter().map(HostTensor::shape).collect::<Vec<_>>())?;
-    if parts.len() == 1 {
-        return Ok(parts.remove(0));
+/// Uploads host tensors joined along dim 0 ([`GpuBackend::upload_rows`]: parts of
+/// different dtypes are widened, or kept apart where the backend packs them), after
+/// checking, with the tensors' names, that they join.
+fn upload_rows(names: &[&str], parts: Vec<HostTensor<'_>>, backend: &dyn GpuBackend) -> Result<Tensor, WeightError> {
+    concat_shape(names, &parts.iter().map(HostTensor::shape).collect::<Vec<_>>())?;
+    if parts.iter().any(|p| p.dtype() != parts[0].dtype())
+        && let Some((_, name)) = parts.iter().zip(names).find(|(p, _)| p.dtype() == DType::U32)
+    {
+        return Err(concat_error(names, format!("`{name}` is u32 and the others are not")));
     }
-    let dtype = parts[0].dtype();
-    if parts.iter().all(|p| p.dtype() == dtype) {
-        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.bytes().len()).sum());
-        for p in &parts {
-            bytes.extend_from_slice(p.bytes());
-        }
-        return Ok(HostTensor::from_bytes(dtype, &shape, Cow::Owned(bytes))?);
-    }
-    let mut data = Vec::with_capacity(shape.iter().product());
-    for (p, name) in parts.iter().zip(names) {
-        if p.dtype() == DType::U32 {
-            return Err(concat_error(names, format!("`{name}` is u32 and the others are not")));
-        }
-        data.extend(p.to_f32_vec()?);
-    }
-    Ok(HostTensor::from_f32(&data, &shape))
+    Ok(backend.upload_rows(parts, backend.float_dtype())?)
 }
 
 /// The shape of the concatenation: dim 0 summed, trailing dims shared by every part.
