@@ -9,7 +9,8 @@ once in a virtualenv outside the repository, it is not a dependency of met or it
     python3 -m venv ~/venvs/lcpp && ~/venvs/lcpp/bin/pip install llama-cpp-python
     ~/venvs/lcpp/bin/python scripts/bench_cpu_llamacpp.py --met target/release/met
 
-`--cpu-dots exact,int8` runs met once per mode in every round. llama.cpp's figures are the wall time of `Llama.eval` over the prompt and over each
+`--cpu-dots exact,int8` runs met once per mode in every round, and `--met A,B` each binary (an
+A/B of two builds against the same llama.cpp rounds). llama.cpp's figures are the wall time of `Llama.eval` over the prompt and over each
 generated token (its greedy pick is an argmax over the returned logits); met's come from
 `met generate --timing` (wall time of the engine steps before and after the first token).
 Model loading is excluded for both. Medians over the rounds are printed as JSON.
@@ -61,7 +62,8 @@ def main():
     home = os.environ.get("MET_HOME", os.path.expanduser("~/.cache/met"))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=os.path.join(home, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    p.add_argument("--met", default="target/release/met")
+    p.add_argument("--met", default="target/release/met",
+                   help="met binaries, comma-separated (each is its own engine: an A/B of two builds)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=128)
@@ -71,12 +73,14 @@ def main():
     args = p.parse_args()
     ids = prompt_ids(args.prompt)
     dots = args.cpu_dots.split(",")
-    mets = {d: f"met ({d})" for d in dots}
+    bins = args.met.split(",")
+    tag = (lambda b: f"met[{os.path.basename(b)}]") if len(bins) > 1 else (lambda b: "met")
+    mets = {(b, d): f"{tag(b)} ({d})" for b in bins for d in dots}
     runs = {"llama.cpp": [], **{name: [] for name in mets.values()}}
     for _ in range(args.rounds):
         runs["llama.cpp"].append(bench_llamacpp(args.model, ids, args.gen, args.threads))
-        for d, name in mets.items():
-            runs[name].append(bench_met(args.met, args.model, ids, args.gen, args.threads, d))
+        for (b, d), name in mets.items():
+            runs[name].append(bench_met(b, args.model, ids, args.gen, args.threads, d))
     summary = {
         engine: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for engine, rs in runs.items()
     }
