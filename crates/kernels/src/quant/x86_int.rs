@@ -86,8 +86,15 @@ impl Job<'_, '_> {
         // Measured on Zen 4 (bench `matmul_quant`, q4_1 k576 n1536): AVX-512 with 8 rows
         // ran 125 µs with 1 weight row per tile and 186 µs with 2 (accumulators spilled),
         // 5 rows 70 µs with 4 and 77 µs with 2; AVX2 (16 registers) was fastest with 2
-        // weight rows for 1 row and 1 weight row from 4 rows up.
+        // weight rows for 1 row and 1 weight row from 4 rows up. One activation row (a
+        // decode step) streams its weights from memory, and there AVX-512 is fastest one
+        // weight row at a time, the rows read in address order as one stream rather than
+        // four (bench `decode_kquant`, 28 Qwen3-0.6B layers of Q4_K/Q6_K, 6 alternating
+        // rounds: median 14.9 ms against 17.7 with 4 and 17.7 with 2; a whole Q4_K_M
+        // decode 41.0 against 32.7 tok/s, the Q4_1 default model 141 against 122; with
+        // AVX2 1 row was no faster than 2: 27.8 against 29.6 tok/s).
         let tile = match (self.level, M) {
+            (SimdLevel::Avx512, 1) => 1,
             (SimdLevel::Avx512, ..=5) => 4,
             (SimdLevel::Avx512, 6) | (_, ..=2) => 2,
             _ => 1,
