@@ -270,7 +270,8 @@ fn matmul_kquant(c: &mut Criterion) {
 }
 
 /// The matmuls of a Qwen3-0.6B Q4_K_M decode step but the head: 28 layers of fused q/k/v,
-/// o, fused gate/up (Q4_K) and down (Q6_K), one activation row, about 200 MB of weights
+/// o, fused gate/up (Q4_K) and down (Q6_K), for one activation row and for 2 and 4 (a few
+/// sequences decoding together, or a draft being verified), about 200 MB of weights
 /// streamed from memory per step as in a real decode.
 fn decode_kquant(c: &mut Criterion) {
     use met_kernels::CpuDots;
@@ -283,18 +284,21 @@ fn decode_kquant(c: &mut Criterion) {
     ];
     let layers: Vec<Vec<_>> =
         (0..28).map(|l| shapes.iter().map(|&(n, k, f)| packed_weights(f, n, k, 100 + l)).collect()).collect();
-    let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k, _)| values(k, 4)).collect();
     let mut group = c.benchmark_group("decode_kquant");
-    group.throughput(flops(28 * shapes.iter().map(|&(n, k, _)| 2 * k * n).sum::<usize>()));
-    group.bench_function("int8/m1", |bench| {
-        bench.iter(|| {
-            for layer in &layers {
-                for (w, x) in layer.iter().zip(&xs) {
-                    black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, 1, CpuDots::Int8));
+    // One sequence, and a few decoding together (or a draft's tokens being verified).
+    for m in [1, 2, 4] {
+        let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k, _)| values(m * k, 4)).collect();
+        group.throughput(flops(28 * m * shapes.iter().map(|&(n, k, _)| 2 * k * n).sum::<usize>()));
+        group.bench_function(format!("int8/m{m}"), |bench| {
+            bench.iter(|| {
+                for layer in &layers {
+                    for (w, x) in layer.iter().zip(&xs) {
+                        black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, m, CpuDots::Int8));
+                    }
                 }
-            }
+            });
         });
-    });
+    }
     group.finish();
 }
 

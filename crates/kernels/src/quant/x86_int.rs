@@ -43,6 +43,9 @@ type Kernel<const R: usize, const M: usize> = unsafe fn(&PackedQuant, usize, &[A
 /// The output of one `dot_rows` call and what every tile of it shares.
 struct Job<'a, 'p> {
     level: SimdLevel,
+    /// Fewer than [`MANY_M`] activation rows (a decode step): each weight is read once,
+    /// from memory, rather than again by each group of a prompt's rows.
+    streaming: bool,
     p: &'p PackedQuant,
     rows: std::ops::Range<usize>,
     out: &'a mut [f32],
@@ -61,7 +64,7 @@ pub(super) fn dot_rows(
         return false;
     }
     let m = x.rows();
-    let mut job = Job { level, p, rows, out };
+    let mut job = Job { level, streaming: m < MANY_M, p, rows, out };
     let group = if m >= MANY_M { PROMPT_M } else { MAX_M };
     for first in (0..m).step_by(group) {
         match (m - first).min(group) {
@@ -86,15 +89,17 @@ impl Job<'_, '_> {
         // Measured on Zen 4 (bench `matmul_quant`, q4_1 k576 n1536): AVX-512 with 8 rows
         // ran 125 µs with 1 weight row per tile and 186 µs with 2 (accumulators spilled),
         // 5 rows 70 µs with 4 and 77 µs with 2; AVX2 (16 registers) was fastest with 2
-        // weight rows for 1 row and 1 weight row from 4 rows up. One activation row (a
-        // decode step) streams its weights from memory, and there AVX-512 is fastest one
-        // weight row at a time, the rows read in address order as one stream rather than
-        // four (bench `decode_kquant`, 28 Qwen3-0.6B layers of Q4_K/Q6_K, 6 alternating
-        // rounds: median 14.9 ms against 17.7 with 4 and 17.7 with 2; a whole Q4_K_M
-        // decode 41.0 against 32.7 tok/s, the Q4_1 default model 141 against 122; with
-        // AVX2 1 row was no faster than 2: 27.8 against 29.6 tok/s).
+        // weight rows for 1 row and 1 weight row from 4 rows up. A decode step streams its
+        // weights from memory, and there AVX-512 is fastest one weight row at a time, the
+        // rows read in address order as one stream rather than several (bench
+        // `decode_kquant`, 28 Qwen3-0.6B layers of Q4_K/Q6_K, alternating rounds, medians:
+        // one activation row 14.9 ms with 1 weight row, 17.7 with 2 and with 4; two rows
+        // 19.9 with 1 or 2, 21.4 with 4; four rows 32.1, 36.6 and 39.2; a whole Q4_K_M
+        // decode 41.0 against 32.7 tok/s, the Q4_1 default model 141 against 122). With
+        // AVX2 one weight row was no faster than 2 for one activation row (27.8 against
+        // 29.6 tok/s).
         let tile = match (self.level, M) {
-            (SimdLevel::Avx512, 1) => 1,
+            (SimdLevel::Avx512, _) if self.streaming => 1,
             (SimdLevel::Avx512, ..=5) => 4,
             (SimdLevel::Avx512, 6) | (_, ..=2) => 2,
             _ => 1,
