@@ -216,6 +216,12 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 /// (`bench/results/cpu-kquant-2026-12-03/q4_1-default-model.md`).
 const PREFETCH_TILES: usize = 1;
 
+/// The fewest weight rows ahead the prefetch reads, for tiles of one row (AVX-512's decode
+/// steps): one row of 1024 K-quant weights is over too soon. Measured (`decode_kquant`,
+/// one activation row, 4 alternating rounds, medians): 10.2 ms one row ahead, 9.6 two and
+/// four, 10.8 without prefetches; two activation rows 13.4, 13.3, 13.3 and 14.2 ms.
+const PREFETCH_MIN_ROWS: usize = 2;
+
 /// Raw views of a group's rows, read without bounds checks in the inner loops (the
 /// callers of `dot_rows` checked every length once). `wd` are the weight rows' scales of
 /// the current group of `WIDEN` blocks, widened to f32, indexed from the group's start.
@@ -233,7 +239,7 @@ impl<const R: usize, const M: usize> Ptrs<R, M> {
     fn of(w: &[WeightRow<'_>; R], a: &[ActRow<'_>; M], dw: &[[f32; WIDEN]; R]) -> Self {
         Self {
             wq: std::array::from_fn(|r| w[r].qs.as_ptr()),
-            ahead: PREFETCH_TILES * R * w[0].qs.len(),
+            ahead: (PREFETCH_TILES * R).max(PREFETCH_MIN_ROWS) * w[0].qs.len(),
             wsc: std::array::from_fn(|r| w[r].sc.as_ptr()),
             wd: std::array::from_fn(|r| dw[r].as_ptr()),
             aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
