@@ -238,8 +238,23 @@ fn attend_group_body(
             scores.iter_mut().for_each(|s| *s -= max[head]);
             exp_in_place(scores);
             sum[head] += scores.iter().sum::<f32>();
+            // Each output element adds the run's weighted values key by key, as a loop over
+            // keys around one over elements would; taken 32 elements at a time, they stay
+            // in registers for the whole run (four independent chains of adds).
+            let mut c = 0;
+            while c + 32 <= d {
+                let mut acc: [f32; 32] = o[c..c + 32].try_into().expect("32 elements");
+                for (&weight, &a) in scores.iter().zip(&at[..n]) {
+                    let v = &vs[a + c..a + c + 32];
+                    for i in 0..32 {
+                        acc[i] += weight * v[i];
+                    }
+                }
+                o[c..c + 32].copy_from_slice(&acc);
+                c += 32;
+            }
             for (&weight, &a) in scores.iter().zip(&at[..n]) {
-                for (x, v) in o.iter_mut().zip(&vs[a..a + d]) {
+                for (x, v) in o[c..].iter_mut().zip(&vs[a + c..a + d]) {
                     *x += weight * v;
                 }
             }
