@@ -245,26 +245,25 @@ impl GpuBackend for CpuBackend {
     /// differ (a Q4_K_M file's q and k in Q4_K beside a Q6_K v): a product runs each part's
     /// kernel on its rows. Anything else is joined as the default does.
     fn upload_rows(&self, parts: Vec<HostTensor<'_>>, dtype: DType) -> Result<Tensor> {
-        let first = parts.first().map(HostTensor::dtype);
-        let packable = |p: &HostTensor<'_>| {
-            matches!(p.dtype(), DType::Quant(q) if PackedQuant::supports(q))
-                && p.shape().len() == 2
-                && parts.first().is_some_and(|f| f.shape()[1..] == p.shape()[1..])
+        let k = match parts.first().map(HostTensor::shape) {
+            Some(&[_, k]) => k,
+            _ => 0,
         };
-        let mixed = parts.iter().any(|p| Some(p.dtype()) != first);
-        if dtype != DType::F32 || parts.len() < 2 || !mixed || !parts.iter().all(packable) {
+        let matrices = k > 0 && parts.iter().all(|p| matches!(p.shape(), &[_, pk] if pk == k));
+        let mixed = parts.iter().any(|p| p.dtype() != parts[0].dtype());
+        if dtype != DType::F32 || !mixed || !matrices {
             return self.upload(&HostTensor::concat_rows(parts)?, dtype);
         }
-        let k = parts[0].shape()[1];
         let rows: usize = parts.iter().map(|p| p.shape()[0]).sum();
-        let packed = parts
-            .iter()
-            .map(|p| {
-                let DType::Quant(q) = p.dtype() else { unreachable!("packable parts are quantised") };
-                PackedQuant::from_blocks(q, p.bytes(), k)
-                    .ok_or_else(|| Error::InvalidArgument(format!("{q} rows of {k} that do not pack")))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let packed = parts.iter().map(|p| match p.dtype() {
+            DType::Quant(q) => PackedQuant::from_blocks(q, p.bytes(), k),
+            _ => None,
+        });
+        // A part without a packed layout (f32, Q5_0, a Q4_0 scale past f16's range once
+        // negated) widens the whole matrix, as before there were row blocks.
+        let Some(packed) = packed.collect::<Option<Vec<_>>>() else {
+            return self.upload(&HostTensor::concat_rows(parts)?, dtype);
+        };
         let dtype = parts[0].dtype();
         Ok(Tensor::from_storage(
             Storage::Cpu(CpuStorage(RwLock::new(CpuData::Packed(packed)))),

@@ -290,6 +290,13 @@ mod tests {
                 .collect();
             assert_eq!(got, matmul_packed_parts(&x, &packed, None, 3, dots), "{dots}");
         }
+        // A part without a packed layout (Q5_0) widens the whole join to f32, as before.
+        let unpackable = vec![host(QuantFormat::Q4_K, 8), host(QuantFormat::Q5_0, 8)];
+        let widened = HostTensor::concat_rows(unpackable.clone()).unwrap().to_f32_vec().unwrap();
+        let cpu = super::super::CpuBackend::new();
+        let w = cpu.upload_rows(unpackable, crate::DType::F32).unwrap();
+        assert_eq!(w.dtype(), crate::DType::F32, "a Q5_0 part widens the join");
+        assert_eq!(cpu.download_f32(&w).unwrap(), widened);
     }
 
     /// A matmul of `m` activation rows by one path.

@@ -100,8 +100,9 @@ impl Job<'_, '_> {
         // 29.6 tok/s).
         let tile = match (self.level, M) {
             (SimdLevel::Avx512, _) if self.streaming => 1,
-            (SimdLevel::Avx512, ..=5) => 4,
-            (SimdLevel::Avx512, 6) | (_, ..=2) => 2,
+            // A prompt's groups, at most PROMPT_M rows.
+            (SimdLevel::Avx512, _) => 4,
+            (_, ..=2) => 2,
             _ => 1,
         };
         // Chosen once per group, not per tile: a decode tile is a few dozen blocks.
@@ -217,7 +218,7 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 const PREFETCH_TILES: usize = 1;
 
 /// The fewest weight rows ahead the prefetch reads, for tiles of one row (AVX-512's decode
-/// steps): one row of 1024 K-quant weights is over too soon. Measured (`decode_kquant`,
+/// steps, AVX2's of three rows): one row of 1024 K-quant weights is over too soon. Measured (`decode_kquant`,
 /// one activation row, 4 alternating rounds, medians): 10.2 ms one row ahead, 9.6 two and
 /// four, 10.8 without prefetches; two activation rows 13.4, 13.3, 13.3 and 14.2 ms.
 const PREFETCH_MIN_ROWS: usize = 2;
