@@ -11,12 +11,15 @@
 
 mod blocks;
 mod f32_rows;
+mod grouped;
 mod packed;
 mod packed_k;
 mod q8;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_grouped;
 #[cfg(target_arch = "x86_64")]
 mod x86_int;
 #[cfg(target_arch = "x86_64")]

@@ -17,7 +17,9 @@
 //! super-block and their small integer scales per 32-element block (two per block for
 //! Q6_K), unpacked to a byte each; their quants are regrouped so every pair of blocks reads
 //! like a Q4_K chunk (see `packed_k`). A kernel sees every format as 32-element blocks with
-//! one f32 scale (and minimum) each.
+//! one f32 scale (and minimum) each. Q4_K and Q5_K matrices go further: their rows are
+//! interleaved in groups of 16, one row per vector lane (`grouped`), and the field docs
+//! below describe the other formats.
 
 use super::{QuantFormat, SimdLevel};
 
@@ -54,7 +56,7 @@ pub struct PackedQuant {
     /// K-quants: each block's integer scale (Q4_K, Q5_K: 6 bits; Q6_K: two i8 per block,
     /// one per 16 elements), row-major, then [`SUB_PAD`] zeros. Empty otherwise.
     pub(super) sc: Vec<u8>,
-    /// Q4_K, Q5_K: each block's 6-bit minimum, laid out as `sc`. Empty otherwise.
+    /// Q4_K, Q5_K: each block's 6-bit minimum (grouped as `sc`). Empty otherwise.
     pub(super) mn: Vec<u8>,
     /// The quants of each block without their header: [`Self::payload`] bytes a block.
     pub(super) qs: Vec<u8>,

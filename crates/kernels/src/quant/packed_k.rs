@@ -14,6 +14,9 @@
 //! - Q6_K: then 16 bytes of bits 4–5: byte `i` holds those of element `16·t + i` at bits
 //!   `2t, 2t + 1` (`t` = 0..4), so a 128-bit lane per 16 elements shifts them into place.
 //!
+//! Q4_K and Q5_K matrices are built in this layout, then grouped 16 rows to a vector
+//! (`grouped`); Q6_K keeps it.
+//!
 //! Invariant: every value decodes to exactly the reference decoder's f32 (`blocks.rs`),
 //! with the same products in the same order.
 
@@ -60,6 +63,9 @@ impl PackedQuant {
             p.mn.resize(supers * BLOCKS_PER_SUPER + SUB_PAD, 0);
         }
         p.sc.resize(supers * subs + SUB_PAD, 0);
+        if super::grouped::is_grouped(format) {
+            p.group_rows();
+        }
         p
     }
 
@@ -97,43 +103,29 @@ impl PackedQuant {
     }
 
     /// Rows `rows` of a K-quant as f32, equal to the reference decoder's values: per
-    /// block, its quants, then `d · sc · q − dmin · mn` (Q6_K: `d · sc · (q − 32)`), the
-    /// decoders' products in their order, in loops the compiler vectorises (the exact
-    /// dots dequantise every weight of a step).
+    /// block, its quants, then `d · sc · (q − 32)` (Q6_K; the grouped formats in
+    /// `grouped`), the decoder's products in its order, in loops the compiler vectorises
+    /// (the exact dots dequantise every weight of a step).
     pub(super) fn dequantize_k_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        if super::grouped::is_grouped(self.format) {
+            return super::grouped::dequantize_rows(self, rows, out);
+        }
         let nb = self.blocks_per_row();
         for (b, o) in (rows.start * nb..rows.end * nb).zip(out.chunks_exact_mut(32)) {
-            let q = block_quants(self.format, &self.qs, b);
+            let q = q6_k_block(&self.qs, b);
             let d = f16_value(self.d[b / BLOCKS_PER_SUPER]);
-            if self.format == QuantFormat::Q6_K {
-                for (h, (o, q)) in o.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
-                    let scale = d * f32::from(self.sc[2 * b + h].cast_signed());
-                    o.iter_mut().zip(q).for_each(|(o, &q)| *o = scale * (f32::from(q) - 32.0));
-                }
-            } else {
-                let scale = d * f32::from(self.sc[b]);
-                let min = f16_value(self.m[b / BLOCKS_PER_SUPER]) * f32::from(self.mn[b]);
-                o.iter_mut().zip(&q).for_each(|(o, &q)| *o = scale * f32::from(q) - min);
+            for (h, (o, q)) in o.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
+                let scale = d * f32::from(self.sc[2 * b + h].cast_signed());
+                o.iter_mut().zip(q).for_each(|(o, &q)| *o = scale * (f32::from(q) - 32.0));
             }
         }
     }
 }
 
-/// The unsigned quants of block `b` of packed K-quant quants `qs` (which start at a chunk).
-pub(super) fn block_quants(format: QuantFormat, qs: &[u8], b: usize) -> [u8; 32] {
-    let chunk = &qs[(b / 2) * 2 * payload_bytes(format)..][..2 * payload_bytes(format)];
-    let half = b % 2;
-    let mut q: [u8; 32] = std::array::from_fn(|l| (chunk[l] >> (4 * half)) & 0xF);
-    match format {
-        QuantFormat::Q5_K => {
-            let hi = u64::from_le_bytes(chunk[32..40].try_into().expect("8 bytes of high bits")) >> (32 * half);
-            q.iter_mut().enumerate().for_each(|(l, q)| *q |= (((hi >> l) & 1) as u8) << 4);
-        }
-        QuantFormat::Q6_K => {
-            let highs = &chunk[32..48];
-            q.iter_mut().enumerate().for_each(|(l, q)| *q |= ((highs[l % 16] >> (2 * (2 * half + l / 16))) & 3) << 4);
-        }
-        _ => {}
-    }
-    q
+/// The unsigned quants (0..=63) of block `b` of packed Q6_K quants `qs` (which start at a
+/// chunk).
+pub(super) fn q6_k_block(qs: &[u8], b: usize) -> [u8; 32] {
+    let chunk = &qs[(b / 2) * 2 * payload_bytes(QuantFormat::Q6_K)..][..2 * payload_bytes(QuantFormat::Q6_K)];
+    let (half, highs) = (b % 2, &chunk[32..48]);
+    std::array::from_fn(|l| ((chunk[l] >> (4 * half)) & 0xF) | ((highs[l % 16] >> (2 * (2 * half + l / 16))) & 3) << 4)
 }

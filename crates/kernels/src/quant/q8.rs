@@ -7,20 +7,22 @@
 //! each activation block becomes `dx · qx` (`dx = max|x| / 127`, `qx` an i8), so a weight
 //! block contributes `dw · dx · Σ q·qx (+ m · dx · Σ qx)` with the inner sum in exact
 //! integer arithmetic: 32 multiply-adds per instruction pair instead of 16 or 8. The
-//! K-quants fit the same form block by block: a Q4_K/Q5_K block's `dw` is `d · sc` and its
-//! `m` is `−dmin · mn`; a Q6_K block's two sub-block scales multiply their integer sums
-//! (still exact) and `dw` is the super-block's `d`. Every format shares one activation
+//! K-quants fit the same form block by block: a Q6_K block's two sub-block scales multiply
+//! their integer sums (still exact) and `dw` is the super-block's `d`; a Q4_K/Q5_K block's
+//! `dw` is `d · sc` and its `m` is `−dmin · mn`, in matrices grouped 16 rows to a vector
+//! (`grouped`, whose products are defined there). Every format shares one activation
 //! quantisation.
 //!
 //! Invariants: the integer sums are exact at every SIMD level (no saturation: see the
-//! kernels in `x86_int` and `x86_kquant`), so levels differ only in the order of the f32
-//! scaling of the per-block sums. The one error against the exact product is the rounding
+//! kernels in `x86_int`, `x86_kquant` and `x86_grouped`), so levels differ only in the
+//! order of the f32 scaling of the per-block sums (the grouped formats: not at all). The one error against the exact product is the rounding
 //! of `x` to `qx`: at most `dx / 2` per element, i.e. `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|`
 //! (tested). Each activation row's result is bit for bit the same however many activation
 //! rows and weight rows run together, so speculative verification sees decode's logits.
 
+use super::grouped::is_grouped;
 use super::packed::{PackedQuant, f16_value};
-use super::packed_k::{BLOCKS_PER_SUPER, block_quants};
+use super::packed_k::{BLOCKS_PER_SUPER, q6_k_block};
 use super::{QuantFormat, SimdLevel};
 
 /// Activation rows `[m, k]` quantised per 32-element block to `d · q` with i8 `q`.
@@ -103,8 +105,8 @@ pub(super) struct ActRow<'a> {
 /// payloads. `d` and `m` start at the row's first block (K-quants: super-block) and run on
 /// to the end of the matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`]
 /// zeros), so a vector load of 16 of them that starts at any block of the row stays in
-/// bounds; the row's own are the first `nb` (K-quants: `nb / 8`). `sc` and `mn` (the
-/// K-quants' integer scales and minimums) run on the same way, past [`super::packed::SUB_PAD`].
+/// bounds; the row's own are the first `nb` (Q6_K: `nb / 8`). `sc` (Q6_K's integer
+/// scales) runs on the same way, past [`super::packed::SUB_PAD`].
 #[derive(Clone, Copy)]
 pub(super) struct WeightRow<'a> {
     pub(super) format: QuantFormat,
@@ -112,12 +114,11 @@ pub(super) struct WeightRow<'a> {
     pub(super) d: &'a [u16],
     pub(super) m: &'a [u16],
     pub(super) sc: &'a [u8],
-    pub(super) mn: &'a [u8],
     pub(super) qs: &'a [u8],
 }
 
 impl<'a> WeightRow<'a> {
-    /// Row `r` of `p`, whatever its format (no minimums for Q8_0 and Q6_K): the scalar
+    /// Row `r` of `p`, of any format but the grouped ones (no minimums for Q8_0 and Q6_K): the scalar
     /// path's and the tests' view. The SIMD kernels take their rows from [`Self::lean`] or
     /// [`Self::of_k`], fixed by the kernel's format, once per row and tile: strides by
     /// format, no division, and inlined (a call returned the struct through memory, which
@@ -125,9 +126,10 @@ impl<'a> WeightRow<'a> {
     /// matmul's time).
     #[inline(always)]
     pub(super) fn of(p: &'a PackedQuant, r: usize) -> Self {
+        assert!(!is_grouped(p.format()), "{} rows are grouped (`GroupRow`)", p.format());
         match p.format() {
             QuantFormat::Q8_0 => Self::lean::<false>(p, r),
-            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => Self::of_k(p, r),
+            QuantFormat::Q6_K => Self::of_k(p, r),
             _ => Self::lean::<true>(p, r),
         }
     }
@@ -145,26 +147,21 @@ impl<'a> WeightRow<'a> {
             d: &p.d[r * nb..],
             m: if Q4 { &p.m[r * nb..] } else { &[] },
             sc: &[],
-            mn: &[],
             qs: &p.qs[r * nb * payload..(r + 1) * nb * payload],
         }
     }
 
-    /// Row `r` of a K-quant matrix: one f16 scale (and minimum) per super-block, integer
-    /// scales (and minimums) per block.
+    /// Row `r` of a Q6_K matrix: one f16 scale per super-block, two integer scales per
+    /// block.
     #[inline(always)]
     pub(super) fn of_k(p: &'a PackedQuant, r: usize) -> Self {
         let nb = p.blocks_per_row();
-        let supers = nb / BLOCKS_PER_SUPER;
-        // Per row: scales and minimums (f16), integer scales, integer minimums.
-        let (m_row, sc_row, mn_row) = if p.format() == QuantFormat::Q6_K { (0, 2 * nb, 0) } else { (supers, nb, nb) };
         Self {
             format: p.format(),
             nb,
-            d: &p.d[r * supers..],
-            m: &p.m[r * m_row..],
-            sc: &p.sc[r * sc_row..],
-            mn: &p.mn[r * mn_row..],
+            d: &p.d[r * (nb / BLOCKS_PER_SUPER)..],
+            m: &[],
+            sc: &p.sc[r * 2 * nb..],
             qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
         }
     }
@@ -175,22 +172,18 @@ impl<'a> WeightRow<'a> {
     }
 }
 
-/// Block `b`'s f32 scale: the f16 `d` of a Q4_0/Q4_1/Q8_0 block, `d · sc` of a Q4_K/Q5_K
-/// one (exact: 11 by 6 bits), the super-block's `d` for Q6_K (whose sub-block scales
-/// multiply the integer sums).
+/// Block `b`'s f32 scale: the f16 `d` of a Q4_0/Q4_1/Q8_0 block, the super-block's `d`
+/// for Q6_K (whose sub-block scales multiply the integer sums).
 pub(super) fn block_scale(w: &WeightRow<'_>, b: usize) -> f32 {
     match w.format {
-        QuantFormat::Q4_K | QuantFormat::Q5_K => f16_value(w.d[b / BLOCKS_PER_SUPER]) * f32::from(w.sc[b]),
         QuantFormat::Q6_K => f16_value(w.d[b / BLOCKS_PER_SUPER]),
         _ => f16_value(w.d[b]),
     }
 }
 
-/// Block `b`'s minimum term factor: the f16 `m` of Q4_0/Q4_1, `−dmin · mn` of Q4_K/Q5_K
-/// (exact), zero without minimums.
+/// Block `b`'s minimum term factor: the f16 `m` of Q4_0/Q4_1, zero without minimums.
 pub(super) fn block_min(w: &WeightRow<'_>, b: usize) -> f32 {
     match w.format {
-        QuantFormat::Q4_K | QuantFormat::Q5_K => -f16_value(w.m[b / BLOCKS_PER_SUPER]) * f32::from(w.mn[b]),
         QuantFormat::Q4_0 | QuantFormat::Q4_1 => f16_value(w.m[b]),
         _ => 0.0,
     }
@@ -219,8 +212,8 @@ pub(super) fn block_int_dot(w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 
                 .map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16]))
                 .sum()
         }
-        QuantFormat::Q6_K => {
-            let q = block_quants(w.format, w.qs, b);
+        _ => {
+            let q = q6_k_block(w.qs, b);
             (0..2)
                 .map(|h| {
                     let sub: i32 = (16 * h..16 * h + 16).map(|l| (i32::from(q[l]) - 32) * i32::from(qx[l])).sum();
@@ -228,7 +221,6 @@ pub(super) fn block_int_dot(w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 
                 })
                 .sum()
         }
-        _ => block_quants(w.format, w.qs, b).iter().zip(qx).map(|(&q, &x)| i32::from(q) * i32::from(x)).sum(),
     }
 }
 
@@ -259,6 +251,13 @@ impl PackedQuant {
         assert_eq!(x.k(), self.k(), "activations and weights differ in k");
         assert_eq!(out.len(), x.rows() * rows.len(), "one output per row pair");
         assert!(rows.end <= self.rows(), "rows past the matrix");
+        if is_grouped(self.format) {
+            #[cfg(target_arch = "x86_64")]
+            if super::x86_grouped::dot_rows(level.min(SimdLevel::detected()).for_int8(), self, x, rows.clone(), out) {
+                return;
+            }
+            return super::grouped::dot_rows(self, x, rows, out);
+        }
         #[cfg(target_arch = "x86_64")]
         if super::x86_int::dot_rows(level.min(SimdLevel::detected()).for_int8(), self, x, rows.clone(), out) {
             return;

@@ -5,6 +5,7 @@
 
 use half::f16;
 
+use super::grouped::{self, GroupRow, is_grouped};
 use super::packed::f16_value;
 use super::q8::{ActRow, WeightRow, block_int_dot, block_min, block_scale, dot_scalar, min_term, quantize_block};
 use super::tests::random_row;
@@ -36,11 +37,31 @@ fn packed(format: QuantFormat, n: usize, k: usize, seed: u32) -> PackedQuant {
     PackedQuant::from_blocks(format, &rows, k).expect("a packed format")
 }
 
-/// `Σ |terms|` of the scalar reference: the scale of its f32 rounding.
-fn term_size(w: &WeightRow<'_>, a: &ActRow<'_>) -> f64 {
-    let blocks: f64 =
-        (0..w.nb).map(|b| f64::from(block_scale(w, b) * a.d[b]) * f64::from(block_int_dot(w, a, b).abs())).sum();
-    blocks + (0..w.nb).zip(a.s).map(|(b, s)| f64::from((block_min(w, b) * s).abs())).sum::<f64>()
+/// The scalar reference for weight row `j` of `p` and `a`, whatever the layout.
+pub(super) fn scalar_dot(p: &PackedQuant, j: usize, a: &ActRow<'_>) -> f32 {
+    if is_grouped(p.format()) {
+        grouped::dot_scalar(&GroupRow::of(p, j), a)
+    } else {
+        dot_scalar(&WeightRow::of(p, j), a)
+    }
+}
+
+/// `Σ |terms|` of the scalar reference for weight row `j` of `p` and `a`: the scale of its
+/// f32 rounding.
+fn term_size(p: &PackedQuant, j: usize, a: &ActRow<'_>) -> f64 {
+    let nb = p.k() / 32;
+    let (scale, min, int_dot): (Vec<f32>, Vec<f32>, Vec<i32>) = if is_grouped(p.format()) {
+        let w = GroupRow::of(p, j);
+        let (scale, min) = (0..nb).map(|b| w.scale_and_min(b)).unzip();
+        (scale, min, (0..nb).map(|b| grouped::block_int_dot(&w, a, b)).collect())
+    } else {
+        let w = WeightRow::of(p, j);
+        let (scale, min) = (0..nb).map(|b| (block_scale(&w, b), block_min(&w, b))).unzip();
+        (scale, min, (0..nb).map(|b| block_int_dot(&w, a, b)).collect())
+    };
+    (0..nb)
+        .map(|b| f64::from(scale[b] * a.d[b]) * f64::from(int_dot[b].abs()) + f64::from((min[b] * a.s[b]).abs()))
+        .sum()
 }
 
 /// Every packed format with row lengths of its own: for the K-quants one super-block and
@@ -62,7 +83,8 @@ fn int_product(level: SimdLevel, p: &PackedQuant, x: &Q8Rows, rows: std::ops::Ra
 }
 
 /// Every level against the scalar reference. Levels sum the same exact per-block
-/// integers but scale and add them in another order (lanes, then a tree), so each result
+/// integers but (except for the grouped formats, which must match it bit for bit) scale
+/// and add them in another order (lanes, then a tree), so each result
 /// is within `(nb + 32) · ε_f32 · Σ |terms|` of the reference: one rounding per addition
 /// on the longest path (`nb / 2` or `nb` lane additions, 4 tree levels, the minimum terms)
 /// with room to spare, and far below the `dw · dx` that one unit of integer error adds.
@@ -76,10 +98,14 @@ fn every_level_matches_the_scalar_integer_reference() {
             let got = int_product(level, &p, &x, 0..n);
             for i in 0..16 {
                 for j in 0..n {
-                    let (w, a) = (WeightRow::of(&p, j), x.row(i));
-                    let want = f64::from(dot_scalar(&w, &a));
-                    let bound = (nb + 32) as f64 * f64::from(f32::EPSILON) * term_size(&w, &a);
-                    let g = f64::from(got[i * n + j]);
+                    let a = x.row(i);
+                    let want = scalar_dot(&p, j, &a);
+                    if is_grouped(format) {
+                        // Every lane of the grouped kernels does the reference's operations.
+                        assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{format} k={k} {level:?} ({i},{j})");
+                    }
+                    let bound = (nb + 32) as f64 * f64::from(f32::EPSILON) * term_size(&p, j, &a);
+                    let (g, want) = (f64::from(got[i * n + j]), f64::from(want));
                     assert!((g - want).abs() <= bound, "{format} k={k} {level:?} ({i},{j}): {g} vs {want}");
                 }
             }
@@ -128,7 +154,7 @@ fn integer_sums_are_exact_at_every_level() {
                 let got = int_product(level, &p, &x, 0..n);
                 for i in 0..x.rows() {
                     for j in 0..n {
-                        let want = dot_scalar(&WeightRow::of(&p, j), &x.row(i));
+                        let want = scalar_dot(&p, j, &x.row(i));
                         assert_eq!(got[i * n + j], want, "{format} k={k} {level:?} ({i},{j})");
                     }
                 }

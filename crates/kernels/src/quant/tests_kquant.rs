@@ -4,8 +4,8 @@
 use half::f16;
 
 use super::blocks::QK_K;
-use super::q8::{WeightRow, dot_scalar};
 use super::tests::random_row;
+use super::tests_int::scalar_dot;
 use super::*;
 
 const K_FORMATS: [QuantFormat; 3] = [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K];
@@ -127,7 +127,7 @@ fn k_quant_integer_sums_are_exact_at_every_level() {
             p.dot_rows_q8_at(level, &x, 0..n, &mut got);
             for i in 0..5 {
                 for j in 0..n {
-                    let want = dot_scalar(&WeightRow::of(&p, j), &x.row(i));
+                    let want = scalar_dot(&p, j, &x.row(i));
                     assert_eq!(got[i * n + j], want, "{format} {level:?} ({i},{j})");
                 }
             }

@@ -1,5 +1,6 @@
 //! AVX-512 VNNI and AVX2 integer kernels for packed rows against `q8` activation rows
-//! ([`super::q8`]); the K-quants' blocks are in [`super::x86_kquant`].
+//! ([`super::q8`]); Q6_K's blocks are in [`super::x86_kquant`], and the grouped Q4_K and
+//! Q5_K matrices have kernels of their own ([`super::x86_grouped`]).
 //!
 //! Register blocking: a kernel call takes `R` weight rows and `M` activation rows and keeps
 //! `R · M` accumulators live, so every weight block is loaded and unpacked once for all `M`
@@ -23,7 +24,7 @@ use std::arch::x86_64::*;
 use super::q8::{ActRow, Q8Rows, WeightRow};
 use super::x86::WIDEN;
 use super::x86_isa::{Avx2, Avx512, IntIsa, Q4Blocks, Q8Blocks, Weights};
-use super::x86_kquant::{Q4KBlocks, Q5KBlocks, Q6KBlocks};
+use super::x86_kquant::Q6KBlocks;
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -125,16 +126,12 @@ impl Job<'_, '_> {
         if self.level == SimdLevel::Avx512 {
             match self.p.format() {
                 QuantFormat::Q8_0 => kernel_512::<Q8Blocks, R, M>,
-                QuantFormat::Q4_K => kernel_512::<Q4KBlocks, R, M>,
-                QuantFormat::Q5_K => kernel_512::<Q5KBlocks, R, M>,
                 QuantFormat::Q6_K => kernel_512::<Q6KBlocks, R, M>,
                 _ => kernel_512::<Q4Blocks, R, M>,
             }
         } else {
             match self.p.format() {
                 QuantFormat::Q8_0 => kernel_256::<Q8Blocks, R, M>,
-                QuantFormat::Q4_K => kernel_256::<Q4KBlocks, R, M>,
-                QuantFormat::Q5_K => kernel_256::<Q5KBlocks, R, M>,
                 QuantFormat::Q6_K => kernel_256::<Q6KBlocks, R, M>,
                 _ => kernel_256::<Q4Blocks, R, M>,
             }
