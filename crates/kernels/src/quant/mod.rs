@@ -24,8 +24,6 @@ mod x86_grouped;
 mod x86_int;
 #[cfg(target_arch = "x86_64")]
 mod x86_isa;
-#[cfg(target_arch = "x86_64")]
-mod x86_kquant;
 
 use std::fmt;
 

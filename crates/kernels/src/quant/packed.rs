@@ -15,11 +15,8 @@
 //!
 //! The K-quants (Q4_K, Q5_K, Q6_K: 256-element super-blocks) keep their f16 scales per
 //! super-block and their small integer scales per 32-element block (two per block for
-//! Q6_K), unpacked to a byte each; their quants are regrouped so every pair of blocks reads
-//! like a Q4_K chunk (see `packed_k`). A kernel sees every format as 32-element blocks with
-//! one f32 scale (and minimum) each. Q4_K and Q5_K matrices go further: their rows are
-//! interleaved in groups of 16, one row per vector lane (`grouped`), and the field docs
-//! below describe the other formats.
+//! Q6_K), unpacked to a byte each, and their rows are interleaved in groups of 16, one
+//! row per vector lane (`grouped`); the field docs below describe the other formats.
 
 use super::{QuantFormat, SimdLevel};
 
@@ -54,17 +51,13 @@ pub struct PackedQuant {
     /// Laid out as `d`.
     pub(super) m: Vec<u16>,
     /// K-quants: each block's integer scale (Q4_K, Q5_K: 6 bits; Q6_K: two i8 per block,
-    /// one per 16 elements), row-major, then [`SUB_PAD`] zeros. Empty otherwise.
+    /// one per 16 elements), grouped. Empty otherwise.
     pub(super) sc: Vec<u8>,
     /// Q4_K, Q5_K: each block's 6-bit minimum (grouped as `sc`). Empty otherwise.
     pub(super) mn: Vec<u8>,
     /// The quants of each block without their header: [`Self::payload`] bytes a block.
     pub(super) qs: Vec<u8>,
 }
-
-/// Zero integer scales after the last block's, for vector loads of up to 32 of them that
-/// start at any block.
-pub(super) const SUB_PAD: usize = 32;
 
 impl PackedQuant {
     /// Whether `format` has a packed layout.
@@ -165,7 +158,7 @@ impl PackedQuant {
     pub(super) fn dequantize_rows_at(&self, level: SimdLevel, rows: std::ops::Range<usize>, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len() * self.k, "output does not hold the rows");
         if self.is_k() {
-            return self.dequantize_k_rows(rows, out);
+            return super::grouped::dequantize_rows(self, rows, out);
         }
         let (nb, p) = (self.blocks_per_row(), self.payload());
         #[cfg(target_arch = "x86_64")]

@@ -1,28 +1,18 @@
-//! The packed layout of the K-quants (Q4_K, Q5_K, Q6_K), built from a GGUF file's
-//! super-blocks, and its portable dequantiser.
+//! The K-quants (Q4_K, Q5_K, Q6_K) repacked from a GGUF file's super-blocks into the
+//! grouped layout of [`super::grouped`].
 //!
-//! A super-block of 256 values keeps its f16 scale `d` (and, for Q4_K and Q5_K, its f16
-//! `dmin`) in [`PackedQuant::d`] (and `m`), one per super-block; its integer scales move to
-//! a byte each in `sc` (and minimums in `mn`): 8 six-bit ones per super-block for Q4_K and
-//! Q5_K, which the file packs into 12 bytes, or Q6_K's 16 signed ones. The quants are
-//! regrouped by *chunk*, a pair of 32-element blocks (64 values), so that one load and two
-//! nibble masks give both blocks in element order, whatever the format:
-//!
-//! - 32 bytes of nibbles: byte `l` holds element `l` in its low nibble and `32 + l` in its
-//!   high one (Q4_K's own layout, kept as the file has it);
-//! - Q5_K: then 8 bytes, a little-endian u64 whose bit `e` is bit 4 of element `e`;
-//! - Q6_K: then 16 bytes of bits 4–5: byte `i` holds those of element `16·t + i` at bits
-//!   `2t, 2t + 1` (`t` = 0..4), so a 128-bit lane per 16 elements shifts them into place.
-//!
-//! Q4_K and Q5_K matrices are built in this layout, then grouped 16 rows to a vector
-//! (`grouped`); Q6_K keeps it.
+//! Each super-block of 256 values is decoded to its quants in element order (unsigned:
+//! 0..=15, 0..=31 or 0..=63), its f16 `d` (and `dmin`) and its integer scales (and
+//! minimums): 8 six-bit ones per super-block for Q4_K and Q5_K, which the file packs into
+//! 12 bytes, or Q6_K's 16 signed ones. Those then go to their places in the row's group.
 //!
 //! Invariant: every value decodes to exactly the reference decoder's f32 (`blocks.rs`),
-//! with the same products in the same order.
+//! with the same products in the same order (tested, against gguf-py's values too).
 
 use super::QuantFormat;
 use super::blocks::{QK_K, q6_k_quants, scale_min_k4_bits};
-use super::packed::{PackedQuant, SCALE_PAD, SUB_PAD, f16_value, payload_bytes};
+use super::grouped::{GROUP, STEPS, step_bytes, sub_blocks};
+use super::packed::PackedQuant;
 
 /// Blocks of 32 in a super-block.
 pub(super) const BLOCKS_PER_SUPER: usize = QK_K / 32;
@@ -32,100 +22,97 @@ fn bits(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-impl PackedQuant {
-    /// Repacks `blocks` (whole rows of `k` elements, checked by the caller) of a K-quant.
-    pub(super) fn from_k_blocks(format: QuantFormat, blocks: &[u8], k: usize) -> Self {
-        let supers = blocks.len() / format.block_bytes();
-        let subs = if format == QuantFormat::Q6_K { 16 } else { BLOCKS_PER_SUPER };
-        let mut p = Self {
-            format,
-            k,
-            rows: blocks.len() / format.bytes_for(k).expect("whole super-blocks"),
-            d: Vec::with_capacity(supers + SCALE_PAD),
-            m: Vec::with_capacity(supers + SCALE_PAD),
-            sc: Vec::with_capacity(supers * subs + SUB_PAD),
-            mn: Vec::with_capacity(supers * BLOCKS_PER_SUPER + SUB_PAD),
-            qs: Vec::with_capacity(supers * BLOCKS_PER_SUPER * payload_bytes(format)),
-        };
-        for b in blocks.chunks_exact(format.block_bytes()) {
-            match format {
-                QuantFormat::Q4_K => {
-                    p.push_q4_k(b, None);
-                    p.qs.extend_from_slice(&b[16..]);
-                }
-                QuantFormat::Q5_K => p.push_q4_k(&b[..16], Some((&b[16..48], &b[48..]))),
-                _ => p.push_q6_k(b.try_into().expect("one Q6_K block")),
-            }
-        }
-        p.d.resize(supers + SCALE_PAD, 0);
-        if format != QuantFormat::Q6_K {
-            p.m.resize(supers + SCALE_PAD, 0);
-            p.mn.resize(supers * BLOCKS_PER_SUPER + SUB_PAD, 0);
-        }
-        p.sc.resize(supers * subs + SUB_PAD, 0);
-        if super::grouped::is_grouped(format) {
-            p.group_rows();
-        }
-        p
-    }
+/// One super-block, decoded.
+struct Super {
+    d: u16,
+    /// `dmin` (Q4_K, Q5_K).
+    m: u16,
+    /// Integer scales: 8, or Q6_K's 16 (i8 bits).
+    sc: [u8; 16],
+    /// Integer minimums (Q4_K, Q5_K).
+    mn: [u8; 8],
+    q: [u8; QK_K],
+}
 
-    /// A Q4_K or Q5_K super-block's header (`d`, `dmin`, the 12 bytes of scales and
-    /// minimums); for Q5_K also its `qh` and `qs`, regrouped into chunks here (Q4_K's
-    /// quants are already chunks).
-    fn push_q4_k(&mut self, header: &[u8], q5: Option<(&[u8], &[u8])>) {
-        self.d.push(bits(header, 0));
-        self.m.push(bits(header, 2));
+impl Super {
+    fn decode(format: QuantFormat, b: &[u8]) -> Self {
+        if format == QuantFormat::Q6_K {
+            let b: &[u8; 210] = b.try_into().expect("one Q6_K block");
+            let sc = b[192..208].try_into().expect("16 scales");
+            return Self { d: bits(b, 208), m: 0, sc, mn: [0; 8], q: q6_k_quants(b) };
+        }
+        let (mut sc, mut mn) = ([0u8; 16], [0u8; 8]);
         for j in 0..BLOCKS_PER_SUPER {
-            let (sc, m) = scale_min_k4_bits(j, &header[4..16]);
-            self.sc.push(sc);
-            self.mn.push(m);
+            (sc[j], mn[j]) = scale_min_k4_bits(j, &b[4..16]);
         }
-        let Some((qh, qs)) = q5 else { return };
-        // Chunk c's low nibbles take bit 2c of qh[l], its high nibbles bit 2c + 1.
+        // Chunk c (64 values): byte l of its 32 holds value l in its low nibble and 32 + l
+        // in its high one; Q5_K's fifth bits are bits 2c and 2c + 1 of qh[l].
+        let (qh, qs) = if format == QuantFormat::Q5_K { (Some(&b[16..48]), &b[48..]) } else { (None, &b[16..]) };
+        let mut q = [0u8; QK_K];
         for (c, nibbles) in qs.chunks_exact(32).enumerate() {
-            self.qs.extend_from_slice(nibbles);
-            let hi = qh.iter().enumerate().fold(0u64, |hi, (l, &h)| {
-                hi | u64::from((h >> (2 * c)) & 1) << l | u64::from((h >> (2 * c + 1)) & 1) << (32 + l)
-            });
-            self.qs.extend_from_slice(&hi.to_le_bytes());
-        }
-    }
-
-    /// A Q6_K super-block: its scale, its 16 integer scales and its quants as chunks.
-    fn push_q6_k(&mut self, b: &[u8; 210]) {
-        self.d.push(bits(b, 208));
-        self.sc.extend_from_slice(&b[192..208]);
-        let q = q6_k_quants(b);
-        for chunk in q.chunks_exact(64) {
-            self.qs.extend((0..32).map(|l| (chunk[l] & 0xF) | (chunk[32 + l] << 4)));
-            self.qs.extend((0..16).map(|i| (0..4).fold(0u8, |h, t| h | ((chunk[16 * t + i] >> 4) << (2 * t)))));
-        }
-    }
-
-    /// Rows `rows` of a K-quant as f32, equal to the reference decoder's values: per
-    /// block, its quants, then `d · sc · (q − 32)` (Q6_K; the grouped formats in
-    /// `grouped`), the decoder's products in its order, in loops the compiler vectorises
-    /// (the exact dots dequantise every weight of a step).
-    pub(super) fn dequantize_k_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
-        if super::grouped::is_grouped(self.format) {
-            return super::grouped::dequantize_rows(self, rows, out);
-        }
-        let nb = self.blocks_per_row();
-        for (b, o) in (rows.start * nb..rows.end * nb).zip(out.chunks_exact_mut(32)) {
-            let q = q6_k_block(&self.qs, b);
-            let d = f16_value(self.d[b / BLOCKS_PER_SUPER]);
-            for (h, (o, q)) in o.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
-                let scale = d * f32::from(self.sc[2 * b + h].cast_signed());
-                o.iter_mut().zip(q).for_each(|(o, &q)| *o = scale * (f32::from(q) - 32.0));
+            for (l, &byte) in nibbles.iter().enumerate() {
+                let (lo, hi) = qh.map_or((0, 0), |qh| ((qh[l] >> (2 * c)) & 1, (qh[l] >> (2 * c + 1)) & 1));
+                q[64 * c + l] = (byte & 0xF) | lo << 4;
+                q[64 * c + 32 + l] = (byte >> 4) | hi << 4;
             }
         }
+        Self { d: bits(b, 0), m: bits(b, 2), sc, mn, q }
     }
 }
 
-/// The unsigned quants (0..=63) of block `b` of packed Q6_K quants `qs` (which start at a
-/// chunk).
-pub(super) fn q6_k_block(qs: &[u8], b: usize) -> [u8; 32] {
-    let chunk = &qs[(b / 2) * 2 * payload_bytes(QuantFormat::Q6_K)..][..2 * payload_bytes(QuantFormat::Q6_K)];
-    let (half, highs) = (b % 2, &chunk[32..48]);
-    std::array::from_fn(|l| ((chunk[l] >> (4 * half)) & 0xF) | ((highs[l % 16] >> (2 * (2 * half + l / 16))) & 3) << 4)
+impl PackedQuant {
+    /// Repacks `blocks` (whole rows of `k` elements, checked by the caller) of a K-quant
+    /// into groups of [`GROUP`] rows; rows past the last are zeros.
+    pub(super) fn from_k_blocks(format: QuantFormat, blocks: &[u8], k: usize) -> Self {
+        let rows = blocks.len() / format.bytes_for(k).expect("whole super-blocks");
+        let (groups, nb) = (rows.div_ceil(GROUP), k / 32);
+        let (supers, chunks, subs) = (nb / BLOCKS_PER_SUPER, nb / 2, sub_blocks(format));
+        let step = step_bytes(format);
+        let has_min = format != QuantFormat::Q6_K;
+        let lanes = |per_row: usize| groups * per_row * GROUP;
+        let mut p = Self {
+            format,
+            k,
+            rows,
+            d: vec![0; lanes(supers)],
+            m: vec![0; if has_min { lanes(supers) } else { 0 }],
+            sc: vec![0; lanes(nb * subs)],
+            mn: vec![0; if has_min { lanes(nb) } else { 0 }],
+            qs: vec![0; groups * chunks * STEPS * step],
+        };
+        for (i, block) in blocks.chunks_exact(format.block_bytes()).enumerate() {
+            let (r, s) = (i / supers, i % supers);
+            let (g, l) = (r / GROUP, r % GROUP);
+            let sb = Super::decode(format, block);
+            p.d[(g * supers + s) * GROUP + l] = sb.d;
+            let per_super = BLOCKS_PER_SUPER * subs;
+            for (j, &sc) in sb.sc[..per_super].iter().enumerate() {
+                p.sc[(g * nb * subs + s * per_super + j) * GROUP + l] = sc;
+            }
+            if has_min {
+                p.m[(g * supers + s) * GROUP + l] = sb.m;
+                for (j, &mn) in sb.mn.iter().enumerate() {
+                    p.mn[(g * nb + s * BLOCKS_PER_SUPER + j) * GROUP + l] = mn;
+                }
+            }
+            for (c, q) in sb.q.chunks_exact(64).enumerate() {
+                let chunk = (g * chunks + s * BLOCKS_PER_SUPER / 2 + c) * STEPS * step;
+                for j in 0..STEPS {
+                    let at = chunk + j * step;
+                    for t in 0..4 {
+                        let (even, odd) = (q[4 * j + t], q[32 + 4 * j + t]);
+                        let lane = 4 * l + t;
+                        p.qs[at + lane] = (even & 0xF) | (odd & 0xF) << 4;
+                        // The high planes: bit 4 (then bit 5) of each block's quants.
+                        for (plane, parity, v) in [(0, 0, even), (0, 1, odd), (1, 0, even), (1, 1, odd)] {
+                            if (v >> (4 + plane)) & 1 == 1 {
+                                p.qs[at + 64 + 8 * (2 * plane + parity) + lane / 8] |= 1 << (lane % 8);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p
+    }
 }

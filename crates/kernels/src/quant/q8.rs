@@ -7,22 +7,21 @@
 //! each activation block becomes `dx · qx` (`dx = max|x| / 127`, `qx` an i8), so a weight
 //! block contributes `dw · dx · Σ q·qx (+ m · dx · Σ qx)` with the inner sum in exact
 //! integer arithmetic: 32 multiply-adds per instruction pair instead of 16 or 8. The
-//! K-quants fit the same form block by block: a Q6_K block's two sub-block scales multiply
-//! their integer sums (still exact) and `dw` is the super-block's `d`; a Q4_K/Q5_K block's
-//! `dw` is `d · sc` and its `m` is `−dmin · mn`, in matrices grouped 16 rows to a vector
-//! (`grouped`, whose products are defined there). Every format shares one activation
-//! quantisation.
+//! K-quants fit the same form block by block (a Q4_K/Q5_K block's `dw` is `d · sc` and its
+//! `m` is `−dmin · mn`; a Q6_K block's two sub-block scales multiply their integer sums),
+//! in matrices grouped 16 rows to a vector (`grouped`, which defines their products).
+//! Every format shares one activation quantisation.
 //!
 //! Invariants: the integer sums are exact at every SIMD level (no saturation: see the
-//! kernels in `x86_int`, `x86_kquant` and `x86_grouped`), so levels differ only in the
-//! order of the f32 scaling of the per-block sums (the grouped formats: not at all). The one error against the exact product is the rounding
-//! of `x` to `qx`: at most `dx / 2` per element, i.e. `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|`
+//! kernels in `x86_int` and `x86_grouped`), so levels differ only in the order of the f32
+//! scaling of the per-block sums (the grouped formats' not at all). The one error against
+//! the exact product is the rounding of `x` to `qx`: at most `dx / 2` per element, i.e.
+//! `|Δ| ≤ Σ_blocks (dx / 2) · Σ |w|`
 //! (tested). Each activation row's result is bit for bit the same however many activation
 //! rows and weight rows run together, so speculative verification sees decode's logits.
 
 use super::grouped::is_grouped;
 use super::packed::{PackedQuant, f16_value};
-use super::packed_k::{BLOCKS_PER_SUPER, q6_k_block};
 use super::{QuantFormat, SimdLevel};
 
 /// Activation rows `[m, k]` quantised per 32-element block to `d · q` with i8 `q`.
@@ -35,6 +34,8 @@ pub struct Q8Rows {
     pub(super) s: Vec<f32>,
     /// The quants, `[m, k]`.
     pub(super) qs: Vec<i8>,
+    /// `Σ q` of each 16 quants, `[m, k / 16]`: Q6_K's offset of 32 times them.
+    pub(super) s16: Vec<i32>,
 }
 
 impl Q8Rows {
@@ -46,14 +47,17 @@ impl Q8Rows {
         assert!(k.is_multiple_of(32), "k = {k} is not whole blocks of 32");
         assert!(k == 0 || x.len().is_multiple_of(k), "x is not whole rows of {k}");
         let blocks = x.len() / 32;
-        let mut rows = Self { k, d: vec![0.0; blocks], s: vec![0.0; blocks], qs: vec![0; x.len()] };
+        let mut rows = Self { k, d: vec![0.0; blocks], s: vec![0.0; blocks], qs: vec![0; x.len()], s16: Vec::new() };
         #[cfg(target_arch = "x86_64")]
-        if super::x86_int::quantize(SimdLevel::current(), x, &mut rows) {
-            return rows;
+        let done = super::x86_int::quantize(SimdLevel::current(), x, &mut rows);
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done {
+            for (b, (xb, qb)) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)).enumerate() {
+                (rows.d[b], rows.s[b]) = quantize_block(xb, qb);
+            }
         }
-        for (b, (xb, qb)) in x.chunks_exact(32).zip(rows.qs.chunks_exact_mut(32)).enumerate() {
-            (rows.d[b], rows.s[b]) = quantize_block(xb, qb);
-        }
+        rows.s16 = rows.qs.chunks_exact(16).map(|q| q.iter().map(|&q| i32::from(q)).sum()).collect();
         rows
     }
 
@@ -74,6 +78,7 @@ impl Q8Rows {
             d: &self.d[i * nb..(i + 1) * nb],
             s: &self.s[i * nb..(i + 1) * nb],
             qs: &self.qs[i * self.k..(i + 1) * self.k],
+            s16: &self.s16[i * 2 * nb..(i + 1) * 2 * nb],
         }
     }
 }
@@ -99,44 +104,37 @@ pub(super) struct ActRow<'a> {
     pub(super) d: &'a [f32],
     pub(super) s: &'a [f32],
     pub(super) qs: &'a [i8],
+    pub(super) s16: &'a [i32],
 }
 
-/// One row of a packed matrix: its `nb` blocks' scales and minimums (Q4) as f16 bits, and
-/// payloads. `d` and `m` start at the row's first block (K-quants: super-block) and run on
-/// to the end of the matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`]
-/// zeros), so a vector load of 16 of them that starts at any block of the row stays in
-/// bounds; the row's own are the first `nb` (Q6_K: `nb / 8`). `sc` (Q6_K's integer
-/// scales) runs on the same way, past [`super::packed::SUB_PAD`].
+/// One row of a Q4_0, Q4_1 or Q8_0 matrix: its `nb` blocks' scales and minimums (Q4) as
+/// f16 bits, and payloads. `d` and `m` start at the row's first block and run on to the
+/// end of the matrix's arrays (the next rows', then [`super::packed::SCALE_PAD`] zeros), so
+/// a vector load of 16 of them that starts at any block of the row stays in bounds; the
+/// row's own are the first `nb`. (The K-quants' rows are `grouped`.)
 #[derive(Clone, Copy)]
 pub(super) struct WeightRow<'a> {
     pub(super) format: QuantFormat,
     pub(super) nb: usize,
     pub(super) d: &'a [u16],
     pub(super) m: &'a [u16],
-    pub(super) sc: &'a [u8],
     pub(super) qs: &'a [u8],
 }
 
 impl<'a> WeightRow<'a> {
-    /// Row `r` of `p`, of any format but the grouped ones (no minimums for Q8_0 and Q6_K): the scalar
-    /// path's and the tests' view. The SIMD kernels take their rows from [`Self::lean`] or
-    /// [`Self::of_k`], fixed by the kernel's format, once per row and tile: strides by
+    /// Row `r` of `p`, of any format but the grouped ones (no minimums for Q8_0): the
+    /// scalar path's and the tests' view. The SIMD kernels take their rows from
+    /// [`Self::lean`], fixed by the kernel's format, once per row and tile: strides by
     /// format, no division, and inlined (a call returned the struct through memory, which
     /// the caller's wider loads then waited on: measured, a third of a Q4_1 decode
     /// matmul's time).
     #[inline(always)]
     pub(super) fn of(p: &'a PackedQuant, r: usize) -> Self {
         assert!(!is_grouped(p.format()), "{} rows are grouped (`GroupRow`)", p.format());
-        match p.format() {
-            QuantFormat::Q8_0 => Self::lean::<false>(p, r),
-            QuantFormat::Q6_K => Self::of_k(p, r),
-            _ => Self::lean::<true>(p, r),
-        }
+        if p.format() == QuantFormat::Q8_0 { Self::lean::<false>(p, r) } else { Self::lean::<true>(p, r) }
     }
 
-    /// Row `r` of a Q4_0 / Q4_1 (`Q4`) or Q8_0 matrix, with constant strides and no integer
-    /// scales: the SIMD kernels of these formats build their rows with this alone, so the
-    /// K-quants' strides cost them nothing.
+    /// Row `r` of a Q4_0 / Q4_1 (`Q4`) or Q8_0 matrix, with constant strides.
     #[inline(always)]
     pub(super) fn lean<const Q4: bool>(p: &'a PackedQuant, r: usize) -> Self {
         let nb = p.blocks_per_row();
@@ -146,47 +144,24 @@ impl<'a> WeightRow<'a> {
             nb,
             d: &p.d[r * nb..],
             m: if Q4 { &p.m[r * nb..] } else { &[] },
-            sc: &[],
             qs: &p.qs[r * nb * payload..(r + 1) * nb * payload],
-        }
-    }
-
-    /// Row `r` of a Q6_K matrix: one f16 scale per super-block, two integer scales per
-    /// block.
-    #[inline(always)]
-    pub(super) fn of_k(p: &'a PackedQuant, r: usize) -> Self {
-        let nb = p.blocks_per_row();
-        Self {
-            format: p.format(),
-            nb,
-            d: &p.d[r * (nb / BLOCKS_PER_SUPER)..],
-            m: &[],
-            sc: &p.sc[r * 2 * nb..],
-            qs: &p.qs[r * nb * p.payload()..(r + 1) * nb * p.payload()],
         }
     }
 
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     pub(super) fn has_minimums(&self) -> bool {
-        !matches!(self.format, QuantFormat::Q8_0 | QuantFormat::Q6_K)
+        self.format != QuantFormat::Q8_0
     }
 }
 
-/// Block `b`'s f32 scale: the f16 `d` of a Q4_0/Q4_1/Q8_0 block, the super-block's `d`
-/// for Q6_K (whose sub-block scales multiply the integer sums).
+/// Block `b`'s f32 scale: its f16 `d`.
 pub(super) fn block_scale(w: &WeightRow<'_>, b: usize) -> f32 {
-    match w.format {
-        QuantFormat::Q6_K => f16_value(w.d[b / BLOCKS_PER_SUPER]),
-        _ => f16_value(w.d[b]),
-    }
+    f16_value(w.d[b])
 }
 
 /// Block `b`'s minimum term factor: the f16 `m` of Q4_0/Q4_1, zero without minimums.
 pub(super) fn block_min(w: &WeightRow<'_>, b: usize) -> f32 {
-    match w.format {
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 => f16_value(w.m[b]),
-        _ => 0.0,
-    }
+    if w.has_minimums() { f16_value(w.m[b]) } else { 0.0 }
 }
 
 /// `Σ m · s` over a row's blocks: the minimum (or Q4_0 offset, `m = −8 · d`) terms, added
@@ -198,30 +173,18 @@ pub(super) fn min_term(w: &WeightRow<'_>, a: &ActRow<'_>) -> f32 {
     (0..w.nb).zip(a.s).map(|(b, s)| block_min(w, b) * s).sum()
 }
 
-/// The exact integer sum `Σ q · qx` of block `b` (Q6_K: `Σ sc · Σ (q − 32) · qx` over its
-/// two sub-blocks): the reference the SIMD kernels match.
+/// The exact integer sum `Σ q · qx` of block `b`: the reference the SIMD kernels match.
 pub(super) fn block_int_dot(w: &WeightRow<'_>, a: &ActRow<'_>, b: usize) -> i32 {
     let qx = &a.qs[b * 32..(b + 1) * 32];
-    match w.format {
-        QuantFormat::Q8_0 => {
-            w.qs[b * 32..(b + 1) * 32].iter().zip(qx).map(|(&q, &x)| i32::from(q.cast_signed()) * i32::from(x)).sum()
-        }
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-            let qs = &w.qs[b * 16..(b + 1) * 16];
-            (0..16)
-                .map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16]))
-                .sum()
-        }
-        _ => {
-            let q = q6_k_block(w.qs, b);
-            (0..2)
-                .map(|h| {
-                    let sub: i32 = (16 * h..16 * h + 16).map(|l| (i32::from(q[l]) - 32) * i32::from(qx[l])).sum();
-                    i32::from(w.sc[2 * b + h].cast_signed()) * sub
-                })
-                .sum()
-        }
+    if w.format == QuantFormat::Q8_0 {
+        return w.qs[b * 32..(b + 1) * 32]
+            .iter()
+            .zip(qx)
+            .map(|(&q, &x)| i32::from(q.cast_signed()) * i32::from(x))
+            .sum();
     }
+    let qs = &w.qs[b * 16..(b + 1) * 16];
+    (0..16).map(|j| i32::from(qs[j] & 0xF) * i32::from(qx[j]) + i32::from(qs[j] >> 4) * i32::from(qx[j + 16])).sum()
 }
 
 /// `w · a` without SIMD: each block's exact integer sum scaled by `dw · dx`, then the

@@ -52,7 +52,11 @@ fn term_size(p: &PackedQuant, j: usize, a: &ActRow<'_>) -> f64 {
     let nb = p.k() / 32;
     let (scale, min, int_dot): (Vec<f32>, Vec<f32>, Vec<i32>) = if is_grouped(p.format()) {
         let w = GroupRow::of(p, j);
-        let (scale, min) = (0..nb).map(|b| w.scale_and_min(b)).unzip();
+        let (scale, min) = if p.format() == QuantFormat::Q6_K {
+            (0..nb).map(|b| (w.d(b), 0.0)).unzip()
+        } else {
+            (0..nb).map(|b| w.scale_and_min(b)).unzip()
+        };
         (scale, min, (0..nb).map(|b| grouped::block_int_dot(&w, a, b)).collect())
     } else {
         let w = WeightRow::of(p, j);

@@ -9,9 +9,10 @@
 //! whatever the number of activation rows and the instruction set, so results are the
 //! same bits at every level and in every batch.
 //!
-//! Why the sums are exact: quants are unsigned (0..=31), activations i8 (−127..=127);
-//! `vpdpbusd` adds four products into i32, AVX2's `vpmaddubsw` pairs stay within ±7874
-//! before `vpmaddwd` widens them, and a block's sum is within ±126 000.
+//! Why the sums are exact: quants are unsigned (0..=63), activations i8 (−127..=127);
+//! `vpdpbusd` adds four products into i32, AVX2's `vpmaddubsw` pairs stay within ±16 002
+//! before `vpmaddwd` widens them, a Q4_K or Q5_K block's sum is within ±126 000 and a
+//! Q6_K one's, scaled (`|sc| ≤ 128`), within ±16 700 000.
 
 use std::arch::x86_64::*;
 
@@ -21,11 +22,13 @@ use super::q8::{ActRow, Q8Rows};
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one AVX-512 call carries: 8 rows keep 16 i32 sums and 8 f32
-/// accumulators in registers.
+/// accumulators in registers (Q6_K: 4 rows, with 8 more sums for its sub-blocks).
 const MAX_M: usize = 8;
+const MAX_M_Q6: usize = 4;
 
 /// Most activation rows one AVX2 call carries (16 registers).
 const MAX_M_AVX2: usize = 4;
+const MAX_M_AVX2_Q6: usize = 2;
 
 /// A kernel over one group and `M` activation rows: each row's 16 results.
 type Kernel<const M: usize> = unsafe fn(&PackedQuant, usize, &[ActRow<'_>; M]) -> [[f32; GROUP]; M];
@@ -39,10 +42,13 @@ pub(super) fn dot_rows(
     rows: std::ops::Range<usize>,
     out: &mut [f32],
 ) -> bool {
-    let most = match level {
-        SimdLevel::None => return false,
-        SimdLevel::Avx2 => MAX_M_AVX2,
-        SimdLevel::Avx512 => MAX_M,
+    let q6 = p.format() == QuantFormat::Q6_K;
+    let most = match (level, q6) {
+        (SimdLevel::None, _) => return false,
+        (SimdLevel::Avx2, false) => MAX_M_AVX2,
+        (SimdLevel::Avx2, true) => MAX_M_AVX2_Q6,
+        (SimdLevel::Avx512, false) => MAX_M,
+        (SimdLevel::Avx512, true) => MAX_M_Q6,
     };
     let m = x.rows();
     for first in (0..m).step_by(most) {
@@ -71,12 +77,13 @@ fn groups<const M: usize>(
     out: &mut [f32],
 ) {
     let acts: [ActRow<'_>; M] = std::array::from_fn(|i| x.row(first + i));
-    let q5 = p.format() == QuantFormat::Q5_K;
-    let kernel: Kernel<M> = match (level, q5) {
-        (SimdLevel::Avx512, false) => group_512::<false, M>,
-        (SimdLevel::Avx512, true) => group_512::<true, M>,
-        (_, false) => group_256::<false, M>,
-        (_, true) => group_256::<true, M>,
+    let kernel: Kernel<M> = match (level == SimdLevel::Avx512, p.format()) {
+        (true, QuantFormat::Q6_K) => group_512_q6::<M>,
+        (true, QuantFormat::Q5_K) => group_512::<true, M>,
+        (true, _) => group_512::<false, M>,
+        (false, QuantFormat::Q6_K) => group_256_q6::<M>,
+        (false, QuantFormat::Q5_K) => group_256::<true, M>,
+        (false, _) => group_256::<false, M>,
     };
     let n = rows.len();
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
@@ -93,7 +100,8 @@ fn groups<const M: usize>(
     }
 }
 
-/// Group `g` of `p` (Q5_K if `Q5`, else Q4_K) × `M` activation rows with AVX-512 VNNI.
+/// Group `g` of `p` (Q5_K if `Q5`, else Q4_K) × `M` activation rows with AVX-512 VNNI:
+/// per block, the sums of its 32 quants, scaled by `d · sc · dx`, then the minimum term.
 ///
 /// # Safety
 /// The CPU must have AVX-512F, BW and VNNI, AVX2, FMA and F16C; `p` is grouped, of that
@@ -192,8 +200,8 @@ unsafe fn group_256<const Q5: bool, const M: usize>(
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
                     if Q5 {
                         let masks = chunk.add(j * step + 4 * half);
-                        lo = _mm256_or_si256(lo, fifth_bits(masks.add(64).cast::<i32>().read_unaligned()));
-                        hi = _mm256_or_si256(hi, fifth_bits(masks.add(72).cast::<i32>().read_unaligned()));
+                        lo = _mm256_or_si256(lo, high_bits(masks.add(64).cast::<i32>().read_unaligned(), 16));
+                        hi = _mm256_or_si256(hi, high_bits(masks.add(72).cast::<i32>().read_unaligned(), 16));
                     }
                     for (sums, a) in sums.iter_mut().zip(a) {
                         let x = a.qs.as_ptr().add(64 * c + 4 * j);
@@ -225,12 +233,150 @@ unsafe fn group_256<const Q5: bool, const M: usize>(
     out
 }
 
-/// 16 in each byte `e` of 32 where bit `e` of `bits` is set, else 0.
+/// Group `g` of a Q6_K matrix × `M` activation rows with AVX-512 VNNI: per block, the
+/// sums of each 16 quants in turn, offset and scaled in i32 (`sc_h · (Σ q·qx − 32 · Σ qx)`),
+/// then the block's sum scaled by `d · dx`.
+///
+/// # Safety
+/// As [`group_512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_512_q6<const M: usize>(p: &PackedQuant, g: usize, a: &[ActRow<'_>; M]) -> [[f32; GROUP]; M] {
+    let nb = p.blocks_per_row();
+    let (chunks, supers) = (nb / 2, nb / BLOCKS_PER_SUPER);
+    let step = step_bytes(QuantFormat::Q6_K);
+    // SAFETY: as in `group_512`.
+    unsafe {
+        let qs = p.qs.as_ptr().add(g * chunks * STEPS * step);
+        let d = p.d.as_ptr().add(g * supers * GROUP);
+        let sc = p.sc.as_ptr().add(g * nb * 2 * GROUP).cast::<i8>();
+        let nibble = _mm512_set1_epi8(0x0F);
+        let (sixteen, thirty_two) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
+        let mut acc = [_mm512_setzero_ps(); M];
+        for c in 0..chunks {
+            let chunk = qs.add(c * STEPS * step);
+            let mut block = [[_mm512_setzero_si512(); 2]; M];
+            for h in 0..2 {
+                let mut sums = [[_mm512_setzero_si512(); 2]; M];
+                for j in STEPS / 2 * h..STEPS / 2 * (h + 1) {
+                    let at = chunk.add(j * step);
+                    let v = _mm512_loadu_si512(at.cast());
+                    let mask = |i: usize| at.add(64 + 8 * i).cast::<u64>().read_unaligned();
+                    let lo = _mm512_and_si512(v, nibble);
+                    let lo = _mm512_mask_add_epi8(lo, mask(0), lo, sixteen);
+                    let lo = _mm512_mask_add_epi8(lo, mask(2), lo, thirty_two);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                    let hi = _mm512_mask_add_epi8(hi, mask(1), hi, sixteen);
+                    let hi = _mm512_mask_add_epi8(hi, mask(3), hi, thirty_two);
+                    for (sums, a) in sums.iter_mut().zip(a) {
+                        let x = a.qs.as_ptr().add(64 * c + 4 * j);
+                        let even = _mm512_set1_epi32(x.cast::<i32>().read_unaligned());
+                        let odd = _mm512_set1_epi32(x.add(32).cast::<i32>().read_unaligned());
+                        sums[0] = _mm512_dpbusd_epi32(sums[0], lo, even);
+                        sums[1] = _mm512_dpbusd_epi32(sums[1], hi, odd);
+                    }
+                }
+                for odd in 0..2 {
+                    let b = 2 * c + odd;
+                    let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.add((2 * b + h) * GROUP).cast()));
+                    for ((block, sums), a) in block.iter_mut().zip(&sums).zip(a) {
+                        let offset = _mm512_set1_epi32(32 * *a.s16.get_unchecked(2 * b + h));
+                        let sub = _mm512_mullo_epi32(_mm512_sub_epi32(sums[odd], offset), scale);
+                        block[odd] = _mm512_add_epi32(block[odd], sub);
+                    }
+                }
+            }
+            let dd = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(2 * c / BLOCKS_PER_SUPER * GROUP).cast()));
+            for odd in 0..2 {
+                let b = 2 * c + odd;
+                for ((acc, block), a) in acc.iter_mut().zip(&block).zip(a) {
+                    let dx = _mm512_set1_ps(*a.d.get_unchecked(b));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block[odd]), _mm512_mul_ps(dd, dx), *acc);
+                }
+            }
+        }
+        let mut out = [[0f32; GROUP]; M];
+        for (out, acc) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(out.as_mut_ptr(), *acc);
+        }
+        out
+    }
+}
+
+/// [`group_512_q6`] with AVX2, each half of the group in turn.
+///
+/// # Safety
+/// As [`group_256`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_256_q6<const M: usize>(p: &PackedQuant, g: usize, a: &[ActRow<'_>; M]) -> [[f32; GROUP]; M] {
+    let nb = p.blocks_per_row();
+    let (chunks, supers) = (nb / 2, nb / BLOCKS_PER_SUPER);
+    let step = step_bytes(QuantFormat::Q6_K);
+    let mut out = [[0f32; GROUP]; M];
+    // SAFETY: as in `group_256`.
+    unsafe {
+        let qs = p.qs.as_ptr().add(g * chunks * STEPS * step);
+        let d = p.d.as_ptr().add(g * supers * GROUP);
+        let sc = p.sc.as_ptr().add(g * nb * 2 * GROUP);
+        let nibble = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        for half in 0..2 {
+            let lanes = 8 * half;
+            let mut acc = [_mm256_setzero_ps(); M];
+            for c in 0..chunks {
+                let chunk = qs.add(c * STEPS * step);
+                let mut block = [[_mm256_setzero_si256(); 2]; M];
+                for h in 0..2 {
+                    let mut sums = [[_mm256_setzero_si256(); 2]; M];
+                    for j in STEPS / 2 * h..STEPS / 2 * (h + 1) {
+                        let at = chunk.add(j * step);
+                        let v = _mm256_loadu_si256(at.add(4 * lanes).cast());
+                        let mask = |i: usize| at.add(64 + 8 * i + 4 * half).cast::<i32>().read_unaligned();
+                        let lo = _mm256_and_si256(v, nibble);
+                        let lo = _mm256_or_si256(lo, _mm256_or_si256(high_bits(mask(0), 16), high_bits(mask(2), 32)));
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                        let hi = _mm256_or_si256(hi, _mm256_or_si256(high_bits(mask(1), 16), high_bits(mask(3), 32)));
+                        for (sums, a) in sums.iter_mut().zip(a) {
+                            let x = a.qs.as_ptr().add(64 * c + 4 * j);
+                            let even = _mm256_set1_epi32(x.cast::<i32>().read_unaligned());
+                            let odd = _mm256_set1_epi32(x.add(32).cast::<i32>().read_unaligned());
+                            sums[0] =
+                                _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, even), ones));
+                            sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, odd), ones));
+                        }
+                    }
+                    for odd in 0..2 {
+                        let b = 2 * c + odd;
+                        let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.add((2 * b + h) * GROUP + lanes).cast()));
+                        for ((block, sums), a) in block.iter_mut().zip(&sums).zip(a) {
+                            let offset = _mm256_set1_epi32(32 * *a.s16.get_unchecked(2 * b + h));
+                            let sub = _mm256_mullo_epi32(_mm256_sub_epi32(sums[odd], offset), scale);
+                            block[odd] = _mm256_add_epi32(block[odd], sub);
+                        }
+                    }
+                }
+                let dd = _mm256_cvtph_ps(_mm_loadu_si128(d.add(2 * c / BLOCKS_PER_SUPER * GROUP + lanes).cast()));
+                for odd in 0..2 {
+                    let b = 2 * c + odd;
+                    for ((acc, block), a) in acc.iter_mut().zip(&block).zip(a) {
+                        let dx = _mm256_set1_ps(*a.d.get_unchecked(b));
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[odd]), _mm256_mul_ps(dd, dx), *acc);
+                    }
+                }
+            }
+            for (out, acc) in out.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(out.as_mut_ptr().add(lanes), *acc);
+            }
+        }
+    }
+    out
+}
+
+/// `value` in each byte `e` of 32 where bit `e` of `bits` is set, else 0.
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-unsafe fn fifth_bits(bits: i32) -> __m256i {
+unsafe fn high_bits(bits: i32, value: i8) -> __m256i {
     // SAFETY: as the caller guarantees.
     unsafe {
         let bytes = _mm256_setr_epi8(
@@ -238,7 +384,7 @@ unsafe fn fifth_bits(bits: i32) -> __m256i {
         );
         let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), bytes);
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64.cast_signed());
-        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16))
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(value))
     }
 }
 

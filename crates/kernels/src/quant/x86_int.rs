@@ -1,6 +1,6 @@
 //! AVX-512 VNNI and AVX2 integer kernels for packed rows against `q8` activation rows
-//! ([`super::q8`]); Q6_K's blocks are in [`super::x86_kquant`], and the grouped Q4_K and
-//! Q5_K matrices have kernels of their own ([`super::x86_grouped`]).
+//! ([`super::q8`]); the grouped K-quant matrices have kernels of their own
+//! ([`super::x86_grouped`]).
 //!
 //! Register blocking: a kernel call takes `R` weight rows and `M` activation rows and keeps
 //! `R · M` accumulators live, so every weight block is loaded and unpacked once for all `M`
@@ -24,7 +24,6 @@ use std::arch::x86_64::*;
 use super::q8::{ActRow, Q8Rows, WeightRow};
 use super::x86::WIDEN;
 use super::x86_isa::{Avx2, Avx512, IntIsa, Q4Blocks, Q8Blocks, Weights};
-use super::x86_kquant::Q6KBlocks;
 use super::{PackedQuant, QuantFormat, SimdLevel};
 
 /// Most activation rows one kernel call carries (AVX-512 has registers for 2 × 8
@@ -126,13 +125,11 @@ impl Job<'_, '_> {
         if self.level == SimdLevel::Avx512 {
             match self.p.format() {
                 QuantFormat::Q8_0 => kernel_512::<Q8Blocks, R, M>,
-                QuantFormat::Q6_K => kernel_512::<Q6KBlocks, R, M>,
                 _ => kernel_512::<Q4Blocks, R, M>,
             }
         } else {
             match self.p.format() {
                 QuantFormat::Q8_0 => kernel_256::<Q8Blocks, R, M>,
-                QuantFormat::Q6_K => kernel_256::<Q6KBlocks, R, M>,
                 _ => kernel_256::<Q4Blocks, R, M>,
             }
         }
@@ -227,7 +224,6 @@ struct Ptrs<const R: usize, const M: usize> {
     wq: [*const u8; R],
     /// How far ahead of a row's block the prefetch reads.
     ahead: usize,
-    wsc: [*const u8; R],
     wd: [*const f32; R],
     aq: [*const i8; M],
     ad: [*const f32; M],
@@ -238,7 +234,6 @@ impl<const R: usize, const M: usize> Ptrs<R, M> {
         Self {
             wq: std::array::from_fn(|r| w[r].qs.as_ptr()),
             ahead: (PREFETCH_TILES * R).max(PREFETCH_MIN_ROWS) * w[0].qs.len(),
-            wsc: std::array::from_fn(|r| w[r].sc.as_ptr()),
             wd: std::array::from_fn(|r| dw[r].as_ptr()),
             aq: std::array::from_fn(|i| a[i].qs.as_ptr()),
             ad: std::array::from_fn(|i| a[i].d.as_ptr()),
@@ -435,7 +430,7 @@ unsafe fn block_step<S: IntIsa, W: Weights<S>, const R: usize, const M: usize, c
                 let ahead = ptrs.wq[r].wrapping_add(ptrs.ahead + b * W::BLOCK_BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
             }
-            let u = W::unpack::<FULL>(ptrs.wq[r], ptrs.wsc[r], b);
+            let u = W::unpack::<FULL>(ptrs.wq[r], b);
             let dw = S::scales::<FULL>(ptrs.wd[r].add(j));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let dot = S::to_f32(W::dot(u, qx[i]));

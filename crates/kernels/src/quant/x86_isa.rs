@@ -276,7 +276,7 @@ pub(super) trait Rows {
 pub(super) trait Weights<S: IntIsa>: Rows {
     /// Whether the format has minimum terms (`m · dx · Σ qx`).
     const MINIMUMS: bool;
-    /// Quant bytes per block (K-quants: over a chunk), for `x86_int`'s prefetch.
+    /// Quant bytes per block, for `x86_int`'s prefetch.
     const BLOCK_BYTES: usize;
     /// A step's weight blocks, unpacked for [`Self::dot`].
     type Unpacked: Copy;
@@ -284,8 +284,8 @@ pub(super) trait Weights<S: IntIsa>: Rows {
     /// weight row.
     type Acts: Copy;
     /// The weight blocks of the step from block `b` of a row whose quants start at `qs`
-    /// and integer scales at `sc` (K-quants) (with `!FULL` block `b` alone).
-    unsafe fn unpack<const FULL: bool>(qs: *const u8, sc: *const u8, b: usize) -> Self::Unpacked;
+    /// (with `!FULL` block `b` alone).
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, b: usize) -> Self::Unpacked;
     /// The activation quants of a step, prepared.
     unsafe fn prepare(qx: S::I) -> Self::Acts;
     /// The exact integer sum of each block of the step, in i32 lanes.
@@ -419,7 +419,7 @@ impl Weights<Avx512> for Q4Blocks {
     /// Lanes of 128 bits: [low nibbles of the first block, its high nibbles, the same of
     /// the second], the element order of the activation blocks.
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> __m512i {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, b: usize) -> __m512i {
         // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
         unsafe {
             let qs = qs.add(b * 16);
@@ -457,7 +457,7 @@ impl Weights<Avx512> for Q8Blocks {
     type Acts = __m512i;
 
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> (__m512i, __mmask64) {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, b: usize) -> (__m512i, __mmask64) {
         // SAFETY: the caller guarantees AVX-512F/BW and the step's blocks.
         unsafe {
             let w = load_pair::<FULL>(qs.add(b * 32));
@@ -548,7 +548,7 @@ impl Weights<Avx2> for Q4Blocks {
     /// the mask the lower half holds the low nibbles (elements 0..16) and the upper one the
     /// high ones (16..32): three instructions instead of five.
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> __m256i {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, b: usize) -> __m256i {
         // SAFETY: the caller guarantees AVX2 and the block.
         unsafe {
             let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.add(b * 16).cast()));
@@ -578,7 +578,7 @@ impl Weights<Avx2> for Q8Blocks {
     type Acts = __m256i;
 
     #[inline(always)]
-    unsafe fn unpack<const FULL: bool>(qs: *const u8, _: *const u8, b: usize) -> (__m256i, __m256i) {
+    unsafe fn unpack<const FULL: bool>(qs: *const u8, b: usize) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX2 and the block.
         unsafe {
             let w = _mm256_loadu_si256(qs.add(b * 32).cast());
