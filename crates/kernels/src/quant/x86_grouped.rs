@@ -30,6 +30,29 @@ const MAX_M_Q6: usize = 4;
 const MAX_M_AVX2: usize = 4;
 const MAX_M_AVX2_Q6: usize = 2;
 
+/// Calls over fewer activation rows than this (a decode step) prefetch the weights
+/// [`PREFETCH_AHEAD`] bytes ahead: they read each weight once, from memory, and a step's
+/// rows are one stream through the group and on into the next. Measured (`decode_kquant`,
+/// 5 alternating rounds, medians): one row 12.6 → 11.3 ms, two rows 14.1 → 12.9 ms.
+const PREFETCH_BELOW: usize = 4;
+
+/// How far ahead of a step the decode prefetch reads (1 KiB and 4 KiB did about as well).
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Prefetches the step at `at` (of `step` bytes) [`PREFETCH_AHEAD`] bytes on: two lines,
+/// as a step may straddle them.
+///
+/// # Safety
+/// The CPU must have SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+unsafe fn prefetch(at: *const u8, step: usize) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD + step - 1).cast());
+    }
+}
+
 /// A kernel over one group and `M` activation rows: each row's 16 results.
 type Kernel<const M: usize> = unsafe fn(&PackedQuant, usize, &[ActRow<'_>; M]) -> [[f32; GROUP]; M];
 
@@ -127,6 +150,9 @@ unsafe fn group_512<const Q5: bool, const M: usize>(
             let chunk = qs.add(c * STEPS * step);
             let mut sums = [[_mm512_setzero_si512(); 2]; M];
             for j in 0..STEPS {
+                if M < PREFETCH_BELOW {
+                    prefetch(chunk.wrapping_add(j * step), step);
+                }
                 let v = _mm512_loadu_si512(chunk.add(j * step).cast());
                 let mut lo = _mm512_and_si512(v, nibble);
                 let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
@@ -259,6 +285,9 @@ unsafe fn group_512_q6<const M: usize>(p: &PackedQuant, g: usize, a: &[ActRow<'_
                 let mut sums = [[_mm512_setzero_si512(); 2]; M];
                 for j in STEPS / 2 * h..STEPS / 2 * (h + 1) {
                     let at = chunk.add(j * step);
+                    if M < PREFETCH_BELOW {
+                        prefetch(at, step);
+                    }
                     let v = _mm512_loadu_si512(at.cast());
                     let mask = |i: usize| at.add(64 + 8 * i).cast::<u64>().read_unaligned();
                     let lo = _mm512_and_si512(v, nibble);
