@@ -5,7 +5,7 @@
 //!
 //! The models are the tiny Hugging Face fixtures of `model-layers` (f32 weights) and the
 //! default model (SmolLM2-135M, Q4_1 GGUF: packed weights, integer dots), skipped with a
-//! note when it is not installed. Requests sample (three seeds) with top-3 logprobs, so a
+//! note when it is not installed, and the K-quant GGUF fixture (grouped Q4_K, Q5_K, Q6_K). Requests sample (three seeds) with top-3 logprobs, so a
 //! difference anywhere in the logits shows, not only one that flips a greedy pick. Prompts
 //! run from a few tokens to past 32, on both sides of the row counts where the kernels
 //! change how they schedule their work.
@@ -87,8 +87,9 @@ fn fixture(name: &str) -> Case {
     Case { name: name.into(), load: Box::new(load), backend, prompts, adapters, speculate: HYBRIDS.contains(&name) }
 }
 
-fn default_model() -> Option<Case> {
-    let path = met_config::default_model_for_test()?;
+/// A GGUF model, loaded afresh for each engine, with three prompts of 9 to 70 tokens drawn
+/// from ids `first .. first + span`.
+fn gguf_case(name: &str, path: std::path::PathBuf, (first, span): (usize, usize)) -> Case {
     let backend = backend();
     let b = Arc::clone(&backend);
     let load = move || {
@@ -96,14 +97,24 @@ fn default_model() -> Option<Case> {
         let cfg = gguf_config(&store).unwrap();
         load_model(&cfg, &store, Arc::clone(&b), &LoadOptions::default()).unwrap()
     };
-    // Token ids of ordinary text in SmolLM2's vocabulary, 9 to 70 tokens long.
     let prompts = [9usize, 33, 70]
         .iter()
         .enumerate()
-        .map(|(p, &len)| (0..len).map(|i| (1000 + (p * 7919 + i * 104_729) % 40_000) as u32).collect())
+        .map(|(p, &len)| (0..len).map(|i| (first + (p * 7919 + i * 104_729) % span) as u32).collect())
         .collect();
-    let name = "default model".into();
-    Some(Case { name, load: Box::new(load), backend, prompts, adapters: Vec::new(), speculate: false })
+    Case { name: name.into(), load: Box::new(load), backend, prompts, adapters: Vec::new(), speculate: false }
+}
+
+/// The default model, with token ids of ordinary text in SmolLM2's vocabulary.
+fn default_model() -> Option<Case> {
+    Some(gguf_case("default model", met_config::default_model_for_test()?, (1000, 40_000)))
+}
+
+/// The K-quant fixture of `model-layers` (a tiny Qwen3 in llama.cpp's Q4_K_M mix, with
+/// Q5_K too: every K-quant's grouped integer kernels), over its 512-token vocabulary.
+fn k_quant_fixture() -> Case {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/kquant/qwen3_q4_k_m.gguf");
+    gguf_case("k-quant fixture", path, (10, 500))
 }
 
 fn request(engine: &Engine, prompt: &[u32], seed: u64, adapter: Option<&Adapter>) -> EngineRequest {
@@ -245,6 +256,11 @@ fn every_hybrid_fixture_gives_each_request_its_bits_alone_in_any_batch() {
     for name in HYBRIDS {
         check(&fixture(name));
     }
+}
+
+#[test]
+fn the_k_quant_fixture_gives_each_request_its_bits_alone_in_any_batch() {
+    check(&k_quant_fixture());
 }
 
 #[test]
