@@ -92,7 +92,8 @@ impl Job<'_, '_> {
         // weight rows for 1 row and 1 weight row from 4 rows up. A decode step streams its
         // weights from memory, and there AVX-512 is fastest one weight row at a time, the
         // rows read in address order as one stream rather than several (bench
-        // `decode_kquant`, 28 Qwen3-0.6B layers of Q4_K/Q6_K, alternating rounds, medians:
+        // `decode_kquant` when the K-quants still ran here, 28 Qwen3-0.6B layers of
+        // Q4_K/Q6_K, alternating rounds, medians:
         // one activation row 14.9 ms with 1 weight row, 17.7 with 2 and with 4; two rows
         // 19.9 with 1 or 2, 21.4 with 4; four rows 32.1, 36.6 and 39.2; a whole Q4_K_M
         // decode 41.0 against 32.7 tok/s, the Q4_1 default model 141 against 122). With
@@ -205,15 +206,15 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 /// How many tiles ahead (of `R` weight rows, which lie back to back) the kernels prefetch
 /// the weights for a decode step ([`prefetches`]), whatever the format: a tile of short
 /// rows is over before the hardware prefetchers have found its streams, so a decode step
-/// would wait on memory at every tile. Measured (bench `decode_kquant`, Qwen3-0.6B's
-/// layers, 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine): 48 → 33
+/// would wait on memory at every tile. Measured (bench `decode_kquant` when the K-quants
+/// still ran here, 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine): 48 → 33
 /// ms; two tiles ahead did no better than one. The default model's Q4_1 decode gains too
 /// (`bench/results/cpu-kquant-2026-12-03/q4_1-default-model.md`).
 const PREFETCH_TILES: usize = 1;
 
 /// The fewest weight rows ahead the prefetch reads, for tiles of one row (AVX-512's decode
-/// steps, AVX2's of three rows): one row of 1024 K-quant weights is over too soon. Measured (`decode_kquant`,
-/// one activation row, 4 alternating rounds, medians): 10.2 ms one row ahead, 9.6 two and
+/// steps, AVX2's of three rows): one row of 1024 K-quant weights was over too soon. Measured
+/// (`decode_kquant`, then on these kernels, one activation row, 4 alternating rounds, medians): 10.2 ms one row ahead, 9.6 two and
 /// four, 10.8 without prefetches; two activation rows 13.4, 13.3, 13.3 and 14.2 ms.
 const PREFETCH_MIN_ROWS: usize = 2;
 
