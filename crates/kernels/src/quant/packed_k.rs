@@ -11,7 +11,7 @@
 
 use super::QuantFormat;
 use super::blocks::{QK_K, q6_k_quants, scale_min_k4_bits};
-use super::grouped::{GROUP, STEPS, step_bytes, sub_blocks};
+use super::grouped::{GROUP, STEPS, high_bits, step_bytes, sub_blocks};
 use super::packed::PackedQuant;
 
 /// Blocks of 32 in a super-block.
@@ -97,17 +97,17 @@ impl PackedQuant {
             }
             for (c, q) in sb.q.chunks_exact(64).enumerate() {
                 let chunk = (g * chunks + s * BLOCKS_PER_SUPER / 2 + c) * STEPS * step;
-                for j in 0..STEPS {
-                    let at = chunk + j * step;
+                for (j, dst) in p.qs[chunk..chunk + STEPS * step].chunks_exact_mut(step).enumerate() {
+                    let (even, odd) = (&q[4 * j..4 * j + 4], &q[32 + 4 * j..32 + 4 * j + 4]);
                     for t in 0..4 {
-                        let (even, odd) = (q[4 * j + t], q[32 + 4 * j + t]);
-                        let lane = 4 * l + t;
-                        p.qs[at + lane] = (even & 0xF) | (odd & 0xF) << 4;
-                        // The high planes: bit 4 (then bit 5) of each block's quants.
-                        for (plane, parity, v) in [(0, 0, even), (0, 1, odd), (1, 0, even), (1, 1, odd)] {
-                            if (v >> (4 + plane)) & 1 == 1 {
-                                p.qs[at + 64 + 8 * (2 * plane + parity) + lane / 8] |= 1 << (lane % 8);
-                            }
+                        dst[4 * l + t] = (even[t] & 0xF) | (odd[t] & 0xF) << 4;
+                    }
+                    // The high planes: bit 4 (then bit 5) of each block's quants, four
+                    // lanes a nibble of the mask.
+                    for plane in 0..high_bits(format) {
+                        for (parity, v) in [even, odd].into_iter().enumerate() {
+                            let bits = (0..4).fold(0u8, |b, t| b | ((v[t] >> (4 + plane)) & 1) << t);
+                            dst[64 + 8 * (2 * plane + parity) + l / 2] |= bits << (4 * (l % 2));
                         }
                     }
                 }
