@@ -9,6 +9,8 @@
 //! Invariant: every value decodes to exactly the reference decoder's f32 (`blocks.rs`),
 //! with the same products in the same order (tested, against gguf-py's values too).
 
+use rayon::prelude::*;
+
 use super::QuantFormat;
 use super::blocks::{QK_K, q6_k_quants, scale_min_k4_bits};
 use super::grouped::{GROUP, STEPS, high_bits, step_bytes, sub_blocks};
@@ -60,59 +62,82 @@ impl Super {
     }
 }
 
+/// One group's scales, minimums and their integer forms, in the grouped layout.
+#[derive(Default)]
+struct GroupScales {
+    d: Vec<u16>,
+    m: Vec<u16>,
+    sc: Vec<u8>,
+    mn: Vec<u8>,
+}
+
 impl PackedQuant {
     /// Repacks `blocks` (whole rows of `k` elements, checked by the caller) of a K-quant
-    /// into groups of [`GROUP`] rows; rows past the last are zeros.
+    /// into groups of [`GROUP`] rows, the groups in parallel; rows past the last are zeros.
     pub(super) fn from_k_blocks(format: QuantFormat, blocks: &[u8], k: usize) -> Self {
-        let rows = blocks.len() / format.bytes_for(k).expect("whole super-blocks");
-        let (groups, nb) = (rows.div_ceil(GROUP), k / 32);
-        let (supers, chunks, subs) = (nb / BLOCKS_PER_SUPER, nb / 2, sub_blocks(format));
-        let step = step_bytes(format);
-        let has_min = format != QuantFormat::Q6_K;
-        let lanes = |per_row: usize| groups * per_row * GROUP;
-        let mut p = Self {
-            format,
-            k,
-            rows,
-            d: vec![0; lanes(supers)],
-            m: vec![0; if has_min { lanes(supers) } else { 0 }],
-            sc: vec![0; lanes(nb * subs)],
-            mn: vec![0; if has_min { lanes(nb) } else { 0 }],
-            qs: vec![0; groups * chunks * STEPS * step],
-        };
-        for (i, block) in blocks.chunks_exact(format.block_bytes()).enumerate() {
-            let (r, s) = (i / supers, i % supers);
-            let (g, l) = (r / GROUP, r % GROUP);
-            let sb = Super::decode(format, block);
-            p.d[(g * supers + s) * GROUP + l] = sb.d;
-            let per_super = BLOCKS_PER_SUPER * subs;
-            for (j, &sc) in sb.sc[..per_super].iter().enumerate() {
-                p.sc[(g * nb * subs + s * per_super + j) * GROUP + l] = sc;
+        let row_bytes = format.bytes_for(k).expect("whole super-blocks");
+        let rows = blocks.len() / row_bytes;
+        let (groups, chunks) = (rows.div_ceil(GROUP), k / 64);
+        let group_bytes = chunks * STEPS * step_bytes(format);
+        let mut qs = vec![0; groups * group_bytes];
+        let scales: Vec<GroupScales> = qs
+            .par_chunks_mut(group_bytes)
+            .enumerate()
+            .map(|(g, qs)| {
+                let own = &blocks[g * GROUP * row_bytes..((g + 1) * GROUP).min(rows) * row_bytes];
+                pack_group(format, k, own, qs)
+            })
+            .collect();
+        let join = |part: fn(&GroupScales) -> &[u8]| scales.iter().flat_map(part).copied().collect();
+        let join16 = |part: fn(&GroupScales) -> &[u16]| scales.iter().flat_map(part).copied().collect();
+        Self { format, k, rows, d: join16(|s| &s.d), m: join16(|s| &s.m), sc: join(|s| &s.sc), mn: join(|s| &s.mn), qs }
+    }
+}
+
+/// Packs the super-blocks of one group's rows `blocks` (up to [`GROUP`] rows of `k`) into
+/// its quants `qs`, returning its scales.
+fn pack_group(format: QuantFormat, k: usize, blocks: &[u8], qs: &mut [u8]) -> GroupScales {
+    let nb = k / 32;
+    let (supers, subs) = (nb / BLOCKS_PER_SUPER, sub_blocks(format));
+    let step = step_bytes(format);
+    let has_min = format != QuantFormat::Q6_K;
+    let mut out = GroupScales {
+        d: vec![0; supers * GROUP],
+        m: vec![0; if has_min { supers * GROUP } else { 0 }],
+        sc: vec![0; nb * subs * GROUP],
+        mn: vec![0; if has_min { nb * GROUP } else { 0 }],
+    };
+    for (i, block) in blocks.chunks_exact(format.block_bytes()).enumerate() {
+        let (l, s) = (i / supers, i % supers);
+        let sb = Super::decode(format, block);
+        out.d[s * GROUP + l] = sb.d;
+        let per_super = BLOCKS_PER_SUPER * subs;
+        for (j, &sc) in sb.sc[..per_super].iter().enumerate() {
+            out.sc[(s * per_super + j) * GROUP + l] = sc;
+        }
+        if has_min {
+            out.m[s * GROUP + l] = sb.m;
+            for (j, &mn) in sb.mn.iter().enumerate() {
+                out.mn[(s * BLOCKS_PER_SUPER + j) * GROUP + l] = mn;
             }
-            if has_min {
-                p.m[(g * supers + s) * GROUP + l] = sb.m;
-                for (j, &mn) in sb.mn.iter().enumerate() {
-                    p.mn[(g * nb + s * BLOCKS_PER_SUPER + j) * GROUP + l] = mn;
+        }
+        for (c, q) in sb.q.chunks_exact(64).enumerate() {
+            let chunk = (s * BLOCKS_PER_SUPER / 2 + c) * STEPS * step;
+            for (j, dst) in qs[chunk..chunk + STEPS * step].chunks_exact_mut(step).enumerate() {
+                let (even, odd) = (&q[4 * j..4 * j + 4], &q[32 + 4 * j..32 + 4 * j + 4]);
+                for t in 0..4 {
+                    dst[4 * l + t] = (even[t] & 0xF) | (odd[t] & 0xF) << 4;
                 }
-            }
-            for (c, q) in sb.q.chunks_exact(64).enumerate() {
-                let chunk = (g * chunks + s * BLOCKS_PER_SUPER / 2 + c) * STEPS * step;
-                for (j, dst) in p.qs[chunk..chunk + STEPS * step].chunks_exact_mut(step).enumerate() {
-                    let (even, odd) = (&q[4 * j..4 * j + 4], &q[32 + 4 * j..32 + 4 * j + 4]);
-                    for t in 0..4 {
-                        dst[4 * l + t] = (even[t] & 0xF) | (odd[t] & 0xF) << 4;
-                    }
-                    // The high planes: bit 4 (then bit 5) of each block's quants, four
-                    // lanes a nibble of the mask.
-                    for plane in 0..high_bits(format) {
-                        for (parity, v) in [even, odd].into_iter().enumerate() {
-                            let bits = (0..4).fold(0u8, |b, t| b | ((v[t] >> (4 + plane)) & 1) << t);
-                            dst[64 + 8 * (2 * plane + parity) + l / 2] |= bits << (4 * (l % 2));
-                        }
+                // The high planes: bit 4 (then bit 5) of each block's quants, four lanes a
+                // nibble of the mask.
+                for plane in 0..high_bits(format) {
+                    for (parity, v) in [even, odd].into_iter().enumerate() {
+                        let bits = (0..4).fold(0u8, |b, t| b | ((v[t] >> (4 + plane)) & 1) << t);
+                        dst[64 + 8 * (2 * plane + parity) + l / 2] |= bits << (4 * (l % 2));
                     }
                 }
             }
         }
-        p
     }
+    out
 }
