@@ -88,8 +88,8 @@ impl PackedQuant {
                 pack_group(format, k, own, qs)
             })
             .collect();
-        let join = |part: fn(&GroupScales) -> &[u8]| scales.iter().flat_map(part).copied().collect();
-        let join16 = |part: fn(&GroupScales) -> &[u16]| scales.iter().flat_map(part).copied().collect();
+        let join = |part: fn(&GroupScales) -> &[u8]| scales.iter().map(part).collect::<Vec<_>>().concat();
+        let join16 = |part: fn(&GroupScales) -> &[u16]| scales.iter().map(part).collect::<Vec<_>>().concat();
         Self { format, k, rows, d: join16(|s| &s.d), m: join16(|s| &s.m), sc: join(|s| &s.sc), mn: join(|s| &s.mn), qs }
     }
 }
