@@ -33,7 +33,9 @@ const MAX_M_AVX2_Q6: usize = 2;
 /// Calls over fewer activation rows than this (a decode step) prefetch the weights
 /// [`PREFETCH_AHEAD`] bytes ahead: they read each weight once, from memory, and a step's
 /// rows are one stream through the group and on into the next. Measured (`decode_kquant`,
-/// 5 alternating rounds, medians): one row 12.6 → 11.3 ms, two rows 14.1 → 12.9 ms.
+/// 5 alternating rounds, medians): one row 12.6 → 11.3 ms, two rows 14.1 → 12.9 ms; with
+/// AVX2 (`MET_CPU_SIMD=avx2`, each half group's 32 bytes a step) 15.5 → 14.7 and 19.3 →
+/// 17.7 ms.
 const PREFETCH_BELOW: usize = 4;
 
 /// How far ahead of a step the decode prefetch reads (1 KiB and 4 KiB did about as well).
@@ -221,6 +223,9 @@ unsafe fn group_256<const Q5: bool, const M: usize>(
                 let chunk = qs.add(c * STEPS * step);
                 let mut sums = [[_mm256_setzero_si256(); 2]; M];
                 for j in 0..STEPS {
+                    if M < PREFETCH_BELOW {
+                        prefetch(chunk.wrapping_add(j * step + 4 * lanes), 32);
+                    }
                     let v = _mm256_loadu_si256(chunk.add(j * step + 4 * lanes).cast());
                     let mut lo = _mm256_and_si256(v, nibble);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
@@ -358,6 +363,9 @@ unsafe fn group_256_q6<const M: usize>(p: &PackedQuant, g: usize, a: &[ActRow<'_
                     let mut sums = [[_mm256_setzero_si256(); 2]; M];
                     for j in STEPS / 2 * h..STEPS / 2 * (h + 1) {
                         let at = chunk.add(j * step);
+                        if M < PREFETCH_BELOW {
+                            prefetch(at.wrapping_add(4 * lanes), 32);
+                        }
                         let v = _mm256_loadu_si256(at.add(4 * lanes).cast());
                         let mask = |i: usize| at.add(64 + 8 * i + 4 * half).cast::<i32>().read_unaligned();
                         let lo = _mm256_and_si256(v, nibble);
