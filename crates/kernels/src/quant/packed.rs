@@ -18,21 +18,12 @@
 //! Q6_K), unpacked to a byte each, and their rows are interleaved in groups of 16, one
 //! row per vector lane (`grouped`); the field docs below describe the other formats.
 
+use super::grouped::is_grouped;
 use super::{QuantFormat, SimdLevel};
 
 /// Zero scales after the last block's, for vector loads of up to 16 f16 values that start
 /// at any block.
 pub(super) const SCALE_PAD: usize = 16;
-
-/// Quant bytes per 32-element block of `format`'s packed layout (Q5_0 and Q5_1 have none).
-pub(super) const fn payload_bytes(format: QuantFormat) -> usize {
-    match format {
-        QuantFormat::Q8_0 => 32,
-        QuantFormat::Q5_K => 20,
-        QuantFormat::Q6_K => 24,
-        _ => 16,
-    }
-}
 
 /// An f16's value.
 pub(super) fn f16_value(bits: u16) -> f32 {
@@ -73,7 +64,7 @@ impl PackedQuant {
         if !Self::supports(format) || row_bytes == 0 || !blocks.len().is_multiple_of(row_bytes) {
             return None;
         }
-        if format.block_elems() == super::blocks::QK_K {
+        if is_grouped(format) {
             return Some(Self::from_k_blocks(format, blocks, k));
         }
         let (header, payload) = match format {
@@ -137,14 +128,10 @@ impl PackedQuant {
         self.k / 32
     }
 
-    /// Quant bytes per 32-element block.
+    /// Quant bytes per 32-element block of a Q4_0, Q4_1 or Q8_0 matrix (the K-quants'
+    /// are `grouped`).
     pub(super) fn payload(&self) -> usize {
-        payload_bytes(self.format)
-    }
-
-    /// Whether the format is a K-quant (256-element super-blocks).
-    pub(super) fn is_k(&self) -> bool {
-        self.format.block_elems() == super::blocks::QK_K
+        if self.format == QuantFormat::Q8_0 { 32 } else { 16 }
     }
 
     /// Rows `rows` as f32, equal to dequantising the original blocks (the same
@@ -157,7 +144,7 @@ impl PackedQuant {
     /// every level gives the same values.
     pub(super) fn dequantize_rows_at(&self, level: SimdLevel, rows: std::ops::Range<usize>, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len() * self.k, "output does not hold the rows");
-        if self.is_k() {
+        if is_grouped(self.format) {
             return super::grouped::dequantize_rows(self, rows, out);
         }
         let (nb, p) = (self.blocks_per_row(), self.payload());
@@ -200,7 +187,7 @@ impl PackedQuant {
         assert_eq!(out.len(), rows.len(), "one output per row");
         assert!(rows.end <= self.rows(), "rows past the matrix");
         #[cfg(target_arch = "x86_64")]
-        if !self.is_k() && super::x86::packed_dot_rows(self, x, sums, rows.clone(), out) {
+        if !is_grouped(self.format) && super::x86::packed_dot_rows(self, x, sums, rows.clone(), out) {
             return;
         }
         let mut w = vec![0f32; self.k];
@@ -224,7 +211,7 @@ impl PackedQuant {
         assert_eq!(out.len(), m * rows.len(), "one output per row pair");
         assert!(rows.end <= self.rows(), "rows past the matrix");
         #[cfg(target_arch = "x86_64")]
-        if m > 1 && !self.is_k() && super::x86::packed_dot_rows_many(self, x, sums, rows.clone(), out) {
+        if m > 1 && !is_grouped(self.format) && super::x86::packed_dot_rows_many(self, x, sums, rows.clone(), out) {
             return;
         }
         let nb = self.blocks_per_row();

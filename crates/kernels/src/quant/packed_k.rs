@@ -88,10 +88,14 @@ impl PackedQuant {
                 pack_group(format, k, own, qs)
             })
             .collect();
-        let join = |part: fn(&GroupScales) -> &[u8]| scales.iter().map(part).collect::<Vec<_>>().concat();
-        let join16 = |part: fn(&GroupScales) -> &[u16]| scales.iter().map(part).collect::<Vec<_>>().concat();
-        Self { format, k, rows, d: join16(|s| &s.d), m: join16(|s| &s.m), sc: join(|s| &s.sc), mn: join(|s| &s.mn), qs }
+        let (d, m) = (join(&scales, |s| &s.d), join(&scales, |s| &s.m));
+        Self { format, k, rows, d, m, sc: join(&scales, |s| &s.sc), mn: join(&scales, |s| &s.mn), qs }
     }
+}
+
+/// One array of every group's scales, the groups in order.
+fn join<T: Copy>(groups: &[GroupScales], part: impl Fn(&GroupScales) -> &[T]) -> Vec<T> {
+    groups.iter().map(part).collect::<Vec<_>>().concat()
 }
 
 /// Packs the super-blocks of one group's rows `blocks` (up to [`GROUP`] rows of `k`) into

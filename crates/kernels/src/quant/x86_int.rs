@@ -207,15 +207,16 @@ unsafe fn quantize_block_256(x: &[f32], q: &mut [i8]) -> (f32, f32) {
 /// the weights for a decode step ([`prefetches`]), whatever the format: a tile of short
 /// rows is over before the hardware prefetchers have found its streams, so a decode step
 /// would wait on memory at every tile. Measured (bench `decode_kquant` when the K-quants
-/// still ran here, 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine): 48 → 33
-/// ms; two tiles ahead did no better than one. The default model's Q4_1 decode gains too
+/// still ran here, 200 MB of Q4_K and Q6_K weights, alternating runs on a loaded machine):
+/// 48 → 33 ms; two tiles ahead did no better than one. The default model's Q4_1 decode gains too
 /// (`bench/results/cpu-kquant-2026-12-03/q4_1-default-model.md`).
 const PREFETCH_TILES: usize = 1;
 
 /// The fewest weight rows ahead the prefetch reads, for tiles of one row (AVX-512's decode
-/// steps, AVX2's of three rows): one row of 1024 K-quant weights was over too soon. Measured
-/// (`decode_kquant`, then on these kernels, one activation row, 4 alternating rounds, medians): 10.2 ms one row ahead, 9.6 two and
-/// four, 10.8 without prefetches; two activation rows 13.4, 13.3, 13.3 and 14.2 ms.
+/// steps, AVX2's of three rows): one row of 1024 K-quant weights was over too soon.
+/// Measured (`decode_kquant`, then on these kernels, one activation row, 4 alternating
+/// rounds, medians): 10.2 ms one row ahead, 9.6 two and four, 10.8 without prefetches; two
+/// activation rows 13.4, 13.3, 13.3 and 14.2 ms.
 const PREFETCH_MIN_ROWS: usize = 2;
 
 /// Raw views of a group's rows, read without bounds checks in the inner loops (the
