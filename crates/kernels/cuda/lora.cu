@@ -158,6 +158,161 @@ extern "C" __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
     }
 }
 
+// The grouped shrink, for steps of many rows: rows sorted by slot (on the host, which knows
+// them), so that a tile of LORA_GROUP_ROWS rows of one adapter is one tensor-core product
+// with its `a`, reading each row's input once per module rather than once per rank.
+//
+// `groups` is u32 [slots + 1 + t]: `starts[s]`, where slot s's rows begin in `order` (the
+// last entry the rows grouped in all), then `order [t]`, the rows by slot. Entries out of
+// range are clamped or skipped, so a bad table reads and writes nothing outside the tensors.
+//
+// Block (tile, part, z): tile `blockIdx.x` of the slots' row tiles, in slot order (blocks
+// past the last return), module `part`, and the z-th of LORA_GROUP_SPLIT equal spans of the
+// inputs. The LORA_GROUP_SPLIT blocks of a tile form a cluster: each multiplies its span,
+// its four warps taking the four k16 steps of each LORA_GROUP_BK columns (their sums added
+// in warp order), then block 0 adds the blocks' sums in z order from their shared memory
+// and writes `shrunk`. The spans depend on `k` alone and a tensor-core row does not see the
+// other rows of its tile, so a row's result depends on the row alone, not on its batch or
+// the rows that share its tile. Needs rank a multiple of 16 up to LORA_GROUP_MAX_RANK and
+// `k % 8 == 0`. Dynamic shared memory: LORA_GROUP_STAGES (LORA_GROUP_ROWS + rank)
+// LORA_GROUP_BK · 2 bytes.
+#define LORA_GROUP_ROWS 16
+#define LORA_GROUP_SPLIT 8
+#define LORA_GROUP_BK 64
+#define LORA_GROUP_STAGES 4
+#define LORA_GROUP_MAX_RANK 64
+#define LORA_GROUP_THREADS 128
+
+// This block's rank in its cluster.
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of the cluster arrives; shared writes before are visible to reads after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The f32 at shared address `addr` (this block's window) of block `rank` of the cluster.
+__device__ __forceinline__ float cluster_load(u32 addr, u32 rank) {
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bounds__(LORA_GROUP_THREADS)
+    lora_shrink_grouped_bf16(const bf16_t* x, const u32* groups, LoraParts parts, float* shrunk, u32 t, u32 slots,
+                             u32 rank, u32 k) {
+    pdl_enter();
+    extern __shared__ __align__(128) unsigned char lg_smem[];
+    constexpr u32 BK = LORA_GROUP_BK, CH = BK / 8, TR = LORA_GROUP_ROWS, NT = LORA_GROUP_MAX_RANK / 8;
+    const u32* starts = groups;
+    const u32* order = groups + slots + 1;
+
+    // The tile's slot and rows: slot s holds tiles [before, before + its tiles).
+    u32 slot = slots, first = 0, count = 0, before = 0;
+    for (u32 s = 0; s < slots; ++s) {
+        const u32 lo = min(starts[s], t), hi = min(max(starts[s + 1], lo), t);
+        const u32 tiles = (hi - lo + TR - 1) / TR;
+        if (blockIdx.x < before + tiles) {
+            slot = s;
+            first = lo + (blockIdx.x - before) * TR;
+            count = min(TR, hi - first);
+            break;
+        }
+        before += tiles;
+    }
+    if (slot == slots) return;  // the cluster shares the tile, so all its blocks leave
+
+    const u32 part = blockIdx.y, z = cluster_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bf16_t* a = (const bf16_t*)lora_pick(parts.a, part) + (u64)slot * rank * k;
+    const u32 span = (k + LORA_GROUP_SPLIT * BK - 1) / (LORA_GROUP_SPLIT * BK) * BK;
+    const u32 k0 = min(k, z * span), k1 = min(k, k0 + span), k_tiles = (k1 - k0 + BK - 1) / BK;
+    const u32 stage = (TR + rank) * BK * 2, base = smem_addr(lg_smem);
+
+    // Thread i copies chunk i % CH of input row i / CH (TR · CH = the block's threads).
+    const u32 my_row = threadIdx.x / CH, my_chunk = threadIdx.x % CH;
+    const u32 src_row = my_row < count ? order[first + my_row] : t;
+    const bool row_ok = src_row < t;
+    const bf16_t* x_row = x + (u64)(row_ok ? src_row : 0) * k;
+    auto load = [&](u32 kt, u32 st) {
+        const u32 kb = k0 + kt * BK;
+        const u32 col = kb + my_chunk * 8;
+        const bool ok = row_ok && col < k1;
+        cp_async16(base + st * stage + swz<BK>(my_row, my_chunk), x_row + (ok ? col : 0), ok);
+        for (u32 c = threadIdx.x; c < rank * CH; c += LORA_GROUP_THREADS) {
+            const u32 q = c / CH, ch = c % CH, cc = kb + ch * 8;
+            cp_async16(base + st * stage + swz<BK>(TR + q, ch), a + (u64)q * k + (cc < k1 ? cc : 0), cc < k1);
+        }
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+    for (u32 st = 0; st < LORA_GROUP_STAGES - 1; ++st) {
+        if (st < k_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 st = kt % LORA_GROUP_STAGES;
+        cp_async_wait<LORA_GROUP_STAGES - 2>();
+        __syncthreads();
+        const u32 next = kt + LORA_GROUP_STAGES - 1;
+        if (next < k_tiles) load(next, next % LORA_GROUP_STAGES);
+        cp_async_commit();
+        const u32 s0 = base + st * stage;
+        u32 af[4];
+        ldmatrix_x4(s0 + swz<BK>(lane & 15, warp * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
+#pragma unroll
+        for (u32 j = 0; j < NT; j += 2) {
+            if (j * 8 < rank) {
+                const u32 r = TR + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4(s0 + swz<BK>(r, warp * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                mma_bf16(acc[j], af, b0, b1);
+                mma_bf16(acc[j + 1], af, b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // The warps' sums, then the block's (in warp order), in shared memory.
+    float* sums = reinterpret_cast<float*>(lg_smem);  // [warps][TR][rank]
+    const u32 g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (u32 j = 0; j < NT; ++j) {
+        if (j * 8 < rank) {
+            float* w = sums + (warp * TR + g) * rank + j * 8 + 2 * tq;
+            w[0] = acc[j][0];
+            w[1] = acc[j][1];
+            w[8 * rank] = acc[j][2];
+            w[8 * rank + 1] = acc[j][3];
+        }
+    }
+    __syncthreads();
+    float* mine = sums + 4 * TR * rank;
+    for (u32 i = threadIdx.x; i < TR * rank; i += LORA_GROUP_THREADS) {
+        mine[i] = ((sums[i] + sums[TR * rank + i]) + sums[2 * TR * rank + i]) + sums[3 * TR * rank + i];
+    }
+    cluster_sync();
+    if (z == 0) {
+        const u32 at = smem_addr(mine);
+        for (u32 i = threadIdx.x; i < count * rank; i += LORA_GROUP_THREADS) {
+            float total = 0.0f;
+            for (u32 c = 0; c < LORA_GROUP_SPLIT; ++c) total += cluster_load(at + i * 4, c);
+            const u32 row = order[first + i / rank];
+            if (row < t) shrunk[((u64)row * gridDim.y + part) * rank + i % rank] = total;
+        }
+    }
+    cluster_sync();  // no block leaves while block 0 reads its shared memory
+}
+
 // `n` 16-bit words from `src` to `dst`: one slot of a stack (or a scale) written in stream
 // order with the steps around it.
 extern "C" __global__ void lora_copy_b16(const unsigned short* src, unsigned short* dst, u64 n) {

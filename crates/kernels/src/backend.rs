@@ -11,7 +11,7 @@ mod recurrent;
 
 use std::fmt::Debug;
 
-pub use self::lora::{LORA_MAX_PARTS, LoraSlots, LoraStack, NO_LORA_SLOT};
+pub use self::lora::{LORA_MAX_PARTS, LoraSlots, LoraStack, NO_LORA_SLOT, lora_row_groups};
 pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
     UniformRun,

@@ -38,7 +38,7 @@ use std::sync::Arc;
 pub use backend::{
     AttentionMeta, AttentionParams, DeltaRule, DraftToken, GpuBackend, Graph, LORA_MAX_PARTS, LaterSample, LoraSlots,
     LoraStack, MemoryInfo, NO_LORA_SLOT, NO_STATE_SLOT, QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled,
-    StateSnapshot, UniformRun,
+    StateSnapshot, UniformRun, lora_row_groups,
 };
 pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};

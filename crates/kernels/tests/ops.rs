@@ -114,6 +114,7 @@ macro_rules! backend_tests {
                 lora::lora_decode_batches_match_reference,
                 lora::lora_prefill_batches_match_reference,
                 lora::lora_odd_shapes_match_reference,
+                lora::lora_rows_do_not_see_their_batch,
                 lora::lora_slot_writes_land_in_their_slot,
                 lora::lora_rejects_bad_operands,
             );

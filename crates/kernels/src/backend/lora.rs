@@ -49,6 +49,35 @@ pub struct LoraSlots<'a> {
     pub scales: &'a Tensor,
     /// The modules fused in the projection, at most [`LORA_MAX_PARTS`].
     pub stacks: &'a [LoraStack<'a>],
+    /// `u32 [slots + 1 + t]`: the rows grouped by slot, as [`lora_row_groups`] lays them out
+    /// from `rows`, or `None`. A backend may use it to multiply the rows of one adapter
+    /// together; one that does not ignores it. It must agree with `rows`.
+    pub groups: Option<&'a Tensor>,
+}
+
+/// The rows of a step grouped by slot, as [`LoraSlots::groups`] takes them: for each of
+/// `slots` slots where its rows begin in the order (the total last, `slots + 1` entries),
+/// then the order itself, `rows.len()` entries: the rows of slot 0 ascending, those of
+/// slot 1, ..., zeros after them. Base rows ([`NO_LORA_SLOT`], or any slot past `slots`)
+/// are in no group.
+pub fn lora_row_groups(rows: &[u32], slots: usize) -> Vec<u32> {
+    let mut counts = vec![0u32; slots + 1];
+    for &s in rows.iter().filter(|&&s| (s as usize) < slots) {
+        counts[s as usize + 1] += 1;
+    }
+    for s in 0..slots {
+        counts[s + 1] += counts[s];
+    }
+    let mut out = counts.clone();
+    out.resize(slots + 1 + rows.len(), 0);
+    let (starts, order) = out.split_at_mut(slots + 1);
+    let mut next = counts;
+    for (i, &s) in rows.iter().enumerate().filter(|&(_, &s)| (s as usize) < slots) {
+        order[next[s as usize] as usize] = i as u32;
+        next[s as usize] += 1;
+    }
+    debug_assert_eq!(starts[slots] as usize, rows.iter().filter(|&&s| (s as usize) < slots).count());
+    out
 }
 
 /// The sizes of one checked LoRA op.
@@ -83,6 +112,11 @@ pub(crate) fn check(op: &'static str, x: &Tensor, out: &Tensor, lora: &LoraSlots
     ensure(!lora.stacks.is_empty() && lora.stacks.len() <= LORA_MAX_PARTS, op, || {
         format!("{} modules in one projection (1 to {LORA_MAX_PARTS})", lora.stacks.len())
     })?;
+    if let Some(g) = lora.groups {
+        ensure(g.dtype() == DType::U32 && g.dims() == [slots + 1 + t], op, || {
+            format!("row groups {:?} {:?} for {slots} slots and {t} rows", g.dtype(), g.dims())
+        })?;
+    }
     let rank = lora.stacks[0].a.dims().get(1).copied().unwrap_or(0);
     for s in lora.stacks {
         check_stack(op, s, [slots, rank, k], width)?;
@@ -114,6 +148,11 @@ pub(crate) fn check_rows(op: &'static str, rows: &[u32], slots: usize) -> Result
         Some(s) => Err(crate::Error::InvalidArgument(format!("{op}: row slot {s} of {slots} slots"))),
         None => Ok(()),
     }
+}
+
+/// Checks row groups read on the host against the row slots they group.
+pub(crate) fn check_groups(op: &'static str, rows: &[u32], groups: &[u32], slots: usize) -> Result<()> {
+    ensure(groups == lora_row_groups(rows, slots).as_slice(), op, || "row groups that do not group the row slots".into())
 }
 
 /// Checks that `src` fills one slot of `stack [slots, ..]`, in its dtype.

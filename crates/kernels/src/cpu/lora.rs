@@ -18,6 +18,9 @@ pub(super) fn lora_shrink_expand(x: &Tensor, out: &Tensor, lora: &LoraSlots<'_>)
     let dims = operands::check(OP, x, out, lora)?;
     let rows = read_u32(OP, lora.rows)?;
     operands::check_rows(OP, &rows, dims.slots)?;
+    if let Some(groups) = lora.groups {
+        operands::check_groups(OP, &rows, &read_u32(OP, groups)?, dims.slots)?;
+    }
     let (xs, scales) = (read_f32(OP, x)?, read_f32(OP, lora.scales)?);
     let mut result = read_f32(OP, out)?.to_vec();
     let mut start = 0;
@@ -99,7 +102,7 @@ mod tests {
         let rows = b.upload(&HostTensor::from_u32(&[NO_LORA_SLOT, 1, 1, NO_LORA_SLOT], &[t]), DType::U32).unwrap();
         let scales = upload(&b, &[9.0, 0.5], &[slots]);
         let stacks = [LoraStack { a: &a, b: &bb, column: 2 }];
-        let lora = LoraSlots { rows: &rows, scales: &scales, stacks: &stacks };
+        let lora = LoraSlots { rows: &rows, scales: &scales, stacks: &stacks, groups: None };
         let got = b.download_f32(&b.lora_shrink_expand(&x, out, &lora).unwrap()).unwrap();
         let (a1, b1) = (&av[r * k..], &bv[n * r..]);
         for i in 0..t {
@@ -123,7 +126,7 @@ mod tests {
         let rows = b.upload(&HostTensor::from_u32(&[0, 0], &[2]), DType::U32).unwrap();
         let scales = upload(&b, &[1.0], &[1]);
         let stacks = [LoraStack { a: &a, b: &bb, column: 2 }];
-        let lora = LoraSlots { rows: &rows, scales: &scales, stacks: &stacks };
+        let lora = LoraSlots { rows: &rows, scales: &scales, stacks: &stacks, groups: None };
         assert!(b.lora_shrink_expand(&x, out, &lora).is_err());
     }
 

@@ -2,8 +2,9 @@
 //! backend shares (`backend::lora::check`).
 //!
 //! A projection's deltas are two launches whatever its rows hold: the shrink of every row
-//! to its slot's rank (f32, `[t, parts, rank]`, a block per row, module and rank index, so
-//! a decode step of one row still spreads over rank × modules blocks), then the expansion
+//! to its slot's rank (f32, `[t, parts, rank]`: for a few rows a block per row, module and
+//! rank index, so a decode step of one row still spreads over rank × modules blocks; for
+//! many rows grouped by slot, tensor-core tiles of one adapter's rows), then the expansion
 //! added into `out` in place (a block per 64 columns and a tile of rows, a lane per two
 //! columns, so the tile's rows of one adapter find its `b` in cache). Base rows are skipped
 //! by the kernels themselves, reading the row-slot tensor on the device, so the launches
@@ -21,10 +22,25 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `lora.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 3] = ["lora_shrink_bf16", "lora_expand_bf16", "lora_copy_b16"];
+pub(super) const KERNELS: [&str; 4] =
+    ["lora_shrink_bf16", "lora_shrink_grouped_bf16", "lora_expand_bf16", "lora_copy_b16"];
 
 /// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block, which split the inputs.
 const SHRINK_WARPS: u32 = 4;
+
+/// Rows from which a step with its rows grouped by slot takes the grouped shrink: below it
+/// the per-row blocks spread a few rows over more of the device.
+const GROUPED_FROM: usize = 16;
+
+/// `LORA_GROUP_ROWS`, `LORA_GROUP_SPLIT`, `LORA_GROUP_BK`, `LORA_GROUP_STAGES`,
+/// `LORA_GROUP_MAX_RANK` and `LORA_GROUP_THREADS` of `lora.cu`: the grouped shrink's row
+/// tile, input spans (its cluster), columns per stage, stages, largest rank and threads.
+const GROUP_ROWS: usize = 16;
+const GROUP_SPLIT: u32 = 8;
+const GROUP_BK: usize = 64;
+const GROUP_STAGES: usize = 4;
+const GROUP_MAX_RANK: usize = 64;
+const GROUP_THREADS: u32 = 128;
 
 /// `LORA_TILE_ROWS` of `lora.cu`: rows per expansion block.
 const TILE_ROWS: usize = 64;
@@ -67,6 +83,11 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     let host_rows = storage(OP, lora.rows)?.host_u32.lock().clone();
     if let Some(rows) = host_rows {
         operands::check_rows(OP, &rows, d.slots)?;
+        if let Some(groups) = lora.groups
+            && let Some(groups) = storage(OP, groups)?.host_u32.lock().as_ref()
+        {
+            operands::check_groups(OP, &rows, groups, d.slots)?;
+        }
     }
     if d.t == 0 || d.rank == 0 || d.slots == 0 {
         return Ok(out);
@@ -82,9 +103,26 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     let tiles = as_u32(OP, "row tiles", t.div_ceil(TILE_ROWS))?;
     let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
     let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
-    let shrink =
-        LaunchConfig { grid_dim: (t32, n_parts, rank32), block_dim: (SHRINK_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
-    launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
+    match lora.groups {
+        Some(groups) if t >= GROUPED_FROM && rank % 16 == 0 && rank <= GROUP_MAX_RANK && k % 8 == 0 => {
+            let tiles = as_u32(OP, "row tiles", t.div_ceil(GROUP_ROWS) + slots)?;
+            let shrink = LaunchConfig {
+                grid_dim: (tiles, n_parts, GROUP_SPLIT),
+                block_dim: (GROUP_THREADS, 1, 1),
+                shared_mem_bytes: (GROUP_STAGES * (GROUP_ROWS + rank) * GROUP_BK * 2) as u32,
+            };
+            let gp = ptr(OP, groups)?;
+            launch!(b, "lora_shrink_grouped_bf16", shrink, [xp, gp, parts, sp, t32, slots32, rank32, k32])?;
+        }
+        _ => {
+            let shrink = LaunchConfig {
+                grid_dim: (t32, n_parts, rank32),
+                block_dim: (SHRINK_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
+        }
+    }
     let widest = parts.n.iter().copied().max().unwrap_or(0);
     let expand = LaunchConfig {
         grid_dim: (widest.div_ceil(EXPAND_COLUMNS).max(1), tiles, n_parts),

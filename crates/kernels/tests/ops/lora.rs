@@ -10,7 +10,7 @@
 //! f32 and rounds once, the sum `base + delta` to bf16 (the harness's 1e-2 of
 //! `|want| + rms`, over two half-ulps of bf16).
 
-use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Result, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Result, Tensor, lora_row_groups};
 
 use crate::harness::{Rng, assert_close, expect_err, stored, upload_f32, upload_u32};
 
@@ -88,6 +88,8 @@ struct Step {
     x: Tensor,
     out: Tensor,
     rows: Tensor,
+    /// The rows grouped by slot (`LoraSlots::groups`).
+    groups: Tensor,
     scales: Tensor,
     stacks: Vec<(Tensor, Tensor, usize)>,
 }
@@ -106,16 +108,25 @@ impl Step {
             x: upload_f32(b, x, &[t, k])?,
             out: upload_f32(b, out, &[t, width])?,
             rows: upload_u32(b, rows, &[t])?,
+            groups: upload_u32(b, &lora_row_groups(rows, SLOTS), &[SLOTS + 1 + t])?,
             scales: b.upload(&HostTensor::from_f32(&SCALES, &[SLOTS]), DType::F32)?,
             stacks,
         })
     }
 
-    /// The op on `out` (a fresh copy of the base output, which the op may add into).
+    /// The op on `out` (a fresh copy of the base output, which the op may add into), with
+    /// the rows' groups.
     fn run(&self, b: &dyn GpuBackend, out: Tensor) -> Result<Tensor> {
+        self.run_grouped(b, out, true)
+    }
+
+    /// The op with or without the rows' groups (the CUDA shrink by tiles of an adapter's
+    /// rows, or a block per row).
+    fn run_grouped(&self, b: &dyn GpuBackend, out: Tensor, grouped: bool) -> Result<Tensor> {
         let stacks: Vec<LoraStack<'_>> =
             self.stacks.iter().map(|(a, bb, column)| LoraStack { a, b: bb, column: *column }).collect();
-        b.lora_shrink_expand(&self.x, out, &LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks })
+        let groups = grouped.then_some(&self.groups);
+        b.lora_shrink_expand(&self.x, out, &LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks, groups })
     }
 }
 
@@ -139,12 +150,15 @@ fn check_shaped(b: &dyn GpuBackend, t: usize, k: usize, seed: u64, parts: &[usiz
         .collect();
     let (x, out, rows) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)), row_slots(t));
     let step = Step::upload(b, &x, &out, &rows, &modules, k)?;
-    let got = step.run(b, b.scale(&step.out, 1.0)?)?;
     let want = reference(&x, &out, &rows, &modules, k, width);
-    assert_close(b, &got, &[t, width], &want, &format!("lora_shrink_expand of {t} rows of {k}"))?;
-    let values = b.download_f32(&got)?;
-    for (i, _) in rows.iter().enumerate().filter(|(_, s)| **s == NO_LORA_SLOT) {
-        assert_eq!(values[i * width..(i + 1) * width], out[i * width..(i + 1) * width], "base row {i} changed");
+    for grouped in [true, false] {
+        let got = step.run_grouped(b, b.scale(&step.out, 1.0)?, grouped)?;
+        let what = format!("lora_shrink_expand of {t} rows of {k}, rank {rank}, grouped {grouped}");
+        assert_close(b, &got, &[t, width], &want, &what)?;
+        let values = b.download_f32(&got)?;
+        for (i, _) in rows.iter().enumerate().filter(|(_, s)| **s == NO_LORA_SLOT) {
+            assert_eq!(values[i * width..(i + 1) * width], out[i * width..(i + 1) * width], "base row {i} changed");
+        }
     }
     Ok(())
 }
@@ -160,7 +174,35 @@ pub fn lora_decode_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
 /// Prefill-sized batches: hundreds of rows, crossing several of the CUDA kernels' row tiles.
 pub fn lora_prefill_batches_match_reference(b: &dyn GpuBackend) -> Result<()> {
     check_mixed(b, 300, 128, 6)?;
-    check_mixed(b, 97, 36, 7)
+    check_mixed(b, 97, 36, 7)?;
+    // Inputs over eight spans of the grouped shrink, one of them ragged; wider ranks.
+    check_shaped(b, 40, 1096, 14, &PARTS, 32)?;
+    check_shaped(b, 33, 520, 15, &PARTS[..1], 64)
+}
+
+/// A row's delta depends on the row alone: the rows of a batch in reverse order (so other
+/// rows share each one's tiles) give each row bit for bit the same output.
+pub fn lora_rows_do_not_see_their_batch(b: &dyn GpuBackend) -> Result<()> {
+    let (t, k) = (90, 192);
+    let mut rng = Rng::new(16);
+    let width: usize = PARTS.iter().sum();
+    let mut column = 0;
+    let modules: Vec<Module> = PARTS
+        .iter()
+        .map(|&n| {
+            column += n;
+            module(b, &mut rng, k, n, column - n)
+        })
+        .collect();
+    let (x, out, rows) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)), row_slots(t));
+    let reversed = |v: &[f32], w: usize| -> Vec<f32> { v.chunks(w).rev().flatten().copied().collect() };
+    let rev_rows: Vec<u32> = rows.iter().rev().copied().collect();
+    let forward = Step::upload(b, &x, &out, &rows, &modules, k)?;
+    let backward = Step::upload(b, &reversed(&x, k), &reversed(&out, width), &rev_rows, &modules, k)?;
+    let got = b.download_f32(&forward.run(b, b.scale(&forward.out, 1.0)?)?)?;
+    let got_rev = b.download_f32(&backward.run(b, b.scale(&backward.out, 1.0)?)?)?;
+    assert_eq!(got, reversed(&got_rev, width), "rows in reverse order on {}", b.name());
+    Ok(())
 }
 
 /// Shapes off the kernels' fast paths: odd module widths (and odd first columns), a rank
@@ -200,11 +242,19 @@ pub fn lora_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     let step = Step::upload(b, &x, &out, &[0, 2], &modules, k)?;
     let fresh = || b.scale(&step.out, 1.0);
     let with = |rows: &Tensor, stacks: &[LoraStack<'_>]| {
-        b.lora_shrink_expand(&step.x, fresh()?, &LoraSlots { rows, scales: &step.scales, stacks })
+        b.lora_shrink_expand(&step.x, fresh()?, &LoraSlots { rows, scales: &step.scales, stacks, groups: None })
+    };
+    let grouped = |groups: &Tensor, stacks: &[LoraStack<'_>]| {
+        let lora = LoraSlots { rows: &step.rows, scales: &step.scales, stacks, groups: Some(groups) };
+        b.lora_shrink_expand(&step.x, fresh()?, &lora)
     };
     let [(a0, b0, _), (a1, b1, _)] = &step.stacks[..] else { unreachable!("two modules") };
     let ok = [LoraStack { a: a0, b: b0, column: 0 }, LoraStack { a: a1, b: b1, column: 4 }];
     with(&step.rows, &ok)?;
+    grouped(&step.groups, &ok)?;
+    expect_err(grouped(&upload_u32(b, &[0; SLOTS + 2], &[SLOTS + 2])?, &ok), "row groups of another length");
+    let wrong = lora_row_groups(&[2, 0], SLOTS);
+    expect_err(grouped(&upload_u32(b, &wrong, &[wrong.len()])?, &ok), "row groups of other row slots");
     expect_err(with(&upload_u32(b, &[0, SLOTS as u32], &[2])?, &ok), "a row slot past the stacks");
     expect_err(with(&upload_u32(b, &[0], &[1])?, &ok), "row slots of another length");
     let overlapping = [LoraStack { a: a0, b: b0, column: 0 }, LoraStack { a: a1, b: b1, column: 2 }];
@@ -227,29 +277,34 @@ pub fn lora_replays_in_a_graph_with_new_slots(b: &dyn GpuBackend) -> Result<()> 
     if !b.supports_graphs() {
         return Ok(());
     }
-    let (t, k) = (4, 64);
-    let mut rng = Rng::new(10);
-    let width: usize = PARTS.iter().sum();
-    let mut column = 0;
-    let modules: Vec<Module> = PARTS
-        .iter()
-        .map(|&n| {
-            column += n;
-            module(b, &mut rng, k, n, column - n)
-        })
-        .collect();
-    let (x, out) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)));
-    let step = Step::upload(b, &x, &out, &[NO_LORA_SLOT; 4], &modules, k)?;
-    let result = b.zeros(&[t, width], b.float_dtype())?;
-    let graph = b.capture(&mut || b.copy_into(&step.run(b, b.scale(&step.out, 1.0)?)?, &result))?;
+    // Four rows (a block per row), and forty (the CUDA shrink's tiles of one adapter's rows).
     let cases: [[u32; 4]; 4] =
         [[0, 2, NO_LORA_SLOT, 0], [2, 2, 2, 2], [NO_LORA_SLOT; 4], [NO_LORA_SLOT, 0, 1, NO_LORA_SLOT]];
-    for rows in cases {
-        b.write_u32(&step.rows, &rows)?;
-        graph.replay()?;
-        let eager = Step::upload(b, &x, &out, &rows, &modules, k)?;
-        let want = b.download_f32(&eager.run(b, b.scale(&eager.out, 1.0)?)?)?;
-        assert_eq!(b.download_f32(&result)?, want, "replay with row slots {rows:?} on {}", b.name());
+    for (t, seed) in [(4, 10), (40, 17)] {
+        let k = 64;
+        let mut rng = Rng::new(seed);
+        let width: usize = PARTS.iter().sum();
+        let mut column = 0;
+        let modules: Vec<Module> = PARTS
+            .iter()
+            .map(|&n| {
+                column += n;
+                module(b, &mut rng, k, n, column - n)
+            })
+            .collect();
+        let (x, out) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)));
+        let step = Step::upload(b, &x, &out, &vec![NO_LORA_SLOT; t], &modules, k)?;
+        let result = b.zeros(&[t, width], b.float_dtype())?;
+        let graph = b.capture(&mut || b.copy_into(&step.run(b, b.scale(&step.out, 1.0)?)?, &result))?;
+        for case in cases {
+            let rows: Vec<u32> = (0..t).map(|i| case[(i * 7 / 3) % 4]).collect();
+            b.write_u32(&step.rows, &rows)?;
+            b.write_u32(&step.groups, &lora_row_groups(&rows, SLOTS))?;
+            graph.replay()?;
+            let eager = Step::upload(b, &x, &out, &rows, &modules, k)?;
+            let want = b.download_f32(&eager.run(b, b.scale(&eager.out, 1.0)?)?)?;
+            assert_eq!(b.download_f32(&result)?, want, "replay of {t} rows with slots {rows:?} on {}", b.name());
+        }
     }
     Ok(())
 }

@@ -17,7 +17,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor, lora_row_groups};
 
 use super::{Adapter, LoraModule, LoraPool};
 use crate::{ForwardBatch, ModelError, Result};
@@ -34,8 +34,9 @@ pub struct AdapterRun {
 /// The adapters of one step on the device.
 pub(crate) struct StepLora {
     pool: Arc<LoraPool>,
-    /// `u32 [t]`: each row's slot; `None` when no row has an adapter (nothing to add).
-    rows: Option<Tensor>,
+    /// `u32 [t]`: each row's slot, and `u32 [slots + 1 + t]`: the rows grouped by slot
+    /// ([`lora_row_groups`]); `None` when no row has an adapter (nothing to add).
+    rows: Option<(Tensor, Tensor)>,
 }
 
 impl StepLora {
@@ -52,7 +53,7 @@ impl StepLora {
             None
         } else {
             let slots = row_slots(runs, batch.num_tokens(), pool)?;
-            Some(b.upload(&HostTensor::from_u32(&slots, &[slots.len()]), DType::U32)?)
+            Some(upload_rows(b, &slots, pool)?)
         };
         Ok(Some(Self { pool: Arc::clone(pool), rows }))
     }
@@ -63,7 +64,7 @@ impl StepLora {
     /// # Errors
     /// On device failure.
     pub fn for_graph(b: &dyn GpuBackend, pool: &Arc<LoraPool>, size: usize) -> Result<Self> {
-        let rows = b.upload(&HostTensor::from_u32(&vec![NO_LORA_SLOT; size], &[size]), DType::U32)?;
+        let rows = upload_rows(b, &vec![NO_LORA_SLOT; size], pool)?;
         Ok(Self { pool: Arc::clone(pool), rows: Some(rows) })
     }
 
@@ -73,10 +74,20 @@ impl StepLora {
     /// # Errors
     /// An adapter of another pool; device failures.
     pub fn write_rows(&self, b: &dyn GpuBackend, batch: &ForwardBatch) -> Result<()> {
-        let Some(rows) = &self.rows else { return Ok(()) };
+        let Some((rows, groups)) = &self.rows else { return Ok(()) };
         let slots = row_slots(&batch.adapter_runs, rows.elem_count(), &self.pool)?;
-        Ok(b.write_u32(rows, &slots)?)
+        b.write_u32(rows, &slots)?;
+        Ok(b.write_u32(groups, &lora_row_groups(&slots, self.pool.slots()))?)
     }
+}
+
+/// Row slots and their groups, uploaded.
+fn upload_rows(b: &dyn GpuBackend, slots: &[u32], pool: &LoraPool) -> Result<(Tensor, Tensor)> {
+    let groups = lora_row_groups(slots, pool.slots());
+    Ok((
+        b.upload(&HostTensor::from_u32(slots, &[slots.len()]), DType::U32)?,
+        b.upload(&HostTensor::from_u32(&groups, &[groups.len()]), DType::U32)?,
+    ))
 }
 
 /// The slot of each of `t` rows: its run's adapter's, else [`NO_LORA_SLOT`].
@@ -128,7 +139,7 @@ impl<'a> LayerLora<'a> {
     /// On device failure.
     pub fn apply(&self, b: &dyn GpuBackend, x: &Tensor, out: Tensor, parts: &[(LoraModule, usize)]) -> Result<Tensor> {
         let Some(step) = self.step else { return Ok(out) };
-        let Some(rows) = &step.rows else { return Ok(out) };
+        let Some((rows, groups)) = &step.rows else { return Ok(out) };
         let stacks: Vec<LoraStack<'_>> = parts
             .iter()
             .filter_map(|&(module, column)| {
@@ -139,7 +150,8 @@ impl<'a> LayerLora<'a> {
         if stacks.is_empty() {
             return Ok(out);
         }
-        Ok(b.lora_shrink_expand(x, out, &LoraSlots { rows, scales: step.pool.scales(), stacks: &stacks })?)
+        let lora = LoraSlots { rows, scales: step.pool.scales(), stacks: &stacks, groups: Some(groups) };
+        Ok(b.lora_shrink_expand(x, out, &lora)?)
     }
 }
 
