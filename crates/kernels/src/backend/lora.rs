@@ -152,7 +152,9 @@ pub(crate) fn check_rows(op: &'static str, rows: &[u32], slots: usize) -> Result
 
 /// Checks row groups read on the host against the row slots they group.
 pub(crate) fn check_groups(op: &'static str, rows: &[u32], groups: &[u32], slots: usize) -> Result<()> {
-    ensure(groups == lora_row_groups(rows, slots).as_slice(), op, || "row groups that do not group the row slots".into())
+    ensure(groups == lora_row_groups(rows, slots).as_slice(), op, || {
+        "row groups that do not group the row slots".into()
+    })
 }
 
 /// Checks that `src` fills one slot of `stack [slots, ..]`, in its dtype.

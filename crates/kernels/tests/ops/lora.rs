@@ -126,7 +126,11 @@ impl Step {
         let stacks: Vec<LoraStack<'_>> =
             self.stacks.iter().map(|(a, bb, column)| LoraStack { a, b: bb, column: *column }).collect();
         let groups = grouped.then_some(&self.groups);
-        b.lora_shrink_expand(&self.x, out, &LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks, groups })
+        b.lora_shrink_expand(
+            &self.x,
+            out,
+            &LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks, groups },
+        )
     }
 }
 
