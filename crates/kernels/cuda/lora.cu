@@ -9,11 +9,12 @@
 //
 // Arithmetic: the shrink `x · aᵀ` accumulates in f32 and stays f32 (no rounding between
 // shrink and expand); the expansion accumulates in f32 and is added to the base output as
-// `base + delta · scale` (PEFT's order), rounded once to bf16. The shrink is a block per
-// row, module and rank index (a decode step of one row still spreads over many blocks); the
-// expansion works in tiles of LORA_TILE_ROWS rows, so rows of one adapter in a tile find its
-// `b` in cache. Each row's sums run in an order fixed by the shapes alone: a row's result
-// does not depend on the batch around it.
+// `base + delta · scale` (PEFT's order), rounded once to bf16. For a few rows the shrink is a
+// block per row, module and rank index (a decode step of one row still spreads over many
+// blocks) and the expansion works in tiles of LORA_TILE_ROWS rows, so rows of one adapter in
+// a tile find its `b` in cache; for many rows, grouped by slot on the host, both take tiles
+// of one adapter's rows (the shrink on tensor cores). Each row's sums run in an order fixed
+// by the shapes and the path alone: a row's result does not depend on the rows around it.
 
 #define LORA_NO_SLOT 0xffffffffu
 #define LORA_MAX_PARTS 3
@@ -204,6 +205,27 @@ __device__ __forceinline__ float cluster_load(u32 addr, u32 rank) {
     return v;
 }
 
+// Tile `tile` of the rows grouped by slot (`starts` as `groups` holds them): slot s holds
+// tiles [before, before + its tiles), each LORA_GROUP_ROWS of its rows but the last. Sets the
+// tile's slot, its first entry of `order` and its row count; false past the last tile.
+__device__ __forceinline__ bool lora_group_tile(const u32* starts, u32 t, u32 slots, u32 tile, u32& slot, u32& first,
+                                                u32& count) {
+    constexpr u32 TR = LORA_GROUP_ROWS;
+    u32 before = 0;
+    for (u32 s = 0; s < slots; ++s) {
+        const u32 lo = min(starts[s], t), hi = min(max(starts[s + 1], lo), t);
+        const u32 tiles = (hi - lo + TR - 1) / TR;
+        if (tile < before + tiles) {
+            slot = s;
+            first = lo + (tile - before) * TR;
+            count = min(TR, hi - first);
+            return true;
+        }
+        before += tiles;
+    }
+    return false;
+}
+
 extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bounds__(LORA_GROUP_THREADS)
     lora_shrink_grouped_bf16(const bf16_t* x, const u32* groups, LoraParts parts, float* shrunk, u32 t, u32 slots,
                              u32 rank, u32 k) {
@@ -213,20 +235,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
     const u32* starts = groups;
     const u32* order = groups + slots + 1;
 
-    // The tile's slot and rows: slot s holds tiles [before, before + its tiles).
-    u32 slot = slots, first = 0, count = 0, before = 0;
-    for (u32 s = 0; s < slots; ++s) {
-        const u32 lo = min(starts[s], t), hi = min(max(starts[s + 1], lo), t);
-        const u32 tiles = (hi - lo + TR - 1) / TR;
-        if (blockIdx.x < before + tiles) {
-            slot = s;
-            first = lo + (blockIdx.x - before) * TR;
-            count = min(TR, hi - first);
-            break;
-        }
-        before += tiles;
-    }
-    if (slot == slots) return;  // the cluster shares the tile, so all its blocks leave
+    u32 slot, first, count;
+    if (!lora_group_tile(starts, t, slots, blockIdx.x, slot, first, count)) return;  // the cluster's tile
 
     const u32 part = blockIdx.y, z = cluster_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bf16_t* a = (const bf16_t*)lora_pick(parts.a, part) + (u64)slot * rank * k;
@@ -311,6 +321,65 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
         }
     }
     cluster_sync();  // no block leaves while block 0 reads its shared memory
+}
+
+// The expansion of rows grouped by slot, for steps of many rows: block (tile, column chunk,
+// part) takes one slot-tile of the grouped shrink's tiling (LORA_GROUP_ROWS rows of one
+// adapter) by LORA_GROUP_EXPAND_WARPS · 64 columns of the part. A lane owns two columns; it
+// loads their `b` words eight ranks at a time and runs every row of the tile through them, so
+// `b` is read once per tile rather than once per row. Per (row, column) the terms and their
+// order are `lora_expand_bf16`'s, so the two kernels write the same bits. Needs `rank % 8 == 0`.
+#define LORA_GROUP_EXPAND_WARPS 4
+extern "C" __global__ void __launch_bounds__(LORA_GROUP_EXPAND_WARPS * 32)
+    lora_expand_grouped_bf16(const float* __restrict__ shrunk, const u32* __restrict__ groups, LoraParts parts,
+                             const float* __restrict__ scales, bf16_t* __restrict__ out, u32 t, u32 slots, u32 rank,
+                             u32 width) {
+    pdl_enter();
+    constexpr u32 TR = LORA_GROUP_ROWS;
+    u32 slot, first, count;
+    if (!lora_group_tile(groups, t, slots, blockIdx.x, slot, first, count)) return;
+    const u32 part = blockIdx.z, n = lora_pick(parts.n, part), column = lora_pick(parts.column, part);
+    const u32 j = (blockIdx.y * LORA_GROUP_EXPAND_WARPS + threadIdx.x / 32) * 64 + 2 * (threadIdx.x % 32);
+    if (j >= n) return;
+    const bool pair = j + 1 < n, packed = pair && ((width | column) & 1u) == 0;
+    const bf16_t* b0 = (const bf16_t*)lora_pick(parts.b, part) + ((u64)slot * n + j) * rank;
+    const u32* order = groups + slots + 1;
+    u32 rows[TR];
+    float acc0[TR], acc1[TR];
+#pragma unroll
+    for (u32 i = 0; i < TR; ++i) {
+        rows[i] = i < count ? min(order[first + i], t) : t;
+        acc0[i] = acc1[i] = 0.0f;
+    }
+    for (u32 q = 0; q < rank; q += 8) {
+        const uint4 w0 = *reinterpret_cast<const uint4*>(b0 + q);
+        const uint4 w1 = pair ? *reinterpret_cast<const uint4*>(b0 + rank + q) : w0;
+#pragma unroll
+        for (u32 i = 0; i < TR; ++i) {
+            if (rows[i] < t) {
+                const float* s = shrunk + ((u64)rows[i] * gridDim.z + part) * rank + q;
+                const float4 s0 = *reinterpret_cast<const float4*>(s);
+                const float4 s1 = *reinterpret_cast<const float4*>(s + 4);
+                acc0[i] = lora_fma8(acc0[i], s0, s1, w0);
+                acc1[i] = lora_fma8(acc1[i], s0, s1, w1);
+            }
+        }
+    }
+    const float scale = scales[slot];
+#pragma unroll
+    for (u32 i = 0; i < TR; ++i) {
+        if (rows[i] >= t) continue;
+        bf16_t* o = out + (u64)rows[i] * width + column + j;
+        if (packed) {
+            u32* o2 = reinterpret_cast<u32*>(o);
+            const u32 v = *o2;
+            *o2 = pack_bf16(__uint_as_float(v << 16) + acc0[i] * scale,
+                            __uint_as_float(v & 0xffff0000u) + acc1[i] * scale);
+        } else {
+            o[0] = f2bf(bf2f(o[0]) + acc0[i] * scale);
+            if (pair) o[1] = f2bf(bf2f(o[1]) + acc1[i] * scale);
+        }
+    }
 }
 
 // `n` 16-bit words from `src` to `dst`: one slot of a stack (or a scale) written in stream

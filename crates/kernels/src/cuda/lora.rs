@@ -5,8 +5,9 @@
 //! to its slot's rank (f32, `[t, parts, rank]`: for a few rows a block per row, module and
 //! rank index, so a decode step of one row still spreads over rank × modules blocks; for
 //! many rows grouped by slot, tensor-core tiles of one adapter's rows), then the expansion
-//! added into `out` in place (a block per 64 columns and a tile of rows, a lane per two
-//! columns, so the tile's rows of one adapter find its `b` in cache). Base rows are skipped
+//! added into `out` in place (a lane per two columns; for a few rows a block per 64 columns
+//! and a tile of rows, so the tile's rows of one adapter find its `b` in cache; for many
+//! rows grouped by slot, a block per tile of one adapter's rows, which reads `b` once). Base rows are skipped
 //! by the kernels themselves, reading the row-slot tensor on the device, so the launches
 //! depend on shapes alone and a decode step records into a graph that replays with
 //! whatever slots are written before it. The row slots are checked
@@ -22,8 +23,8 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `lora.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 4] =
-    ["lora_shrink_bf16", "lora_shrink_grouped_bf16", "lora_expand_bf16", "lora_copy_b16"];
+pub(super) const KERNELS: [&str; 5] =
+    ["lora_shrink_bf16", "lora_shrink_grouped_bf16", "lora_expand_bf16", "lora_expand_grouped_bf16", "lora_copy_b16"];
 
 /// `LORA_SHRINK_WARPS` of `lora.cu`: warps per shrink block, which split the inputs.
 const SHRINK_WARPS: u32 = 4;
@@ -41,6 +42,10 @@ const GROUP_BK: usize = 64;
 const GROUP_STAGES: usize = 4;
 const GROUP_MAX_RANK: usize = 64;
 const GROUP_THREADS: u32 = 128;
+
+/// `LORA_GROUP_EXPAND_WARPS` of `lora.cu`: warps of the grouped expansion's block, 64
+/// columns each.
+const GROUP_EXPAND_WARPS: u32 = 4;
 
 /// `LORA_TILE_ROWS` of `lora.cu`: rows per expansion block.
 const TILE_ROWS: usize = 64;
@@ -100,9 +105,10 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     if rank > MAX_GRID_Z {
         return Err(Error::InvalidArgument(format!("{OP}: rank {rank} (the shrink's grid takes {MAX_GRID_Z})")));
     }
-    let tiles = as_u32(OP, "row tiles", t.div_ceil(TILE_ROWS))?;
     let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
     let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
+    let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
+    let widest = parts.n.iter().copied().max().unwrap_or(0);
     match lora.groups {
         Some(groups) if t >= GROUPED_FROM && rank % 16 == 0 && rank <= GROUP_MAX_RANK && k % 8 == 0 => {
             let tiles = as_u32(OP, "row tiles", t.div_ceil(GROUP_ROWS) + slots)?;
@@ -113,6 +119,17 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
             };
             let gp = ptr(OP, groups)?;
             launch!(b, "lora_shrink_grouped_bf16", shrink, [xp, gp, parts, sp, t32, slots32, rank32, k32])?;
+            let expand = LaunchConfig {
+                grid_dim: (tiles, widest.div_ceil(GROUP_EXPAND_WARPS * 64).max(1), n_parts),
+                block_dim: (GROUP_EXPAND_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                b,
+                "lora_expand_grouped_bf16",
+                expand,
+                [sp, gp, parts, scales, op_, t32, slots32, rank32, width32]
+            )?;
         }
         _ => {
             let shrink = LaunchConfig {
@@ -121,16 +138,15 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
                 shared_mem_bytes: 0,
             };
             launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
+            let tiles = as_u32(OP, "row tiles", t.div_ceil(TILE_ROWS))?;
+            let expand = LaunchConfig {
+                grid_dim: (widest.div_ceil(EXPAND_COLUMNS).max(1), tiles, n_parts),
+                block_dim: (EXPAND_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(b, "lora_expand_bf16", expand, [sp, rows, parts, scales, op_, t32, slots32, rank32, width32])?;
         }
     }
-    let widest = parts.n.iter().copied().max().unwrap_or(0);
-    let expand = LaunchConfig {
-        grid_dim: (widest.div_ceil(EXPAND_COLUMNS).max(1), tiles, n_parts),
-        block_dim: (EXPAND_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
-    launch!(b, "lora_expand_bf16", expand, [sp, rows, parts, scales, op_, t32, slots32, rank32, width32])?;
     Ok(out)
 }
 
