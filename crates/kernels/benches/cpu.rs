@@ -25,7 +25,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
-use met_kernels::{AttentionMeta, AttentionParams, CpuBackend, DType, GpuBackend, HostTensor, Tensor};
+use met_kernels::{AttentionMeta, AttentionParams, CpuBackend, DType, GpuBackend, HostTensor, KvScales, Tensor};
 
 /// SmolLM2-135M's hidden and MLP intermediate sizes.
 const HIDDEN: usize = 576;
@@ -161,6 +161,7 @@ fn attention_case(b: &CpuBackend, seqs: usize, context: usize, q_len: usize) -> 
         scale: (d as f32).powf(-0.5),
         sliding_window: None,
         softcap: None,
+        kv_scales: KvScales::UNIT,
     };
     let t = seqs * q_len;
     // Query i of a sequence sees the context - q_len + i + 1 keys up to its own position.

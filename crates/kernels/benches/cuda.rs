@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
 use met_config::SamplingParams;
 use met_kernels::{
-    AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, SampleRow, Tensor, UniformRun,
+    AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, KvScales, SampleRow, Tensor, UniformRun,
 };
 
 /// Llama-3.1-8B's hidden size, MLP intermediate size, attention and vocabulary.
@@ -198,6 +198,7 @@ fn attention_params() -> AttentionParams {
         scale: (HEAD_DIM as f32).powf(-0.5),
         sliding_window: None,
         softcap: None,
+        kv_scales: KvScales::UNIT,
     }
 }
 

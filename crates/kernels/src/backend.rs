@@ -13,8 +13,8 @@ use std::fmt::Debug;
 
 pub use self::lora::{LORA_MAX_PARTS, LoraSlots, LoraStack, NO_LORA_SLOT, lora_row_groups};
 pub use self::operands::{
-    AttentionMeta, AttentionParams, DraftToken, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow, Sampled,
-    UniformRun,
+    AttentionMeta, AttentionParams, DraftToken, KvScales, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow,
+    Sampled, UniformRun,
 };
 pub use self::recurrent::{DeltaRule, NO_STATE_SLOT, RecurrentBatch, StateSnapshot};
 use crate::{DType, DeviceKind, HostTensor, Result, Tensor};
@@ -310,7 +310,7 @@ pub trait GpuBackend: Send + Sync + Debug {
         }
         let q = self.rotary(&q, p.positions, p.inv_freq)?;
         let k = self.rotary(&k, p.positions, p.inv_freq)?;
-        self.write_kv(&k, &v, k_cache, v_cache, slots)?;
+        self.write_kv(&k, &v, k_cache, v_cache, slots, p.kv_scales)?;
         Ok(q)
     }
 
@@ -421,13 +421,30 @@ pub trait GpuBackend: Send + Sync + Debug {
 
     // --- attention ----------------------------------------------------------------------
 
+    /// Whether this backend's attention ops read and write KV pools of `dtype`: its float
+    /// dtype, and what else it has kernels for. A model refuses at load a cache dtype its
+    /// backend lacks.
+    fn supports_kv_dtype(&self, dtype: DType) -> bool {
+        dtype == self.float_dtype()
+    }
+
     /// Writes `k, v [t, h_kv, d]` into the paged pools `k_cache, v_cache [blocks,
     /// block_size, h_kv, d]` at the flat slots `slots u32 [t]` (`block · block_size +
-    /// offset`). The only op that writes into an existing tensor.
+    /// offset`). The only op that writes into an existing tensor. Pools of
+    /// [`DType::F8E4M3`] (where the backend has them) store `k / scales.k` and
+    /// `v / scales.v`, rounded to e4m3 and saturated at ±448.
     ///
     /// # Errors
-    /// On mismatched shapes or a slot past the pool.
-    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()>;
+    /// On mismatched shapes, a pool dtype the backend cannot write, or a slot past the pool.
+    fn write_kv(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+        scales: KvScales,
+    ) -> Result<()>;
 
     /// Causal attention of `q [t, h, d]` over the paged cache for the varlen batch in
     /// `meta`: `[t, h, d]`. Query head `i` reads KV head `i / (h / h_kv)`.

@@ -15,6 +15,8 @@ pub enum DType {
     F16,
     /// bfloat16: f32's exponent with a 7-bit mantissa.
     BF16,
+    /// `float8_e4m3fn` ([`crate::fp8`]): the FP8 KV cache's element, read under a scale.
+    F8E4M3,
     /// Unsigned 32-bit integers (ids and indices).
     U32,
     /// Block-quantised weights.
@@ -31,6 +33,7 @@ impl DType {
         match self {
             Self::F32 | Self::U32 => 4,
             Self::F16 | Self::BF16 => 2,
+            Self::F8E4M3 => 1,
             Self::Quant(_) => panic!("quantised formats have no per-element size"),
         }
     }
@@ -60,6 +63,7 @@ impl DType {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::BF16 => "bf16",
+            Self::F8E4M3 => "f8_e4m3",
             Self::U32 => "u32",
             Self::Quant(q) => q.name(),
         }

@@ -81,6 +81,7 @@ macro_rules! backend_tests {
                 attention::write_kv_at_long_contexts,
                 attention::qkv_rotary_write_matches_separate_ops,
                 attention::attention_rejects_bad_operands,
+                attention::fp8_pools_attend_as_their_dequantized_values,
                 quant::quantized_weights_compute_with_their_decoded_values,
                 props::matmul_property,
                 props::paged_attention_property,

@@ -135,6 +135,7 @@ fn encode(value: f32, dtype: DType, slot: &mut [u8]) {
         DType::F16 => slot.copy_from_slice(&f16::from_f32(value).to_le_bytes()),
         DType::BF16 => slot.copy_from_slice(&bf16::from_f32(value).to_le_bytes()),
         DType::F32 | DType::U32 => slot.copy_from_slice(&value.to_le_bytes()),
+        DType::F8E4M3 => slot[0] = met_kernels::fp8::e4m3_from_f32(value),
         DType::Quant(q) => unreachable!("DummyStore::new refuses {q}"),
     }
 }

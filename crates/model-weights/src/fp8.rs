@@ -111,27 +111,13 @@ pub fn dequantize(
             grid.0, grid.1
         ));
     }
-    let table = e4m3_table();
+    let table = &*met_kernels::fp8::E4M3_VALUES;
     let mut out = Vec::with_capacity(n * k);
     for (i, row) in bytes.chunks_exact(k.max(1)).take(n).enumerate() {
         let scales = &scale[(i / rows) * grid.1..][..grid.1];
         out.extend(row.iter().enumerate().map(|(j, &q)| table[q as usize] * scales[j / cols]));
     }
     Ok(out)
-}
-
-/// Every e4m3 byte's value: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, subnormals
-/// below exponent 1, no infinities, and NaN at `S.1111.111`.
-fn e4m3_table() -> [f32; 256] {
-    std::array::from_fn(|b| {
-        let (sign, exp, man) = (if b & 0x80 != 0 { -1.0 } else { 1.0 }, (b >> 3) & 0xf, b & 7);
-        let magnitude = match (exp, man) {
-            (15, 7) => f32::NAN,
-            (0, m) => m as f32 / 8.0 * 2f32.powi(-6),
-            (e, m) => (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7),
-        };
-        sign * magnitude
-    })
 }
 
 #[cfg(test)]

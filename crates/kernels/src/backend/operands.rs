@@ -49,6 +49,30 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
     /// When set, scores become `cap * tanh(score / cap)` before softmax.
     pub softcap: Option<f32>,
+    /// What an FP8 cache's keys and values are multiplied by when read.
+    pub kv_scales: KvScales,
+}
+
+/// The scales of one layer's FP8 KV cache: a key is stored as `e4m3(k / k)` and read as
+/// `byte · k` (the same for values). 1.0 unless the checkpoint gives them; a float cache
+/// ignores them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScales {
+    /// The keys' scale.
+    pub k: f32,
+    /// The values' scale.
+    pub v: f32,
+}
+
+impl KvScales {
+    /// Both 1.0.
+    pub const UNIT: Self = Self { k: 1.0, v: 1.0 };
+}
+
+impl Default for KvScales {
+    fn default() -> Self {
+        Self::UNIT
+    }
 }
 
 /// Output of [`crate::GpuBackend::topk_routing`]: per token, the chosen experts and their
@@ -201,4 +225,6 @@ pub struct QkvPrologue<'a> {
     pub positions: &'a Tensor,
     /// `f32 [half]`: rotary inverse frequencies.
     pub inv_freq: &'a Tensor,
+    /// The scales keys and values are stored under in an FP8 cache.
+    pub kv_scales: KvScales,
 }

@@ -8,19 +8,39 @@
 
 use parking_lot::MappedRwLockReadGuard;
 
-use crate::Tensor;
-use crate::backend::{AttentionMeta, AttentionParams};
+use crate::backend::{AttentionMeta, AttentionParams, KvScales};
 use crate::error::{Error, Result, ensure};
+use crate::fp8::{E4M3_VALUES, e4m3_from_f32};
+use crate::{DType, Tensor};
 
 use super::pool::SpinPool;
-use super::{f32_tensor, read_f32, read_u32, write_f32};
+use super::{f32_tensor, read_f8, read_f32, read_u32, write_f8, write_f32};
 
-pub(super) fn write_kv(k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
+/// Copies the rows into f32 pools, or stores them divided by their scale as e4m3 bytes in
+/// FP8 pools.
+pub(super) fn write_kv(
+    k: &Tensor,
+    v: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slots: &Tensor,
+    scales: KvScales,
+) -> Result<()> {
     let crate::check::WriteKv { row, capacity } = crate::check::write_kv(k, v, k_cache, v_cache, slots)?;
     let slots = read_u32("write_kv", slots)?;
     crate::check::slots_in_pool(&slots, capacity)?;
-    for (src, dst) in [(k, k_cache), (v, v_cache)] {
+    for (src, dst, scale) in [(k, k_cache, scales.k), (v, v_cache, scales.v)] {
         let src = read_f32("write_kv", src)?;
+        if dst.dtype() == DType::F8E4M3 {
+            let mut dst = write_f8("write_kv", dst)?;
+            for (i, &s) in slots.iter().enumerate() {
+                let s = s as usize;
+                for (d, &x) in dst[s * row..(s + 1) * row].iter_mut().zip(&src[i * row..(i + 1) * row]) {
+                    *d = e4m3_from_f32(x / scale);
+                }
+            }
+            continue;
+        }
         let mut dst = write_f32("write_kv", dst)?;
         for (i, &s) in slots.iter().enumerate() {
             let s = s as usize;
@@ -66,11 +86,16 @@ pub(super) struct Step<'a> {
     tables: Guard<'a, u32>,
     max_blocks: usize,
     block_size: usize,
-    ks: Guard<'a, f32>,
-    vs: Guard<'a, f32>,
+    pools: PoolGuards<'a>,
 }
 
 type Guard<'a, T> = MappedRwLockReadGuard<'a, [T]>;
+
+/// The key and value pools, as read.
+enum PoolGuards<'a> {
+    F32(Guard<'a, f32>, Guard<'a, f32>),
+    F8(Guard<'a, u8>, Guard<'a, u8>),
+}
 
 impl<'a> Step<'a> {
     /// Checks the shapes and the metadata (every backend's rules) and reads the operands.
@@ -87,15 +112,21 @@ impl<'a> Step<'a> {
         let tables = read_u32(op, &meta.block_tables)?;
         let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
         let rows = check_meta(MetaView { cu: &cu, lens: &lens, tables: &tables, max_blocks }, t, block_size, blocks)?;
-        let (qs, ks, vs) = (read_f32(op, q)?, read_f32(op, k_cache)?, read_f32(op, v_cache)?);
-        Ok(Self { t, rows, qs, tables, max_blocks, block_size, ks, vs })
+        let pools = if k_cache.dtype() == DType::F8E4M3 {
+            PoolGuards::F8(read_f8(op, k_cache)?, read_f8(op, v_cache)?)
+        } else {
+            PoolGuards::F32(read_f32(op, k_cache)?, read_f32(op, v_cache)?)
+        };
+        Ok(Self { t, rows, qs: read_f32(op, q)?, tables, max_blocks, block_size, pools })
     }
 
     /// The step's pools, read through its block tables.
     pub fn cache(&self, p: &AttentionParams) -> PagedKv<'_> {
         PagedKv {
-            ks: &self.ks,
-            vs: &self.vs,
+            pools: match &self.pools {
+                PoolGuards::F32(ks, vs) => Pools::F32(ks, vs),
+                PoolGuards::F8(ks, vs) => Pools::F8(ks, vs, p.kv_scales),
+            },
             tables: &self.tables,
             max_blocks: self.max_blocks,
             block_size: self.block_size,
@@ -128,10 +159,16 @@ pub(super) fn attend_rows(step: &Step<'_>, p: &AttentionParams) -> Tensor {
     f32_tensor(out, &[t, h, d])
 }
 
+/// A layer's key and value pools: f32, or e4m3 bytes read under their scales.
+#[derive(Clone, Copy)]
+pub(super) enum Pools<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F8(&'a [u8], &'a [u8], KvScales),
+}
+
 /// The key and value pools of a step, read through its block tables.
 pub(super) struct PagedKv<'a> {
-    pub ks: &'a [f32],
-    pub vs: &'a [f32],
+    pub pools: Pools<'a>,
     /// Row-major `[seqs, max_blocks]`.
     pub tables: &'a [u32],
     pub max_blocks: usize,
@@ -152,7 +189,7 @@ impl PagedKv<'_> {
     pub fn attend_row(&self, row: QueryRow, kv_head: usize, queries: &[f32], out: &mut [f32], p: &AttentionParams) {
         let first = first_key(row.pos, p);
         let key_at = |j: usize| self.offset(row.seq, kv_head, j);
-        attend_group(queries, out, (first, row.pos + 1), &key_at, (self.ks, self.vs), p);
+        attend_group(queries, out, (first, row.pos + 1), &key_at, self.pools, p);
     }
 }
 
@@ -167,13 +204,14 @@ pub(super) fn first_key(pos: usize, p: &AttentionParams) -> usize {
 /// rescale of its sum and output, and the run's weights. Where the CPU has AVX2 (and
 /// `MET_CPU_SIMD` allows it) the same loops are compiled for it: they only widen the
 /// vectors, with no fused multiply-adds and no reordered sums, so the result is the same
-/// bit for bit.
+/// bit for bit. From FP8 pools each run's keys and values are first widened (byte value
+/// times scale) into f32 rows that the group's heads then share.
 fn attend_group(
     queries: &[f32],
     out: &mut [f32],
     keys: (usize, usize),
     key_at: &dyn Fn(usize) -> usize,
-    kv: (&[f32], &[f32]),
+    kv: Pools<'_>,
     p: &AttentionParams,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -191,7 +229,7 @@ unsafe fn attend_group_avx2(
     out: &mut [f32],
     keys: (usize, usize),
     key_at: &dyn Fn(usize) -> usize,
-    kv: (&[f32], &[f32]),
+    kv: Pools<'_>,
     p: &AttentionParams,
 ) {
     attend_group_body(queries, out, keys, key_at, kv, p);
@@ -203,7 +241,7 @@ fn attend_group_body(
     out: &mut [f32],
     keys: (usize, usize),
     key_at: &dyn Fn(usize) -> usize,
-    (ks, vs): (&[f32], &[f32]),
+    kv: Pools<'_>,
     p: &AttentionParams,
 ) {
     let d = p.head_dim;
@@ -212,12 +250,33 @@ fn attend_group_body(
     let mut sum = vec![0f32; g];
     let mut run = [0f32; KEY_RUN];
     let mut at = [0usize; KEY_RUN];
+    // A run's keys and values widened from FP8 pools, at offsets `j · d`.
+    let mut wide = match kv {
+        Pools::F32(..) => (Vec::new(), Vec::new()),
+        Pools::F8(..) => (vec![0f32; KEY_RUN * d], vec![0f32; KEY_RUN * d]),
+    };
     let mut start = keys.0;
     while start < keys.1 {
         let n = KEY_RUN.min(keys.1 - start);
         for (j, a) in at[..n].iter_mut().enumerate() {
             *a = key_at(start + j);
         }
+        let (ks, vs): (&[f32], &[f32]) = match kv {
+            Pools::F32(ks, vs) => (ks, vs),
+            Pools::F8(kb, vb, scales) => {
+                let (wk, wv) = &mut wide;
+                for (j, a) in at[..n].iter_mut().enumerate() {
+                    let (src, dst) = (*a..*a + d, j * d..(j + 1) * d);
+                    wk[dst.clone()]
+                        .iter_mut()
+                        .zip(&kb[src.clone()])
+                        .for_each(|(w, &b)| *w = E4M3_VALUES[b as usize] * scales.k);
+                    wv[dst].iter_mut().zip(&vb[src]).for_each(|(w, &b)| *w = E4M3_VALUES[b as usize] * scales.v);
+                    *a = j * d;
+                }
+                (&wide.0, &wide.1)
+            }
+        };
         for head in 0..g {
             let query = &queries[head * d..(head + 1) * d];
             let scores = &mut run[..n];
@@ -380,12 +439,14 @@ mod tests {
                 scale: 0.7,
                 sliding_window: None,
                 softcap,
+                kv_scales: crate::KvScales::UNIT,
             };
             let key_at = |j: usize| j * d;
             let (mut portable, mut wide) = (vec![0f32; g * d], vec![0f32; g * d]);
-            super::attend_group_body(&queries, &mut portable, (3, keys), &key_at, (&ks, &vs), &p);
+            let pools = super::Pools::F32(&ks, &vs);
+            super::attend_group_body(&queries, &mut portable, (3, keys), &key_at, pools, &p);
             // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { super::attend_group_avx2(&queries, &mut wide, (3, keys), &key_at, (&ks, &vs), &p) };
+            unsafe { super::attend_group_avx2(&queries, &mut wide, (3, keys), &key_at, pools, &p) };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&portable), bits(&wide), "softcap {softcap:?}");
             assert!(portable.iter().all(|x| x.is_finite()) && portable.iter().any(|&x| x != 0.0));

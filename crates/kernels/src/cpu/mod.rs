@@ -33,7 +33,8 @@ pub(crate) mod sample;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{
-    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, LoraSlots, RecurrentBatch, Routing, SampleRow, Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, KvScales, LoraSlots, RecurrentBatch, Routing, SampleRow,
+    Sampled,
 };
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
@@ -48,6 +49,8 @@ pub struct CpuStorage(RwLock<CpuData>);
 enum CpuData {
     F32(Vec<f32>),
     U32(Vec<u32>),
+    /// e4m3 bytes: FP8 KV pools.
+    F8(Vec<u8>),
     /// Rows of whole blocks of the tensor's quantised dtype.
     Quant(Vec<u8>),
     /// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, repacked for the matmul kernels: one
@@ -166,6 +169,26 @@ pub(crate) fn read_u32<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLo
     .map_err(|_| Error::DType { op, expected: DType::U32, got: t.dtype() })
 }
 
+/// Read access to the e4m3 bytes of a CPU tensor.
+pub(crate) fn read_f8<'a>(op: &'static str, t: &'a Tensor) -> Result<MappedRwLockReadGuard<'a, [u8]>> {
+    let guard = storage(op, t)?.0.read();
+    RwLockReadGuard::try_map(guard, |d| match d {
+        CpuData::F8(v) => Some(&v[..]),
+        _ => None,
+    })
+    .map_err(|_| Error::DType { op, expected: DType::F8E4M3, got: t.dtype() })
+}
+
+/// Write access to the e4m3 bytes of a CPU tensor (FP8 KV pools).
+pub(crate) fn write_f8<'a>(op: &'static str, t: &'a Tensor) -> Result<parking_lot::MappedRwLockWriteGuard<'a, [u8]>> {
+    let guard = storage(op, t)?.0.write();
+    RwLockWriteGuard::try_map(guard, |d| match d {
+        CpuData::F8(v) => Some(&mut v[..]),
+        _ => None,
+    })
+    .map_err(|_| Error::DType { op, expected: DType::F8E4M3, got: t.dtype() })
+}
+
 /// Write access to the f32 elements of a CPU tensor (KV pools only).
 pub(crate) fn write_f32<'a>(op: &'static str, t: &'a Tensor) -> Result<parking_lot::MappedRwLockWriteGuard<'a, [f32]>> {
     let guard = storage(op, t)?.0.write();
@@ -193,6 +216,12 @@ pub(crate) fn f32_tensor(data: Vec<f32>, dims: &[usize]) -> Tensor {
     Tensor::from_storage(Storage::Cpu(CpuStorage(RwLock::new(CpuData::F32(data)))), DType::F32, Shape::new(dims))
 }
 
+/// Wraps e4m3 bytes as a CPU tensor.
+fn f8_tensor(data: Vec<u8>, dims: &[usize]) -> Tensor {
+    debug_assert_eq!(data.len(), dims.iter().product::<usize>());
+    Tensor::from_storage(Storage::Cpu(CpuStorage(RwLock::new(CpuData::F8(data)))), DType::F8E4M3, Shape::new(dims))
+}
+
 /// Wraps u32 results as a CPU tensor.
 pub(crate) fn u32_tensor(data: Vec<u32>, dims: &[usize]) -> Tensor {
     debug_assert_eq!(data.len(), dims.iter().product::<usize>());
@@ -212,12 +241,17 @@ impl GpuBackend for CpuBackend {
         let n = dims.iter().product();
         match dtype {
             DType::U32 => Ok(u32_tensor(vec![0; n], dims)),
+            DType::F8E4M3 => Ok(f8_tensor(vec![0; n], dims)),
             DType::Quant(q) => Err(Error::InvalidArgument(format!("zeros: cannot make a {q} tensor"))),
             _ => Ok(f32_tensor(vec![0.0; n], dims)),
         }
     }
 
     fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor> {
+        if dtype == DType::F8E4M3 && host.dtype() != DType::U32 {
+            let bytes = host.to_f32_vec()?.into_iter().map(crate::fp8::e4m3_from_f32).collect();
+            return Ok(f8_tensor(bytes, host.shape()));
+        }
         let expected = if host.dtype() == DType::U32 { DType::U32 } else { DType::F32 };
         if dtype != expected {
             return Err(Error::DType { op: "upload", expected, got: dtype });
@@ -280,6 +314,9 @@ impl GpuBackend for CpuBackend {
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        if t.dtype() == DType::F8E4M3 {
+            return Ok(read_f8("download_f32", t)?.iter().map(|&b| crate::fp8::E4M3_VALUES[b as usize]).collect());
+        }
         let k = t.shape().last();
         Ok(read_weight("download_f32", t)?.rows_f32(0..t.elem_count() / k.max(1), k).into_owned())
     }
@@ -358,8 +395,21 @@ impl GpuBackend for CpuBackend {
         sample::mask_logits(logits, rows, masks)
     }
 
-    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
-        attention::write_kv(k, v, k_cache, v_cache, slots)
+    /// f32 pools, and FP8 pools widened per run of keys.
+    fn supports_kv_dtype(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::F8E4M3)
+    }
+
+    fn write_kv(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+        scales: KvScales,
+    ) -> Result<()> {
+        attention::write_kv(k, v, k_cache, v_cache, slots, scales)
     }
 
     fn paged_attention(

@@ -47,8 +47,8 @@ use self::gemm::Blas;
 use self::launch::{KERNELS, elementwise, launch, per_row};
 use self::storage::{HOST_COPY_MAX, expect_dtype, ptr, storage};
 use crate::backend::{
-    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, Graph, MemoryInfo, QkvPrologue, RecurrentBatch, Routing,
-    SampleRow, Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, Graph, KvScales, MemoryInfo, QkvPrologue, RecurrentBatch,
+    Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
 use crate::{DType, DeviceKind, HostTensor, Tensor};
@@ -425,7 +425,16 @@ impl GpuBackend for CudaBackend {
         sample::mask_logits(self, logits, rows, masks)
     }
 
-    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
+    /// bf16 pools only (the FP8 pools the scales are for have no CUDA kernels yet).
+    fn write_kv(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+        _scales: KvScales,
+    ) -> Result<()> {
         attention::write_kv(self, k, v, k_cache, v_cache, slots)
     }
 

@@ -3,7 +3,8 @@
 //! GQA and MHA, small shuffled blocks, a sliding window and a logit soft-cap, against a
 //! direct softmax over each query's visible keys.
 
-use met_kernels::{AttentionMeta, AttentionParams, GpuBackend, Result, Tensor};
+use met_kernels::fp8::{E4M3_VALUES, e4m3_from_f32};
+use met_kernels::{AttentionMeta, AttentionParams, DType, GpuBackend, KvScales, Result, Tensor};
 
 use crate::harness::{Rng, assert_close, expect_err, stored, upload_f32, upload_u32};
 
@@ -42,6 +43,7 @@ impl Layout {
             scale: (d as f32).powf(-0.5),
             sliding_window: None,
             softcap: None,
+            kv_scales: KvScales::UNIT,
         };
         Self { params, block_size }
     }
@@ -128,7 +130,7 @@ fn write_positions(
     }
     let dims = [slots.len(), layout.params.num_kv_heads, layout.params.head_dim];
     let (k, v) = (upload_f32(b, &k, &dims)?, upload_f32(b, &v, &dims)?);
-    b.write_kv(&k, &v, pools.0, pools.1, &upload_u32(b, &slots, &[slots.len()])?)
+    b.write_kv(&k, &v, pools.0, pools.1, &upload_u32(b, &slots, &[slots.len()])?, layout.params.kv_scales)
 }
 
 /// The two attention ops: the reference kernel and the `flash` backend's.
@@ -170,9 +172,19 @@ pub fn run_step(
     tables: &[Vec<u32>],
     op: Op,
 ) -> Result<Tensor> {
+    run_step_in(b, (layout, seqs, c, tables), op, b.float_dtype())
+}
+
+/// [`run_step`] with KV pools of `pools`.
+fn run_step_in(
+    b: &dyn GpuBackend,
+    (layout, seqs, c, tables): (&Layout, &[Seq], &Contents, &[Vec<u32>]),
+    op: Op,
+    pools: DType,
+) -> Result<Tensor> {
     let (p, bs) = (&layout.params, layout.block_size);
     let pool_dims = [pool_blocks(seqs, bs), bs, p.num_kv_heads, p.head_dim];
-    let (kc, vc) = (b.zeros(&pool_dims, b.float_dtype())?, b.zeros(&pool_dims, b.float_dtype())?);
+    let (kc, vc) = (b.zeros(&pool_dims, pools)?, b.zeros(&pool_dims, pools)?);
     let batch = (layout, seqs, c, tables);
     write_positions(b, batch, (&kc, &vc), |s| 0..s.context - s.q_len)?;
     write_positions(b, batch, (&kc, &vc), |s| s.context - s.q_len..s.context)?;
@@ -241,6 +253,52 @@ fn check_case(
         assert_close(b, &out, &[t, p.num_heads, p.head_dim], &want, &format!("{what} ({})", op.name()))?;
     }
     Ok(want)
+}
+
+/// An FP8 cache, where the backend has one: keys and values are stored divided by their
+/// layer's scales as e4m3 bytes and attended as exactly their dequantized values (`e4m3(x /
+/// s) · s`, bit for bit against f32 pools holding those), through both ops, over a prompt
+/// of many blocks, a chunk after a cached prefix and decode rows. Against the unquantized
+/// f64 reference the error is e4m3's rounding: a value's alone can reach 2^-4 of the largest
+/// |v| (1 here), so the bound is 8e-2 (measured 4.0e-2 on the CPU); a read that dropped a
+/// scale, or took the keys' for the values, is off by far more.
+pub fn fp8_pools_attend_as_their_dequantized_values(b: &dyn GpuBackend) -> Result<()> {
+    if !b.supports_kv_dtype(DType::F8E4M3) {
+        eprintln!("note: {} has no fp8 KV cache", b.name());
+        return Ok(());
+    }
+    let mut layout = Layout::new(4, 2, 64, 16);
+    layout.params.kv_scales = KvScales { k: 0.01, v: 0.03 };
+    let seqs = [
+        Seq { context: 200, q_len: 200 },
+        Seq { context: 150, q_len: 37 },
+        Seq { context: 97, q_len: 1 },
+        Seq { context: 33, q_len: 1 },
+    ];
+    let mut rng = Rng::new(41);
+    let c = Contents::random(b, &mut rng, &layout, &seqs, 3.0);
+    let tables = shuffled_tables(&mut rng, &seqs, layout.block_size, pool_blocks(&seqs, layout.block_size));
+    let scales = layout.params.kv_scales;
+    let dequantized = |xs: &[f32], s: f32| -> Vec<f32> {
+        xs.iter().map(|&x| E4M3_VALUES[e4m3_from_f32(x / s) as usize] * s).collect()
+    };
+    let widened = Contents {
+        k: c.k.iter().map(|k| dequantized(k, scales.k)).collect(),
+        v: c.v.iter().map(|v| dequantized(v, scales.v)).collect(),
+        q: c.q.clone(),
+    };
+    let p = &layout.params;
+    let want = attention_reference(p, &seqs, &c);
+    for op in Op::ALL {
+        let fp8 = b.download_f32(&run_step_in(b, (&layout, &seqs, &c, &tables), op, DType::F8E4M3)?)?;
+        let f32s = b.download_f32(&run_step_in(b, (&layout, &seqs, &widened, &tables), op, b.float_dtype())?)?;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&fp8) == bits(&f32s), "{}: fp8 pools differ from f32 pools of their values", op.name());
+        let worst = fp8.iter().zip(&want).map(|(&g, w)| (f64::from(g) - w).abs()).fold(0.0, f64::max);
+        eprintln!("{} over fp8 pools: max |error| {worst:.2e} against the unquantized reference", op.name());
+        assert!(worst < 8e-2, "{}: max |error| {worst:.2e} against the unquantized reference", op.name());
+    }
+    Ok(())
 }
 
 /// Asserts that a case's option changes the reference, so ignoring it would fail the check.
@@ -363,7 +421,8 @@ fn write_random_rows(
     let row = h_kv * d;
     let (k, v) = (stored(b, rng.vec(slots.len() * row)), stored(b, rng.vec(slots.len() * row)));
     let dims = [slots.len(), h_kv, d];
-    b.write_kv(&upload_f32(b, &k, &dims)?, &upload_f32(b, &v, &dims)?, kc, vc, &upload_u32(b, slots, &[slots.len()])?)?;
+    let slot_ids = upload_u32(b, slots, &[slots.len()])?;
+    b.write_kv(&upload_f32(b, &k, &dims)?, &upload_f32(b, &v, &dims)?, kc, vc, &slot_ids, KvScales::UNIT)?;
     for (want, rows) in [(want.0, &k), (want.1, &v)] {
         for (i, &s) in slots.iter().enumerate() {
             let s = s as usize * row;
@@ -419,10 +478,19 @@ pub fn attention_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     let pool = [3, 4, 2, 8];
     let (kc, vc) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
     let kv = |t: usize| upload_f32(b, &vec![0.5; t * 16], &[t, 2, 8]);
-    expect_err(b.write_kv(&kv(1)?, &kv(1)?, &kc, &vc, &upload_u32(b, &[12], &[1])?), "write_kv slot 12 of 12");
-    expect_err(b.write_kv(&kv(3)?, &kv(3)?, &kc, &vc, &upload_u32(b, &[0, 1], &[2])?), "write_kv 3 rows for 2 slots");
+    expect_err(
+        b.write_kv(&kv(1)?, &kv(1)?, &kc, &vc, &upload_u32(b, &[12], &[1])?, KvScales::UNIT),
+        "write_kv slot 12 of 12",
+    );
+    expect_err(
+        b.write_kv(&kv(3)?, &kv(3)?, &kc, &vc, &upload_u32(b, &[0, 1], &[2])?, KvScales::UNIT),
+        "write_kv 3 rows for 2 slots",
+    );
     let v_pool = b.zeros(&[3, 4, 2, 4], b.float_dtype())?;
-    expect_err(b.write_kv(&kv(1)?, &kv(1)?, &kc, &v_pool, &upload_u32(b, &[0], &[1])?), "write_kv pools differ");
+    expect_err(
+        b.write_kv(&kv(1)?, &kv(1)?, &kc, &v_pool, &upload_u32(b, &[0], &[1])?, KvScales::UNIT),
+        "write_kv pools differ",
+    );
 
     let q = |t: usize, h: usize| upload_f32(b, &vec![0.5; t * h * 8], &[t, h, 8]);
     let one = |context: usize, q_len: usize| [Seq { context, q_len }];
@@ -485,6 +553,7 @@ pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
             eps: 1e-6,
             positions: &positions,
             inv_freq: &inv_freq,
+            kv_scales: KvScales::UNIT,
         };
         let case = format!("h={h} h_kv={hkv} d={d} half={half} norm={norm} f32 norm={norm_f32}");
         // The composition of the separate ops, as the trait's default computes it.
@@ -498,7 +567,7 @@ pub fn qkv_rotary_write_matches_separate_ops(b: &dyn GpuBackend) -> Result<()> {
         }
         let q = b.rotary(&q, &positions, &inv_freq)?;
         let k = b.rotary(&k, &positions, &inv_freq)?;
-        b.write_kv(&k, &v.reshape(&[t, hkv, d])?, &kc0, &vc0, &slots_t)?;
+        b.write_kv(&k, &v.reshape(&[t, hkv, d])?, &kc0, &vc0, &slots_t, KvScales::UNIT)?;
         let (kc1, vc1) = (b.zeros(&pool, b.float_dtype())?, b.zeros(&pool, b.float_dtype())?);
         let fused_q = b.qkv_rotary_write(&qkv, &p, &kc1, &vc1, &slots_t)?;
         let widen = |t: &Tensor| -> Result<Vec<f64>> { Ok(b.download_f32(t)?.into_iter().map(f64::from).collect()) };

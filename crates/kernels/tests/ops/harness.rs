@@ -44,7 +44,9 @@ pub fn tolerance(dtype: DType) -> Tol {
         DType::F32 => Tol { rel: 1e-5 },
         DType::F16 => Tol { rel: 2e-3 },
         DType::BF16 => Tol { rel: 1e-2 },
-        DType::U32 | DType::Quant(_) => panic!("a backend's float dtype is never u32 or quantised"),
+        DType::U32 | DType::F8E4M3 | DType::Quant(_) => {
+            panic!("a backend's float dtype is never u32, fp8 or quantised")
+        }
     }
 }
 

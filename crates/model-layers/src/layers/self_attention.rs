@@ -12,16 +12,16 @@
 //! ranks (the rules below, next to the names).
 
 use met_config::ModelConfig;
-use met_kernels::{AttentionParams, GpuBackend, QkvPrologue, Tensor};
-use met_model_weights::TensorSpec;
+use met_kernels::{AttentionParams, GpuBackend, KvScales, QkvPrologue, Tensor};
+use met_model_weights::{TensorSpec, WeightStore};
 
 use super::linear::Linear;
 use super::norm::load_norm;
 use super::{Loader, spec};
-use crate::Result;
 use crate::attention::{AttentionBackend, StepMetadata};
 use crate::lora::{LayerLora, LoraModule};
 use crate::parallel::{Param, Sharding, Unit};
+use crate::{ModelError, Result};
 
 /// q, k and v, fused into one projection: each rank its query heads and KV heads.
 const QKV: [Param; 3] = [
@@ -109,6 +109,7 @@ impl SelfAttention {
                 scale: cfg.attention_scale.map_or((cfg.head_dim as f32).powf(-0.5), |s| s as f32),
                 sliding_window: cfg.window(layer),
                 softcap: cfg.attention_softcap.map(|c| c as f32),
+                kv_scales: kv_scales(l.store, prefix)?,
             },
             eps: cfg.rms_norm_eps as f32,
         })
@@ -139,6 +140,7 @@ impl SelfAttention {
             eps: self.eps,
             positions: step.positions,
             inv_freq: &self.inv_freq,
+            kv_scales: self.params.kv_scales,
         };
         // Split into heads, q/k norm, rotary, and k/v into the cache: q [t, h, d].
         let q = backend.qkv_rotary_write(&qkv, &prologue, cache.0, cache.1, &step.meta.slots)?;
@@ -151,4 +153,23 @@ impl SelfAttention {
         };
         step.lora.apply(backend, &out, self.o.forward(backend, &out)?, &[(LoraModule::O, 0)])
     }
+}
+
+/// Layer `prefix`'s FP8 KV-cache scales where the checkpoint has them (`self_attn.k_scale`
+/// and `self_attn.v_scale`, one positive number each, as FP8 checkpoints with a KV-cache
+/// scheme store them), else 1.0. A float cache ignores them.
+fn kv_scales(store: &dyn WeightStore, prefix: &str) -> Result<KvScales> {
+    let one = |name: &str| -> Result<f32> {
+        let full = format!("{prefix}self_attn.{name}");
+        if store.info(&full).is_none() {
+            return Ok(1.0);
+        }
+        match store.host(&full)?.to_f32_vec()?[..] {
+            [s] if s.is_finite() && s > 0.0 => Ok(s),
+            ref v => Err(ModelError::Unsupported(format!(
+                "{full}: a KV-cache scale is one positive number; the checkpoint has {v:?}"
+            ))),
+        }
+    };
+    Ok(KvScales { k: one("k_scale")?, v: one("v_scale")? })
 }

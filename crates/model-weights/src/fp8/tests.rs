@@ -1,15 +1,5 @@
 use super::*;
 
-/// e4m3 bytes of some values: 1.0 = 0x38, -2.0 = 0xc0, 0.5 = 0x30, 448 (the largest) =
-/// 0x7e, 2^-9 (the smallest subnormal) = 0x01.
-#[test]
-fn e4m3_decodes_normals_subnormals_signs_and_nan() {
-    let t = e4m3_table();
-    assert_eq!((t[0x38], t[0xc0], t[0x30], t[0x7e], t[0x01], t[0x00]), (1.0, -2.0, 0.5, 448.0, 2f32.powi(-9), 0.0));
-    assert_eq!(t[0x80], 0.0);
-    assert!(t[0x80].is_sign_negative() && t[0x7f].is_nan() && t[0xff].is_nan());
-}
-
 /// A `[3, 5]` weight of ones in blocks of `[2, 2]`: the scale of block (i / 2, j / 2).
 #[test]
 fn block_scales_cover_their_blocks_with_short_edges() {

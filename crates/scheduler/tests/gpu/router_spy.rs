@@ -8,8 +8,8 @@
 //! reference. Every other op is the CPU backend's.
 
 use met_kernels::{
-    AttentionMeta, AttentionParams, CpuBackend, DType, DeltaRule, DeviceKind, GpuBackend, HostTensor, MemoryInfo,
-    RecurrentBatch, Result, Routing, SampleRow, Sampled, Tensor,
+    AttentionMeta, AttentionParams, CpuBackend, DType, DeltaRule, DeviceKind, GpuBackend, HostTensor, KvScales,
+    MemoryInfo, RecurrentBatch, Result, Routing, SampleRow, Sampled, Tensor,
 };
 use parking_lot::Mutex;
 
@@ -149,8 +149,16 @@ impl GpuBackend for RouterSpy {
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
         self.cpu.sigmoid_mul(x, gate)
     }
-    fn write_kv(&self, k: &Tensor, v: &Tensor, k_cache: &Tensor, v_cache: &Tensor, slots: &Tensor) -> Result<()> {
-        self.cpu.write_kv(k, v, k_cache, v_cache, slots)
+    fn write_kv(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slots: &Tensor,
+        scales: KvScales,
+    ) -> Result<()> {
+        self.cpu.write_kv(k, v, k_cache, v_cache, slots, scales)
     }
     fn paged_attention(
         &self,
