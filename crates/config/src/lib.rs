@@ -48,7 +48,7 @@ pub use fields::{ConfigJson, RawConfig};
 pub use generation::GenerationConfig;
 pub use home::{DEFAULT_MODEL_FILE, default_model_for_test, default_model_path, met_home};
 pub use hybrid::{GdnProjections, LinearAttentionConfig};
-pub use load::{AttentionBackendKind, CpuDots, DeviceKind, LoadConfig, LoadFormat};
+pub use load::{AttentionBackendKind, CpuDots, DeviceKind, KvCacheDtype, LoadConfig, LoadFormat};
 pub use lora::{DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig, LoraModulePath};
 pub use model::{Activation, ArchDefaults, ModelConfig, MoeConfig, NormPlacement, NormWeight, RopeConfig, RopeScaling};
 pub use named::UnknownName;

@@ -48,6 +48,26 @@ named_enum! {
 }
 
 named_enum! {
+    /// The KV cache's element type.
+    pub enum KvCacheDtype ("KV cache dtype", default Auto) {
+        /// The model's float type (f32 on the CPU, bf16 on CUDA).
+        Auto = "auto",
+        /// float8 e4m3, each layer's keys and values under the checkpoint's scales (1.0 where
+        /// it has none): a quarter of the CPU's f32 bytes, half of bf16's.
+        Fp8 = "fp8",
+        /// The same as `fp8`.
+        Fp8E4m3 = "fp8_e4m3",
+    }
+}
+
+impl KvCacheDtype {
+    /// Whether the cache holds e4m3 bytes.
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, Self::Fp8 | Self::Fp8E4m3)
+    }
+}
+
+named_enum! {
     /// Where weights come from.
     pub enum LoadFormat ("load format", default Auto) {
         /// The checkpoint's files (safetensors, or the GGUF file).
@@ -75,6 +95,8 @@ pub struct LoadConfig {
     pub cpu_dots: CpuDots,
     /// The attention kernels.
     pub attention: AttentionBackendKind,
+    /// The KV cache's element type.
+    pub kv_cache_dtype: KvCacheDtype,
     /// Devices the model is split across (tensor parallelism); 1 for none.
     pub tensor_parallel_size: usize,
 }

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache, StateSizing};
-use met_kernels::{CpuBackend, GpuBackend};
+use met_config::KvCacheDtype;
+use met_kernels::{CpuBackend, DType, GpuBackend, HostTensor};
 use met_model_layers::runner::{GreedyOptions, argmax, generate_greedy};
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, Model, load_model};
-use met_model_weights::{SafetensorsStore, WeightStore};
+use met_model_weights::{SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use serde::Deserialize;
 
 /// Largest allowed |met − transformers| of any logit. Both compute in f32 from the same
@@ -45,11 +46,17 @@ fn fixture_dir(name: &str) -> PathBuf {
 }
 
 fn load(name: &'static str) -> Fixture {
+    load_with(name, &LoadOptions::default(), None)
+}
+
+/// The fixture loaded with `options`, its checkpoint carrying the KV-cache scales `(k, v)`
+/// of each attention layer (in layer order) when given.
+fn load_with(name: &'static str, options: &LoadOptions, kv_scales: Option<&[(f32, f32)]>) -> Fixture {
     let dir = fixture_dir(name);
     let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
-    let store = SafetensorsStore::open(&dir).unwrap();
+    let store = WithKvScales::new(SafetensorsStore::open(&dir).unwrap(), kv_scales);
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
-    let model = load_model(&cfg, &store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
+    let model = load_model(&cfg, &store, Arc::clone(&backend), options).unwrap();
     let reference: Reference =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let logits_store = SafetensorsStore::open(&dir.join("reference.safetensors")).unwrap();
@@ -183,6 +190,135 @@ fixture_tests!(llama, llama_tied, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemm
 // block, per-row and per-tensor scales, against float32 transformers on the dequantized
 // weights.
 fixture_tests!(qwen3_fp8_block, qwen3_fp8_channel, qwen3_fp8_tensor);
+
+/// A checkpoint with `self_attn.k_scale` and `self_attn.v_scale` beside every attention
+/// layer's projections, as FP8 checkpoints with a KV-cache scheme store them.
+struct WithKvScales {
+    inner: SafetensorsStore,
+    scales: Vec<(String, f32)>,
+}
+
+impl WithKvScales {
+    fn new(inner: SafetensorsStore, kv: Option<&[(f32, f32)]>) -> Self {
+        let mut layers: Vec<(usize, String)> = inner
+            .names()
+            .into_iter()
+            .filter_map(|n| n.strip_suffix("q_proj.weight").map(str::to_owned))
+            .map(|prefix| (prefix.split('.').find_map(|p| p.parse().ok()).expect("a layer number"), prefix))
+            .collect();
+        layers.sort();
+        let scales = kv.map_or_else(Vec::new, |kv| {
+            assert_eq!(kv.len(), layers.len(), "one (k, v) scale pair per attention layer");
+            let pairs = layers.iter().zip(kv);
+            pairs.flat_map(|((_, l), &(k, v))| [(format!("{l}k_scale"), k), (format!("{l}v_scale"), v)]).collect()
+        });
+        Self { inner, scales }
+    }
+
+    fn scale(&self, name: &str) -> Option<f32> {
+        self.scales.iter().find(|(n, _)| n == name).map(|&(_, s)| s)
+    }
+}
+
+impl WeightStore for WithKvScales {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names = self.inner.names();
+        names.extend(self.scales.iter().map(|(n, _)| n.clone()));
+        names.sort();
+        names
+    }
+
+    fn info(&self, name: &str) -> Option<TensorInfo> {
+        match self.scale(name) {
+            Some(_) => Some(TensorInfo { name: name.to_owned(), dtype: DType::F32, shape: vec![] }),
+            None => self.inner.info(name),
+        }
+    }
+
+    fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError> {
+        match self.scale(name) {
+            Some(s) => Ok(HostTensor::from_f32(&[s], &[])),
+            None => self.inner.host(name),
+        }
+    }
+}
+
+/// Largest |met − transformers| of a logit with an FP8 KV cache, both caching e4m3 keys
+/// and values under the same scales. Each side rounds its own f32 keys, which differ in the
+/// last bits, so an element at a rounding midpoint may land one e4m3 step apart: a
+/// tolerance of TOL (measured: MEASURED), where misplacing the rounding (before rotary, or
+/// without the scales) moves logits by percents of their row (the fp8 cache against the
+/// float reference: printed).
+const FP8_KV_TOLERANCE: f32 = 1e-2;
+
+#[derive(Deserialize)]
+struct Fp8KvReference {
+    calibrated_scales: Vec<(f32, f32)>,
+}
+
+/// `--kv-cache-dtype fp8` on the CPU against transformers float32 whose attention layers
+/// see e4m3-rounded keys and values (`scripts/fp8_kv_reference.py`), with unit scales and
+/// with calibrated per-layer scales from the checkpoint: logits within
+/// [`FP8_KV_TOLERANCE`], the same bits one prompt at a time, in one batch and in chunks of
+/// 5 (a row's cache bytes depend on its own values alone), and pools of a quarter of f32's
+/// bytes.
+fn check_fp8_kv(name: &'static str) {
+    let dir = fixture_dir(name);
+    let meta: Fp8KvReference =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fp8_kv.json")).unwrap()).unwrap();
+    let refs = SafetensorsStore::open(&dir.join("fp8_kv.safetensors")).unwrap();
+    let options = LoadOptions { kv_cache_dtype: KvCacheDtype::Fp8, ..LoadOptions::default() };
+    let float_bytes = load(name).model.kv_layout().bytes_per_block(16);
+    for (tag, scales) in [("unit", None), ("calibrated", Some(&meta.calibrated_scales[..]))] {
+        let f = load_with(name, &options, scales);
+        let layout = f.model.kv_layout();
+        assert_eq!(layout.dtype, DType::F8E4M3);
+        assert_eq!(4 * layout.bytes_per_block(16), float_bytes, "{name}: fp8 bytes per block");
+        let runs: Vec<_> = MODES.iter().map(|&m| teacher_forced(&f, m)).collect();
+        let bits = |r: &[Vec<f32>]| r.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (mode, run) in MODES.iter().zip(&runs).skip(1) {
+            assert!(bits(run) == bits(&runs[0]), "{name} {mode:?}, {tag} scales: fp8 logits depend on the batching");
+        }
+        let (mut worst, mut off_float) = (0f32, 0f32);
+        for (i, (got, float)) in runs[0].iter().zip(&f.logits).enumerate() {
+            let want = refs.host(&format!("{tag}.logits.{i}")).unwrap().to_f32_vec().unwrap();
+            let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            worst = worst.max(max_diff(got, &want));
+            off_float = off_float.max(max_diff(got, float));
+        }
+        eprintln!(
+            "{name} fp8 KV, {tag} scales: max |Δlogit| {worst:.2e} against transformers with an e4m3 cache, {off_float:.2e} \
+             against float32 transformers"
+        );
+        assert!(worst <= FP8_KV_TOLERANCE, "{name} fp8 KV, {tag} scales: max |Δlogit| {worst:.3e}");
+    }
+}
+
+mod fp8_kv {
+    #[test]
+    fn llama() {
+        super::check_fp8_kv("llama");
+    }
+
+    #[test]
+    fn gemma2() {
+        super::check_fp8_kv("gemma2");
+    }
+
+    #[test]
+    fn qwen3() {
+        super::check_fp8_kv("qwen3");
+    }
+
+    #[test]
+    fn qwen3_next() {
+        super::check_fp8_kv("qwen3_next");
+    }
+}
 
 /// The CPU backend records no graphs: capture says so and every step stays eager.
 #[test]

@@ -19,7 +19,7 @@
 use std::sync::{Arc, OnceLock};
 
 use met_cache::{KvCache, KvLayout, KvPools};
-use met_config::{ModelConfig, NormPlacement, RopeConfig};
+use met_config::{KvCacheDtype, ModelConfig, NormPlacement, RopeConfig};
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{TensorSpec, WeightStore};
 
@@ -213,6 +213,26 @@ impl DecoderModel {
         attention: Arc<dyn AttentionBackend>,
     ) -> Result<Self> {
         Self::load_shard(cfg, store, backend, attention, Shard::single(cfg))
+    }
+
+    /// The model with its KV cache of `dtype`: e4m3 pools for the FP8 kinds, where the
+    /// backend has attention kernels for them.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] for a cache dtype the backend cannot attend over.
+    pub fn with_kv_cache_dtype(mut self, dtype: KvCacheDtype) -> Result<Self> {
+        if !dtype.is_fp8() {
+            return Ok(self);
+        }
+        if !self.backend.supports_kv_dtype(DType::F8E4M3) {
+            return Err(ModelError::Unsupported(format!(
+                "--kv-cache-dtype {dtype}: the {} backend has no attention kernels for an fp8 KV cache yet (the CPU \
+                 has); use --kv-cache-dtype auto",
+                self.backend.name()
+            )));
+        }
+        self.kv_layout.dtype = DType::F8E4M3;
+        Ok(self)
     }
 
     /// [`Self::load`] of `shard`'s share of the model: one rank of a tensor-parallel group.

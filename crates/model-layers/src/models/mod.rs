@@ -33,7 +33,7 @@ mod qwen3_next;
 use std::path::Path;
 use std::sync::Arc;
 
-use met_config::{ConfigError, ConfigJson, ModelConfig, RawConfig};
+use met_config::{ConfigError, ConfigJson, KvCacheDtype, ModelConfig, RawConfig};
 use met_kernels::GpuBackend;
 use met_model_weights::{Fp8View, GgufArch, GgufStore, TensorSpec, WeightError, WeightStore, preflight};
 
@@ -69,7 +69,9 @@ pub const ARCHITECTURES: &[Architecture] = &[
 
 /// Checkpoint tensors that may be present and are never read: rotary tables some
 /// exporters save, and multi-token-prediction heads (Qwen3-Next, Qwen3.5).
-const ALWAYS_IGNORED: &[&str] = &["*.rotary_emb.inv_freq", "mtp.*"];
+/// (`k_scale`/`v_scale`: an FP8 checkpoint's KV-cache scales, read by the layers where
+/// present.)
+const ALWAYS_IGNORED: &[&str] = &["*.rotary_emb.inv_freq", "mtp.*", "*.self_attn.k_scale", "*.self_attn.v_scale"];
 
 /// The architecture registered for `model_type`, if any.
 pub fn architecture(model_type: &str) -> Option<&'static Architecture> {
@@ -156,6 +158,8 @@ pub fn tensor_specs(cfg: &ModelConfig) -> Result<Vec<TensorSpec>> {
 pub struct LoadOptions {
     /// The attention backend.
     pub attention_backend: AttentionBackendKind,
+    /// The KV cache's element type.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// Checks `store` against the recipe `cfg` (reporting every missing, unexpected and
@@ -178,7 +182,7 @@ pub fn load_model(
     };
     check_canonical(cfg, store)?;
     let attention = attention_backend(options.attention_backend, Arc::clone(&backend));
-    let model = DecoderModel::load(cfg, store, backend, attention)?;
+    let model = DecoderModel::load(cfg, store, backend, attention)?.with_kv_cache_dtype(options.kv_cache_dtype)?;
     Ok(Box::new(model))
 }
 

@@ -60,7 +60,8 @@ pub fn load_tensor_parallel(
     let shards = collectives.iter().map(|c| Shard::of(cfg, Arc::clone(c))).collect::<Result<Vec<_>>>()?;
     let load = |(shard, backend): (Shard, &Arc<dyn GpuBackend>)| {
         let attention = attention_backend(options.attention_backend, Arc::clone(backend));
-        DecoderModel::load_shard(cfg, store, Arc::clone(backend), attention, shard)
+        DecoderModel::load_shard(cfg, store, Arc::clone(backend), attention, shard)?
+            .with_kv_cache_dtype(options.kv_cache_dtype)
     };
     let models = thread::scope(|s| {
         let loading: Vec<_> = shards.into_iter().zip(backends).map(|rank| s.spawn(move || load(rank))).collect();

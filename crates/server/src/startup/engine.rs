@@ -57,7 +57,10 @@ pub fn build_engine(
         ),
         None => String::new(),
     };
-    timer.done(format_args!("{blocks} blocks of {} tokens ({mib:.0} MiB{ranks}){states}", config.block_size));
+    timer.done(format_args!(
+        "{blocks} blocks of {} tokens in {} ({mib:.0} MiB{ranks}){states}",
+        config.block_size, layout.dtype
+    ));
     let timer = PhaseTimer::start(Phase::Warmup);
     match setup.cuda_graph_max_context {
         None => timer.done("no graphs (--enforce-eager)"),

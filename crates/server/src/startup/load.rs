@@ -184,7 +184,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
             &*owned
         }
     };
-    let options = LoadOptions { attention_backend: args.attention };
+    let options = LoadOptions { attention_backend: args.attention, kv_cache_dtype: args.kv_cache_dtype };
     // Each rank reads its share of every tensor.
     progress.start(tensor_specs(&config).map_or(0, |specs| specs.len() * topology.world_size()));
     let counted = Counted { inner: store, progress };
