@@ -40,7 +40,8 @@ pub fn e4m3_from_f32(x: f32) -> u8 {
         return sign | (a * 512.0).round_ties_even() as u8;
     }
     let bits = a.to_bits();
-    let exp = (bits >> 23) - 127 + 7;
+    // The biased exponent is 121 or more here (2^-6 and up): e4m3's is 7 less than f32's 127.
+    let exp = (bits >> 23) - 120;
     let (keep, rest) = ((bits >> 20) & 7, bits & 0xf_ffff);
     let mut q = (exp << 3) | keep;
     // A carry out of the mantissa moves to the next binade; 448 itself never rounds up.
