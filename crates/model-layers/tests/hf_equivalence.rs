@@ -245,6 +245,10 @@ impl WeightStore for WithKvScales {
             None => self.inner.host(name),
         }
     }
+
+    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+        self.inner.float8(name)
+    }
 }
 
 /// Largest |met − transformers| of a logit with an FP8 KV cache, both caching e4m3 keys
