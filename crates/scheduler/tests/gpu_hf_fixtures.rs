@@ -117,7 +117,7 @@ fn fixture(name: &'static str) -> Fixture {
 
 fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>, attention: AttentionBackendKind) -> Box<dyn Model> {
     let store = SafetensorsStore::open(&f.dir).unwrap();
-    let options = LoadOptions { attention_backend: attention };
+    let options = LoadOptions { attention_backend: attention, ..LoadOptions::default() };
     load_model(&f.cfg, &store, Arc::clone(backend), &options).unwrap()
 }
 
