@@ -10,7 +10,7 @@ use parking_lot::MappedRwLockReadGuard;
 
 use crate::backend::{AttentionMeta, AttentionParams, KvScales};
 use crate::error::{Error, Result, ensure};
-use crate::fp8::{E4M3_VALUES, e4m3_from_f32};
+use crate::fp8::{e4m3_from_f32, e4m3_to_f32_fast};
 use crate::{DType, Tensor};
 
 use super::pool::SpinPool;
@@ -270,8 +270,8 @@ fn attend_group_body(
                     wk[dst.clone()]
                         .iter_mut()
                         .zip(&kb[src.clone()])
-                        .for_each(|(w, &b)| *w = E4M3_VALUES[b as usize] * scales.k);
-                    wv[dst].iter_mut().zip(&vb[src]).for_each(|(w, &b)| *w = E4M3_VALUES[b as usize] * scales.v);
+                        .for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * scales.k);
+                    wv[dst].iter_mut().zip(&vb[src]).for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * scales.v);
                     *a = j * d;
                 }
                 (&wide.0, &wide.1)
