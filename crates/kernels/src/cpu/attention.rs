@@ -54,6 +54,11 @@ pub(super) fn write_kv(
 /// it is computed on the calling thread: too little work to be worth handing out.
 const SERIAL_KEY_ELEMS: usize = 1 << 14;
 
+/// Query rows of one sequence in a step from which, over FP8 pools, its visible keys and
+/// values are widened to f32 once for all of them (a prompt's chunk) rather than run by
+/// run for each row (decode rows).
+const WIDEN_FROM_ROWS: usize = 8;
+
 /// Keys scored together: each head's running maximum and sum are updated once per run of
 /// this many keys, and their weights are exponentiated as one slice.
 const KEY_RUN: usize = 16;
@@ -143,10 +148,21 @@ pub(super) fn attend_rows(step: &Step<'_>, p: &AttentionParams) -> Tensor {
     let group = h / hkv;
     let mut out = vec![0f32; t * h * d];
     let visible: usize = rows.iter().map(|r| r.pos + 1).sum::<usize>() * h * d;
+    // From FP8 pools, the sequences with many rows here, widened once: a row reads the
+    // same values either way and adds them in the same order, so its bits do not depend on
+    // which path it took.
+    let widened = cache.widen_sequences(rows, WIDEN_FROM_ROWS);
     // One task per (query row, KV head): the group's query heads (consecutive in `q` and
     // `out`) walk the row's keys together, so each key and value is read once for them.
     let task = |i: usize, o: &mut [f32]| {
-        cache.attend_row(rows[i / hkv], i % hkv, &qs[i * group * d..(i + 1) * group * d], o, p);
+        let (row, kv_head, queries) = (rows[i / hkv], i % hkv, &qs[i * group * d..(i + 1) * group * d]);
+        match &widened[row.seq] {
+            Some((ks, vs)) => {
+                let key_at = |j: usize| (j * hkv + kv_head) * d;
+                attend_group(queries, o, (first_key(row.pos, p), row.pos + 1), &key_at, Pools::F32(ks, vs), p);
+            }
+            None => cache.attend_row(row, kv_head, queries, o, p),
+        }
     };
     // A step whose rows see few keys in all runs on this thread; larger ones share the
     // tasks out over the spinning pool (a decode step's attention is one of its serial
@@ -182,6 +198,36 @@ impl PagedKv<'_> {
     pub fn offset(&self, seq: usize, kv_head: usize, j: usize) -> usize {
         let block = self.tables[seq * self.max_blocks + j / self.block_size] as usize;
         ((block * self.block_size + j % self.block_size) * self.num_kv_heads + kv_head) * self.head_dim
+    }
+
+    /// For each sequence of `rows`: from FP8 pools, when it has `from` rows or more, its
+    /// keys and values up to its last row's position widened to f32 rows `[position, h_kv,
+    /// d]`; otherwise (and from f32 pools) `None`.
+    pub fn widen_sequences(&self, rows: &[QueryRow], from: usize) -> Vec<Option<(Vec<f32>, Vec<f32>)>> {
+        let seqs = rows.iter().map(|r| r.seq + 1).max().unwrap_or(0);
+        let Pools::F8(kb, vb, scales) = self.pools else { return vec![None; seqs] };
+        let (mut count, mut len) = (vec![0usize; seqs], vec![0usize; seqs]);
+        for r in rows {
+            count[r.seq] += 1;
+            len[r.seq] = len[r.seq].max(r.pos + 1);
+        }
+        let width = self.num_kv_heads * self.head_dim;
+        (0..seqs)
+            .map(|seq| {
+                (count[seq] >= from).then(|| {
+                    let (mut ks, mut vs) = (vec![0f32; len[seq] * width], vec![0f32; len[seq] * width]);
+                    for j in 0..len[seq] {
+                        let (src, dst) = (self.offset(seq, 0, j), j * width);
+                        let widen = |out: &mut [f32], bytes: &[u8], s: f32| {
+                            out.iter_mut().zip(bytes).for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * s);
+                        };
+                        widen(&mut ks[dst..dst + width], &kb[src..src + width], scales.k);
+                        widen(&mut vs[dst..dst + width], &vb[src..src + width], scales.v);
+                    }
+                    (ks, vs)
+                })
+            })
+            .collect()
     }
 
     /// Attention of one query row's heads of KV head `kv_head` (`queries [g, d]`, the
