@@ -62,6 +62,11 @@ fn backend() -> Arc<dyn GpuBackend> {
 }
 
 fn fixture(name: &str) -> Case {
+    fixture_with(name, LoadOptions::default())
+}
+
+/// [`fixture`] loaded with `options`.
+fn fixture_with(name: &str, options: LoadOptions) -> Case {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -81,21 +86,19 @@ fn fixture(name: &str) -> Case {
         _ => Vec::new(),
     };
     let b = Arc::clone(&backend);
-    let load = move || {
-        load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &LoadOptions::default()).unwrap()
-    };
+    let load = move || load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &options).unwrap();
     Case { name: name.into(), load: Box::new(load), backend, prompts, adapters, speculate: HYBRIDS.contains(&name) }
 }
 
 /// A GGUF model, loaded afresh for each engine, with three prompts of 9 to 70 tokens drawn
 /// from ids `first .. first + span`.
-fn gguf_case(name: &str, path: std::path::PathBuf, (first, span): (usize, usize)) -> Case {
+fn gguf_case(name: &str, path: std::path::PathBuf, (first, span): (usize, usize), options: LoadOptions) -> Case {
     let backend = backend();
     let b = Arc::clone(&backend);
     let load = move || {
         let store = open_gguf(&path).unwrap();
         let cfg = gguf_config(&store).unwrap();
-        load_model(&cfg, &store, Arc::clone(&b), &LoadOptions::default()).unwrap()
+        load_model(&cfg, &store, Arc::clone(&b), &options).unwrap()
     };
     let prompts = [9usize, 33, 70]
         .iter()
@@ -107,14 +110,19 @@ fn gguf_case(name: &str, path: std::path::PathBuf, (first, span): (usize, usize)
 
 /// The default model, with token ids of ordinary text in SmolLM2's vocabulary.
 fn default_model() -> Option<Case> {
-    Some(gguf_case("default model", met_config::default_model_for_test()?, (1000, 40_000)))
+    default_model_with(LoadOptions::default())
+}
+
+/// [`default_model`] loaded with `options`.
+fn default_model_with(options: LoadOptions) -> Option<Case> {
+    Some(gguf_case("default model", met_config::default_model_for_test()?, (1000, 40_000), options))
 }
 
 /// The K-quant fixture of `model-layers` (a tiny Qwen3 in llama.cpp's Q4_K_M mix, with
 /// Q5_K too: every K-quant's grouped integer kernels), over its 512-token vocabulary.
 fn k_quant_fixture() -> Case {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/kquant/qwen3_q4_k_m.gguf");
-    gguf_case("k-quant fixture", path, (10, 500))
+    gguf_case("k-quant fixture", path, (10, 500), LoadOptions::default())
 }
 
 fn request(engine: &Engine, prompt: &[u32], seed: u64, adapter: Option<&Adapter>) -> EngineRequest {
@@ -266,6 +274,21 @@ fn the_k_quant_fixture_gives_each_request_its_bits_alone_in_any_batch() {
 #[test]
 fn the_default_model_gives_each_request_its_bits_alone_in_any_batch() {
     if let Some(case) = default_model() {
+        check(&case);
+    }
+}
+
+/// The same with an FP8 KV cache (`--kv-cache-dtype fp8`): a row's cache bytes come from
+/// its own keys and values, and a prompt's rows widen them together or run by run to the
+/// same values, so alone, batched, chunked, recomputed, after a prefix hit (blocks cached
+/// as bytes), through adapters and speculating, each request keeps its bits.
+#[test]
+fn an_fp8_kv_cache_gives_each_request_its_bits_alone_in_any_batch() {
+    let fp8 = LoadOptions { kv_cache_dtype: met_config::KvCacheDtype::Fp8, ..LoadOptions::default() };
+    for name in ["llama", "qwen3", "gemma2", "qwen3_next"] {
+        check(&fixture_with(name, fp8));
+    }
+    if let Some(case) = default_model_with(fp8) {
         check(&case);
     }
 }
