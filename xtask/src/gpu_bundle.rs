@@ -21,8 +21,10 @@
 //!   folder given as its first argument, and further arguments pick steps by name
 //!   (`run.sh logs ops gate`).
 //!
-//! Binaries are stripped so the folder stays well under the 64 MiB a device call carries;
-//! the task fails if it does not.
+//! Binaries are stripped and gzipped (`met.gz`, `tests/*.gz`) so the folder stays well
+//! under the 64 MiB a device call carries beside the working tree; the task fails if it
+//! does not. `unpack.sh` (which `run.sh` runs first; a hand-written command runs it before
+//! calling a binary) restores them next to their archives, on the GPU machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -55,13 +57,13 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(out.join("tests"))?;
 
     run(cargo().args(["build", "--release", "-p", "met-server", "--features", "cuda"]))?;
-    strip_into(&root().join("target/release/met"), &out.join("met"))?;
+    pack(&root().join("target/release/met"), &out.join("met"))?;
     for (select, name) in TESTS {
         let exe = build_test(select)?;
-        strip_into(&exe, &out.join("tests").join(name))?;
+        pack(&exe, &out.join("tests").join(name))?;
     }
     let bench = build_artifact(&["bench", "-p", "met-kernels", "--bench", "cuda"], "bench")?;
-    strip_into(&bench, &out.join("tests").join("kernels-bench"))?;
+    pack(&bench, &out.join("tests").join("kernels-bench"))?;
     for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct", "Qwen3-30B-A3B"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
@@ -69,6 +71,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
         std::fs::copy(root().join("scripts").join(script), out.join(script))?;
     }
     write_executable(&out.join("run.sh"), RUNNER)?;
+    write_executable(&out.join("unpack.sh"), UNPACK)?;
 
     let bytes = dir_bytes(&out)?;
     eprintln!("xtask: gpu-bundle: {:.1} MiB in {}", bytes as f64 / f64::from(1 << 20), out.display());
@@ -111,6 +114,16 @@ fn build_artifact(args: &[&str], kind: &str) -> Result<PathBuf> {
         }
     }
     found.with_context(|| format!("cargo built no {kind} executable for {args:?}"))
+}
+
+/// `from` stripped and gzipped into `to.gz`.
+fn pack(from: &Path, to: &Path) -> Result<()> {
+    strip_into(from, to)?;
+    let status = Command::new("gzip").args(["-9", "-f"]).arg(to).status().context("running gzip")?;
+    if !status.success() {
+        bail!("gzip {} failed with {status}", to.display());
+    }
+    Ok(())
 }
 
 /// Copies `from` to `to` without debug info and symbols (`strip`, or a plain copy where
@@ -158,6 +171,21 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
+/// Restores the gzipped binaries beside their archives.
+const UNPACK: &str = r#"#!/usr/bin/env bash
+# Restores met and tests/* from their .gz archives (made by `cargo xtask gpu-bundle`), every
+# time: a binary left by an earlier run on the same machine may be older than its archive
+# whatever the files' times say. Run it on the GPU machine, not where the bundle is built
+# (the folder would then carry both).
+set -eu
+HERE="$(cd "$(dirname "$0")" && pwd)"
+for gz in "$HERE"/met.gz "$HERE"/tests/*.gz; do
+  [ -e "$gz" ] || continue
+  bin="${gz%.gz}"
+  gzip -dc "$gz" >"$bin.tmp" && chmod +x "$bin.tmp" && mv "$bin.tmp" "$bin"
+done
+"#;
+
 /// The runner. Every step runs even when an earlier one fails; the summary lists each
 /// step's status, the GPU fixture lines and the comparison's table.
 const RUNNER: &str = r#"#!/usr/bin/env bash
@@ -167,6 +195,7 @@ const RUNNER: &str = r#"#!/usr/bin/env bash
 # `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
+bash "$HERE/unpack.sh" || { echo "unpacking the binaries failed"; exit 1; }
 LOGS="${1:-$HERE/logs}"
 shift || true
 STEPS="${*:-lib ops fixtures graphs generate gate gatestate compare bench kbench}"
