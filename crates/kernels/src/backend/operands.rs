@@ -53,9 +53,9 @@ pub struct AttentionParams {
     pub kv_scales: KvScales,
 }
 
-/// The scales of one layer's FP8 KV cache: a key is stored as `e4m3(k / k)` and read as
-/// `byte · k` (the same for values). 1.0 unless the checkpoint gives them; a float cache
-/// ignores them.
+/// The scales of one layer's FP8 KV cache: a key element `x` is stored as the byte
+/// `e4m3(x / self.k)` and read as `value(byte) · self.k`, a value element likewise with
+/// `self.v`. 1.0 unless the checkpoint gives them; a float cache ignores them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvScales {
     /// The keys' scale.
