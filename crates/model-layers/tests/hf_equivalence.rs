@@ -302,6 +302,21 @@ fn check_fp8_kv(name: &'static str) {
     }
 }
 
+/// A checkpoint KV-cache scale that is not one positive number stops the load, naming the
+/// tensor.
+#[test]
+fn a_bad_kv_cache_scale_is_an_error_naming_it() {
+    let dir = fixture_dir("llama");
+    let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
+    let options = LoadOptions { kv_cache_dtype: KvCacheDtype::Fp8, ..LoadOptions::default() };
+    for bad in [0.0, -0.5, f32::NAN] {
+        let store = WithKvScales::new(SafetensorsStore::open(&dir).unwrap(), Some(&[(0.01, 0.02), (bad, 0.02)]));
+        let err = load_model(&cfg, &store, Arc::new(CpuBackend::new()), &options).err().expect("a bad scale loads");
+        let msg = err.to_string();
+        assert!(msg.contains("model.layers.1.self_attn.k_scale") && msg.contains("positive"), "{bad}: {msg}");
+    }
+}
+
 mod fp8_kv {
     #[test]
     fn llama() {
