@@ -6,8 +6,6 @@
 //! becomes ±448 (as the engines' scaled conversions clamp before they convert), so a large
 //! key never turns into NaN. NaN stays NaN.
 
-use std::sync::LazyLock;
-
 /// The largest finite e4m3 value.
 pub const E4M3_MAX: f32 = 448.0;
 
@@ -25,7 +23,7 @@ pub const fn e4m3_to_f32(b: u8) -> f32 {
     if b & 0x80 != 0 { -magnitude } else { magnitude }
 }
 
-/// [`e4m3_to_f32`] in arithmetic that vectorises (no lookup): the byte's exponent and
+/// [`e4m3_to_f32`] in arithmetic that vectorises (no branches on the exponent): the byte's exponent and
 /// mantissa bits placed where f32 keeps its own make `2^-120` times the value (an f32
 /// subnormal for e4m3's subnormals), and the exact multiply by `2^120` restores it; NaN
 /// is chosen apart.
@@ -37,8 +35,12 @@ pub fn e4m3_to_f32_fast(b: u8) -> f32 {
     if b & 0x7f == 0x7f { f32::NAN } else { value }
 }
 
-/// Every e4m3 byte's value, for decoding by lookup.
-pub static E4M3_VALUES: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| e4m3_to_f32(b as u8)));
+/// `out[i] = value(bytes[i]) · scale`: e4m3 bytes widened under their scale, in a loop
+/// the compiler vectorises.
+#[inline(always)]
+pub fn widen_e4m3(out: &mut [f32], bytes: &[u8], scale: f32) {
+    out.iter_mut().zip(bytes).for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * scale);
+}
 
 /// `x` as the nearest e4m3 byte (ties to even), ±448 for larger magnitudes.
 pub fn e4m3_from_f32(x: f32) -> u8 {
@@ -71,7 +73,7 @@ mod tests {
     /// 0x7e, 2^-9 (the smallest subnormal) = 0x01.
     #[test]
     fn e4m3_decodes_normals_subnormals_signs_and_nan() {
-        let t = &*E4M3_VALUES;
+        let t: [f32; 256] = std::array::from_fn(|b| e4m3_to_f32(b as u8));
         assert_eq!((t[0x38], t[0xc0], t[0x30], t[0x7e], t[0x01], t[0x00]), (1.0, -2.0, 0.5, 448.0, 2f32.powi(-9), 0.0));
         assert_eq!(t[0x80], 0.0);
         assert!(t[0x80].is_sign_negative() && t[0x7f].is_nan() && t[0xff].is_nan());

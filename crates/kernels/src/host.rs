@@ -220,7 +220,7 @@ impl<'a> HostTensor<'a> {
             DType::F32 => decode(b, &mut out, CHUNK, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::BF16 => decode(b, &mut out, CHUNK, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             DType::F16 => decode(b, &mut out, CHUNK, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-            DType::F8E4M3 => decode(b, &mut out, CHUNK, |c| crate::fp8::E4M3_VALUES[c[0] as usize]),
+            DType::F8E4M3 => decode(b, &mut out, CHUNK, |c| crate::fp8::e4m3_to_f32_fast(c[0])),
             DType::Quant(q) => crate::quant::dequantize(q, b, &mut out),
             DType::U32 => {
                 return Err(Error::InvalidArgument("a u32 tensor has no f32 view".into()));

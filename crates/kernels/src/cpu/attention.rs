@@ -10,7 +10,7 @@ use parking_lot::MappedRwLockReadGuard;
 
 use crate::backend::{AttentionMeta, AttentionParams, KvScales};
 use crate::error::{Error, Result, ensure};
-use crate::fp8::{e4m3_from_f32, e4m3_to_f32_fast};
+use crate::fp8::{e4m3_from_f32, widen_e4m3};
 use crate::{DType, Tensor};
 
 use super::pool::SpinPool;
@@ -156,7 +156,7 @@ pub(super) fn attend_rows(step: &Step<'_>, p: &AttentionParams) -> Tensor {
     // `out`) walk the row's keys together, so each key and value is read once for them.
     let task = |i: usize, o: &mut [f32]| {
         let (row, kv_head, queries) = (rows[i / hkv], i % hkv, &qs[i * group * d..(i + 1) * group * d]);
-        match &widened[row.seq] {
+        match widened.get(row.seq).and_then(Option::as_ref) {
             Some((ks, vs)) => {
                 let key_at = |j: usize| (j * hkv + kv_head) * d;
                 attend_group(queries, o, (first_key(row.pos, p), row.pos + 1), &key_at, Pools::F32(ks, vs), p);
@@ -202,10 +202,10 @@ impl PagedKv<'_> {
 
     /// For each sequence of `rows`: from FP8 pools, when it has `from` rows or more, its
     /// keys and values up to its last row's position widened to f32 rows `[position, h_kv,
-    /// d]`; otherwise (and from f32 pools) `None`.
+    /// d]`, otherwise `None`; from f32 pools, nothing (an empty list).
     pub fn widen_sequences(&self, rows: &[QueryRow], from: usize) -> Vec<Option<(Vec<f32>, Vec<f32>)>> {
+        let Pools::F8(kb, vb, scales) = self.pools else { return Vec::new() };
         let seqs = rows.iter().map(|r| r.seq + 1).max().unwrap_or(0);
-        let Pools::F8(kb, vb, scales) = self.pools else { return vec![None; seqs] };
         let (mut count, mut len) = (vec![0usize; seqs], vec![0usize; seqs]);
         for r in rows {
             count[r.seq] += 1;
@@ -218,11 +218,8 @@ impl PagedKv<'_> {
                     let (mut ks, mut vs) = (vec![0f32; len[seq] * width], vec![0f32; len[seq] * width]);
                     for j in 0..len[seq] {
                         let (src, dst) = (self.offset(seq, 0, j), j * width);
-                        let widen = |out: &mut [f32], bytes: &[u8], s: f32| {
-                            out.iter_mut().zip(bytes).for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * s);
-                        };
-                        widen(&mut ks[dst..dst + width], &kb[src..src + width], scales.k);
-                        widen(&mut vs[dst..dst + width], &vb[src..src + width], scales.v);
+                        widen_e4m3(&mut ks[dst..dst + width], &kb[src..src + width], scales.k);
+                        widen_e4m3(&mut vs[dst..dst + width], &vb[src..src + width], scales.v);
                     }
                     (ks, vs)
                 })
@@ -313,11 +310,8 @@ fn attend_group_body(
                 let (wk, wv) = &mut wide;
                 for (j, a) in at[..n].iter_mut().enumerate() {
                     let (src, dst) = (*a..*a + d, j * d..(j + 1) * d);
-                    wk[dst.clone()]
-                        .iter_mut()
-                        .zip(&kb[src.clone()])
-                        .for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * scales.k);
-                    wv[dst].iter_mut().zip(&vb[src]).for_each(|(w, &b)| *w = e4m3_to_f32_fast(b) * scales.v);
+                    widen_e4m3(&mut wk[dst.clone()], &kb[src.clone()], scales.k);
+                    widen_e4m3(&mut wv[dst], &vb[src], scales.v);
                     *a = j * d;
                 }
                 (&wide.0, &wide.1)
