@@ -24,6 +24,7 @@ use met_kernels::Tensor;
 
 pub use batch::{BatchSequence, ForwardBatch, LogitRows};
 pub use graphs::{GraphCapture, GraphSettings};
+pub use layers::decoder::kv_pool_dtype;
 pub use models::{LoadOptions, load_model, tensor_specs};
 
 /// What can fail while building or running a model.

@@ -200,6 +200,25 @@ pub(crate) struct DeviceStep {
     pub lora: Option<StepLora>,
 }
 
+/// The element type of `backend`'s KV pools for `--kv-cache-dtype dtype`: its float dtype,
+/// or e4m3 where it has attention kernels for that.
+///
+/// # Errors
+/// [`ModelError::Unsupported`] for a cache dtype the backend cannot attend over.
+pub fn kv_pool_dtype(backend: &dyn GpuBackend, dtype: KvCacheDtype) -> Result<DType> {
+    if !dtype.is_fp8() {
+        return Ok(backend.float_dtype());
+    }
+    if !backend.supports_kv_dtype(DType::F8E4M3) {
+        return Err(ModelError::Unsupported(format!(
+            "--kv-cache-dtype {dtype}: the {} backend has no attention kernels for an fp8 KV cache yet (the CPU has); \
+             use --kv-cache-dtype auto",
+            backend.name()
+        )));
+    }
+    Ok(DType::F8E4M3)
+}
+
 impl DecoderModel {
     /// Loads every layer of the recipe `cfg` from `store` onto `backend`. Run preflight
     /// first: this stops at the first missing tensor.
@@ -221,17 +240,7 @@ impl DecoderModel {
     /// # Errors
     /// [`ModelError::Unsupported`] for a cache dtype the backend cannot attend over.
     pub fn with_kv_cache_dtype(mut self, dtype: KvCacheDtype) -> Result<Self> {
-        if !dtype.is_fp8() {
-            return Ok(self);
-        }
-        if !self.backend.supports_kv_dtype(DType::F8E4M3) {
-            return Err(ModelError::Unsupported(format!(
-                "--kv-cache-dtype {dtype}: the {} backend has no attention kernels for an fp8 KV cache yet (the CPU \
-                 has); use --kv-cache-dtype auto",
-                self.backend.name()
-            )));
-        }
-        self.kv_layout.dtype = DType::F8E4M3;
+        self.kv_layout.dtype = kv_pool_dtype(&*self.backend, dtype)?;
         Ok(self)
     }
 

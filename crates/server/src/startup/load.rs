@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use met_config::{GenerationConfig, LoadConfig, LoadFormat, ModelConfig};
-use met_kernels::{DType, HostTensor};
+use met_kernels::HostTensor;
 use met_model_layers::parallel::load_tensor_parallel;
-use met_model_layers::{LoadOptions, Model, load_model, models, tensor_specs};
+use met_model_layers::{LoadOptions, Model, kv_pool_dtype, load_model, models, tensor_specs};
 use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
@@ -170,15 +170,8 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
 
     let (topology, collectives) = topology::open(args, &config)?;
     let backend = topology.lead();
-    // Refused before the weights load (the model refuses it too, for library callers).
-    if args.kv_cache_dtype.is_fp8() && !backend.supports_kv_dtype(DType::F8E4M3) {
-        bail!(
-            "--kv-cache-dtype {}: the {} backend has no attention kernels for an fp8 KV cache yet (the CPU has); \
-             use --kv-cache-dtype auto",
-            args.kv_cache_dtype,
-            backend.name()
-        );
-    }
+    // Refused before the weights load (the model checks it again, for library callers).
+    kv_pool_dtype(&**backend, args.kv_cache_dtype)?;
 
     let timer = PhaseTimer::start(Phase::Weights);
     let owned: Box<dyn WeightStore>;
