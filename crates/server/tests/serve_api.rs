@@ -402,9 +402,12 @@ async fn the_priority_policy_serves_the_more_urgent_request_first() {
         let first = send("first", 60, 0);
         server.eventually("the first request runs", |s| s.metrics.render().contains("met_requests_running 1\n")).await;
         let (early, urgent) = if priority_policy { (5, -1) } else { (0, 0) };
-        let early = send("early", 3, early);
+        // Each later request generates for 20 slow steps (60 ms), so the order in which the
+        // clients read their responses is the order they were served in, even when a loaded
+        // machine delivers a finished response a few steps late.
+        let early = send("early", 20, early);
         server.eventually("the early request waits", waiting(1)).await;
-        let urgent = send("urgent", 3, urgent);
+        let urgent = send("urgent", 20, urgent);
         server.eventually("both wait", waiting(2)).await;
         for task in [first, early, urgent] {
             task.await.unwrap();
