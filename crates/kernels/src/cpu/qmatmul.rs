@@ -177,6 +177,9 @@ mod tests {
                 if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
                     block[2..4].copy_from_slice(&f16::from_f32(-0.02 * (b % 3) as f32).to_le_bytes());
                 }
+                if format == QuantFormat::F8_E4M3 {
+                    crate::quant::f8_test_block(&mut block, 0.01 + (r % 7) as f32 * 0.003);
+                }
                 bytes.extend(block);
             }
         }

@@ -12,6 +12,8 @@
 //!   packed in 12 bytes (ggml's `get_scale_min_k4`), `y = d·sc · q − dmin·mn`.
 //! - Q6_K: 16 sub-blocks of 16 with i8 scales, 6-bit quants split into 4 low bits (`ql`)
 //!   and 2 high bits (`qh`), `y = d · sc · (q − 32)`.
+//! - F8_E4M3 (met's, not ggml's): a little-endian f32 scale `s`, then 32 `float8_e4m3fn`
+//!   bytes, `y = s · e4m3(q)` rounded once in f32, as transformers dequantizes FP8 weights.
 
 use half::f16;
 
@@ -34,6 +36,14 @@ pub(super) fn decode_block(format: QuantFormat, b: &[u8], out: &mut [f32]) {
         QuantFormat::Q4_K => typed(b, out, q4_k),
         QuantFormat::Q5_K => typed(b, out, q5_k),
         QuantFormat::Q6_K => typed(b, out, q6_k),
+        QuantFormat::F8_E4M3 => typed(b, out, f8_e4m3),
+    }
+}
+
+fn f8_e4m3(b: &[u8; 36], out: &mut [f32; 32]) {
+    let s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (o, &q) in out.iter_mut().zip(&b[4..]) {
+        *o = s * crate::fp8::e4m3_to_f32_fast(q);
     }
 }
 

@@ -1,8 +1,11 @@
-//! Block-quantised weight formats (ggml's), shared by every backend.
+//! Block-quantised weight formats (ggml's, and one for FP8 checkpoints), shared by every
+//! backend.
 //!
 //! A quantised matrix `[n, k]` is stored row by row, each row `k / block_elems` blocks of
 //! `block_bytes` bytes, exactly as GGUF files lay them out, so weights go from the memory
-//! map to the CPU backend untouched and compute with exactly the file's values. This
+//! map to the CPU backend untouched and compute with exactly the file's values. An FP8
+//! checkpoint's e4m3 weights take [`QuantFormat::F8_E4M3`], blocks of 32 bytes under one
+//! f32 scale, which hold every per-tensor, per-row and 128-wide block layout exactly. This
 //! module knows the block layouts: it dequantises ([`dequantize`], [`dequantize_row`]) and
 //! computes `x · row` from the blocks ([`dot_rows`]), or, for the formats the CPU repacks
 //! ([`PackedQuant`]), with AVX-512 or AVX2 kernels: exact f32 ones, or integer ones against
@@ -54,12 +57,15 @@ pub enum QuantFormat {
     Q5_K,
     /// 256 × 6-bit in 16 sub-blocks with 8-bit scales.
     Q6_K,
+    /// 32 × `float8_e4m3fn` after one f32 scale: `s · e4m3(q)` (not a ggml type: FP8
+    /// checkpoints' weights, read through `met-model-weights`' `Fp8View`).
+    F8_E4M3,
 }
 
 impl QuantFormat {
     /// Every format.
-    pub const ALL: [Self; 8] =
-        [Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4_K, Self::Q5_K, Self::Q6_K];
+    pub const ALL: [Self; 9] =
+        [Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4_K, Self::Q5_K, Self::Q6_K, Self::F8_E4M3];
 
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
@@ -80,6 +86,7 @@ impl QuantFormat {
             Self::Q4_K => 144,
             Self::Q5_K => 176,
             Self::Q6_K => 210,
+            Self::F8_E4M3 => 36,
         }
     }
 
@@ -92,7 +99,7 @@ impl QuantFormat {
         }
     }
 
-    /// ggml's name (`q4_1`).
+    /// ggml's name (`q4_1`), or `f8_e4m3`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Q4_0 => "q4_0",
@@ -103,6 +110,7 @@ impl QuantFormat {
             Self::Q4_K => "q4_k",
             Self::Q5_K => "q5_k",
             Self::Q6_K => "q6_k",
+            Self::F8_E4M3 => "f8_e4m3",
         }
     }
 }
@@ -187,6 +195,8 @@ fn dot_scalar(format: QuantFormat, x: &[f32], row: &[u8]) -> f32 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) use tests::f8_block as f8_test_block;
 #[cfg(test)]
 mod tests_int;
 #[cfg(test)]

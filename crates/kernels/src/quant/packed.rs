@@ -53,7 +53,7 @@ pub struct PackedQuant {
 impl PackedQuant {
     /// Whether `format` has a packed layout.
     pub fn supports(format: QuantFormat) -> bool {
-        !matches!(format, QuantFormat::Q5_0 | QuantFormat::Q5_1)
+        !matches!(format, QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::F8_E4M3)
     }
 
     /// Repacks `rows` rows of `k` elements of GGUF blocks, or `None` for a format without a

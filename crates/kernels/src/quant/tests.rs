@@ -24,9 +24,23 @@ pub(super) fn random_row(format: QuantFormat, k: usize, seed: u32) -> Vec<u8> {
             let min = f16::from_f32((next() % 1000) as f32 / 10_000.0 - 0.05);
             block[2..4].copy_from_slice(&min.to_le_bytes());
         }
+        if format == QuantFormat::F8_E4M3 {
+            f8_block(&mut block, (next() % 1000) as f32 / 20_000.0 + 0.001);
+        }
         row.extend(block);
     }
     row
+}
+
+/// Makes `block` a valid F8_E4M3 block of scale `scale`: its leading bytes the f32 scale,
+/// and no e4m3 NaN (`0x7F`, `0xFF`) among its values.
+pub(crate) fn f8_block(block: &mut [u8], scale: f32) {
+    block[..4].copy_from_slice(&scale.to_le_bytes());
+    for q in &mut block[4..] {
+        if *q & 0x7F == 0x7F {
+            *q ^= 0x01;
+        }
+    }
 }
 
 #[test]
@@ -47,6 +61,12 @@ fn blocks_decode_as_ggml_lays_them_out() {
     dequantize_row(QuantFormat::Q8_0, &b, &mut out);
     assert_eq!(out[0], -32.0);
     assert_eq!(out[31], 30.0);
+
+    // F8_E4M3: an f32 scale, then e4m3 bytes (0x38 = 1.0, 0xC0 = -2.0, 0x01 = 2^-9).
+    let mut b = 0.25f32.to_le_bytes().to_vec();
+    b.extend([0x38u8, 0xC0, 0x01].iter().cycle().take(32));
+    dequantize_row(QuantFormat::F8_E4M3, &b, &mut out);
+    assert_eq!(&out[..3], &[0.25, -0.5, 0.25 / 512.0]);
 
     // Q5_0: the fifth bit of element j is bit j of qh.
     let mut b = f16::from_f32(1.0).to_le_bytes().to_vec();

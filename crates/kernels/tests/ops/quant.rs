@@ -21,6 +21,11 @@ fn blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
         if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K) {
             block[2..4].copy_from_slice(&f16::from_f32(rng.uniform() * 0.05).to_le_bytes());
         }
+        if format == QuantFormat::F8_E4M3 {
+            // An f32 scale, and e4m3 values without the NaN codes (0x7F, 0xFF).
+            block[..4].copy_from_slice(&(0.002 + rng.uniform().abs() * 0.01).to_le_bytes());
+            block[4..].iter_mut().filter(|q| **q & 0x7F == 0x7F).for_each(|q| *q ^= 1);
+        }
         bytes.extend(block);
     }
     bytes
