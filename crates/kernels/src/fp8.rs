@@ -23,16 +23,19 @@ pub const fn e4m3_to_f32(b: u8) -> f32 {
     if b & 0x80 != 0 { -magnitude } else { magnitude }
 }
 
-/// [`e4m3_to_f32`] in arithmetic that vectorises (no branches on the exponent): the byte's exponent and
-/// mantissa bits placed where f32 keeps its own make `2^-120` times the value (an f32
-/// subnormal for e4m3's subnormals), and the exact multiply by `2^120` restores it; NaN
-/// is chosen apart.
+/// [`e4m3_to_f32`] in arithmetic that vectorises (no branches on the exponent): a normal
+/// byte's exponent and mantissa bits placed where f32 keeps its own, the exponent rebased
+/// by an integer add; a subnormal byte (exponent 0) is its mantissa times `2^-9`; NaN is
+/// chosen apart. No step makes an f32 subnormal, which x86's vector units multiply through
+/// a slow assist.
 #[inline(always)]
 pub fn e4m3_to_f32_fast(b: u8) -> f32 {
-    const TWO_POW_120: f32 = f32::from_bits((120 + 127) << 23);
-    let magnitude = f32::from_bits(u32::from(b & 0x7f) << 20) * TWO_POW_120;
+    const TWO_POW_MINUS_9: f32 = 1.0 / 512.0;
+    let bits = u32::from(b & 0x7f);
+    let normal = f32::from_bits((bits << 20) + (120 << 23));
+    let magnitude = if bits < 8 { bits as f32 * TWO_POW_MINUS_9 } else { normal };
     let value = if b & 0x80 != 0 { -magnitude } else { magnitude };
-    if b & 0x7f == 0x7f { f32::NAN } else { value }
+    if bits == 0x7f { f32::NAN } else { value }
 }
 
 /// `out[i] = value(bytes[i]) · scale`: e4m3 bytes widened under their scale, in a loop

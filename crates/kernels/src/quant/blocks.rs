@@ -41,10 +41,7 @@ pub(super) fn decode_block(format: QuantFormat, b: &[u8], out: &mut [f32]) {
 }
 
 fn f8_e4m3(b: &[u8; 36], out: &mut [f32; 32]) {
-    let s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    for (o, &q) in out.iter_mut().zip(&b[4..]) {
-        *o = s * crate::fp8::e4m3_to_f32_fast(q);
-    }
+    crate::fp8::widen_e4m3(out, &b[4..], f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
 }
 
 /// The little-endian f16 at byte `at`, widened.

@@ -138,3 +138,24 @@ fn a_q4_0_offset_past_f16_is_not_packed() {
     row[18..20].copy_from_slice(&f16::from_f32(9000.0).to_le_bytes());
     assert!(PackedQuant::from_blocks(QuantFormat::Q4_0, &row, 64).is_none());
 }
+
+/// Every vector width widens F8_E4M3 blocks to the same bits as the exact decoder: every
+/// byte but the NaN codes, under scales of either sign.
+#[test]
+fn f8_blocks_widen_alike_at_every_simd_level() {
+    let values: Vec<u8> = (0..=255u8).filter(|q| q & 0x7F != 0x7F).collect();
+    let mut bytes = Vec::new();
+    let mut want = Vec::new();
+    for (i, chunk) in values.chunks(32).enumerate() {
+        let scale = if i % 2 == 0 { 0.75 / (i as f32 + 1.0) } else { -3.0e-4 * i as f32 };
+        let block: Vec<u8> = chunk.iter().copied().cycle().take(32).collect();
+        bytes.extend(scale.to_le_bytes());
+        bytes.extend(&block);
+        want.extend(block.iter().map(|&q| crate::fp8::e4m3_to_f32(q) * scale));
+    }
+    for level in SimdLevel::available() {
+        let mut got = vec![0f32; want.len()];
+        dequantize_f8_row_at(level, &bytes, &mut got);
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{level:?}");
+    }
+}
