@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use met_config::{GenerationConfig, LoadConfig, LoadFormat, ModelConfig};
-use met_kernels::HostTensor;
+use met_kernels::{DType, HostTensor};
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, kv_pool_dtype, load_model, models, tensor_specs};
 use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
@@ -197,13 +197,22 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     progress.finish();
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     if let Some(q) = &config.quantization {
-        // Said at every start: the memory and speed are those of the float model.
-        tracing::warn!(
-            "{} weights are dequantized to {:?} as they load (no FP8 kernels yet): memory and speed are the \
-             unquantized model's",
-            q.method,
-            backend.float_dtype()
-        );
+        // Said at every start. The CPU (the backend that computes in f32) keeps quantised
+        // blocks; the GPU widens them, and then the memory and speed are the float model's.
+        if backend.float_dtype() == DType::F32 {
+            tracing::info!(
+                "{} weights stay e4m3 blocks on the CPU (1.125 bytes a weight) where each 32 columns of a row \
+                 share a scale; others are dequantized to f32",
+                q.method
+            );
+        } else {
+            tracing::warn!(
+                "{} weights are dequantized to {:?} as they load (no FP8 kernels yet): memory and speed are the \
+                 unquantized model's",
+                q.method,
+                backend.float_dtype()
+            );
+        }
     }
     timer.done(store.describe());
 
