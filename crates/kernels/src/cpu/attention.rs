@@ -10,7 +10,7 @@ use parking_lot::MappedRwLockReadGuard;
 
 use crate::backend::{AttentionMeta, AttentionParams, KvScales};
 use crate::error::{Error, Result, ensure};
-use crate::fp8::{e4m3_from_f32, widen_e4m3};
+use crate::fp8::{e4m3_from_f32, widen_e4m3_simd};
 use crate::{DType, Tensor};
 
 use super::pool::SpinPool;
@@ -218,8 +218,8 @@ impl PagedKv<'_> {
                     let (mut ks, mut vs) = (vec![0f32; len[seq] * width], vec![0f32; len[seq] * width]);
                     for j in 0..len[seq] {
                         let (src, dst) = (self.offset(seq, 0, j), j * width);
-                        widen_e4m3(&mut ks[dst..dst + width], &kb[src..src + width], scales.k);
-                        widen_e4m3(&mut vs[dst..dst + width], &vb[src..src + width], scales.v);
+                        widen_e4m3_simd(&mut ks[dst..dst + width], &kb[src..src + width], scales.k);
+                        widen_e4m3_simd(&mut vs[dst..dst + width], &vb[src..src + width], scales.v);
                     }
                     (ks, vs)
                 })
@@ -310,8 +310,8 @@ fn attend_group_body(
                 let (wk, wv) = &mut wide;
                 for (j, a) in at[..n].iter_mut().enumerate() {
                     let (src, dst) = (*a..*a + d, j * d..(j + 1) * d);
-                    widen_e4m3(&mut wk[dst.clone()], &kb[src.clone()], scales.k);
-                    widen_e4m3(&mut wv[dst], &vb[src], scales.v);
+                    widen_e4m3_simd(&mut wk[dst.clone()], &kb[src.clone()], scales.k);
+                    widen_e4m3_simd(&mut wv[dst], &vb[src], scales.v);
                     *a = j * d;
                 }
                 (&wide.0, &wide.1)
