@@ -46,8 +46,11 @@ pub fn widen_e4m3(out: &mut [f32], bytes: &[u8], scale: f32) {
 }
 
 /// [`widen_e4m3`] compiled for the CPU's widest vectors (AVX-512 or AVX2 where it has
-/// them; the portable build has SSE2 only, a third of the speed). Every path computes each
-/// value as `e4m3(q) · scale`, one rounding, so all give the same bits.
+/// them; the portable build has SSE2 only). Every path computes each value as
+/// `e4m3(q) · scale`, one rounding, so all give the same bits. `quant`'s F8 rows keep a
+/// dispatch of their own, once a row rather than once a block of 32: a shared trampoline
+/// taking a closure was tried and lost the vectorisation (decode step 192 against 74 ms,
+/// `bench/results/cpu-fp8-blocks-2026-12-04`).
 pub fn widen_e4m3_simd(out: &mut [f32], bytes: &[u8], scale: f32) {
     #[cfg(target_arch = "x86_64")]
     {
