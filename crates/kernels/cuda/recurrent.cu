@@ -379,105 +379,242 @@ extern "C" __global__ void __launch_bounds__(GDR_THREADS)
     }
 }
 
-// One block per (value-column tile of GDR_COLS, value head, sequence group), GDR_THREADS
-// threads: thread (r, c) of 8 x 32 owns column c of the tile and the rows r, r + 8, ... of
-// the state tile and of each chunk's outputs. Shared memory: the state tile [dk, GDR_COLS],
-// a chunk's rows of W, then of G q, then of D_L k [GDR_CHUNK, dk], QK [GDR_CHUNK,
-// GDR_CHUNK] and delta [GDR_CHUNK, GDR_COLS]. `groups [g]` are (first chunk, end chunk,
-// state slot) of the sequences, their chunks in order.
-extern "C" __global__ void __launch_bounds__(GDR_THREADS)
+// The scan's products run on tensor cores as `mma.m16n8k8` in tf32, each f32 operand split
+// into a tf32 head and the tf32 of what the head leaves, and a · b summed as
+// a_lo b_hi + a_hi b_lo + a_hi b_hi (the a_lo b_lo term is below f32's rounding): f32's
+// accuracy at the tensor cores' rate. Fragment layouts of m16n8k8 (g = lane / 4, t = lane % 4):
+// A [16, 8] holds (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B [8, 8] holds (t, g) and
+// (t + 4, g); C [16, 8] holds (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+#define GDR_SCAN_WARPS 4
+#define GDR_S_LD (GDR_COLS + 8)    // the state tile's and delta's rows (B operands)
+#define GDR_QK_LD (GDR_CHUNK + 4)  // QK's rows (an A operand)
+
+__device__ __forceinline__ u32 tf32_of(float x) {
+    u32 y;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a · b for one m16n8k8 tile of f32 operands, in three tf32 products.
+__device__ __forceinline__ void mma_f32x3(float* c, const float (&a)[4], const float (&b)[2]) {
+    u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ah[i] = tf32_of(a[i]), al[i] = tf32_of(a[i] - __uint_as_float(ah[i]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) bh[i] = tf32_of(b[i]), bl[i] = tf32_of(b[i] - __uint_as_float(bh[i]));
+    mma_tf32(c, al, bh);
+    mma_tf32(c, ah, bl);
+    mma_tf32(c, ah, bh);
+}
+
+// The A fragment at rows m0.., columns k0.. of a row-major [.., ld] matrix, times `sign`.
+__device__ __forceinline__ void frag_a(float (&a)[4], const float* m, u32 ld, u32 m0, u32 k0, u32 g, u32 t,
+                                       float sign) {
+    a[0] = sign * m[(m0 + g) * ld + k0 + t];
+    a[1] = sign * m[(m0 + g + 8) * ld + k0 + t];
+    a[2] = sign * m[(m0 + g) * ld + k0 + t + 4];
+    a[3] = sign * m[(m0 + g + 8) * ld + k0 + t + 4];
+}
+// The A fragment of the transpose of a row-major [.., ld] matrix `m` (A[r][c] = m[c][r]).
+__device__ __forceinline__ void frag_at(float (&a)[4], const float* m, u32 ld, u32 m0, u32 k0, u32 g, u32 t) {
+    a[0] = m[(k0 + t) * ld + m0 + g];
+    a[1] = m[(k0 + t) * ld + m0 + g + 8];
+    a[2] = m[(k0 + t + 4) * ld + m0 + g];
+    a[3] = m[(k0 + t + 4) * ld + m0 + g + 8];
+}
+// The B fragment at rows k0.., columns n0.. of a row-major [.., ld] matrix.
+__device__ __forceinline__ void frag_b(float (&b)[2], const float* m, u32 ld, u32 k0, u32 n0, u32 g, u32 t) {
+    b[0] = m[(k0 + t) * ld + n0 + g];
+    b[1] = m[(k0 + t + 4) * ld + n0 + g];
+}
+
+// One block per (value-column tile of GDR_COLS, value head, sequence group), GDR_SCAN_WARPS
+// warps. Per chunk, warp w takes rows 16w .. 16w + 15 of delta [GDR_CHUNK, GDR_COLS] and of
+// the outputs, and the state tile's row tiles w, w + 4, ... of 16 rows, which it keeps in
+// registers from chunk to chunk (d_k a multiple of 16, at most 256). Shared memory: the state
+// tile [dk, GDR_S_LD] (the B operand of the products with S), a chunk's rows of W, then of
+// G q (both [GDR_CHUNK, dk + 4]), then of D_L k ([GDR_CHUNK, dk + 8], read transposed), QK
+// [GDR_CHUNK, GDR_QK_LD] and delta [GDR_CHUNK, GDR_S_LD]; the strides keep each fragment's
+// 32 reads in 32 banks. `groups [g]` are (first chunk, end chunk, state slot) of the
+// sequences, their chunks in order.
+extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
     gated_delta_chunk_scan_bf16(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
                                 const u32* groups, float* state, bf16_t* out, DeltaDims d) {
     pdl_enter();
     const u32 j = blockIdx.y, col0 = blockIdx.x * GDR_COLS, tid = threadIdx.x;
-    const u32 c = tid & 31, r = tid >> 5, col = col0 + c;
+    const u32 lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const u32 dk = d.dk, dv = d.dv, kh = j / (d.hv / d.hk), first = groups[3 * blockIdx.z],
               end = groups[3 * blockIdx.z + 1], slot = groups[3 * blockIdx.z + 2];
-    const bool live = col < dv;
+    const u32 lr = dk + 4, lk = dk + 8, cols = dv + dk, m_tiles = dk / 16;
     const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv, head = (u64)d.hv * dk * dv, per_head = (u64)dk * dv;
     extern __shared__ __align__(16) unsigned char gdr_smem[];
     float* S = reinterpret_cast<float*>(gdr_smem);
-    float* rows = S + dk * GDR_COLS;
-    float* qks = rows + GDR_CHUNK * dk;
-    float* dl = qks + GDR_CHUNK * GDR_CHUNK;
+    float* rows = S + dk * GDR_S_LD;
+    float* qks = rows + GDR_CHUNK * lk;
+    float* dl = qks + GDR_CHUNK * GDR_QK_LD;
     float* st = slot == NO_SLOT ? nullptr : state + slot * head + j * per_head;
-    for (u32 e = r; e < dk; e += 8) S[e * GDR_COLS + c] = st && live ? st[(u64)e * dv + col] : 0.0f;
+    // Copies the state tile between shared memory and `dst` / from `src` (columns past dv
+    // are zeros in the tile and never written back).
+    auto tile_to = [&](float* dst) {
+        for (u32 e = tid; e < dk * GDR_COLS; e += blockDim.x) {
+            const u32 r = e / GDR_COLS, c = e % GDR_COLS;
+            if (col0 + c < dv) dst[(u64)r * dv + col0 + c] = S[r * GDR_S_LD + c];
+        }
+    };
+    for (u32 e = tid; e < dk * GDR_COLS; e += blockDim.x) {
+        const u32 r = e / GDR_COLS, c = e % GDR_COLS;
+        S[r * GDR_S_LD + c] = st && col0 + c < dv ? st[(u64)r * dv + col0 + c] : 0.0f;
+    }
+    __syncthreads();
+    // This warp's row tiles of the state, in the C layout.
+    float sr[4][GDR_COLS / 8][4];
+#pragma unroll
+    for (u32 m = 0; m < 4; ++m) {
+        const u32 m0 = (warp + 4 * m) * 16;
+#pragma unroll
+        for (u32 n = 0; n < GDR_COLS / 8; ++n) {
+            const bool mine = warp + 4 * m < m_tiles;
+            const u32 c0 = n * 8 + 2 * t;
+            sr[m][n][0] = mine ? S[(m0 + g) * GDR_S_LD + c0] : 0.0f;
+            sr[m][n][1] = mine ? S[(m0 + g) * GDR_S_LD + c0 + 1] : 0.0f;
+            sr[m][n][2] = mine ? S[(m0 + g + 8) * GDR_S_LD + c0] : 0.0f;
+            sr[m][n][3] = mine ? S[(m0 + g + 8) * GDR_S_LD + c0 + 1] : 0.0f;
+        }
+    }
+    const u32 r0 = warp * 16;  // this warp's rows of delta and of the outputs
     for (u32 n = first; n < end; ++n) {
         const GdrChunk ch = chunks[n];
         const float* uw = scratch + ((u64)n * d.hv + j) * gdr_scratch_floats(dk, dv);
         const float *qk = uw + (u64)GDR_CHUNK * (dv + dk), *gexp = qk + GDR_CHUNK * GDR_CHUNK;
         const float *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK, *kn = qn + GDR_CHUNK;
-        const u32 len = ch.len, cols = dv + dk;
+        const u32 len = ch.len;
         if (len > 0) {
-            __syncthreads();  // the last chunk's products are done with `rows` and `S`
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? uw[(u64)i * cols + dv + e % dk] : 0.0f;
+            __syncthreads();  // the last chunk is done with `rows`, `dl` and the snapshot's tile
+            // A warp a row at a time, lanes along it (no division by a runtime dk).
+            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                for (u32 x = lane; x < dk; x += 32) rows[i * lr + x] = i < len ? uw[(u64)i * cols + dv + x] : 0.0f;
+                for (u32 x = lane; x < GDR_CHUNK; x += 32) qks[i * GDR_QK_LD + x] = qk[i * GDR_CHUNK + x];
             }
-            for (u32 e = tid; e < GDR_CHUNK * GDR_CHUNK; e += GDR_THREADS) qks[e] = qk[e];
             __syncthreads();
-            // delta = U - W S.
-            float acc[GDR_CHUNK / 8];
+            // delta = U - W S: this warp's 16 rows, every column of the tile.
+            float acc[GDR_COLS / 8][4];
 #pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
-                const u32 i = r + 8 * m;
-                acc[m] = i < len && live ? uw[(u64)i * cols + col] : 0.0f;
+            for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+#pragma unroll
+                for (u32 e = 0; e < 4; ++e) {
+                    const u32 i = r0 + g + 8 * (e >> 1), col = col0 + nt * 8 + 2 * t + (e & 1);
+                    acc[nt][e] = i < len && col < dv ? uw[(u64)i * cols + col] : 0.0f;
+                }
             }
-            for (u32 e = 0; e < dk; ++e) {
-                const float s = S[e * GDR_COLS + c];
+            for (u32 k0 = 0; k0 < dk; k0 += 8) {
+                float a[4];
+                frag_a(a, rows, lr, r0, k0, g, t, -1.0f);
 #pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] -= rows[(r + 8 * m) * dk + e] * s;
+                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+                    float b[2];
+                    frag_b(b, S, GDR_S_LD, k0, nt * 8, g, t);
+                    mma_f32x3(acc[nt], a, b);
+                }
             }
 #pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) dl[(r + 8 * m) * GDR_COLS + c] = r + 8 * m < len ? acc[m] : 0.0f;
+            for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+#pragma unroll
+                for (u32 e = 0; e < 4; ++e) dl[(r0 + g + 8 * (e >> 1)) * GDR_S_LD + nt * 8 + 2 * t + (e & 1)] = acc[nt][e];
+            }
             __syncthreads();
             // o = (G q) S + QK delta.
             const bf16_t* xq = qkv + (u64)kh * dk;
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + e % dk]) * qn[i] * gexp[i] : 0.0f;
+            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                const float scale = i < len ? qn[i] * gexp[i] : 0.0f;
+                for (u32 x = lane; x < dk; x += 32)
+                    rows[i * lr + x] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
             }
             __syncthreads();
 #pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] = 0.0f;
-            for (u32 e = 0; e < dk; ++e) {
-                const float s = S[e * GDR_COLS + c];
+            for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            for (u32 k0 = 0; k0 < dk; k0 += 8) {
+                float a[4];
+                frag_a(a, rows, lr, r0, k0, g, t, 1.0f);
 #pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += rows[(r + 8 * m) * dk + e] * s;
+                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+                    float b[2];
+                    frag_b(b, S, GDR_S_LD, k0, nt * 8, g, t);
+                    mma_f32x3(acc[nt], a, b);
+                }
             }
-            for (u32 jj = 0; jj < GDR_CHUNK; ++jj) {
-                const float x = dl[jj * GDR_COLS + c];
 #pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += qks[(r + 8 * m) * GDR_CHUNK + jj] * x;
+            for (u32 k0 = 0; k0 < GDR_CHUNK; k0 += 8) {
+                float a[4];
+                frag_a(a, qks, GDR_QK_LD, r0, k0, g, t, 1.0f);
+#pragma unroll
+                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+                    float b[2];
+                    frag_b(b, dl, GDR_S_LD, k0, nt * 8, g, t);
+                    mma_f32x3(acc[nt], a, b);
+                }
             }
 #pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
-                const u32 i = r + 8 * m;
-                if (i < len && live) out[((u64)(ch.row + i) * d.hv + j) * dv + col] = f2bf(acc[m]);
+            for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+#pragma unroll
+                for (u32 e = 0; e < 4; ++e) {
+                    const u32 i = r0 + g + 8 * (e >> 1), col = col0 + nt * 8 + 2 * t + (e & 1);
+                    if (i < len && col < dv) out[((u64)(ch.row + i) * d.hv + j) * dv + col] = f2bf(acc[nt][e]);
+                }
             }
-            __syncthreads();
-            // S <- G_L S + (D_L k)^T delta.
+            __syncthreads();  // every warp is done with S (shared) and with the queries
+            // S <- G_L S + (D_L k)^T delta, in this warp's registers, then shared.
             const bf16_t* xk = qkv + (u64)(d.hk + kh) * dk;
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + e % dk]) * kn[i] * tail[i] : 0.0f;
+            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                const float scale = i < len ? kn[i] * tail[i] : 0.0f;
+                for (u32 x = lane; x < dk; x += 32)
+                    rows[i * lk + x] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
             }
             __syncthreads();
             const float last = gexp[len - 1];
-            for (u32 e = r; e < dk; e += 8) {
-                float s = last * S[e * GDR_COLS + c];
-                for (u32 i = 0; i < len; ++i) s += rows[i * dk + e] * dl[i * GDR_COLS + c];
-                S[e * GDR_COLS + c] = s;
+#pragma unroll
+            for (u32 m = 0; m < 4; ++m) {
+                if (warp + 4 * m >= m_tiles) continue;
+                const u32 m0 = (warp + 4 * m) * 16;
+#pragma unroll
+                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt)
+                    sr[m][nt][0] *= last, sr[m][nt][1] *= last, sr[m][nt][2] *= last, sr[m][nt][3] *= last;
+#pragma unroll
+                for (u32 k0 = 0; k0 < GDR_CHUNK; k0 += 8) {
+                    float a[4];
+                    frag_at(a, rows, lk, m0, k0, g, t);
+#pragma unroll
+                    for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+                        float b[2];
+                        frag_b(b, dl, GDR_S_LD, k0, nt * 8, g, t);
+                        mma_f32x3(sr[m][nt], a, b);
+                    }
+                }
+#pragma unroll
+                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
+                    const u32 c0 = nt * 8 + 2 * t;
+                    S[(m0 + g) * GDR_S_LD + c0] = sr[m][nt][0];
+                    S[(m0 + g) * GDR_S_LD + c0 + 1] = sr[m][nt][1];
+                    S[(m0 + g + 8) * GDR_S_LD + c0] = sr[m][nt][2];
+                    S[(m0 + g + 8) * GDR_S_LD + c0 + 1] = sr[m][nt][3];
+                }
             }
         }
-        // A snapshot takes the state after the chunk: this thread's own entries.
-        if (ch.snap != NO_SLOT && live) {
-            float* snap = state + ch.snap * head + j * per_head;
-            for (u32 e = r; e < dk; e += 8) snap[(u64)e * dv + col] = S[e * GDR_COLS + c];
+        // A snapshot takes the state after the chunk.
+        if (ch.snap != NO_SLOT) {
+            __syncthreads();
+            tile_to(state + ch.snap * head + j * per_head);
         }
     }
-    if (st && live)
-        for (u32 e = r; e < dk; e += 8) st[(u64)e * dv + col] = S[e * GDR_COLS + c];
+    __syncthreads();
+    if (st) tile_to(st);
 }
 
 // --- rms_norm_gated, sigmoid_mul -----------------------------------------------------------

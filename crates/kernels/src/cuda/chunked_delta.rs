@@ -29,10 +29,14 @@ pub(super) const KERNELS: [&str; 2] = ["gated_delta_chunk_prep_bf16", "gated_del
 /// sequence) runs chunked, so the KV budget sees the scratch.
 pub(super) const CHUNKED_FROM: usize = 16;
 
-/// `GDR_CHUNK`, `GDR_THREADS` and `GDR_COLS` of `recurrent.cu`.
+/// `GDR_CHUNK`, `GDR_THREADS`, `GDR_COLS`, `GDR_SCAN_WARPS`, `GDR_S_LD` and `GDR_QK_LD` of
+/// `recurrent.cu`.
 const GDR_CHUNK: usize = 64;
 const GDR_THREADS: usize = 256;
 const GDR_COLS: usize = 32;
+const GDR_SCAN_WARPS: usize = 4;
+const GDR_S_LD: usize = GDR_COLS + 8;
+const GDR_QK_LD: usize = GDR_CHUNK + 4;
 
 /// Chunks of one wave. The scratch of a wave is `WAVE_CHUNKS · h_v ·` [`scratch_floats`]
 /// f32s: 340 MB for Qwen3.6's 32 value heads of 128, the size a default warm-up step of
@@ -51,9 +55,11 @@ fn prep_shared(dk: usize) -> usize {
     8 * GDR_CHUNK + 4 * GDR_CHUNK + 4 * GDR_CHUNK * (dk + 1) + 4 * GDR_CHUNK * span + 4 * GDR_CHUNK * GDR_CHUNK
 }
 
-/// Dynamic shared memory of the scan kernel: the state tile, a chunk's rows, QK and delta.
+/// Dynamic shared memory of the scan kernel: the state tile, a chunk's rows (at their
+/// widest stride, `dk + 8`), QK and delta, with the strides that keep fragments off bank
+/// conflicts.
 fn scan_shared(dk: usize) -> usize {
-    4 * (dk * GDR_COLS + GDR_CHUNK * dk + GDR_CHUNK * GDR_CHUNK + GDR_CHUNK * GDR_COLS)
+    4 * (dk * GDR_S_LD + GDR_CHUNK * (dk + 8) + GDR_CHUNK * GDR_QK_LD + GDR_CHUNK * GDR_S_LD)
 }
 
 /// The widest key heads the chunked kernels take on a device of compute capability `cc`:
@@ -155,13 +161,14 @@ pub(super) struct Launch<'a> {
 }
 
 /// Runs the step in the chunked form if it should: a sequence of [`CHUNKED_FROM`] rows or
-/// more, key heads the device's kernels take, no graph being recorded and a plan whose
-/// waves keep every state. Returns whether it ran.
+/// more, key heads the device's kernels take (a multiple of 16, the scan's tensor-core
+/// tiles), no graph being recorded and a plan whose waves keep every state. Returns whether
+/// it ran.
 pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: DeltaDims) -> Result<bool> {
     const OP: &str = "gated_delta_rule";
     let (hv, dk, dv) = (dims.hv as usize, dims.dk as usize, dims.dv as usize);
     let long = runs.iter().any(|r| r.end - r.start >= CHUNKED_FROM);
-    if !long || dk > widest_keys(b.dev.capability) || b.dev.recording_here() {
+    if !long || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
         return Ok(false);
     }
     let plan = Plan::new(runs);
@@ -185,7 +192,7 @@ pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: 
         launch!(b, KERNELS[0], prep, [q, ap, bp, alog, dtb, ct, scr, dims])?;
         let scan = LaunchConfig {
             grid_dim: (dv.div_ceil(GDR_COLS) as u32, hv as u32, (groups.len() / 3) as u32),
-            block_dim: (GDR_THREADS as u32, 1, 1),
+            block_dim: (GDR_SCAN_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: scan_shared(dk) as u32,
         };
         launch!(b, KERNELS[1], scan, [q, scr, ct, gt, sp, op_, dims])?;
