@@ -14,6 +14,10 @@
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
+//! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
+//!   32 value heads, 128 by 128): prefill steps of one 8,192-row prompt, of 256 prompts of
+//!   128 rows and of 64 prompts of 32 rows (the chunked form), and a decode step of 256
+//!   sequences (the fused form), as rows per second.
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host; greedy also from bf16 logits, as the model's head writes them.
 //!
@@ -33,7 +37,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
 use met_config::SamplingParams;
 use met_kernels::{
-    AttentionMeta, AttentionParams, CudaBackend, DType, GpuBackend, HostTensor, KvScales, SampleRow, Tensor, UniformRun,
+    AttentionMeta, AttentionParams, CudaBackend, DType, DeltaRule, GpuBackend, HostTensor, KvScales, RecurrentBatch,
+    SampleRow, Tensor, UniformRun,
 };
 
 /// Llama-3.1-8B's hidden size, MLP intermediate size, attention and vocabulary.
@@ -297,12 +302,49 @@ fn sample(c: &mut Criterion) {
     group.finish();
 }
 
+/// Qwen3.6-35B-A3B's delta-rule heads: key heads, value heads, key and value dims.
+const GDN: (usize, usize, usize, usize) = (16, 32, 128, 128);
+
+/// Steps of the delta rule through `gated_delta_rule`, each sequence in its own state slot
+/// (states from zero, rewritten by every run: the time does not depend on their values).
+fn delta_rule(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let (hk, hv, dk, dv) = GDN;
+    let width = 2 * hk * dk + hv * dv;
+    let mut group = c.benchmark_group("cuda_delta_rule");
+    let f32s = |v: f32| b.upload(&HostTensor::from_f32(&vec![v; hv], &[hv]), DType::F32).expect("upload");
+    let (a_log, dt_bias) = (f32s(-0.5), f32s(0.5));
+    let rule = DeltaRule {
+        num_key_heads: hk,
+        num_value_heads: hv,
+        key_dim: dk,
+        value_dim: dv,
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+    };
+    for (seqs, rows) in [(1, 8192), (256, 128), (64, 32), (256, 1)] {
+        let t = seqs * rows;
+        let qkv = random(b, &[t, width], 11);
+        let (ga, gb) = (random(b, &[t, hv], 12), random(b, &[t, hv], 13));
+        let state = b.zeros(&[seqs, hv, dk, dv], DType::F32).expect("state pool");
+        let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * rows as u32).collect();
+        let slots: Vec<u32> = (0..seqs as u32).collect();
+        let (cu, slots) = (upload_u32(b, &cu, &[seqs + 1]), upload_u32(b, &slots, &[seqs]));
+        let batch = RecurrentBatch { cu_seqlens: &cu, slots: &slots, snapshots: &[] };
+        group.throughput(Throughput::Elements(t as u64));
+        bench_synced(&mut group, &format!("{seqs}x{rows}_hk{hk}_hv{hv}_d{dk}"), b, || {
+            b.gated_delta_rule(&qkv, &ga, &gb, &rule, &state, &batch).expect("gated_delta_rule")
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, matmul, rms_norm, attention, sample
+    targets = gemv, matmul, rms_norm, attention, delta_rule, sample
 }
 criterion_main!(benches);
