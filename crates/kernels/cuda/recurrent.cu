@@ -263,123 +263,7 @@ GATED_DELTA_RULE_COLS(64, gated_delta_rule_bf16_cols_r64)
 #define GDR_THREADS 256
 #define GDR_COLS 32
 
-// Floats of one (chunk, head) scratch: [U | W] [GDR_CHUNK, dv + dk], QK [GDR_CHUNK,
-// GDR_CHUNK], then G_i, D_(L-1)i and the query and key norms, GDR_CHUNK each.
-__device__ __forceinline__ u64 gdr_scratch_floats(u32 dk, u32 dv) {
-    return (u64)GDR_CHUNK * (dv + dk) + GDR_CHUNK * GDR_CHUNK + 4 * GDR_CHUNK;
-}
-
-// Floats a row of the prep kernel's query space takes: the padded queries, or later the
-// solve's GDR_THREADS / 2 columns, whichever is wider.
-__device__ __forceinline__ u32 gdr_query_span(u32 dk) { return dk + 1 > GDR_THREADS / 2 ? dk + 1 : GDR_THREADS / 2; }
-
-// A chunk as the host plans it: its first flat row, its length (0 for a second snapshot
-// of the same row) and the slot its end state is copied to (NO_SLOT for none).
-struct GdrChunk {
-    u32 row, len, snap;
-};
-
-// One block per (chunk, value head), GDR_THREADS threads. Shared memory: gamma (f64) and
-// beta [GDR_CHUNK], the normalised keys [GDR_CHUNK, dk + 1] (padded so that a warp
-// reading 32 rows at one column hits 32 banks), the queries [GDR_CHUNK, gdr_query_span]
-// (reused by the solve's columns once QK is written), KK [GDR_CHUNK, GDR_CHUNK].
-extern "C" __global__ void __launch_bounds__(GDR_THREADS)
-    gated_delta_chunk_prep_bf16(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,
-                                const float* dt_bias, const GdrChunk* chunks, float* scratch, DeltaDims d) {
-    pdl_enter();
-    const GdrChunk ch = chunks[blockIdx.x];
-    const u32 j = blockIdx.y, len = ch.len;
-    if (len == 0) return;
-    const u32 dk = d.dk, dv = d.dv, ld = dk + 1, kh = j / (d.hv / d.hk), tid = threadIdx.x;
-    const u32 lane = tid & 31, warp = tid >> 5;
-    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv;
-    extern __shared__ __align__(16) unsigned char gdr_smem[];
-    double* gam = reinterpret_cast<double*>(gdr_smem);
-    float* beta = reinterpret_cast<float*>(gam + GDR_CHUNK);
-    float* ks = beta + GDR_CHUNK;
-    float* qs = ks + GDR_CHUNK * ld;
-    float* kk = qs + GDR_CHUNK * gdr_query_span(dk);
-    float* sol = qs;  // [GDR_CHUNK, GDR_THREADS / 2], once QK is written
-    float* uw = scratch + ((u64)blockIdx.x * d.hv + j) * gdr_scratch_floats(dk, dv);
-    float* qk = uw + (u64)GDR_CHUNK * (dv + dk);
-    float *gexp = qk + GDR_CHUNK * GDR_CHUNK, *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK,
-          *kn = qn + GDR_CHUNK;
-
-    // Rows: a warp each, normalised as the fused form does (rows past `len` are zeros).
-    for (u32 i = warp; i < GDR_CHUNK; i += GDR_THREADS / 32) {
-        const bf16_t* x = qkv + (u64)(ch.row + i) * width;
-        float qq = 0.0f, kq = 0.0f;
-        for (u32 e = lane; e < dk; e += 32) {
-            const float qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
-            const float kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
-            qs[i * ld + e] = qv;
-            ks[i * ld + e] = kv;
-            qq += qv * qv;
-            kq += kv * kv;
-        }
-        const float qscale = rsqrtf((float)dk) * rsqrtf(warp_sum(qq) + 1e-6f), kscale = rsqrtf(warp_sum(kq) + 1e-6f);
-        for (u32 e = lane; e < dk; e += 32) {
-            qs[i * ld + e] *= qscale;
-            ks[i * ld + e] *= kscale;
-        }
-        if (lane == 0) {
-            qn[i] = i < len ? qscale : 0.0f;
-            kn[i] = i < len ? kscale : 0.0f;
-        }
-    }
-    // Gates: the log-decay g and beta per row, then gamma as a running f64 sum.
-    if (tid < GDR_CHUNK) {
-        float g = 0.0f, bt = 0.0f;
-        if (tid < len) {
-            const u64 at = (u64)(ch.row + tid) * d.hv + j;
-            const float x = bf2f(a[at]) + dt_bias[j];
-            g = -expf(a_log[j]) * (x > 20.0f ? x : log1pf(expf(x)));
-            bt = 1.0f / (1.0f + expf(-bf2f(b[at])));
-        }
-        gam[tid] = (double)g;
-        beta[tid] = bt;
-    }
-    __syncthreads();
-    if (tid == 0)
-        for (u32 i = 1; i < len; ++i) gam[i] += gam[i - 1];
-    __syncthreads();
-    if (tid < GDR_CHUNK) {
-        gexp[tid] = tid < len ? (float)exp(gam[tid]) : 0.0f;
-        tail[tid] = tid < len ? expf((float)(gam[len - 1] - gam[tid])) : 0.0f;
-    }
-    // Pairwise products: KK below the diagonal (shared), QK on and below it (scratch).
-    for (u32 p = tid; p < GDR_CHUNK * GDR_CHUNK; p += GDR_THREADS) {
-        const u32 i = p / GDR_CHUNK, jj = p % GDR_CHUNK;
-        float dkk = 0.0f, dqk = 0.0f, decay = 0.0f;
-        if (i < len && jj <= i) {
-            for (u32 e = 0; e < dk; ++e) {
-                const float kj = ks[jj * ld + e];
-                dkk += ks[i * ld + e] * kj;
-                dqk += qs[i * ld + e] * kj;
-            }
-            decay = expf((float)(gam[i] - gam[jj]));
-        }
-        kk[p] = jj < i ? beta[i] * decay * dkk : 0.0f;
-        qk[p] = jj <= i ? decay * dqk : 0.0f;
-    }
-    __syncthreads();
-    // The solve, a column per thread by forward substitution (no thread reads another's
-    // column), GDR_THREADS / 2 columns at a time in the queries' space.
-    const u32 cols = dv + dk, half = GDR_THREADS / 2;
-    const bf16_t* v = qkv + 2ull * d.hk * dk + (u64)j * dv;
-    for (u32 c0 = 0; c0 < cols; c0 += half) {
-        const u32 c = c0 + tid;
-        if (tid >= half || c >= cols) continue;
-        for (u32 i = 0; i < len; ++i) {
-            float x = c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c]) : beta[i] * gexp[i] * ks[i * ld + c - dv];
-            for (u32 jj = 0; jj < i; ++jj) x -= kk[i * GDR_CHUNK + jj] * sol[jj * half + tid];
-            sol[i * half + tid] = x;
-            uw[(u64)i * cols + c] = x;
-        }
-    }
-}
-
-// The scan's products run on tensor cores as `mma.m16n8k8` in tf32, each f32 operand split
+// The chunked form's products run on tensor cores as `mma.m16n8k8` in tf32, each f32 operand split
 // into a tf32 head and the tf32 of what the head leaves, and a · b summed as
 // a_lo b_hi + a_hi b_lo + a_hi b_hi (the a_lo b_lo term is below f32's rounding): f32's
 // accuracy at the tensor cores' rate. Fragment layouts of m16n8k8 (g = lane / 4, t = lane % 4):
@@ -430,10 +314,152 @@ __device__ __forceinline__ void frag_at(float (&a)[4], const float* m, u32 ld, u
     a[2] = m[(k0 + t + 4) * ld + m0 + g];
     a[3] = m[(k0 + t + 4) * ld + m0 + g + 8];
 }
+// The B fragment of the transpose of a row-major [.., ld] matrix `m` (B[k][n] = m[n][k]).
+__device__ __forceinline__ void frag_bt(float (&b)[2], const float* m, u32 ld, u32 k0, u32 n0, u32 g, u32 t) {
+    b[0] = m[(n0 + g) * ld + k0 + t];
+    b[1] = m[(n0 + g) * ld + k0 + t + 4];
+}
 // The B fragment at rows k0.., columns n0.. of a row-major [.., ld] matrix.
 __device__ __forceinline__ void frag_b(float (&b)[2], const float* m, u32 ld, u32 k0, u32 n0, u32 g, u32 t) {
     b[0] = m[(k0 + t) * ld + n0 + g];
     b[1] = m[(k0 + t + 4) * ld + n0 + g];
+}
+
+// Floats of one (chunk, head) scratch: [U | W] [GDR_CHUNK, dv + dk], QK [GDR_CHUNK,
+// GDR_CHUNK], then G_i, D_(L-1)i and the query and key norms, GDR_CHUNK each.
+__device__ __forceinline__ u64 gdr_scratch_floats(u32 dk, u32 dv) {
+    return (u64)GDR_CHUNK * (dv + dk) + GDR_CHUNK * GDR_CHUNK + 4 * GDR_CHUNK;
+}
+
+// A chunk as the host plans it: its first flat row, its length (0 for a second snapshot
+// of the same row) and the slot its end state is copied to (NO_SLOT for none).
+struct GdrChunk {
+    u32 row, len, snap;
+};
+
+// One block per (chunk, value head), GDR_THREADS threads. Shared memory: gamma (f64) and
+// beta [GDR_CHUNK], the normalised keys and queries [GDR_CHUNK, dk + 4] each (the stride
+// keeps a fragment's 32 reads in 32 banks), KK [GDR_CHUNK, GDR_CHUNK].
+extern "C" __global__ void __launch_bounds__(GDR_THREADS)
+    gated_delta_chunk_prep_bf16(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,
+                                const float* dt_bias, const GdrChunk* chunks, float* scratch, DeltaDims d) {
+    pdl_enter();
+    const GdrChunk ch = chunks[blockIdx.x];
+    const u32 j = blockIdx.y, len = ch.len;
+    if (len == 0) return;
+    const u32 dk = d.dk, dv = d.dv, ld = dk + 4, kh = j / (d.hv / d.hk), tid = threadIdx.x;
+    const u32 lane = tid & 31, warp = tid >> 5;
+    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv;
+    extern __shared__ __align__(16) unsigned char gdr_smem[];
+    double* gam = reinterpret_cast<double*>(gdr_smem);
+    float* beta = reinterpret_cast<float*>(gam + GDR_CHUNK);
+    float* ks = beta + GDR_CHUNK;
+    float* qs = ks + GDR_CHUNK * ld;
+    float* kk = qs + GDR_CHUNK * ld;
+    float* uw = scratch + ((u64)blockIdx.x * d.hv + j) * gdr_scratch_floats(dk, dv);
+    float* qk = uw + (u64)GDR_CHUNK * (dv + dk);
+    float *gexp = qk + GDR_CHUNK * GDR_CHUNK, *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK,
+          *kn = qn + GDR_CHUNK;
+
+    // Rows: a warp each, normalised as the fused form does (rows past `len` are zeros).
+    for (u32 i = warp; i < GDR_CHUNK; i += GDR_THREADS / 32) {
+        const bf16_t* x = qkv + (u64)(ch.row + i) * width;
+        float qq = 0.0f, kq = 0.0f;
+        for (u32 e = lane; e < dk; e += 32) {
+            const float qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
+            const float kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
+            qs[i * ld + e] = qv;
+            ks[i * ld + e] = kv;
+            qq += qv * qv;
+            kq += kv * kv;
+        }
+        const float qscale = rsqrtf((float)dk) * rsqrtf(warp_sum(qq) + 1e-6f), kscale = rsqrtf(warp_sum(kq) + 1e-6f);
+        for (u32 e = lane; e < dk; e += 32) {
+            qs[i * ld + e] *= qscale;
+            ks[i * ld + e] *= kscale;
+        }
+        if (lane == 0) {
+            qn[i] = i < len ? qscale : 0.0f;
+            kn[i] = i < len ? kscale : 0.0f;
+        }
+    }
+    // Gates: the log-decay g and beta per row, then gamma as a running f64 sum.
+    if (tid < GDR_CHUNK) {
+        float g = 0.0f, bt = 0.0f;
+        if (tid < len) {
+            const u64 at = (u64)(ch.row + tid) * d.hv + j;
+            const float x = bf2f(a[at]) + dt_bias[j];
+            g = -expf(a_log[j]) * (x > 20.0f ? x : log1pf(expf(x)));
+            bt = 1.0f / (1.0f + expf(-bf2f(b[at])));
+        }
+        gam[tid] = (double)g;
+        beta[tid] = bt;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (u32 i = 1; i < len; ++i) gam[i] += gam[i - 1];
+    __syncthreads();
+    if (tid < GDR_CHUNK) {
+        gexp[tid] = tid < len ? (float)exp(gam[tid]) : 0.0f;
+        tail[tid] = tid < len ? expf((float)(gam[len - 1] - gam[tid])) : 0.0f;
+    }
+    __syncthreads();
+    // Pairwise products on tensor cores: warp w takes row tile w % 4 of K Kᵀ (w < 4) or
+    // of Q Kᵀ, every column; then the decays, β and the masks: KK below the diagonal
+    // (shared), QK on and below it (scratch).
+    {
+        const u32 g = lane >> 2, t = lane & 3, m0 = (warp & 3) * 16;
+        const float* lhs = warp < 4 ? ks : qs;
+        float acc[GDR_CHUNK / 8][4];
+#pragma unroll
+        for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (u32 k0 = 0; k0 < dk; k0 += 8) {
+            float fa[4];
+            frag_a(fa, lhs, ld, m0, k0, g, t, 1.0f);
+#pragma unroll
+            for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) {
+                float fb[2];
+                frag_bt(fb, ks, ld, k0, nt * 8, g, t);
+                mma_f32x3(acc[nt], fa, fb);
+            }
+        }
+#pragma unroll
+        for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) {
+#pragma unroll
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 i = m0 + g + 8 * (e >> 1), jj = nt * 8 + 2 * t + (e & 1);
+                const float decay = i < len && jj <= i ? expf((float)(gam[i] - gam[jj])) : 0.0f;
+                if (warp < 4)
+                    kk[i * GDR_CHUNK + jj] = jj < i ? beta[i] * decay * acc[nt][e] : 0.0f;
+                else
+                    qk[i * GDR_CHUNK + jj] = jj <= i ? decay * acc[nt][e] : 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    // The solve, a column per thread by forward substitution, the column in registers and
+    // replaced row by row (no thread reads another's column; every thread reads the same
+    // KK entry at once). Rows past `len` are zeros and stay zeros.
+    const u32 cols = dv + dk;
+    const bf16_t* v = qkv + 2ull * d.hk * dk + (u64)j * dv;
+    for (u32 c = tid; c < cols; c += GDR_THREADS) {
+        float x[GDR_CHUNK];
+#pragma unroll
+        for (u32 i = 0; i < GDR_CHUNK; ++i)
+            x[i] = i >= len ? 0.0f
+                   : c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c])
+                            : beta[i] * gexp[i] * ks[i * ld + c - dv];
+#pragma unroll
+        for (u32 i = 1; i < GDR_CHUNK; ++i) {
+            float y = x[i];
+#pragma unroll
+            for (u32 jj = 0; jj < i; ++jj) y -= kk[i * GDR_CHUNK + jj] * x[jj];
+            x[i] = y;
+        }
+#pragma unroll
+        for (u32 i = 0; i < GDR_CHUNK; ++i)
+            if (i < len) uw[(u64)i * cols + c] = x[i];
+    }
 }
 
 // One block per (value-column tile of GDR_COLS, value head, sequence group), GDR_SCAN_WARPS

@@ -48,11 +48,10 @@ fn scratch_floats(dk: usize, dv: usize) -> usize {
     GDR_CHUNK * (dv + dk) + GDR_CHUNK * GDR_CHUNK + 4 * GDR_CHUNK
 }
 
-/// Dynamic shared memory of the prep kernel: gamma (f64) and beta, the padded keys, the
-/// query space (`gdr_query_span`) and KK.
+/// Dynamic shared memory of the prep kernel: gamma (f64) and beta, the keys and the
+/// queries at a stride of `dk + 4`, and KK.
 fn prep_shared(dk: usize) -> usize {
-    let span = (dk + 1).max(GDR_THREADS / 2);
-    8 * GDR_CHUNK + 4 * GDR_CHUNK + 4 * GDR_CHUNK * (dk + 1) + 4 * GDR_CHUNK * span + 4 * GDR_CHUNK * GDR_CHUNK
+    8 * GDR_CHUNK + 4 * GDR_CHUNK + 2 * 4 * GDR_CHUNK * (dk + 4) + 4 * GDR_CHUNK * GDR_CHUNK
 }
 
 /// Dynamic shared memory of the scan kernel: the state tile, a chunk's rows (at their
