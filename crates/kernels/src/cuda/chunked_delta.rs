@@ -20,8 +20,40 @@ use crate::backend::NO_STATE_SLOT;
 use crate::check::SeqRun;
 use crate::error::{Error, Result};
 
-/// The kernels of the chunked form, looked up at startup.
-pub(super) const KERNELS: [&str; 2] = ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16"];
+/// The kernels of the chunked form, looked up at startup: the tensor-core pair, then the
+/// first pair on CUDA cores ([`Kernels::V1`]).
+pub(super) const KERNELS: [&str; 4] = [
+    "gated_delta_chunk_prep_bf16",
+    "gated_delta_chunk_scan_bf16",
+    "gated_delta_chunk_prep_v1_bf16",
+    "gated_delta_chunk_scan_v1_bf16",
+];
+
+/// Which pair of kernels runs the chunked form: the tensor-core pair unless
+/// `MET_GDR_KERNEL=v1` asks for the first one, kept while the two are measured side by side
+/// on one machine (`bench/results/hybrid-profile-2026-12-04/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    TensorCores,
+    V1,
+}
+
+impl Kernels {
+    fn from_env() -> Self {
+        match std::env::var("MET_GDR_KERNEL").as_deref() {
+            Ok("v1") => Self::V1,
+            _ => Self::TensorCores,
+        }
+    }
+
+    /// Names, threads per scan block and dynamic shared memory of the pair, for key heads of `dk`.
+    fn launch_shape(self, dk: usize) -> ([&'static str; 2], usize, [usize; 2]) {
+        match self {
+            Self::TensorCores => ([KERNELS[0], KERNELS[1]], GDR_SCAN_WARPS * 32, [prep_shared(dk), scan_shared(dk)]),
+            Self::V1 => ([KERNELS[2], KERNELS[3]], GDR_THREADS, [prep_shared_v1(dk), scan_shared_v1(dk)]),
+        }
+    }
+}
 
 /// A step takes the chunked form once one of its sequences has this many rows. Not tuned:
 /// the crossover against the fused kernel is unmeasured; decode steps (one row a sequence)
@@ -54,6 +86,18 @@ fn prep_shared(dk: usize) -> usize {
     8 * GDR_CHUNK + 4 * GDR_CHUNK + 2 * 4 * GDR_CHUNK * (dk + 4) + 4 * GDR_CHUNK * GDR_CHUNK
 }
 
+/// Dynamic shared memory of the v1 prep kernel: gamma (f64) and beta, the padded keys, the
+/// query space and KK.
+fn prep_shared_v1(dk: usize) -> usize {
+    let span = (dk + 1).max(GDR_THREADS / 2);
+    8 * GDR_CHUNK + 4 * GDR_CHUNK + 4 * GDR_CHUNK * (dk + 1) + 4 * GDR_CHUNK * span + 4 * GDR_CHUNK * GDR_CHUNK
+}
+
+/// Dynamic shared memory of the v1 scan kernel: the state tile, a chunk's rows, QK and delta.
+fn scan_shared_v1(dk: usize) -> usize {
+    4 * (dk * GDR_COLS + GDR_CHUNK * dk + GDR_CHUNK * GDR_CHUNK + GDR_CHUNK * GDR_COLS)
+}
+
 /// Dynamic shared memory of the scan kernel: the state tile, a chunk's rows (at their
 /// widest stride, `dk + 8`), QK and delta, with the strides that keep fragments off bank
 /// conflicts.
@@ -75,7 +119,8 @@ pub(super) fn raise_shared_memory(
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     let dk = widest_keys(cc);
-    for (name, bytes) in KERNELS.iter().zip([prep_shared(dk), scan_shared(dk)]) {
+    let sizes = [prep_shared(dk), scan_shared(dk), prep_shared_v1(dk), scan_shared_v1(dk)];
+    for (name, bytes) in KERNELS.iter().zip(sizes) {
         let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
         func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             .map_err(|e| Error::Device(format!("{name}: shared memory: {e:?}")))?;
@@ -170,6 +215,7 @@ pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: 
     if !long || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
         return Ok(false);
     }
+    let ([prep_kernel, scan_kernel], scan_threads, [prep_bytes, scan_bytes]) = Kernels::from_env().launch_shape(dk);
     let plan = Plan::new(runs);
     let Some(waves) = plan.waves() else { return Ok(false) };
     let per = scratch_floats(dk, dv);
@@ -186,15 +232,15 @@ pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: 
         let prep = LaunchConfig {
             grid_dim: (range.len() as u32, hv as u32, 1),
             block_dim: (GDR_THREADS as u32, 1, 1),
-            shared_mem_bytes: prep_shared(dk) as u32,
+            shared_mem_bytes: prep_bytes as u32,
         };
-        launch!(b, KERNELS[0], prep, [q, ap, bp, alog, dtb, ct, scr, dims])?;
+        launch!(b, prep_kernel, prep, [q, ap, bp, alog, dtb, ct, scr, dims])?;
         let scan = LaunchConfig {
             grid_dim: (dv.div_ceil(GDR_COLS) as u32, hv as u32, (groups.len() / 3) as u32),
-            block_dim: (GDR_SCAN_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: scan_shared(dk) as u32,
+            block_dim: (scan_threads as u32, 1, 1),
+            shared_mem_bytes: scan_bytes as u32,
         };
-        launch!(b, KERNELS[1], scan, [q, scr, ct, gt, sp, op_, dims])?;
+        launch!(b, scan_kernel, scan, [q, scr, ct, gt, sp, op_, dims])?;
     }
     Ok(true)
 }
@@ -230,7 +276,11 @@ mod tests {
 
     #[test]
     fn shared_memory_fits_the_devices_it_is_raised_on() {
-        assert!(prep_shared(256) <= 227 * 1024 && scan_shared(256) <= 227 * 1024);
-        assert!(prep_shared(128) <= 99 * 1024 && scan_shared(128) <= 99 * 1024);
+        for (prep, scan) in
+            [(prep_shared as fn(usize) -> usize, scan_shared as fn(usize) -> usize), (prep_shared_v1, scan_shared_v1)]
+        {
+            assert!(prep(256) <= 227 * 1024 && scan(256) <= 227 * 1024);
+            assert!(prep(128) <= 99 * 1024 && scan(128) <= 99 * 1024);
+        }
     }
 }
