@@ -487,8 +487,8 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
     float* qks = rows + GDR_CHUNK * lk;
     float* dl = qks + GDR_CHUNK * GDR_QK_LD;
     float* st = slot == NO_SLOT ? nullptr : state + slot * head + j * per_head;
-    // Copies the state tile between shared memory and `dst` / from `src` (columns past dv
-    // are zeros in the tile and never written back).
+    // Copies the state tile from shared memory to `dst` (its columns past dv are zeros and
+    // are not written).
     auto tile_to = [&](float* dst) {
         for (u32 e = tid; e < dk * GDR_COLS; e += blockDim.x) {
             const u32 r = e / GDR_COLS, c = e % GDR_COLS;
