@@ -331,6 +331,40 @@ __device__ __forceinline__ u64 gdr_scratch_floats(u32 dk, u32 dv) {
     return (u64)GDR_CHUNK * (dv + dk) + GDR_CHUNK * GDR_CHUNK + 4 * GDR_CHUNK;
 }
 
+// Loads a chunk's rows of `dk` bf16 values, row `i` at `src + (row0 + i) * width`, as f32
+// times `scale(i)` into `dst [GDR_CHUNK, ld]` (rows past `len` zeros), for `dk` and `width`
+// multiples of 8 (16-byte rows): each thread issues up to eight 16-byte loads before it uses
+// any, so a chunk's rows cost a few round trips to memory, not one a row.
+template <typename Scale>
+__device__ __forceinline__ void gdr_load_rows(float* dst, u32 ld, const bf16_t* src, u64 width, u32 row0, u32 len,
+                                              u32 dk, Scale scale) {
+    const u32 per_row = dk / 8, total = GDR_CHUNK * per_row;
+    for (u32 c0 = threadIdx.x; c0 < total; c0 += 8 * blockDim.x) {
+        uint4 v[8];
+#pragma unroll
+        for (u32 u = 0; u < 8; ++u) {
+            const u32 c = c0 + u * blockDim.x, i = c / per_row;
+            const bool real = c < total && i < len;
+            v[u] = real ? *reinterpret_cast<const uint4*>(src + (u64)(row0 + i) * width + c % per_row * 8)
+                        : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (u32 u = 0; u < 8; ++u) {
+            const u32 c = c0 + u * blockDim.x, i = c / per_row;
+            if (c >= total) continue;
+            float f[8];
+            unpack8(v[u], f);
+            const float k = i < len ? scale(i) : 0.0f;
+            float4* d = reinterpret_cast<float4*>(dst + i * ld + c % per_row * 8);
+            d[0] = make_float4(f[0] * k, f[1] * k, f[2] * k, f[3] * k);
+            d[1] = make_float4(f[4] * k, f[5] * k, f[6] * k, f[7] * k);
+        }
+    }
+}
+
+// Whether a step's rows can take `gdr_load_rows`: 16-byte rows and heads.
+__device__ __forceinline__ bool gdr_rows_align(u32 dk, u64 width) { return dk % 8 == 0 && width % 8 == 0; }
+
 // A chunk as the host plans it: its first flat row, its length (0 for a second snapshot
 // of the same row) and the slot its end state is copied to (NO_SLOT for none).
 struct GdrChunk {
@@ -361,15 +395,29 @@ extern "C" __global__ void __launch_bounds__(GDR_THREADS)
     float *gexp = qk + GDR_CHUNK * GDR_CHUNK, *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK,
           *kn = qn + GDR_CHUNK;
 
-    // Rows: a warp each, normalised as the fused form does (rows past `len` are zeros).
+    // Rows, normalised as the fused form does (rows past `len` are zeros): loaded all at once
+    // where they are 16-byte aligned, then a warp a row.
+    const bool batched = gdr_rows_align(dk, width);
+    if (batched) {
+        const auto one = [](u32) { return 1.0f; };
+        gdr_load_rows(qs, ld, qkv + (u64)kh * dk, width, ch.row, len, dk, one);
+        gdr_load_rows(ks, ld, qkv + (u64)(d.hk + kh) * dk, width, ch.row, len, dk, one);
+        __syncthreads();
+    }
     for (u32 i = warp; i < GDR_CHUNK; i += GDR_THREADS / 32) {
         const bf16_t* x = qkv + (u64)(ch.row + i) * width;
         float qq = 0.0f, kq = 0.0f;
         for (u32 e = lane; e < dk; e += 32) {
-            const float qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
-            const float kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
-            qs[i * ld + e] = qv;
-            ks[i * ld + e] = kv;
+            float qv, kv;
+            if (batched) {
+                qv = qs[i * ld + e];
+                kv = ks[i * ld + e];
+            } else {
+                qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
+                kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
+                qs[i * ld + e] = qv;
+                ks[i * ld + e] = kv;
+            }
             qq += qv * qv;
             kq += kv * kv;
         }
@@ -524,10 +572,25 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
         const u32 len = ch.len;
         if (len > 0) {
             __syncthreads();  // the last chunk is done with `rows`, `dl` and the snapshot's tile
-            // A warp a row at a time, lanes along it (no division by a runtime dk).
-            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
-                for (u32 x = lane; x < dk; x += 32) rows[i * lr + x] = i < len ? uw[(u64)i * cols + dv + x] : 0.0f;
-                for (u32 x = lane; x < GDR_CHUNK; x += 32) qks[i * GDR_QK_LD + x] = qk[i * GDR_CHUNK + x];
+            if (cols % 4 == 0 && dv % 4 == 0) {
+                // W's rows and QK straight to shared memory, 16 bytes a copy, all in flight at once.
+                const u32 per_row = dk / 4;
+                for (u32 c = tid; c < GDR_CHUNK * per_row; c += blockDim.x) {
+                    const u32 i = c / per_row, x = c % per_row * 4;
+                    cp_async16(smem_addr(rows + i * lr + x), uw + (u64)(i < len ? i : 0) * cols + dv + x, i < len);
+                }
+                for (u32 c = tid; c < GDR_CHUNK * GDR_CHUNK / 4; c += blockDim.x) {
+                    const u32 i = c / (GDR_CHUNK / 4), x = c % (GDR_CHUNK / 4) * 4;
+                    cp_async16(smem_addr(qks + i * GDR_QK_LD + x), qk + i * GDR_CHUNK + x, true);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();
+            } else {
+                // A warp a row at a time, lanes along it.
+                for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                    for (u32 x = lane; x < dk; x += 32) rows[i * lr + x] = i < len ? uw[(u64)i * cols + dv + x] : 0.0f;
+                    for (u32 x = lane; x < GDR_CHUNK; x += 32) qks[i * GDR_QK_LD + x] = qk[i * GDR_CHUNK + x];
+                }
             }
             __syncthreads();
             // delta = U - W S: this warp's 16 rows, every column of the tile.
@@ -558,10 +621,14 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
             __syncthreads();
             // o = (G q) S + QK delta.
             const bf16_t* xq = qkv + (u64)kh * dk;
-            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
-                const float scale = i < len ? qn[i] * gexp[i] : 0.0f;
-                for (u32 x = lane; x < dk; x += 32)
-                    rows[i * lr + x] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
+            if (gdr_rows_align(dk, width)) {
+                gdr_load_rows(rows, lr, xq, width, ch.row, len, dk, [&](u32 i) { return qn[i] * gexp[i]; });
+            } else {
+                for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                    const float scale = i < len ? qn[i] * gexp[i] : 0.0f;
+                    for (u32 x = lane; x < dk; x += 32)
+                        rows[i * lr + x] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
+                }
             }
             __syncthreads();
 #pragma unroll
@@ -598,10 +665,14 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
             __syncthreads();  // every warp is done with S (shared) and with the queries
             // S <- G_L S + (D_L k)^T delta, in this warp's registers, then shared.
             const bf16_t* xk = qkv + (u64)(d.hk + kh) * dk;
-            for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
-                const float scale = i < len ? kn[i] * tail[i] : 0.0f;
-                for (u32 x = lane; x < dk; x += 32)
-                    rows[i * lk + x] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
+            if (gdr_rows_align(dk, width)) {
+                gdr_load_rows(rows, lk, xk, width, ch.row, len, dk, [&](u32 i) { return kn[i] * tail[i]; });
+            } else {
+                for (u32 i = warp; i < GDR_CHUNK; i += GDR_SCAN_WARPS) {
+                    const float scale = i < len ? kn[i] * tail[i] : 0.0f;
+                    for (u32 x = lane; x < dk; x += 32)
+                        rows[i * lk + x] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + x]) * scale : 0.0f;
+                }
             }
             __syncthreads();
             const float last = gexp[len - 1];
