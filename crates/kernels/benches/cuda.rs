@@ -322,7 +322,7 @@ fn delta_rule(c: &mut Criterion) {
         a_log: &a_log,
         dt_bias: &dt_bias,
     };
-    for (seqs, rows) in [(1, 8192), (256, 128), (64, 32), (256, 1)] {
+    for (seqs, rows) in [(1, 8192), (256, 128), (64, 128), (64, 64), (64, 32), (64, 16), (256, 1)] {
         let t = seqs * rows;
         let qkv = random(b, &[t, width], 11);
         let (ga, gb) = (random(b, &[t, hv], 12), random(b, &[t, hv], 13));

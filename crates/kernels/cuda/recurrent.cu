@@ -106,8 +106,9 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
 #define DELTA_WARPS 4
 
 // The sizes of a delta-rule step, passed by value (`DeltaDims` of `src/cuda/recurrent.rs`).
+// `below`: the fused kernel leaves sequences of that many rows or more to the chunked form.
 struct DeltaDims {
-    u32 hk, hv, dk, dv, n_snap;
+    u32 hk, hv, dk, dv, n_snap, below;
 };
 
 // A delta-rule step's operands as the device functions below read them.
@@ -232,6 +233,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
         NAME(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log, const float* dt_bias,    \
              float* state, const u32* cu, const u32* slots, const u32* snaps, bf16_t* out, DeltaDims d) {     \
         pdl_enter();                                                                                           \
+        if (cu[blockIdx.z + 1] - cu[blockIdx.z] >= d.below) return;                                            \
         const DeltaStep p = {qkv, a, b, a_log, dt_bias, state, cu, slots, snaps, out,                          \
                              d.hk, d.hv, d.dk, d.dv, d.n_snap};                                                \
         gated_delta_rule_cols<R>(p);                                                                           \
@@ -712,217 +714,6 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
     }
     __syncthreads();
     if (st) tile_to(st);
-}
-
-// --- the chunked form on CUDA cores (v1), for a side-by-side measurement -----------------
-//
-// The first kernels of the chunked form, all f32 arithmetic on CUDA cores, kept beside the
-// tensor-core ones while both are measured in one session (`MET_GDR_KERNEL=v1` picks them,
-// `src/cuda/chunked_delta.rs`); same inputs, scratch layout and grid.
-
-// Floats a row of the prep kernel's query space takes: the padded queries, or later the
-// solve's GDR_THREADS / 2 columns, whichever is wider.
-__device__ __forceinline__ u32 gdr_query_span(u32 dk) { return dk + 1 > GDR_THREADS / 2 ? dk + 1 : GDR_THREADS / 2; }
-
-// One block per (chunk, value head), GDR_THREADS threads. Shared memory: gamma (f64) and
-// beta [GDR_CHUNK], the normalised keys [GDR_CHUNK, dk + 1] (padded so that a warp
-// reading 32 rows at one column hits 32 banks), the queries [GDR_CHUNK, gdr_query_span]
-// (reused by the solve's columns once QK is written), KK [GDR_CHUNK, GDR_CHUNK].
-extern "C" __global__ void __launch_bounds__(GDR_THREADS)
-    gated_delta_chunk_prep_v1_bf16(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,
-                                const float* dt_bias, const GdrChunk* chunks, float* scratch, DeltaDims d) {
-    pdl_enter();
-    const GdrChunk ch = chunks[blockIdx.x];
-    const u32 j = blockIdx.y, len = ch.len;
-    if (len == 0) return;
-    const u32 dk = d.dk, dv = d.dv, ld = dk + 1, kh = j / (d.hv / d.hk), tid = threadIdx.x;
-    const u32 lane = tid & 31, warp = tid >> 5;
-    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv;
-    extern __shared__ __align__(16) unsigned char gdr_smem[];
-    double* gam = reinterpret_cast<double*>(gdr_smem);
-    float* beta = reinterpret_cast<float*>(gam + GDR_CHUNK);
-    float* ks = beta + GDR_CHUNK;
-    float* qs = ks + GDR_CHUNK * ld;
-    float* kk = qs + GDR_CHUNK * gdr_query_span(dk);
-    float* sol = qs;  // [GDR_CHUNK, GDR_THREADS / 2], once QK is written
-    float* uw = scratch + ((u64)blockIdx.x * d.hv + j) * gdr_scratch_floats(dk, dv);
-    float* qk = uw + (u64)GDR_CHUNK * (dv + dk);
-    float *gexp = qk + GDR_CHUNK * GDR_CHUNK, *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK,
-          *kn = qn + GDR_CHUNK;
-
-    // Rows: a warp each, normalised as the fused form does (rows past `len` are zeros).
-    for (u32 i = warp; i < GDR_CHUNK; i += GDR_THREADS / 32) {
-        const bf16_t* x = qkv + (u64)(ch.row + i) * width;
-        float qq = 0.0f, kq = 0.0f;
-        for (u32 e = lane; e < dk; e += 32) {
-            const float qv = i < len ? bf2f(x[(u64)kh * dk + e]) : 0.0f;
-            const float kv = i < len ? bf2f(x[(u64)(d.hk + kh) * dk + e]) : 0.0f;
-            qs[i * ld + e] = qv;
-            ks[i * ld + e] = kv;
-            qq += qv * qv;
-            kq += kv * kv;
-        }
-        const float qscale = rsqrtf((float)dk) * rsqrtf(warp_sum(qq) + 1e-6f), kscale = rsqrtf(warp_sum(kq) + 1e-6f);
-        for (u32 e = lane; e < dk; e += 32) {
-            qs[i * ld + e] *= qscale;
-            ks[i * ld + e] *= kscale;
-        }
-        if (lane == 0) {
-            qn[i] = i < len ? qscale : 0.0f;
-            kn[i] = i < len ? kscale : 0.0f;
-        }
-    }
-    // Gates: the log-decay g and beta per row, then gamma as a running f64 sum.
-    if (tid < GDR_CHUNK) {
-        float g = 0.0f, bt = 0.0f;
-        if (tid < len) {
-            const u64 at = (u64)(ch.row + tid) * d.hv + j;
-            const float x = bf2f(a[at]) + dt_bias[j];
-            g = -expf(a_log[j]) * (x > 20.0f ? x : log1pf(expf(x)));
-            bt = 1.0f / (1.0f + expf(-bf2f(b[at])));
-        }
-        gam[tid] = (double)g;
-        beta[tid] = bt;
-    }
-    __syncthreads();
-    if (tid == 0)
-        for (u32 i = 1; i < len; ++i) gam[i] += gam[i - 1];
-    __syncthreads();
-    if (tid < GDR_CHUNK) {
-        gexp[tid] = tid < len ? (float)exp(gam[tid]) : 0.0f;
-        tail[tid] = tid < len ? expf((float)(gam[len - 1] - gam[tid])) : 0.0f;
-    }
-    // Pairwise products: KK below the diagonal (shared), QK on and below it (scratch).
-    for (u32 p = tid; p < GDR_CHUNK * GDR_CHUNK; p += GDR_THREADS) {
-        const u32 i = p / GDR_CHUNK, jj = p % GDR_CHUNK;
-        float dkk = 0.0f, dqk = 0.0f, decay = 0.0f;
-        if (i < len && jj <= i) {
-            for (u32 e = 0; e < dk; ++e) {
-                const float kj = ks[jj * ld + e];
-                dkk += ks[i * ld + e] * kj;
-                dqk += qs[i * ld + e] * kj;
-            }
-            decay = expf((float)(gam[i] - gam[jj]));
-        }
-        kk[p] = jj < i ? beta[i] * decay * dkk : 0.0f;
-        qk[p] = jj <= i ? decay * dqk : 0.0f;
-    }
-    __syncthreads();
-    // The solve, a column per thread by forward substitution (no thread reads another's
-    // column), GDR_THREADS / 2 columns at a time in the queries' space.
-    const u32 cols = dv + dk, half = GDR_THREADS / 2;
-    const bf16_t* v = qkv + 2ull * d.hk * dk + (u64)j * dv;
-    for (u32 c0 = 0; c0 < cols; c0 += half) {
-        const u32 c = c0 + tid;
-        if (tid >= half || c >= cols) continue;
-        for (u32 i = 0; i < len; ++i) {
-            float x = c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c]) : beta[i] * gexp[i] * ks[i * ld + c - dv];
-            for (u32 jj = 0; jj < i; ++jj) x -= kk[i * GDR_CHUNK + jj] * sol[jj * half + tid];
-            sol[i * half + tid] = x;
-            uw[(u64)i * cols + c] = x;
-        }
-    }
-}
-
-// One block per (value-column tile of GDR_COLS, value head, sequence group), GDR_THREADS
-// threads: thread (r, c) of 8 x 32 owns column c of the tile and the rows r, r + 8, ... of
-// the state tile and of each chunk's outputs. Shared memory: the state tile [dk, GDR_COLS],
-// a chunk's rows of W, then of G q, then of D_L k [GDR_CHUNK, dk], QK [GDR_CHUNK,
-// GDR_CHUNK] and delta [GDR_CHUNK, GDR_COLS]. `groups [g]` are (first chunk, end chunk,
-// state slot) of the sequences, their chunks in order.
-extern "C" __global__ void __launch_bounds__(GDR_THREADS)
-    gated_delta_chunk_scan_v1_bf16(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
-                                const u32* groups, float* state, bf16_t* out, DeltaDims d) {
-    pdl_enter();
-    const u32 j = blockIdx.y, col0 = blockIdx.x * GDR_COLS, tid = threadIdx.x;
-    const u32 c = tid & 31, r = tid >> 5, col = col0 + c;
-    const u32 dk = d.dk, dv = d.dv, kh = j / (d.hv / d.hk), first = groups[3 * blockIdx.z],
-              end = groups[3 * blockIdx.z + 1], slot = groups[3 * blockIdx.z + 2];
-    const bool live = col < dv;
-    const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv, head = (u64)d.hv * dk * dv, per_head = (u64)dk * dv;
-    extern __shared__ __align__(16) unsigned char gdr_smem[];
-    float* S = reinterpret_cast<float*>(gdr_smem);
-    float* rows = S + dk * GDR_COLS;
-    float* qks = rows + GDR_CHUNK * dk;
-    float* dl = qks + GDR_CHUNK * GDR_CHUNK;
-    float* st = slot == NO_SLOT ? nullptr : state + slot * head + j * per_head;
-    for (u32 e = r; e < dk; e += 8) S[e * GDR_COLS + c] = st && live ? st[(u64)e * dv + col] : 0.0f;
-    for (u32 n = first; n < end; ++n) {
-        const GdrChunk ch = chunks[n];
-        const float* uw = scratch + ((u64)n * d.hv + j) * gdr_scratch_floats(dk, dv);
-        const float *qk = uw + (u64)GDR_CHUNK * (dv + dk), *gexp = qk + GDR_CHUNK * GDR_CHUNK;
-        const float *tail = gexp + GDR_CHUNK, *qn = tail + GDR_CHUNK, *kn = qn + GDR_CHUNK;
-        const u32 len = ch.len, cols = dv + dk;
-        if (len > 0) {
-            __syncthreads();  // the last chunk's products are done with `rows` and `S`
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? uw[(u64)i * cols + dv + e % dk] : 0.0f;
-            }
-            for (u32 e = tid; e < GDR_CHUNK * GDR_CHUNK; e += GDR_THREADS) qks[e] = qk[e];
-            __syncthreads();
-            // delta = U - W S.
-            float acc[GDR_CHUNK / 8];
-#pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
-                const u32 i = r + 8 * m;
-                acc[m] = i < len && live ? uw[(u64)i * cols + col] : 0.0f;
-            }
-            for (u32 e = 0; e < dk; ++e) {
-                const float s = S[e * GDR_COLS + c];
-#pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] -= rows[(r + 8 * m) * dk + e] * s;
-            }
-#pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) dl[(r + 8 * m) * GDR_COLS + c] = r + 8 * m < len ? acc[m] : 0.0f;
-            __syncthreads();
-            // o = (G q) S + QK delta.
-            const bf16_t* xq = qkv + (u64)kh * dk;
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? bf2f(xq[(u64)(ch.row + i) * width + e % dk]) * qn[i] * gexp[i] : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] = 0.0f;
-            for (u32 e = 0; e < dk; ++e) {
-                const float s = S[e * GDR_COLS + c];
-#pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += rows[(r + 8 * m) * dk + e] * s;
-            }
-            for (u32 jj = 0; jj < GDR_CHUNK; ++jj) {
-                const float x = dl[jj * GDR_COLS + c];
-#pragma unroll
-                for (u32 m = 0; m < GDR_CHUNK / 8; ++m) acc[m] += qks[(r + 8 * m) * GDR_CHUNK + jj] * x;
-            }
-#pragma unroll
-            for (u32 m = 0; m < GDR_CHUNK / 8; ++m) {
-                const u32 i = r + 8 * m;
-                if (i < len && live) out[((u64)(ch.row + i) * d.hv + j) * dv + col] = f2bf(acc[m]);
-            }
-            __syncthreads();
-            // S <- G_L S + (D_L k)^T delta.
-            const bf16_t* xk = qkv + (u64)(d.hk + kh) * dk;
-            for (u32 e = tid; e < GDR_CHUNK * dk; e += GDR_THREADS) {
-                const u32 i = e / dk;
-                rows[e] = i < len ? bf2f(xk[(u64)(ch.row + i) * width + e % dk]) * kn[i] * tail[i] : 0.0f;
-            }
-            __syncthreads();
-            const float last = gexp[len - 1];
-            for (u32 e = r; e < dk; e += 8) {
-                float s = last * S[e * GDR_COLS + c];
-                for (u32 i = 0; i < len; ++i) s += rows[i * dk + e] * dl[i * GDR_COLS + c];
-                S[e * GDR_COLS + c] = s;
-            }
-        }
-        // A snapshot takes the state after the chunk: this thread's own entries.
-        if (ch.snap != NO_SLOT && live) {
-            float* snap = state + ch.snap * head + j * per_head;
-            for (u32 e = r; e < dk; e += 8) snap[(u64)e * dv + col] = S[e * GDR_COLS + c];
-        }
-    }
-    if (st && live)
-        for (u32 e = r; e < dk; e += 8) st[(u64)e * dv + col] = S[e * GDR_COLS + c];
 }
 
 // --- rms_norm_gated, sigmoid_mul -----------------------------------------------------------

@@ -20,46 +20,15 @@ use crate::backend::NO_STATE_SLOT;
 use crate::check::SeqRun;
 use crate::error::{Error, Result};
 
-/// The kernels of the chunked form, looked up at startup: the tensor-core pair, then the
-/// first pair on CUDA cores ([`Kernels::V1`]).
-pub(super) const KERNELS: [&str; 4] = [
-    "gated_delta_chunk_prep_bf16",
-    "gated_delta_chunk_scan_bf16",
-    "gated_delta_chunk_prep_v1_bf16",
-    "gated_delta_chunk_scan_v1_bf16",
-];
+/// The kernels of the chunked form, looked up at startup.
+pub(super) const KERNELS: [&str; 2] = ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16"];
 
-/// Which pair of kernels runs the chunked form: the tensor-core pair unless
-/// `MET_GDR_KERNEL=v1` asks for the first one, kept while the two are measured side by side
-/// on one machine (`bench/results/hybrid-profile-2026-12-04/`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kernels {
-    TensorCores,
-    V1,
-}
-
-impl Kernels {
-    fn from_env() -> Self {
-        match std::env::var("MET_GDR_KERNEL").as_deref() {
-            Ok("v1") => Self::V1,
-            _ => Self::TensorCores,
-        }
-    }
-
-    /// Names, threads per scan block and dynamic shared memory of the pair, for key heads of `dk`.
-    fn launch_shape(self, dk: usize) -> ([&'static str; 2], usize, [usize; 2]) {
-        match self {
-            Self::TensorCores => ([KERNELS[0], KERNELS[1]], GDR_SCAN_WARPS * 32, [prep_shared(dk), scan_shared(dk)]),
-            Self::V1 => ([KERNELS[2], KERNELS[3]], GDR_THREADS, [prep_shared_v1(dk), scan_shared_v1(dk)]),
-        }
-    }
-}
-
-/// A step takes the chunked form once one of its sequences has this many rows. Not tuned:
-/// the crossover against the fused kernel is unmeasured; decode steps (one row a sequence)
-/// and speculative verifies of a few rows stay fused, and a default warm-up step (32 rows a
-/// sequence) runs chunked, so the KV budget sees the scratch.
-pub(super) const CHUNKED_FROM: usize = 16;
+/// A sequence takes the chunked form from this many rows; shorter ones in the same step
+/// take the fused kernel. Measured on the H200 at Qwen3.6's heads, 64 sequences a step
+/// (`bench/results/hybrid-profile-2026-12-04/`): 16 rows each, fused 1.07 ms against chunked
+/// 1.93; 32 rows, 2.09 against 2.06; 64 rows, 4.12 against 2.37. A default warm-up step (32
+/// rows a sequence) so runs chunked, and the KV budget sees the scratch.
+pub(super) const CHUNKED_FROM: usize = 32;
 
 /// `GDR_CHUNK`, `GDR_THREADS`, `GDR_COLS`, `GDR_SCAN_WARPS`, `GDR_S_LD` and `GDR_QK_LD` of
 /// `recurrent.cu`.
@@ -86,18 +55,6 @@ fn prep_shared(dk: usize) -> usize {
     8 * GDR_CHUNK + 4 * GDR_CHUNK + 2 * 4 * GDR_CHUNK * (dk + 4) + 4 * GDR_CHUNK * GDR_CHUNK
 }
 
-/// Dynamic shared memory of the v1 prep kernel: gamma (f64) and beta, the padded keys, the
-/// query space and KK.
-fn prep_shared_v1(dk: usize) -> usize {
-    let span = (dk + 1).max(GDR_THREADS / 2);
-    8 * GDR_CHUNK + 4 * GDR_CHUNK + 4 * GDR_CHUNK * (dk + 1) + 4 * GDR_CHUNK * span + 4 * GDR_CHUNK * GDR_CHUNK
-}
-
-/// Dynamic shared memory of the v1 scan kernel: the state tile, a chunk's rows, QK and delta.
-fn scan_shared_v1(dk: usize) -> usize {
-    4 * (dk * GDR_COLS + GDR_CHUNK * dk + GDR_CHUNK * GDR_CHUNK + GDR_CHUNK * GDR_COLS)
-}
-
 /// Dynamic shared memory of the scan kernel: the state tile, a chunk's rows (at their
 /// widest stride, `dk + 8`), QK and delta, with the strides that keep fragments off bank
 /// conflicts.
@@ -119,7 +76,7 @@ pub(super) fn raise_shared_memory(
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     let dk = widest_keys(cc);
-    let sizes = [prep_shared(dk), scan_shared(dk), prep_shared_v1(dk), scan_shared_v1(dk)];
+    let sizes = [prep_shared(dk), scan_shared(dk)];
     for (name, bytes) in KERNELS.iter().zip(sizes) {
         let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
         func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -204,19 +161,25 @@ pub(super) struct Launch<'a> {
     pub(super) out: &'a Tensor,
 }
 
-/// Runs the step in the chunked form if it should: a sequence of [`CHUNKED_FROM`] rows or
-/// more, key heads the device's kernels take (a multiple of 16, the scan's tensor-core
-/// tiles), no graph being recorded and a plan whose waves keep every state. Returns whether
-/// it ran.
-pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: DeltaDims) -> Result<bool> {
+/// Runs the step's sequences of `from` rows or more in the chunked form if it should: key
+/// heads the device's kernels take (a multiple of 16, the scan's tensor-core tiles), no graph
+/// being recorded and a plan whose waves keep every state. Returns whether it ran; the
+/// shorter sequences are the caller's.
+pub(super) fn try_run(
+    b: &CudaBackend,
+    ops: &Launch<'_>,
+    runs: &[SeqRun],
+    dims: DeltaDims,
+    from: usize,
+) -> Result<bool> {
     const OP: &str = "gated_delta_rule";
     let (hv, dk, dv) = (dims.hv as usize, dims.dk as usize, dims.dv as usize);
-    let long = runs.iter().any(|r| r.end - r.start >= CHUNKED_FROM);
-    if !long || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
+    let long: Vec<SeqRun> = runs.iter().filter(|r| r.end - r.start >= from).cloned().collect();
+    if long.is_empty() || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
         return Ok(false);
     }
-    let ([prep_kernel, scan_kernel], scan_threads, [prep_bytes, scan_bytes]) = Kernels::from_env().launch_shape(dk);
-    let plan = Plan::new(runs);
+    let ([prep_kernel, scan_kernel], [prep_bytes, scan_bytes]) = (KERNELS, [prep_shared(dk), scan_shared(dk)]);
+    let plan = Plan::new(&long);
     let Some(waves) = plan.waves() else { return Ok(false) };
     let per = scratch_floats(dk, dv);
     let scratch = b.alloc(&[plan.chunks.len().min(WAVE_CHUNKS) * hv * per], DType::F32)?;
@@ -237,7 +200,7 @@ pub(super) fn try_run(b: &CudaBackend, ops: &Launch<'_>, runs: &[SeqRun], dims: 
         launch!(b, prep_kernel, prep, [q, ap, bp, alog, dtb, ct, scr, dims])?;
         let scan = LaunchConfig {
             grid_dim: (dv.div_ceil(GDR_COLS) as u32, hv as u32, (groups.len() / 3) as u32),
-            block_dim: (scan_threads as u32, 1, 1),
+            block_dim: ((GDR_SCAN_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: scan_bytes as u32,
         };
         launch!(b, scan_kernel, scan, [q, scr, ct, gt, sp, op_, dims])?;
@@ -276,11 +239,7 @@ mod tests {
 
     #[test]
     fn shared_memory_fits_the_devices_it_is_raised_on() {
-        for (prep, scan) in
-            [(prep_shared as fn(usize) -> usize, scan_shared as fn(usize) -> usize), (prep_shared_v1, scan_shared_v1)]
-        {
-            assert!(prep(256) <= 227 * 1024 && scan(256) <= 227 * 1024);
-            assert!(prep(128) <= 99 * 1024 && scan(128) <= 99 * 1024);
-        }
+        assert!(prep_shared(256) <= 227 * 1024 && scan_shared(256) <= 227 * 1024);
+        assert!(prep_shared(128) <= 99 * 1024 && scan_shared(128) <= 99 * 1024);
     }
 }

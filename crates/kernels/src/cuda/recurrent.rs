@@ -47,10 +47,12 @@ pub(super) struct DeltaDims {
     pub(super) dk: u32,
     pub(super) dv: u32,
     pub(super) n_snap: u32,
+    /// The fused kernel leaves sequences of this many rows or more to the chunked form.
+    pub(super) below: u32,
 }
 
 // SAFETY: `repr(C)` plain data with the field order and types of the CUDA struct of the
-// same name (five u32: no padding).
+// same name (six u32: no padding).
 unsafe impl DeviceRepr for DeltaDims {}
 
 const BF16: &[DType] = &[DType::BF16];
@@ -200,12 +202,20 @@ pub(super) fn gated_delta_rule(
         dk: dk as u32,
         dv: as_u32(OP, "value columns", dv)?,
         n_snap: as_u32(OP, "snapshots", batch.snapshots.len())?,
+        below: u32::MAX,
     };
     let (a_log, dt_bias) = (rule.a_log, rule.dt_bias);
     let chunked = chunked_delta::Launch { qkv, a, gb, a_log, dt_bias, state, out: &out };
-    if chunked_delta::try_run(b, &chunked, &runs, dims)? {
-        return Ok(out);
-    }
+    // The long sequences take the chunked form, the rest (decode rows, short tails) the fused kernel.
+    let from = chunked_delta::CHUNKED_FROM;
+    let dims = if chunked_delta::try_run(b, &chunked, &runs, dims, from)? {
+        if runs.iter().all(|r| r.end - r.start >= from) {
+            return Ok(out);
+        }
+        DeltaDims { below: from as u32, ..dims }
+    } else {
+        dims
+    };
     let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
     let seqs = as_u32(OP, "sequences", batch.slots.elem_count())?;
     let cfg = LaunchConfig {
