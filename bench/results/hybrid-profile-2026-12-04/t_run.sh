@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran once at 900b539 (2026-12-04, `tc/`); MET_GDR_KERNEL and the first kernels are gone since.
 # The chunked delta rule on tensor cores (`tc`, the default) against the first kernels (`v1`,
 # MET_GDR_KERNEL=v1), one bundle, one call: the delta-rule op checks on CUDA with each, the
 # kernel bench of the delta rule with each, the hybrid HF fixtures through the engine, then
