@@ -224,7 +224,7 @@ step() {  # step KEY NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECON
 }
 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
-step lib "kernels lib (NVRTC)" kernels-lib.log 45 "$HERE/tests/kernels-lib" --test-threads=4
+step lib "kernels lib (NVRTC)" kernels-lib.log 120 "$HERE/tests/kernels-lib" --test-threads=4
 # The CPU checks in one process, each CUDA check in its own, so a kernel fault (which
 # poisons the whole CUDA context) is pinned on the check that caused it.
 ops_each() {
@@ -249,7 +249,7 @@ step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gp
 step graphs "cuda graphs with LoRA = eager" gpu-lora-graphs.log 90 "$HERE/tests/model-layers-gpu-lora-graphs" \
   --nocapture --test-threads=1
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
-step generate "met generate (fixture)" met-generate.log 45 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$MET_HF_FIXTURES/qwen3" \
+step generate "met generate (fixture)" met-generate.log 90 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$MET_HF_FIXTURES/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
 # The precision gate, and its test: met with a deliberately wrong attention kernel must fail.
 step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
