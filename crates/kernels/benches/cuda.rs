@@ -16,8 +16,8 @@
 //!   that GPUs before Hopper run (`flash_mma`).
 //! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
 //!   32 value heads, 128 by 128): prefill steps of one 8,192-row prompt, of 256 prompts of
-//!   128 rows and of 64 prompts of 32 rows (the chunked form), and a decode step of 256
-//!   sequences (the fused form), as rows per second.
+//!   128 rows, of 64 prompts of 128, 64, 32 and 16 rows (the chunked form from 32 rows, the
+//!   fused one below), and a decode step of 256 sequences (fused), as rows per second.
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host; greedy also from bf16 logits, as the model's head writes them.
 //!
