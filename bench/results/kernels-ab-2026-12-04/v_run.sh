@@ -1,5 +1,7 @@
 #!/bin/bash
-# One call on the H200 for the bundle of branch `next` (main + `slot-jobs` + `wg-d256`):
+# One call on the H200 for the bundle of branch `next` (the kernels written on 2026-12-04 after
+# the device time ran out: state-slot jobs, the blocked solve, the delta rule's 128 x 128
+# builds, head dim 256 on wgmma; `bi_run.sh` covers its `--batch-invariant`):
 # 1. the kernels' lib tests, timed (the NVRTC compile with the blocked solve);
 # 2. the CUDA op checks of attention, the delta rule and state slots, with head dim 256's
 #    prefill on the warpgroup kernel (default) and on the mma.sync tiles (MET_D256_PREFILL=mma);
