@@ -716,6 +716,29 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
     if (st) tile_to(st);
 }
 
+// --- state slots ---------------------------------------------------------------------------
+//
+// Copies and zeroings of state slots in one launch: job `blockIdx.y` of `jobs [n, 6]` (u32
+// pairs: source address, destination address, bytes; source 0 zeroes the destination), block
+// `blockIdx.x` its bytes `x · span ..` (span a multiple of 16). The host puts jobs in one
+// launch only when none reads or writes what another writes.
+extern "C" __global__ void state_slot_jobs(const u32* jobs, u64 span) {
+    pdl_enter();
+    const u32* job = jobs + 6 * (u64)blockIdx.y;
+    const u64 src = job[0] | ((u64)job[1] << 32), dst = job[2] | ((u64)job[3] << 32), bytes = job[4] | ((u64)job[5] << 32);
+    const u64 lo = blockIdx.x * span;
+    if (lo >= bytes) return;
+    const u64 hi = min(lo + span, bytes);
+    unsigned char* d = reinterpret_cast<unsigned char*>(dst);
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
+    if (((src | dst | bytes) & 15u) == 0) {
+        for (u64 i = lo + 16 * (u64)threadIdx.x; i < hi; i += 16 * (u64)blockDim.x)
+            *reinterpret_cast<uint4*>(d + i) = src ? *reinterpret_cast<const uint4*>(s + i) : make_uint4(0, 0, 0, 0);
+    } else {
+        for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = src ? s[i] : 0;
+    }
+}
+
 // --- rms_norm_gated, sigmoid_mul -----------------------------------------------------------
 
 // A bf16 weight times the normalised value rounded to bf16, the product rounded again, as

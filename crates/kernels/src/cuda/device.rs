@@ -329,29 +329,23 @@ impl Device {
         unsafe { result::memcpy_dtod_async(dst.ptr, src.ptr, bytes, self.cu_stream()) }.map_err(drv)
     }
 
-    /// Sets `bytes` bytes of `dst` from byte `at` on to zero.
-    pub(crate) fn zero_at(&self, dst: &DeviceBuffer, at: usize, bytes: usize) -> Result<()> {
-        assert!(at + bytes <= dst.bytes, "zeroing bytes {at}..+{bytes} of a buffer of {}", dst.bytes);
+    /// Copies `bytes` bytes from device address `src` to `dst`, or zeroes them without a
+    /// source: one driver call, for a graph being recorded.
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations of this device and do not overlap.
+    pub(crate) unsafe fn copy_or_zero_raw(&self, src: Option<u64>, dst: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `dst` is a live allocation holding bytes `at..at + bytes`.
-        unsafe { result::memset_d8_async(dst.ptr + at as u64, 0, bytes, self.cu_stream()) }.map_err(drv)
-    }
-
-    /// Copies `bytes` bytes of `buf` from byte `from` on to byte `to` on. The ranges are
-    /// equal or disjoint (a partial overlap is not a copy the driver defines).
-    pub(crate) fn copy_within(&self, buf: &DeviceBuffer, from: usize, to: usize, bytes: usize) -> Result<()> {
-        assert!(from.max(to) + bytes <= buf.bytes, "device copy of {bytes} bytes out of bounds");
-        assert!(from == to || from.abs_diff(to) >= bytes, "overlapping device copy");
-        if bytes == 0 || from == to {
-            return Ok(());
+        match src {
+            // SAFETY: the caller's contract: both ranges are live and disjoint.
+            Some(src) => unsafe { result::memcpy_dtod_async(dst, src, bytes, self.cu_stream()) },
+            // SAFETY: the caller's contract: the range is live.
+            None => unsafe { result::memset_d8_async(dst, 0, bytes, self.cu_stream()) },
         }
-        self.bind()?;
-        let (src, dst) = (buf.ptr + from as u64, buf.ptr + to as u64);
-        // SAFETY: both ranges lie inside the live allocation and do not overlap.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.cu_stream()) }.map_err(drv)
+        .map_err(drv)
     }
 
     /// Waits for everything issued on the stream.

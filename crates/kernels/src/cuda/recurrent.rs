@@ -23,7 +23,8 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 9] = [
+pub(super) const KERNELS: [&str; 10] = [
+    "state_slot_jobs",
     "causal_conv1d_bf16",
     "conv_states_bf16",
     "gated_delta_rule_bf16_cols_r8",
@@ -60,25 +61,96 @@ const BF16: &[DType] = &[DType::BF16];
 pub(super) fn zero_state_slots(b: &CudaBackend, pools: &[&Tensor], slots: &[u32]) -> Result<()> {
     const OP: &str = "zero_state_slots";
     crate::check::state_slots(OP, pools, slots.iter().copied())?;
+    let mut jobs = vec![];
     for pool in pools {
         let (buf, per_slot) = (&storage(OP, pool)?.buf, slot_bytes(OP, pool)?);
         for &s in slots {
-            b.dev.zero_at(buf, s as usize * per_slot, per_slot)?;
+            jobs.push(SlotJob { src: None, dst: buf.ptr() + s as u64 * per_slot as u64, bytes: per_slot as u64 });
         }
+    }
+    run_slot_jobs(b, OP, &jobs)
+}
+
+/// Every pool's copy of every pair, with the effect of one copy after another in the order
+/// given (so a chain of pairs reads what the earlier pairs wrote, as on the CPU): the pairs
+/// go in waves, a pair starting a new wave when it reads or writes a slot its wave writes,
+/// or writes one its wave reads.
+pub(super) fn copy_state_slots(b: &CudaBackend, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
+    const OP: &str = "copy_state_slots";
+    crate::check::state_slots(OP, pools, pairs.iter().flat_map(|&(a, b)| [a, b]))?;
+    let pairs: Vec<(u32, u32)> = pairs.iter().copied().filter(|&(from, to)| from != to).collect();
+    for wave in copy_waves(&pairs) {
+        let mut jobs = vec![];
+        for pool in pools {
+            let (buf, per_slot) = (&storage(OP, pool)?.buf, slot_bytes(OP, pool)?);
+            let at = |slot: u32| buf.ptr() + slot as u64 * per_slot as u64;
+            for &(from, to) in wave {
+                jobs.push(SlotJob { src: Some(at(from)), dst: at(to), bytes: per_slot as u64 });
+            }
+        }
+        run_slot_jobs(b, OP, &jobs)?;
     }
     Ok(())
 }
 
-/// One device copy per pair and pool, in the order given (so a chain of pairs reads what
-/// the earlier pairs wrote, as on the CPU).
-pub(super) fn copy_state_slots(b: &CudaBackend, pools: &[&Tensor], pairs: &[(u32, u32)]) -> Result<()> {
-    const OP: &str = "copy_state_slots";
-    crate::check::state_slots(OP, pools, pairs.iter().flat_map(|&(a, b)| [a, b]))?;
-    for pool in pools {
-        let (buf, per_slot) = (&storage(OP, pool)?.buf, slot_bytes(OP, pool)?);
-        for &(from, to) in pairs {
-            b.dev.copy_within(buf, from as usize * per_slot, to as usize * per_slot, per_slot)?;
+/// The pairs cut into runs whose copies may all happen at once: no pair reads or writes a
+/// slot an earlier pair of its run writes, or writes a slot an earlier pair of its run reads.
+fn copy_waves(pairs: &[(u32, u32)]) -> Vec<&[(u32, u32)]> {
+    use std::collections::HashSet;
+    let (mut waves, mut start) = (vec![], 0);
+    let (mut reads, mut writes) = (HashSet::new(), HashSet::new());
+    for (i, &(from, to)) in pairs.iter().enumerate() {
+        if writes.contains(&from) || writes.contains(&to) || reads.contains(&to) {
+            waves.push(&pairs[start..i]);
+            (start, reads, writes) = (i, HashSet::new(), HashSet::new());
         }
+        reads.insert(from);
+        writes.insert(to);
+    }
+    if start < pairs.len() {
+        waves.push(&pairs[start..]);
+    }
+    waves
+}
+
+/// One copy (or, without a source, zeroing) of `bytes` device bytes.
+struct SlotJob {
+    src: Option<u64>,
+    dst: u64,
+    bytes: u64,
+}
+
+/// Bytes of a job one block of `state_slot_jobs` takes.
+const SLOT_JOB_SPAN: u64 = 64 << 10;
+/// Jobs of one launch (the grid's `y` limit).
+const SLOT_JOBS_PER_LAUNCH: usize = 65_535;
+
+/// Runs `jobs`, which touch disjoint bytes, in as few launches as the grid allows; while a
+/// graph is recorded (which would replay this call's table), one driver call a job instead.
+fn run_slot_jobs(b: &CudaBackend, op: &'static str, jobs: &[SlotJob]) -> Result<()> {
+    if b.dev.recording_here() {
+        for job in jobs {
+            // SAFETY: the jobs are slots of live pools, checked against them by the caller, and
+            // a copy's two slots differ.
+            unsafe { b.dev.copy_or_zero_raw(job.src, job.dst, job.bytes as usize) }?;
+        }
+        return Ok(());
+    }
+    for batch in jobs.chunks(SLOT_JOBS_PER_LAUNCH) {
+        let widest = batch.iter().map(|j| j.bytes).max().unwrap_or(0);
+        if widest == 0 {
+            continue;
+        }
+        let split = |v: u64| [v as u32, (v >> 32) as u32];
+        let table: Vec<u32> =
+            batch.iter().flat_map(|j| [split(j.src.unwrap_or(0)), split(j.dst), split(j.bytes)]).flatten().collect();
+        let table = b.upload_u32(&table, &[batch.len(), 6])?;
+        let cfg = LaunchConfig {
+            grid_dim: (as_u32(op, "blocks a job", widest.div_ceil(SLOT_JOB_SPAN) as usize)?, batch.len() as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(b, "state_slot_jobs", cfg, [ptr(op, &table)?, SLOT_JOB_SPAN])?;
     }
     Ok(())
 }
@@ -259,4 +331,19 @@ pub(super) fn sigmoid_mul(b: &CudaBackend, x: &Tensor, gate: &Tensor) -> Result<
         launch!(b, "sigmoid_mul_bf16", elementwise(n), [args.0, args.1, args.2, args.3, args.4])?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_waves;
+
+    #[test]
+    fn copies_share_a_wave_unless_one_touches_what_another_writes() {
+        assert_eq!(copy_waves(&[(0, 1), (0, 2), (3, 4)]), [&[(0, 1), (0, 2), (3, 4)][..]]);
+        // Reads what an earlier copy wrote; overwrites what an earlier copy reads; writes twice.
+        assert_eq!(copy_waves(&[(0, 1), (1, 2)]), [&[(0, 1)][..], &[(1, 2)][..]]);
+        assert_eq!(copy_waves(&[(1, 3), (0, 1)]), [&[(1, 3)][..], &[(0, 1)][..]]);
+        assert_eq!(copy_waves(&[(0, 1), (2, 1), (5, 6)]), [&[(0, 1)][..], &[(2, 1), (5, 6)][..]]);
+        assert!(copy_waves(&[]).is_empty());
+    }
 }

@@ -276,6 +276,15 @@ pub fn state_slots_are_zeroed_and_copied(b: &dyn GpuBackend) -> Result<()> {
         let want = [slot(0), slot(0), vec![0.0; per], slot(1)].concat();
         assert_eq!(b.download_f32(pool)?, want, "pool {:?} on {}", pool.dims(), b.name());
     }
+    // Slots of 160 KB (several blocks of a batched copy each, in 16-byte words), a chain
+    // whose second copy reads what the first wrote, and a zeroing after.
+    let per = 2 * 20_000;
+    let wide = rng.vec(3 * per);
+    let pool = b.upload(&HostTensor::from_f32(&wide, &[3, 2, 20_000]), DType::F32)?;
+    b.copy_state_slots(&[&pool], &[(0, 2), (2, 1)])?;
+    b.zero_state_slots(&[&pool], &[0])?;
+    let want = [vec![0.0; per], wide[..per].to_vec(), wide[..per].to_vec()].concat();
+    assert!(b.download_f32(&pool)? == want, "a chain of copies of 160 KB slots on {}", b.name());
     Ok(())
 }
 
