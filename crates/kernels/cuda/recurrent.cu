@@ -263,6 +263,7 @@ GATED_DELTA_RULE_COLS(64, gated_delta_rule_bf16_cols_r64)
 // fused form; only `o` is rounded to bf16.
 #define GDR_CHUNK 64
 #define GDR_THREADS 256
+#define GDR_SOLVE 16  // rows of a block of the prep's solve
 #define GDR_COLS 32
 
 // The chunked form's products run on tensor cores as `mma.m16n8k8` in tf32, each f32 operand split
@@ -487,28 +488,39 @@ extern "C" __global__ void __launch_bounds__(GDR_THREADS)
         }
     }
     __syncthreads();
-    // The solve, a column per thread by forward substitution, the column in registers and
-    // replaced row by row (no thread reads another's column; every thread reads the same
-    // KK entry at once). Rows past `len` are zeros and stay zeros.
+    // The solve, a column per thread by forward substitution (no thread reads another's
+    // column; every thread reads the same KK entry at once), in blocks of GDR_SOLVE rows: a
+    // block's rows in registers take the earlier rows' terms from what this thread wrote to
+    // the scratch, then their own. Row i subtracts its terms in column order either way, as
+    // one unrolled sweep did (compiling that took NVRTC ~9 s). Rows past `len` are zeros,
+    // written nowhere and read as zeros.
     const u32 cols = dv + dk;
     const bf16_t* v = qkv + 2ull * d.hk * dk + (u64)j * dv;
     for (u32 c = tid; c < cols; c += GDR_THREADS) {
-        float x[GDR_CHUNK];
+        for (u32 i0 = 0; i0 < GDR_CHUNK; i0 += GDR_SOLVE) {
+            float x[GDR_SOLVE];
 #pragma unroll
-        for (u32 i = 0; i < GDR_CHUNK; ++i)
-            x[i] = i >= len ? 0.0f
-                   : c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c])
-                            : beta[i] * gexp[i] * ks[i * ld + c - dv];
+            for (u32 r = 0; r < GDR_SOLVE; ++r) {
+                const u32 i = i0 + r;
+                x[r] = i >= len ? 0.0f
+                       : c < dv ? beta[i] * bf2f(v[(u64)(ch.row + i) * width + c])
+                                : beta[i] * gexp[i] * ks[i * ld + c - dv];
+            }
+#pragma unroll 4
+            for (u32 jj = 0; jj < i0; ++jj) {
+                const float xj = jj < len ? uw[(u64)jj * cols + c] : 0.0f;
 #pragma unroll
-        for (u32 i = 1; i < GDR_CHUNK; ++i) {
-            float y = x[i];
+                for (u32 r = 0; r < GDR_SOLVE; ++r) x[r] -= kk[(i0 + r) * GDR_CHUNK + jj] * xj;
+            }
 #pragma unroll
-            for (u32 jj = 0; jj < i; ++jj) y -= kk[i * GDR_CHUNK + jj] * x[jj];
-            x[i] = y;
+            for (u32 r = 1; r < GDR_SOLVE; ++r) {
+#pragma unroll
+                for (u32 q = 0; q < r; ++q) x[r] -= kk[(i0 + r) * GDR_CHUNK + i0 + q] * x[q];
+            }
+#pragma unroll
+            for (u32 r = 0; r < GDR_SOLVE; ++r)
+                if (i0 + r < len) uw[(u64)(i0 + r) * cols + c] = x[r];
         }
-#pragma unroll
-        for (u32 i = 0; i < GDR_CHUNK; ++i)
-            if (i < len) uw[(u64)i * cols + c] = x[i];
     }
 }
 
