@@ -14,6 +14,8 @@
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
+//! - `attention_d256`: head dim 256's prefill (Qwen3.5/3.6, Gemma), 16 query heads on 2: a
+//!   4,096-token causal prefill and 64 sequences of 32 queries over 16,384 cached keys.
 //! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
 //!   32 value heads, 128 by 128): prefill steps of one 8,192-row prompt, of 256 prompts of
 //!   128 rows, of 64 prompts of 128, 64, 32 and 16 rows (the chunked form from 32 rows, the
@@ -210,8 +212,19 @@ fn attention_params() -> AttentionParams {
 /// Pools and metadata for `seqs` sequences of `context` tokens of which the last `q_len`
 /// are this step's queries, each sequence's blocks interleaved with the others' in the pool.
 fn attention_step(b: &CudaBackend, seqs: usize, context: usize, q_len: usize) -> (Tensor, Tensor, AttentionMeta) {
+    attention_step_of(b, (KV_HEADS, HEAD_DIM), seqs, context, q_len)
+}
+
+/// [`attention_step`] with `kv_heads` KV heads of `head_dim`.
+fn attention_step_of(
+    b: &CudaBackend,
+    (kv_heads, head_dim): (usize, usize),
+    seqs: usize,
+    context: usize,
+    q_len: usize,
+) -> (Tensor, Tensor, AttentionMeta) {
     let per_seq = context.div_ceil(BLOCK);
-    let pool = [seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM];
+    let pool = [seqs * per_seq, BLOCK, kv_heads, head_dim];
     let k_cache = upload(b, &values(pool.iter().product(), 7), &pool);
     let v_cache = upload(b, &values(pool.iter().product(), 8), &pool);
     let tables: Vec<u32> = (0..seqs).flat_map(|s| (0..per_seq).map(move |i| (i * seqs + s) as u32)).collect();
@@ -339,12 +352,40 @@ fn delta_rule(c: &mut Criterion) {
     group.finish();
 }
 
+/// Head dim 256's prefill at Qwen3.6-35B-A3B's attention (16 query heads on 2 KV heads): a
+/// 4,096-token causal prefill, and 64 sequences of 32 queries over 16,384 cached keys each
+/// (a burst of prefix hits), FLOP/s over the visible pairs.
+fn attention_d256(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let (heads, kv_heads, d) = (16, 2, 256);
+    let params = AttentionParams {
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: d,
+        scale: (d as f32).powf(-0.5),
+        ..attention_params()
+    };
+    let mut group = c.benchmark_group("cuda_attention_d256");
+    for (seqs, context, q_len) in [(1, 4096, 4096), (64, 16_384, 32)] {
+        let (kc, vc, meta) = attention_step_of(b, (kv_heads, d), seqs, context, q_len);
+        let q = upload(b, &values(seqs * q_len * heads * d, 6), &[seqs * q_len, heads, d]);
+        // Query i of a sequence sees the keys up to its position, context - q_len + i.
+        let pairs: usize = (0..q_len).map(|i| context - q_len + i + 1).sum::<usize>() * seqs;
+        group.throughput(Throughput::Elements((4 * pairs * d * heads) as u64));
+        let name = format!("prefill_{seqs}x{q_len}_over_{context}_h{heads}_kv{kv_heads}_d{d}");
+        bench_synced(&mut group, &name, b, || {
+            b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, matmul, rms_norm, attention, delta_rule, sample
+    targets = gemv, matmul, rms_norm, attention, attention_d256, delta_rule, sample
 }
 criterion_main!(benches);

@@ -108,6 +108,22 @@ __device__ __forceinline__ void wgmma_ss_n128(float* d, u64 a, u64 b, u32 accumu
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d[32] (+)= A·Bᵀ, m64n64k16: A and B in shared memory (descriptors), both K-major. The
+// product accumulates unless `accumulate` is 0.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, u64 a, u64 b, u32 accumulate) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // d[64] += A·B, m64n128k16: A in registers (each warp's 16 rows as mma.sync's A fragment),
 // B in shared memory, MN-major.
 __device__ __forceinline__ void wgmma_rs_n128(float* d, const u32* a, u64 b) {
@@ -147,20 +163,22 @@ __device__ __forceinline__ void wgmma_rs_n64(float* d, const u32* a, u64 b) {
 // The kernels exist on sm_90a only (wgmma and setmaxnreg); other targets compile empty
 // bodies that the host never launches (`prefill_kernel` in src/cuda/attention.rs).
 // grid (total tiles, h_kv), block FW_THREADS, dynamic shared memory as `prefill_kernel` sizes
-// it (src/cuda/attention.rs): the Q tile, FW_STAGES stages of a K and a V tile, the mbarriers,
-// and 1 KiB to align the tiles to the swizzle's 1024-byte pattern. D is 64 or 128.
-template <int D>
+// it (src/cuda/attention.rs): the Q tile, STAGES stages of a K and a V tile, the mbarriers,
+// and 1 KiB to align the tiles to the swizzle's 1024-byte pattern. D is 64 or 128 with tiles
+// of FW_BN keys in FW_STAGES stages, or 256 with tiles of 64 keys in 2 stages (a warpgroup's
+// 64 rows of O are then 128 registers a thread, and the ring is what 227 KiB hold).
+template <int D, int BN, int STAGES>
 __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
                                  const u32* seq_lens, const u32* tables, const u32* tiles, const AttnArgs& a) {
     extern __shared__ __align__(1024) unsigned char fw_smem[];
     constexpr u32 CH = D / 8;                // 16-byte chunks per row
-    constexpr u32 TILE = FW_BN * D * 2;      // bytes of a K or a V tile
+    constexpr u32 TILE = BN * D * 2;      // bytes of a K or a V tile
     const u32 qs = (smem_addr(fw_smem) + 1023) & ~1023u;
     auto ks = [&](u32 st) { return qs + FW_BM * D * 2 + 2 * st * TILE; };
     auto vs = [&](u32 st) { return ks(st) + TILE; };
-    const u32 bars = qs + FW_BM * D * 2 + 2 * FW_STAGES * TILE;
+    const u32 bars = qs + FW_BM * D * 2 + 2 * STAGES * TILE;
     auto full = [&](u32 st) { return bars + 8 * st; };
-    auto empty = [&](u32 st) { return bars + 8 * (FW_STAGES + st); };
+    auto empty = [&](u32 st) { return bars + 8 * (STAGES + st); };
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 kvh = blockIdx.y, G = a.h / a.h_kv;
 
@@ -175,11 +193,11 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
     const u32* table = tables + (u64)s * a.max_blocks;
     const u32 pos_first = base + p0 / G, pos_last = base + (p0 + rows - 1) / G;
     const u32 lo = (a.window > 0 && pos_first + 1 > a.window) ? pos_first + 1 - a.window : 0;
-    const u32 kt_begin = lo / FW_BN, n_tiles = pos_last / FW_BN + 1 - kt_begin;
+    const u32 kt_begin = lo / BN, n_tiles = pos_last / BN + 1 - kt_begin;
     const u32 consumers = (rows + 63) / 64;  // warpgroups with rows; the others leave
 
     if (threadIdx.x == 0) {
-        for (u32 st = 0; st < FW_STAGES; ++st) {
+        for (u32 st = 0; st < STAGES; ++st) {
             mbar_init(full(st), 128);
             mbar_init(empty(st), 4 * consumers);
         }
@@ -192,17 +210,17 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
         // The producer: CH threads copy a row's chunks, 128 / CH rows an instruction.
         const u32 tid = threadIdx.x & 127, sub = tid / CH, ch = tid % CH;
         for (u32 t = 0; t < n_tiles; ++t) {
-            const u32 st = t % FW_STAGES;
-            if (t >= FW_STAGES) mbar_wait(empty(st), (t / FW_STAGES + 1) & 1);
-            const u32 key0 = (kt_begin + t) * FW_BN;
+            const u32 st = t % STAGES;
+            if (t >= STAGES) mbar_wait(empty(st), (t / STAGES + 1) & 1);
+            const u32 key0 = (kt_begin + t) * BN;
 #pragma unroll
-            for (u32 r = sub; r < FW_BN; r += 128 / CH) {
+            for (u32 r = sub; r < BN; r += 128 / CH) {
                 const u32 j = key0 + r;
                 const bool valid = j <= pos_last;
                 const u64 slot = kv_slot(table, valid ? j : pos_last, a.block_size);
                 const u64 at = (slot * a.h_kv + kvh) * D + ch * 8;
-                cp_async16(ks(st) + fw_off<FW_BN>(r, ch), kc + at, valid);
-                cp_async16(vs(st) + fw_off<FW_BN>(r, ch), vc + at, valid);
+                cp_async16(ks(st) + fw_off<BN>(r, ch), kc + at, valid);
+                cp_async16(vs(st) + fw_off<BN>(r, ch), vc + at, valid);
             }
             mbar_arrive_copies(full(st));
         }
@@ -235,7 +253,7 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
         pos_r[i] = base + (p0 + r) / G;
         first_r[i] = (a.window > 0 && pos_r[i] + 1 > a.window) ? pos_r[i] + 1 - a.window : 0;
     }
-    float o[D / 2], sc[FW_BN / 2];
+    float o[D / 2], sc[BN / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     float m[2] = {-MET_INF, -MET_INF}, l[2] = {0.0f, 0.0f};
@@ -244,48 +262,52 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
 
     // S = Q Kᵀ of tile t: D / 16 steps of 16 dims, each a 32-byte step inside a 128-byte row.
     auto issue_qk = [&](u32 t) {
-        const u32 st = t % FW_STAGES;
+        const u32 st = t % STAGES;
 #pragma unroll
         for (u32 kk = 0; kk < D / 16; ++kk) {
             const u32 col = (kk >> 2) * (FW_BM * 128) + (kk & 3) * 32;
-            const u32 kcol = (kk >> 2) * (FW_BN * 128) + (kk & 3) * 32;
-            wgmma_ss_n128(sc, wg_desc(q_rows + col, 16, 1024), wg_desc(ks(st) + kcol, 16, 1024), kk);
+            const u32 kcol = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+            if constexpr (BN == 128) {
+                wgmma_ss_n128(sc, wg_desc(q_rows + col, 16, 1024), wg_desc(ks(st) + kcol, 16, 1024), kk);
+            } else {
+                wgmma_ss_n64(sc, wg_desc(q_rows + col, 16, 1024), wg_desc(ks(st) + kcol, 16, 1024), kk);
+            }
         }
         wg_commit();
     };
     auto await_tile = [&](u32 t) {
-        mbar_wait(full(t % FW_STAGES), (t / FW_STAGES) & 1);
+        mbar_wait(full(t % STAGES), (t / STAGES) & 1);
         fence_proxy_async();
     };
     await_tile(0);
     wg_fence();
     issue_qk(0);
     wg_wait<0>();
-    wg_pin<FW_BN / 2>(sc);
+    wg_pin<BN / 2>(sc);
 
     for (u32 t = 0; t < n_tiles; ++t) {
-        const u32 st = t % FW_STAGES;
+        const u32 st = t % STAGES;
         // Soft-cap and mask the raw scores, then the online softmax in base 2, the scale
         // folded into the exponent's multiply-add. Accumulator element 4n + e is key
         // 8n + 2tq + (e & 1) of row g + 8 (e >> 1).
-        const u32 key0 = (kt_begin + t) * FW_BN;
+        const u32 key0 = (kt_begin + t) * BN;
         // Only tiles that cross a row's causal edge or window start need the mask; the warp
         // decides as one, so the other tiles run without a compare per score.
 #ifdef MET_FAULT_DROP_LAST_KV_BLOCK
         const bool edge = true;
 #else
-        const bool edge = __any_sync(0xffffffffu, key0 + FW_BN - 1 > min(pos_r[0], pos_r[1]) ||
+        const bool edge = __any_sync(0xffffffffu, key0 + BN - 1 > min(pos_r[0], pos_r[1]) ||
                                                       key0 < max(first_r[0], first_r[1]));
 #endif
         float f = scale2;  // raw score to log2 units
         if (a.softcap > 0.0f) {
 #pragma unroll
-            for (int i = 0; i < FW_BN / 2; ++i) sc[i] = a.softcap * tanhf(sc[i] * a.scale / a.softcap) * log2e;
+            for (int i = 0; i < BN / 2; ++i) sc[i] = a.softcap * tanhf(sc[i] * a.scale / a.softcap) * log2e;
             f = 1.0f;
         }
         if (edge) {
 #pragma unroll
-            for (int n = 0; n < FW_BN / 8; ++n) {
+            for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = e >> 1;
@@ -302,7 +324,7 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
         }
         float tile_max[2] = {-MET_INF, -MET_INF};
 #pragma unroll
-        for (int n = 0; n < FW_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
             tile_max[0] = fmaxf(tile_max[0], fmaxf(sc[4 * n], sc[4 * n + 1]));
             tile_max[1] = fmaxf(tile_max[1], fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
         }
@@ -319,9 +341,9 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
         }
         // P in bf16 as the A fragments of P V: keys 16kk .. 16kk + 15 are elements
         // 8kk .. 8kk + 7, pairs of rows g, g + 8, g, g + 8.
-        u32 pf[FW_BN / 16][4];
+        u32 pf[BN / 16][4];
 #pragma unroll
-        for (int n = 0; n < FW_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
             float p[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -344,16 +366,20 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
                 o[4 * n + 3] *= corr[1];
             }
         }
-        // O += P V (FW_BN / 16 steps of 16 keys, each 2 groups of 8 rows of V), then the next
+        // O += P V (BN / 16 steps of 16 keys, each 2 groups of 8 rows of V), then the next
         // tile's Q Kᵀ: the tensor cores run both while this warpgroup waits, and the other
         // warpgroup's softmax runs beside them.
         const bool more = t + 1 < n_tiles;
         if (more) await_tile(t + 1);
         wg_fence();
 #pragma unroll
-        for (u32 kk = 0; kk < FW_BN / 16; ++kk) {
-            const u64 vd = wg_desc(vs(st) + kk * 2048, FW_BN * 128, 1024);
-            if constexpr (D == 128) {
+        for (u32 kk = 0; kk < BN / 16; ++kk) {
+            const u64 vd = wg_desc(vs(st) + kk * 2048, BN * 128, 1024);
+            if constexpr (D == 256) {
+                // Dims 0..127 and 128..255: the second half starts two column blocks on.
+                wgmma_rs_n128(o, pf[kk], vd);
+                wgmma_rs_n128(o + 64, pf[kk], wg_desc(vs(st) + 2 * BN * 128 + kk * 2048, BN * 128, 1024));
+            } else if constexpr (D == 128) {
                 wgmma_rs_n128(o, pf[kk], vd);
             } else {
                 wgmma_rs_n64(o, pf[kk], vd);
@@ -373,7 +399,7 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
         if (lane == 0) mbar_arrive(empty(st));
         if (more) {
             wg_wait<0>();
-            wg_pin<FW_BN / 2>(sc);
+            wg_pin<BN / 2>(sc);
         }
     }
     // The row sums are split over the four threads of a row: add them, then normalise.
@@ -399,7 +425,8 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
                                    const u32* cu_q, const u32* seq_lens, const u32* tables, const u32* tiles, \
                                    AttnArgs a) {                                                                \
         pdl_enter();                                                                                            \
-        FW_BODY(flash_prefill_wg<D>(out, q, kc, vc, cu_q, seq_lens, tables, tiles, a));                         \
+        FW_BODY((flash_prefill_wg<D, D == 256 ? 64 : FW_BN, D == 256 ? 2 : FW_STAGES>(out, q, kc, vc, cu_q,      \
+                                                                                  seq_lens, tables, tiles, a))); \
     }
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define FW_BODY(call) call
@@ -408,3 +435,4 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
 #endif
 MET_FLASH_PREFILL_WG(64)
 MET_FLASH_PREFILL_WG(128)
+MET_FLASH_PREFILL_WG(256)

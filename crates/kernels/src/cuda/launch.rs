@@ -48,6 +48,7 @@ pub(super) const KERNELS: &[&str] = &[
     "flash_prefill_bf16_d256",
     "flash_prefill_wg_bf16_d64",
     "flash_prefill_wg_bf16_d128",
+    "flash_prefill_wg_bf16_d256",
     "flash_decode_bf16_d64_w4",
     "flash_decode_bf16_d128_w4",
     "flash_decode_bf16_d64_w2",
