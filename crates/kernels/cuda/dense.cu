@@ -414,3 +414,11 @@ extern "C" __global__ void fill_rows_bf16(const bf16_t* bias, bf16_t* out, u32 n
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
         out[i] = bias[i % n];
 }
+
+// out[r, c] += bias[c] for out [total / n, n], rounded once to bf16: a product's bias where
+// the product cannot take it in its sum (`--batch-invariant`'s dense products).
+extern "C" __global__ void add_rows_bf16(const bf16_t* bias, bf16_t* out, u32 n, u64 total) {
+    pdl_enter();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
+        out[i] = f2bf(bf2f(out[i]) + bf2f(bias[i % n]));
+}

@@ -210,6 +210,13 @@ extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tile
 // out[r, :n] = a[src(r), :kd] · w[x]ᵀ for every row r of every expert x, where w [e, n, kd]
 // and src(r) = a_rows[r] (the token of a grouped row) or r itself when a_rows is null.
 // bf16 operands through mma.sync m16n8k16 with f32 accumulation, rounded once to bf16.
+// With `tiles` null it is one dense product `out [e, n] = a · w[0]ᵀ` of `e` rows.
+//
+// A row's sums do not depend on the rows around it: every output element accumulates its
+// kd products in MOE_BK-column tiles, in order, each tile in k16 steps of the same
+// instruction, whatever BM, the deep pipeline or ALIGNED (which change only how tiles are
+// loaded). So every kernel of the family writes a row's bits alike, which
+// `--batch-invariant` takes for its dense products too.
 //
 // grid (ceil(n / MOE_BN), row tiles bound), block MOE_THREADS, dynamic shared memory
 // STAGES (BM + MOE_BN) MOE_BK · 2 bytes. Block y is row tile y of the whole grouping
@@ -230,15 +237,23 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
     auto bs = [&](u32 st) { return base + st * STAGE + BM * MOE_BK * 2; };
 
     const u32 y = blockIdx.y;
-    if (y >= tiles[e]) return;
-    u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
-    while (hi - lo > 1) {
-        const u32 mid = (lo + hi) / 2;
-        if (tiles[mid] <= y) lo = mid; else hi = mid;
+    u32 x = 0, r0, rows;
+    if (!tiles) {
+        // A dense product (`--batch-invariant`'s): one expert, `e` rows, tile y.
+        r0 = y * BM;
+        if (r0 >= e) return;
+        rows = min((u32)BM, e - r0);
+    } else {
+        if (y >= tiles[e]) return;
+        u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (tiles[mid] <= y) lo = mid; else hi = mid;
+        }
+        x = lo;
+        r0 = offsets[x] + (y - tiles[x]) * BM;
+        rows = min((u32)BM, offsets[x + 1] - r0);
     }
-    const u32 x = lo;
-    const u32 r0 = offsets[x] + (y - tiles[x]) * BM;
-    const u32 rows = min((u32)BM, offsets[x + 1] - r0);
     const u32 n0 = blockIdx.x * MOE_BN;
     const bf16_t* wx = w + (u64)x * n * kd;
     const u32 k_tiles = (kd + MOE_BK - 1) / MOE_BK;

@@ -51,6 +51,13 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// Logits and routing weights are always f32.
     fn float_dtype(&self) -> DType;
 
+    /// Whether a row's results never depend on the other rows of its step (their number,
+    /// the step's chunking, decode or prefill): the CPU's kernels always are; CUDA's under
+    /// `--batch-invariant` (`CudaBackend::with_batch_invariance`).
+    fn batch_invariant(&self) -> bool {
+        false
+    }
+
     // --- memory -------------------------------------------------------------------------
 
     /// A tensor of zeros.

@@ -153,9 +153,69 @@ mod cuda_mma {
     );
 }
 
+/// The batch-invariance promise (`GpuBackend::batch_invariant`), on the CPU, which always
+/// keeps it.
+mod cpu_invariant {
+    backend_tests!(@checks met_kernels::CpuBackend::new();
+        dense::matmul_rows_are_batch_invariant,
+        attention::attention_rows_are_batch_invariant,
+    );
+}
+
+/// CUDA under `--batch-invariant`: the promise, and the ops' correctness on its kernels.
+#[cfg(feature = "cuda")]
+mod cuda_invariant {
+    backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_batch_invariance();
+        dense::matmul_rows_are_batch_invariant,
+        attention::attention_rows_are_batch_invariant,
+        dense::matmul_matches_reference,
+        dense::matmul_decode_batches_match_reference,
+        dense::matmul_silu_mul_matches_unfused,
+        attention::paged_attention_gqa_mixed_batch,
+        attention::paged_attention_mha_mixed_batch,
+        attention::paged_attention_sliding_window,
+        attention::paged_attention_softcap,
+        attention::paged_attention_long_contexts,
+        attention::attention_tiled_prefill_shapes,
+        props::matmul_property,
+        props::paged_attention_property,
+        lora::lora_decode_batches_match_reference,
+        lora::lora_prefill_batches_match_reference,
+        lora::lora_rows_do_not_see_their_batch,
+        moe::moe_experts_matches_reference,
+        moe::moe_experts_grouped_tiles_match_reference,
+    );
+}
+
 /// Checks of promises only the CUDA backend makes.
 #[cfg(feature = "cuda")]
 mod cuda_only {
+    /// Without `--batch-invariant`, how many rows of the invariance checks differ (printed
+    /// for the record: the default kernels make no such promise, and this is what the flag
+    /// buys); the same census under the flag must be empty.
+    #[test]
+    fn batch_invariance_census() -> met_kernels::Result<()> {
+        let default = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        let invariant =
+            met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_batch_invariance();
+        for (name, b) in [("default", &default), ("--batch-invariant", &invariant)] {
+            let ((products, n_products), (attention, n_attention)) = (
+                crate::dense::matmul_rows_differing_in_batches(b)?,
+                crate::attention::attention_rows_differing_in_batches(b)?,
+            );
+            println!(
+                "BATCH-INVARIANCE {name}: {} of {n_products} product rows and {} of {n_attention} attention rows \
+                 differ from the row alone",
+                products.len(),
+                attention.len()
+            );
+            if name != "default" {
+                assert!(products.is_empty() && attention.is_empty(), "{products:?} {attention:?}");
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn matmul_rows_do_not_depend_on_the_batch() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");

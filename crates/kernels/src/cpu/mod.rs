@@ -229,6 +229,10 @@ pub(crate) fn u32_tensor(data: Vec<u32>, dims: &[usize]) -> Tensor {
 }
 
 impl GpuBackend for CpuBackend {
+    fn batch_invariant(&self) -> bool {
+        true
+    }
+
     fn device(&self) -> DeviceKind {
         DeviceKind::Cpu
     }

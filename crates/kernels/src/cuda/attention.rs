@@ -271,6 +271,16 @@ pub(super) fn flash_attention(
         return Ok(call.out);
     }
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    if b.batch_invariant {
+        // Decode rows through the prefill tiles too: a row reads its keys in the same tiles,
+        // in the same order, whether it is a decode row, a prompt's or a recomputed one, and
+        // whatever the batch (no split of its keys chosen by the batch's size).
+        match prefill_kernel(d, b.tiled_prefill) {
+            Some(tiled) => prefill(b, &call, tiled, q, (k_cache, v_cache), meta)?,
+            None => reference(b, &call, q, (k_cache, v_cache), meta)?,
+        }
+        return Ok(call.out);
+    }
     let decode_step = decode_applies(&call.cu, h, hkv, d);
     let shape = FlashDecode::for_batch(call.lens.len());
     // Head dim 256's decode kernels need Hopper's shared memory, as its tiles do.

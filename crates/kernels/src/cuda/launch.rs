@@ -39,6 +39,7 @@ pub(super) const KERNELS: &[&str] = &[
     "gather_u32",
     "copy_cols_bf16",
     "fill_rows_bf16",
+    "add_rows_bf16",
     "write_kv_bf16",
     "qkv_rotary_write_bf16",
     "qkv_rotary_write_bf16_nf32",

@@ -110,7 +110,11 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
     let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
     let widest = parts.n.iter().copied().max().unwrap_or(0);
     match lora.groups {
-        Some(groups) if t >= GROUPED_FROM && rank % 16 == 0 && rank <= GROUP_MAX_RANK && k % 8 == 0 => {
+        // The grouped kernels sum a row's shrink in another order than the per-row ones:
+        // `--batch-invariant` keeps every step on the per-row kernels.
+        Some(groups)
+            if !b.batch_invariant && t >= GROUPED_FROM && rank % 16 == 0 && rank <= GROUP_MAX_RANK && k % 8 == 0 =>
+        {
             let tiles = as_u32(OP, "row tiles", t.div_ceil(GROUP_ROWS) + slots)?;
             let shrink = LaunchConfig {
                 grid_dim: (tiles, n_parts, GROUP_SPLIT),

@@ -81,6 +81,9 @@ pub struct CudaBackend {
     pdl: bool,
     /// The tiled kernels the `flash` op runs prefill steps on.
     tiled_prefill: attention::TiledPrefill,
+    /// Whether every op computes a row in an order of its own, whatever its batch
+    /// ([`Self::with_batch_invariance`]).
+    batch_invariant: bool,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -154,7 +157,18 @@ impl CudaBackend {
         // overlap is worth or to rule it out when chasing a race.
         let pdl = dev.capability.0 >= 9 && std::env::var_os("MET_CUDA_PDL").is_none_or(|v| v != "0");
         let tiled_prefill = attention::TiledPrefill::for_device(dev.capability);
-        Ok(Self { dev, blas, kernels, origin, arch, fault, decode_counters, pdl, tiled_prefill })
+        Ok(Self {
+            dev,
+            blas,
+            kernels,
+            origin,
+            arch,
+            fault,
+            decode_counters,
+            pdl,
+            tiled_prefill,
+            batch_invariant: false,
+        })
     }
 
     /// This backend with the `flash` op's prefill steps on the `mma.sync` tiles, the kernels
@@ -164,9 +178,26 @@ impl CudaBackend {
         self.tiled_prefill = attention::TiledPrefill::MmaSync;
         self
     }
+
+    /// This backend with `--batch-invariant`'s kernels: a row's products, attention and
+    /// adapter deltas take the same kernels and the same order of sums whatever the other
+    /// rows of its step, the step's size, its chunking or whether the row is a decode row,
+    /// so a sequence's logits do not depend on its batch. Products go through the grouped
+    /// GEMM's tiles at every size (no cuBLAS, no split-K, no decode GEMVs), attention
+    /// through the tiled prefill kernel for decode rows too (no split-KV), LoRA through the
+    /// per-row kernels. Slower: the cost is measured in `bench/results/`.
+    #[must_use]
+    pub fn with_batch_invariance(mut self) -> Self {
+        self.batch_invariant = true;
+        self
+    }
 }
 
 impl GpuBackend for CudaBackend {
+    fn batch_invariant(&self) -> bool {
+        self.batch_invariant
+    }
+
     fn device(&self) -> DeviceKind {
         DeviceKind::Cuda
     }
@@ -233,6 +264,8 @@ impl GpuBackend for CudaBackend {
             .map(|f| format!("; DELIBERATELY WRONG KERNELS ({}={f}), for testing tests only", compile::FAULT_VAR))
             .unwrap_or_default();
         let serial = if self.pdl { "" } else { "; launches serialised" };
+        let serial =
+            if self.batch_invariant { format!("{serial}; batch-invariant kernels") } else { serial.to_string() };
         format!(
             "cuda:{} {} ({}, {} SMs, {memory}); {}{serial}{fault}",
             self.dev.ordinal, self.dev.name, self.arch, self.dev.multiprocessors, self.origin

@@ -183,6 +183,30 @@ fn gemm_kernel(aligned: bool, bm: usize, tk: usize, e: usize) -> &'static GemmKe
     GEMM_KERNELS.iter().find(|k| k.name == name).expect("every name is in the table")
 }
 
+/// `out [m, n] = x [m, k] · w [n, k]ᵀ` (bf16) on the grouped GEMM's tiles as one expert of
+/// `m` rows, for `--batch-invariant`: the family writes a row's bits alike at any `m`
+/// (`moe_gemm` in `moe.cu`), so the kernel is picked for speed alone: the deep 16-row
+/// pipeline (weights streamed) for a few rows, 64-row tiles past them.
+pub(super) fn dense_gemm(b: &CudaBackend, (x, w, out): (u64, u64, u64), m: usize, n: usize, k: usize) -> Result<()> {
+    let op = "matmul";
+    let name = match (k.is_multiple_of(8), m) {
+        (false, _) => "moe_gemm_bf16_m16_unaligned",
+        (true, 0..=32) => "moe_gemm_bf16_m16_deep",
+        (true, 33..=128) => "moe_gemm_bf16_m32",
+        _ => "moe_gemm_bf16_m64",
+    };
+    let kernel = GEMM_KERNELS.iter().find(|g| g.name == name).expect("every name is in the table");
+    let rows = u32::try_from(m).map_err(|_| Error::InvalidArgument(format!("{op}: {m} rows")))?;
+    let tiles = m.div_ceil(kernel.bm);
+    ensure(tiles <= 65_535, op, || format!("{m} rows are more tiles of {} than a grid holds", kernel.bm))?;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (n.div_ceil(GEMM_BN) as u32, tiles as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: kernel.shared_bytes(),
+    };
+    launch!(b, kernel.name, cfg, [x, 0u64, w, out, 0u64, 0u64, rows, n as u32, k as u32])
+}
+
 /// Lets the grouped GEMMs use more than the default 48 KiB of dynamic shared memory.
 pub(super) fn raise_shared_memory(
     kernels: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,

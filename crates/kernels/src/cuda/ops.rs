@@ -46,6 +46,13 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         return Ok(out);
     }
     let out_ptr = ptr("matmul", &out)?;
+    if b.batch_invariant && k > 0 {
+        super::moe::dense_gemm(b, (ptr("matmul", x)?, ptr("matmul", w)?, out_ptr), m, n, k)?;
+        return match bias {
+            Some(bias) => add_bias(b, &out, bias, m, n),
+            None => Ok(out),
+        };
+    }
     if gemv::applies(m, n, k) {
         let bias = bias.map(|t| ptr("matmul", t)).transpose()?.unwrap_or(0);
         let g = Gemv { x: ptr("matmul", x)?, w: ptr("matmul", w)?, bias, out: out_ptr, m, n, k };
@@ -65,6 +72,13 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         b.blas.gemm(&b.dev, g)?;
     }
     Ok(out)
+}
+
+/// `out [m, n] += bias [n]` in place, for a product that could not add it in its sum.
+fn add_bias(b: &CudaBackend, out: &Tensor, bias: &Tensor, m: usize, n: usize) -> Result<Tensor> {
+    let total = (m * n) as u64;
+    launch!(b, "add_rows_bf16", elementwise(m * n), [ptr("matmul", bias)?, ptr("matmul", out)?, n as u32, total])?;
+    Ok(out.clone())
 }
 
 /// Norm weights are bf16 (`LlamaRMSNorm`) or f32 (`GemmaRMSNorm`'s `1 + w`); see
@@ -160,7 +174,7 @@ pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result
     expect_dtype("matmul_silu_mul", x, BF16)?;
     expect_dtype("matmul_silu_mul", w, BF16)?;
     ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
-    if !gemv::applies(m, n, k) {
+    if b.batch_invariant || !gemv::applies(m, n, k) {
         return silu_mul(b, &matmul(b, x, w, None)?);
     }
     let out = b.alloc(&[m, n / 2], DType::BF16)?;

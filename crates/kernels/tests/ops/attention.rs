@@ -625,3 +625,76 @@ pub fn paged_attention_decode_steps(b: &dyn GpuBackend) -> Result<()> {
     check_case(b, &Layout::new(4, 4, 64, 16), &more, 6.0, 76, "decode, 80 sequences, MHA d=64").map(drop)?;
     check_case(b, &Layout::new(16, 2, 256, 16), &many, 6.0, 77, "decode, 40 sequences, 16/2 heads d=256").map(drop)
 }
+
+/// A batch-invariant backend's attention (`GpuBackend::batch_invariant`): each query row of
+/// a 300-token sequence gives the same bits computed in one prefill, in chunks of the
+/// prompt (each after the chunks before it are cached), as a decode row on its own, and as
+/// a decode row beside other sequences (a prefill, a chunk, decode rows), at head dims 64,
+/// 128 and 256 with GQA, sharp attention, and tiles, blocks and chunks whose edges differ.
+pub fn attention_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
+    assert!(b.batch_invariant(), "{} is not batch-invariant", b.name());
+    let (differ, _) = attention_rows_differing_in_batches(b)?;
+    assert!(differ.is_empty(), "{} rows differ from the prefill's: {differ:?}", differ.len());
+    Ok(())
+}
+
+/// The rows of [`attention_rows_are_batch_invariant`]'s cases that differ from the
+/// prefill's, each named: the census the GPU bundle prints for the default CUDA kernels.
+pub fn attention_rows_differing_in_batches(b: &dyn GpuBackend) -> Result<(Vec<String>, usize)> {
+    let (mut differ, mut compared) = (vec![], 0);
+    for (seed, &(h, h_kv, d)) in [(8, 2, 128), (4, 4, 64), (16, 2, 256)].iter().enumerate() {
+        let layout = Layout::new(h, h_kv, d, 16);
+        let mut rng = Rng::new(300 + seed as u64);
+        let len = 300;
+        let whole = Seq { context: len, q_len: len };
+        let c = Contents::random(b, &mut rng, &layout, &[whole], 6.0);
+        let row = h * d;
+        // Rows `start..end` of the sequence as the queries of a step over its first `end` tokens.
+        let part = |start: usize, end: usize| Contents {
+            k: vec![c.k[0][..end * layout.kv_row()].to_vec()],
+            v: vec![c.v[0][..end * layout.kv_row()].to_vec()],
+            q: c.q[start * row..end * row].to_vec(),
+        };
+        let step = |rng: &mut Rng, seqs: &[Seq], contents: &Contents| -> Result<Vec<f32>> {
+            let tables = shuffled_tables(rng, seqs, layout.block_size, pool_blocks(seqs, layout.block_size));
+            b.download_f32(&run_step(b, &layout, seqs, contents, &tables, Op::Flash)?)
+        };
+        let prefill = step(&mut rng, &[whole], &c)?;
+        let what = |how: &str, i: usize| format!("h={h} h_kv={h_kv} d={d}: row {i} {how}");
+        // Chunks of the prompt, each step after the chunks before it.
+        let mut start = 0;
+        for end in [37, 64, 65, 200, 300] {
+            let got = step(&mut rng, &[Seq { context: end, q_len: end - start }], &part(start, end))?;
+            for i in start..end {
+                compared += 1;
+                if got[(i - start) * row..(i - start + 1) * row] != prefill[i * row..(i + 1) * row] {
+                    differ.push(what("in a chunk", i));
+                }
+            }
+            start = end;
+        }
+        // Decode rows alone, and one beside other sequences.
+        for i in [0, 15, 16, 63, 64, 127, 128, 255, 299] {
+            let got = step(&mut rng, &[Seq { context: i + 1, q_len: 1 }], &part(i, i + 1))?;
+            compared += 1;
+            if got != prefill[i * row..(i + 1) * row] {
+                differ.push(what("as a decode row", i));
+            }
+        }
+        let others = [Seq { context: 90, q_len: 90 }, Seq { context: 140, q_len: 40 }, Seq { context: 33, q_len: 1 }];
+        let mut batch = Contents::random(b, &mut rng, &layout, &others, 6.0);
+        let i = 299;
+        let mine = part(i, i + 1);
+        batch.k.insert(1, mine.k[0].clone());
+        batch.v.insert(1, mine.v[0].clone());
+        let first: usize = others[0].q_len * row;
+        batch.q.splice(first..first, mine.q.iter().copied());
+        let seqs = [others[0], Seq { context: i + 1, q_len: 1 }, others[1], others[2]];
+        let got = step(&mut rng, &seqs, &batch)?;
+        compared += 1;
+        if got[first..first + row] != prefill[i * row..(i + 1) * row] {
+            differ.push(what("as a decode row in a batch", i));
+        }
+    }
+    Ok((differ, compared))
+}

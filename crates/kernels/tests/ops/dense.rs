@@ -2,7 +2,7 @@
 //! per head, fused with the residual add), rotary, SiLU·mul, embedding, add, column splits
 //! and row gathers, plus the shape and index errors each must return instead of panicking.
 
-use met_kernels::{DType, Error, GpuBackend, HostTensor, Result, UniformRun};
+use met_kernels::{DType, Error, GpuBackend, HostTensor, Result, Tensor, UniformRun};
 
 use crate::harness::{Rng, assert_close, assert_values, expect_err, stored, upload_f32, upload_u32, widen};
 
@@ -544,4 +544,60 @@ pub fn gather_u32_picks_elements(b: &dyn GpuBackend) -> Result<()> {
     let floats = upload_f32(b, &[1.0; 4], &[4])?;
     expect_err(b.gather_u32(&floats, &[0]), "f32 values");
     Ok(())
+}
+
+/// A batch-invariant backend's products (`GpuBackend::batch_invariant`): every row of a
+/// batch of any size, with or without a bias, 16-byte rows or not, and the fused SiLU·mul,
+/// equals the same row computed alone, bit for bit. Batch sizes cross the tile sizes and
+/// the kernel changes of the CUDA path (16, 32, 64 rows; 32 and 128 rows per launch).
+pub fn matmul_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
+    assert!(b.batch_invariant(), "{} is not batch-invariant", b.name());
+    let (differ, _) = matmul_rows_differing_in_batches(b)?;
+    assert!(differ.is_empty(), "{} rows differ from the row alone: {differ:?}", differ.len());
+    Ok(())
+}
+
+/// The rows of [`matmul_rows_are_batch_invariant`]'s cases that differ from the row
+/// alone, each named: the census the GPU bundle prints for the default CUDA kernels.
+pub fn matmul_rows_differing_in_batches(b: &dyn GpuBackend) -> Result<(Vec<String>, usize)> {
+    let (mut differ, mut compared) = (vec![], 0);
+    let mut rng = Rng::new(78);
+    for &(k, n) in &[(1_024, 520), (1_003, 96)] {
+        let w = upload_f32(b, &stored(b, rng.vec(n * k)), &[n, k])?;
+        let bias = upload_f32(b, &stored(b, rng.vec(n)), &[n])?;
+        let rows = 300;
+        let x: Vec<f32> = stored(b, rng.vec(rows * k));
+        let one = |i: usize, bias: Option<&Tensor>| {
+            b.download_f32(&b.matmul(&upload_f32(b, &x[i * k..(i + 1) * k], &[1, k])?, &w, bias)?)
+        };
+        let picks = [0, 1, 15, 16, 17, 31, 63, 64, 127, 128, 199, 299];
+        for with_bias in [false, true] {
+            let bias = with_bias.then_some(&bias);
+            let alone: Vec<Vec<f32>> = picks.iter().map(|&i| one(i, bias)).collect::<Result<_>>()?;
+            for m in [2, 17, 33, 65, 129, 200, 300] {
+                let out = b.download_f32(&b.matmul(&upload_f32(b, &x[..m * k], &[m, k])?, &w, bias)?)?;
+                for (&i, want) in picks.iter().zip(&alone) {
+                    if i < m {
+                        compared += 1;
+                        if out[i * n..(i + 1) * n] != want[..] {
+                            differ.push(format!("k={k} n={n} bias={with_bias}: row {i} of {m}"));
+                        }
+                    }
+                }
+            }
+        }
+        let fused_one = |i: usize| {
+            let xi = upload_f32(b, &x[i * k..(i + 1) * k], &[1, k])?;
+            b.download_f32(&b.matmul_silu_mul(&xi, &w)?)
+        };
+        let alone: Vec<Vec<f32>> = picks.iter().map(|&i| fused_one(i)).collect::<Result<_>>()?;
+        let out = b.download_f32(&b.matmul_silu_mul(&upload_f32(b, &x, &[rows, k])?, &w)?)?;
+        for (&i, want) in picks.iter().zip(&alone) {
+            compared += 1;
+            if out[i * n / 2..(i + 1) * n / 2] != want[..] {
+                differ.push(format!("k={k}: matmul_silu_mul row {i} of {rows}"));
+            }
+        }
+    }
+    Ok((differ, compared))
 }
