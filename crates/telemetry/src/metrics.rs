@@ -54,6 +54,9 @@ pub const STATE_SNAPSHOTS_CAPACITY: &str = "met_state_snapshots_capacity";
 pub const STATE_BYTES: &str = "met_state_bytes";
 /// Gauge: LoRA adapters loaded and servable, whether or not a request uses them (adapters).
 pub const LORA_ADAPTERS_LOADED: &str = "met_lora_adapters_loaded";
+/// Gauge: 1 when a request's output never depends on the requests batched with it (the
+/// CPU's kernels; CUDA's under `--batch-invariant`), else 0.
+pub const BATCH_INVARIANT: &str = "met_batch_invariant";
 
 /// Counter: prompt tokens whose KV entries came from the prefix cache instead of being
 /// computed (tokens).
@@ -254,6 +257,8 @@ pub struct Metrics {
     pub state: [Gauge; 5],
     /// [`LORA_ADAPTERS_LOADED`].
     pub lora_adapters_loaded: Gauge,
+    /// [`BATCH_INVARIANT`].
+    pub batch_invariant: Gauge,
     /// [`PREFIX_CACHE_HIT_TOKENS`].
     pub prefix_cache_hit_tokens: Counter,
     /// [`PROMPT_TOKENS_COMPUTED`].
@@ -306,6 +311,7 @@ impl Metrics {
             state: Default::default(),
             kv_blocks_capacity: Gauge::default(),
             lora_adapters_loaded: Gauge::default(),
+            batch_invariant: Gauge::default(),
             prefix_cache_hit_tokens: Counter::default(),
             prompt_tokens_computed: Counter::default(),
             generated_tokens: Counter::default(),
@@ -347,6 +353,11 @@ impl Metrics {
             r.register(name, help, gauge.clone());
         }
         r.register(LORA_ADAPTERS_LOADED, "LoRA adapters loaded", self.lora_adapters_loaded.clone());
+        r.register(
+            BATCH_INVARIANT,
+            "1 when a request's output does not depend on the requests batched with it",
+            self.batch_invariant.clone(),
+        );
         register_counter(
             r,
             PREFIX_CACHE_HIT_TOKENS,
@@ -421,6 +432,11 @@ impl Metrics {
         self.state[1].set(as_i64(sequences));
         self.state[3].set(as_i64(snapshots));
         self.state[4].set(as_i64(bytes));
+    }
+
+    /// Records whether the backend's kernels are batch-invariant.
+    pub fn set_batch_invariant(&self, invariant: bool) {
+        self.batch_invariant.set(i64::from(invariant));
     }
 
     /// Records how many LoRA adapters are loaded, after one loads or unloads.

@@ -42,6 +42,7 @@ impl Engine {
             )));
         }
         metrics.set_kv_capacity(kv.num_blocks());
+        metrics.set_batch_invariant(backend.batch_invariant());
         if let Some(u) = kv.state_usage() {
             metrics.set_state_capacity(u.sequence_slots, u.snapshot_slots, u.bytes);
         }

@@ -8,7 +8,7 @@ use super::*;
 
 /// Every metric with its Prometheus type. `every_metric_is_rendered_with_its_type` fails if a
 /// metric is registered without being listed here.
-const ALL: [(&str, &str); 28] = [
+const ALL: [(&str, &str); 29] = [
     (REQUESTS_WAITING, "gauge"),
     (REQUESTS_RUNNING, "gauge"),
     (KV_BLOCKS_USED, "gauge"),
@@ -19,6 +19,7 @@ const ALL: [(&str, &str); 28] = [
     (STATE_SNAPSHOTS_CAPACITY, "gauge"),
     (STATE_BYTES, "gauge"),
     (LORA_ADAPTERS_LOADED, "gauge"),
+    (BATCH_INVARIANT, "gauge"),
     (PREFIX_CACHE_HIT_TOKENS, "counter"),
     (PROMPT_TOKENS_COMPUTED, "counter"),
     (GENERATED_TOKENS, "counter"),
