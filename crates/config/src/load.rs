@@ -99,6 +99,9 @@ pub struct LoadConfig {
     pub kv_cache_dtype: KvCacheDtype,
     /// Devices the model is split across (tensor parallelism); 1 for none.
     pub tensor_parallel_size: usize,
+    /// Kernels whose result for a row never depends on the rest of its step (the CPU's
+    /// always are; on CUDA, slower ones than the default).
+    pub batch_invariant: bool,
 }
 
 impl LoadConfig {

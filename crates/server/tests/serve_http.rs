@@ -92,6 +92,7 @@ async fn with_a_key_every_route_but_health_needs_it() {
     let (status, text) = server.get("/metrics").await;
     assert_eq!(status, StatusCode::OK, "--metrics-without-auth");
     assert!(text.contains("met_http_requests_total"), "{text}");
+    assert!(text.contains("met_batch_invariant 1"), "the CPU's kernels are batch-invariant: {text}");
     assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
 }
 

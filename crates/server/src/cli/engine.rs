@@ -49,6 +49,11 @@ pub struct ModelArgs {
     /// CUDA, N ranks sharing the cores on the CPU. N must divide the attention heads.
     #[arg(long, default_value_t = 1, value_parser = parse_world)]
     pub tensor_parallel_size: usize,
+    /// A request's tokens and logprobs never depend on the requests batched with it (their
+    /// number, chunked prefill, preemption, prefix hits). The CPU's kernels always behave
+    /// so; on CUDA this picks slower kernels (one GPU, attention models: not hybrids).
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 impl ModelArgs {
@@ -64,6 +69,7 @@ impl ModelArgs {
             attention: self.attention_backend,
             kv_cache_dtype: self.kv_cache_dtype,
             tensor_parallel_size: self.tensor_parallel_size,
+            batch_invariant: self.batch_invariant,
         }
     }
 }

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
-use met_config::{GenerationConfig, LoadConfig, LoadFormat, ModelConfig};
+use anyhow::{Context, Result, bail};
+use met_config::{DeviceKind, GenerationConfig, LoadConfig, LoadFormat, ModelConfig};
 use met_kernels::{DType, HostTensor};
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, kv_pool_dtype, load_model, models, tensor_specs};
@@ -172,6 +172,16 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let backend = topology.lead();
     // Refused before the weights load (the model checks it again, for library callers).
     kv_pool_dtype(&**backend, args.kv_cache_dtype)?;
+    if args.batch_invariant && !backend.batch_invariant() {
+        bail!("--batch-invariant: {} has no batch-invariant kernels", backend.name());
+    }
+    if args.batch_invariant && backend.device() == DeviceKind::Cuda && config.linear_attention.is_some() {
+        bail!(
+            "--batch-invariant on CUDA does not take hybrid models ({}): the chunked delta rule's \
+             chunks follow how a prompt is split into steps",
+            config.model_type
+        );
+    }
 
     let timer = PhaseTimer::start(Phase::Weights);
     let owned: Box<dyn WeightStore>;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use met_cache::{KvLayout, PagedKvCache, StateSizing};
 use met_config::{EngineConfig, LoadConfig, ModelConfig};
 use met_kernels::{Collective, Devices, GpuBackend, open_backend};
@@ -109,12 +109,19 @@ pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Ar
     check_world(config, n).with_context(flag)?;
     let timer = PhaseTimer::start(Phase::Device);
     if n == 1 {
-        let backend = open_backend(args.device, args.cpu_dots)?;
+        let backend = open_backend(args.device, args.cpu_dots, args.batch_invariant)?;
         timer.done(backend.describe());
         PhaseTimer::start(Phase::Topology).done("world size 1");
         return Ok((Topology::single(backend), Vec::new()));
     }
     let devices = Devices::open(args.device, args.cpu_dots, n).with_context(flag)?;
+    if args.batch_invariant && !devices.backends().iter().all(|b| b.batch_invariant()) {
+        bail!(
+            "--batch-invariant with {}: NCCL's all-reduce picks how it sums by the size of the \
+             step, so a batch-invariant run takes one GPU",
+            flag()
+        );
+    }
     let topology = Topology::ranks(devices.backends().to_vec());
     timer.done(topology.describe());
     let timer = PhaseTimer::start(Phase::Topology);
