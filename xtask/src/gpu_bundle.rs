@@ -37,10 +37,11 @@ use crate::{cargo, root, run};
 const MAX_BYTES: u64 = 48 << 20;
 
 /// Test binaries to bundle: (cargo arguments selecting them, name in the bundle).
-const TESTS: [(&[&str], &str); 5] = [
+const TESTS: [(&[&str], &str); 6] = [
     (&["-p", "met-kernels", "--test", "ops"], "kernels-ops"),
     (&["-p", "met-kernels", "--lib"], "kernels-lib"),
     (&["-p", "met-scheduler", "--test", "gpu_hf_fixtures"], "scheduler-gpu-hf-fixtures"),
+    (&["-p", "met-scheduler", "--test", "batch_invariance"], "scheduler-batch-invariance"),
     (&["-p", "met-model-layers", "--test", "gpu_graphs"], "model-layers-gpu-graphs"),
     (&["-p", "met-model-layers", "--test", "gpu_lora_graphs"], "model-layers-gpu-lora-graphs"),
 ];
@@ -191,14 +192,15 @@ done
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, graphs, generate, gate, gatestate, compare, bench, kbench, profile, profilebatch. Made by
+# ops, fixtures, graphs, invariance, generate, gate, gatestate, compare, bench, kbench, profile,
+# profilebatch. Made by
 # `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 bash "$HERE/unpack.sh" || { echo "unpacking the binaries failed"; exit 1; }
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures graphs generate gate gatestate compare bench kbench}"
+STEPS="${*:-lib ops fixtures graphs invariance generate gate gatestate compare bench kbench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -230,9 +232,9 @@ step lib "kernels lib (NVRTC)" kernels-lib.log 120 "$HERE/tests/kernels-lib" --t
 ops_each() {
   local bin="$HERE/tests/kernels-ops" pass=0 fail=0 t
   "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
-  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma)?::' | sed 's/: test$//'); do
+  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma|_invariant)?::' | sed 's/: test$//'); do
     if "$bin" --exact "$t" --test-threads=1 --nocapture >"$LOGS/op.tmp" 2>&1; then
-      pass=$((pass + 1)); echo "ok: $t"
+      pass=$((pass + 1)); echo "ok: $t"; grep -h "BATCH-INVARIANCE" "$LOGS/op.tmp" || true
     else
       fail=$((fail + 1)); echo "FAILED: $t"; cat "$LOGS/op.tmp"
     fi
@@ -243,11 +245,22 @@ ops_each() {
 }
 export -f ops_each
 export HERE LOGS
-step ops "kernels ops (cpu + cuda)" kernels-ops.log 240 bash -c ops_each
+step ops "kernels ops (cpu + cuda)" kernels-ops.log 360 bash -c ops_each
 step fixtures "hf fixtures on gpu" gpu-hf-fixtures.log 120 "$HERE/tests/scheduler-gpu-hf-fixtures" --nocapture --test-threads=1
 step graphs "cuda graphs = eager" gpu-graphs.log 90 "$HERE/tests/model-layers-gpu-graphs" --nocapture --test-threads=1
 step graphs "cuda graphs with LoRA = eager" gpu-lora-graphs.log 90 "$HERE/tests/model-layers-gpu-lora-graphs" \
   --nocapture --test-threads=1
+# `--batch-invariant`'s promise through the engine on the attention fixtures (Llama, Qwen2/3,
+# Qwen3-MoE, Mistral, Gemma 2/3; LoRA on Llama): alone = one batch = chunks of 7 =
+# preempted = prefix hit, bit for bit; then the census of the default kernels, which do not
+# promise it (how many requests differ, printed, never failing).
+invariance() {
+  MET_TEST_BACKEND=cuda-invariant "$HERE/tests/scheduler-batch-invariance" every_fixture --nocapture --test-threads=1 || return 1
+  MET_TEST_BACKEND=cuda MET_TEST_CENSUS=1 "$HERE/tests/scheduler-batch-invariance" every_fixture --nocapture --test-threads=1 \
+    | grep -E "census|CENSUS"
+}
+export -f invariance
+step invariance "--batch-invariant: alone = batched (fixtures)" gpu-invariance.log 300 bash -c invariance
 # A fresh met home, so this run logs the NVRTC compile (later runs log cache hits).
 step generate "met generate (fixture)" met-generate.log 90 env MET_HOME="$(mktemp -d /tmp/met-home.XXXX)" "$HERE/met" generate --device auto --model "$MET_HF_FIXTURES/qwen3" \
   --prompt-ids 1,2,3,4,5 --prompt-ids 7,8,9 --max-tokens 8 --json --timing
@@ -338,6 +351,7 @@ echo
 sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
 grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/dev/null || true
 grep -h "GPU-GRAPHS" "$LOGS/gpu-graphs.log" 2>/dev/null || true
+grep -h "BATCH-INVARIANCE" "$LOGS/gpu-invariance.log" "$LOGS/kernels-ops.log" 2>/dev/null | tail -4 || true
 awk '/^cuda_gemv\//{name=$1} /thrpt:/{if (name != "") {$1=$1; print name, $0; name=""}}' "$LOGS/kernel-bench.log" 2>/dev/null || true
 cat "$LOGS/profile.log" 2>/dev/null | head -40 || true
 cat "$LOGS/profile-batch.log" 2>/dev/null | head -200 || true
