@@ -328,6 +328,39 @@ __device__ __forceinline__ void frag_b(float (&b)[2], const float* m, u32 ld, u3
     b[1] = m[(k0 + t + 4) * ld + n0 + g];
 }
 
+// acc += sign · A B for this warp's 16 rows of A from row m0 and NT column tiles of 8 of B,
+// over k in steps of 8 (all KC of them unrolled when KC > 0): A row-major [.., lda] or, AT,
+// the transpose of one (sign 1 then); B row-major [k, ldb] or, BT, the transpose of a
+// row-major [.., ldb]. Each step is three tf32 products (mma_f32x3), in order of k.
+template <int NT, bool AT, bool BT, u32 KC>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const float* a, u32 lda, u32 m0, const float* b, u32 ldb,
+                                         u32 k, u32 g, u32 t, float sign) {
+    auto step = [&](u32 k0) {
+        float fa[4];
+        if constexpr (AT) {
+            frag_at(fa, a, lda, m0, k0, g, t);
+        } else {
+            frag_a(fa, a, lda, m0, k0, g, t, sign);
+        }
+#pragma unroll
+        for (u32 nt = 0; nt < NT; ++nt) {
+            float fb[2];
+            if constexpr (BT) {
+                frag_bt(fb, b, ldb, k0, nt * 8, g, t);
+            } else {
+                frag_b(fb, b, ldb, k0, nt * 8, g, t);
+            }
+            mma_f32x3(acc[nt], fa, fb);
+        }
+    };
+    if constexpr (KC > 0) {
+#pragma unroll
+        for (u32 k0 = 0; k0 < KC; k0 += 8) step(k0);
+    } else {
+        for (u32 k0 = 0; k0 < k; k0 += 8) step(k0);
+    }
+}
+
 // Floats of one (chunk, head) scratch: [U | W] [GDR_CHUNK, dv + dk], QK [GDR_CHUNK,
 // GDR_CHUNK], then G_i, D_(L-1)i and the query and key norms, GDR_CHUNK each.
 __device__ __forceinline__ u64 gdr_scratch_floats(u32 dk, u32 dv) {
@@ -464,16 +497,7 @@ extern "C" __global__ void __launch_bounds__(GDR_THREADS)
         float acc[GDR_CHUNK / 8][4];
 #pragma unroll
         for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-        for (u32 k0 = 0; k0 < dk; k0 += 8) {
-            float fa[4];
-            frag_a(fa, lhs, ld, m0, k0, g, t, 1.0f);
-#pragma unroll
-            for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) {
-                float fb[2];
-                frag_bt(fb, ks, ld, k0, nt * 8, g, t);
-                mma_f32x3(acc[nt], fa, fb);
-            }
-        }
+        mma_rows<GDR_CHUNK / 8, false, true, 0>(acc, lhs, ld, m0, ks, ld, dk, g, t, 1.0f);
 #pragma unroll
         for (u32 nt = 0; nt < GDR_CHUNK / 8; ++nt) {
 #pragma unroll
@@ -617,16 +641,7 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
                     acc[nt][e] = i < len && col < dv ? uw[(u64)i * cols + col] : 0.0f;
                 }
             }
-            for (u32 k0 = 0; k0 < dk; k0 += 8) {
-                float a[4];
-                frag_a(a, rows, lr, r0, k0, g, t, -1.0f);
-#pragma unroll
-                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
-                    float b[2];
-                    frag_b(b, S, GDR_S_LD, k0, nt * 8, g, t);
-                    mma_f32x3(acc[nt], a, b);
-                }
-            }
+            mma_rows<GDR_COLS / 8, false, false, 0>(acc, rows, lr, r0, S, GDR_S_LD, dk, g, t, -1.0f);
 #pragma unroll
             for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
 #pragma unroll
@@ -647,27 +662,8 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
             __syncthreads();
 #pragma unroll
             for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-            for (u32 k0 = 0; k0 < dk; k0 += 8) {
-                float a[4];
-                frag_a(a, rows, lr, r0, k0, g, t, 1.0f);
-#pragma unroll
-                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
-                    float b[2];
-                    frag_b(b, S, GDR_S_LD, k0, nt * 8, g, t);
-                    mma_f32x3(acc[nt], a, b);
-                }
-            }
-#pragma unroll
-            for (u32 k0 = 0; k0 < GDR_CHUNK; k0 += 8) {
-                float a[4];
-                frag_a(a, qks, GDR_QK_LD, r0, k0, g, t, 1.0f);
-#pragma unroll
-                for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
-                    float b[2];
-                    frag_b(b, dl, GDR_S_LD, k0, nt * 8, g, t);
-                    mma_f32x3(acc[nt], a, b);
-                }
-            }
+            mma_rows<GDR_COLS / 8, false, false, 0>(acc, rows, lr, r0, S, GDR_S_LD, dk, g, t, 1.0f);
+            mma_rows<GDR_COLS / 8, false, false, GDR_CHUNK>(acc, qks, GDR_QK_LD, r0, dl, GDR_S_LD, GDR_CHUNK, g, t, 1.0f);
 #pragma unroll
             for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
 #pragma unroll
@@ -697,17 +693,7 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
 #pragma unroll
                 for (u32 nt = 0; nt < GDR_COLS / 8; ++nt)
                     sr[m][nt][0] *= last, sr[m][nt][1] *= last, sr[m][nt][2] *= last, sr[m][nt][3] *= last;
-#pragma unroll
-                for (u32 k0 = 0; k0 < GDR_CHUNK; k0 += 8) {
-                    float a[4];
-                    frag_at(a, rows, lk, m0, k0, g, t);
-#pragma unroll
-                    for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
-                        float b[2];
-                        frag_b(b, dl, GDR_S_LD, k0, nt * 8, g, t);
-                        mma_f32x3(sr[m][nt], a, b);
-                    }
-                }
+                mma_rows<GDR_COLS / 8, true, false, GDR_CHUNK>(sr[m], rows, lk, m0, dl, GDR_S_LD, GDR_CHUNK, g, t, 1.0f);
 #pragma unroll
                 for (u32 nt = 0; nt < GDR_COLS / 8; ++nt) {
                     const u32 c0 = nt * 8 + 2 * t;
