@@ -144,28 +144,33 @@ __device__ __forceinline__ float2 delta_gates(const DeltaStep& p, u32 row, u32 j
 // ran at half the speed, `bench/results/hybrid-vllm-2026-12-03/`.) The row's q and k go
 // through shared memory, normalised with a block sum, and each column's two dot products
 // over d_k are the four warps' partial sums added in warp order.
-template <int R>
+template <int R, u32 DK, u32 DV>
 __device__ void gated_delta_rule_cols(const DeltaStep& p) {
+    // The key and value dims: compile-time where the kernel is built for them, so the state's
+    // row addresses are one base and constant offsets (with them at run time, keeping R of
+    // them live took the kernel to 254 registers, two blocks an SM).
+    const u32 dk = DK ? DK : p.dk, dv = DV ? DV : p.dv;
     __shared__ float qk_s[2][256];
     __shared__ float part[2][DELTA_WARPS][32];
     __shared__ float norms[2][DELTA_WARPS];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const u32 j = blockIdx.y, s = blockIdx.z, col = blockIdx.x * 32 + lane, r0 = warp * R;
+    __builtin_assume(warp < DELTA_WARPS);  // (the launch's block): a row past d_k is then known at compile time
     const u32 start = p.cu[s], end = p.cu[s + 1];
     if (start == end) return;
-    const u64 head = (u64)p.hv * p.dk * p.dv, per_head = (u64)p.dk * p.dv;
-    const bool keeps = p.slots[s] != NO_SLOT, live = col < p.dv;
+    const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
+    const bool keeps = p.slots[s] != NO_SLOT, live = col < dv;
     float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
     const u32 qh = j / (p.hv / p.hk);
     float S[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) S[r] = keeps && live && r0 + r < p.dk ? st[(u64)(r0 + r) * p.dv + col] : 0.0f;
+    for (int r = 0; r < R; ++r) S[r] = keeps && live && r0 + r < dk ? st[(u64)(r0 + r) * dv + col] : 0.0f;
     for (u32 row = start; row < end; ++row) {
-        const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * p.dk + p.hv * p.dv);
+        const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * dk + p.hv * dv);
         float qq = 0.0f, kk = 0.0f;
         for (u32 e = tid; e < 256; e += DELTA_WARPS * 32) {
-            const float qv = e < p.dk ? bf2f(x[(u64)qh * p.dk + e]) : 0.0f;
-            const float kv = e < p.dk ? bf2f(x[(u64)(p.hk + qh) * p.dk + e]) : 0.0f;
+            const float qv = e < dk ? bf2f(x[(u64)qh * dk + e]) : 0.0f;
+            const float kv = e < dk ? bf2f(x[(u64)(p.hk + qh) * dk + e]) : 0.0f;
             qk_s[0][e] = qv;
             qk_s[1][e] = kv;
             qq += qv * qv;
@@ -184,7 +189,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
             qsum += norms[0][w];
             ksum += norms[1][w];
         }
-        const float qn = rsqrtf((float)p.dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
+        const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
         const float2 gates = delta_gates(p, row, j);
         float sk = 0.0f, sq = 0.0f;
 #pragma unroll
@@ -197,7 +202,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
         part[1][warp][lane] = sq;
         // k . q over all d_k, in every warp (lane l the entries l, l + 32, ...).
         float kq = 0.0f;
-        for (u32 e = lane; e < p.dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
+        for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
         kq = warp_sum(kq);
         __syncthreads();
         float skt = 0.0f, sqt = 0.0f;
@@ -206,29 +211,30 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
             skt += part[0][w][lane];
             sqt += part[1][w][lane];
         }
-        const bf16_t* v = x + 2 * p.hk * p.dk + (u64)j * p.dv;
+        const bf16_t* v = x + 2 * p.hk * dk + (u64)j * dv;
         const float delta = live ? gates.y * (bf2f(v[col]) - skt) : 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
-        if (warp == 0 && live) p.out[((u64)row * p.hv + j) * p.dv + col] = f2bf(sqt + delta * kq);
+        if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
         for (u32 n = 0; n < p.n_snap; ++n)
             if (p.snaps[2 * n] == row && live) {
                 float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    if (r0 + r < p.dk) snap[(u64)(r0 + r) * p.dv + col] = S[r];
+                    if (r0 + r < dk) snap[(u64)(r0 + r) * dv + col] = S[r];
             }
         __syncthreads();  // the next row rewrites qk_s, norms and part
     }
     if (keeps && live)
 #pragma unroll
         for (int r = 0; r < R; ++r)
-            if (r0 + r < p.dk) st[(u64)(r0 + r) * p.dv + col] = S[r];
+            if (r0 + r < dk) st[(u64)(r0 + r) * dv + col] = S[r];
 }
 
-// `_cols_r{R}`: d_k up to DELTA_WARPS R. Launched with DELTA_WARPS warps a block and a grid
-// of (ceil(dv / 32), hv, seqs).
-#define GATED_DELTA_RULE_COLS(R, NAME)                                                                         \
+// `_cols_r{R}`: d_k up to DELTA_WARPS R, any d_v; `_k{DK}_v{DV}`: exactly those dims (the
+// shapes of Qwen3.5, Qwen3.6 and Qwen3-Next). Launched with DELTA_WARPS warps a block and a
+// grid of (ceil(dv / 32), hv, seqs).
+#define GATED_DELTA_RULE_COLS(R, DK, DV, NAME)                                                                 \
     extern "C" __global__ void __launch_bounds__(DELTA_WARPS * 32)                                             \
         NAME(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log, const float* dt_bias,    \
              float* state, const u32* cu, const u32* slots, const u32* snaps, bf16_t* out, DeltaDims d) {     \
@@ -236,12 +242,13 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
         if (cu[blockIdx.z + 1] - cu[blockIdx.z] >= d.below) return;                                            \
         const DeltaStep p = {qkv, a, b, a_log, dt_bias, state, cu, slots, snaps, out,                          \
                              d.hk, d.hv, d.dk, d.dv, d.n_snap};                                                \
-        gated_delta_rule_cols<R>(p);                                                                           \
+        gated_delta_rule_cols<R, DK, DV>(p);                                                                   \
     }
-GATED_DELTA_RULE_COLS(8, gated_delta_rule_bf16_cols_r8)
-GATED_DELTA_RULE_COLS(16, gated_delta_rule_bf16_cols_r16)
-GATED_DELTA_RULE_COLS(32, gated_delta_rule_bf16_cols_r32)
-GATED_DELTA_RULE_COLS(64, gated_delta_rule_bf16_cols_r64)
+GATED_DELTA_RULE_COLS(8, 0, 0, gated_delta_rule_bf16_cols_r8)
+GATED_DELTA_RULE_COLS(16, 0, 0, gated_delta_rule_bf16_cols_r16)
+GATED_DELTA_RULE_COLS(32, 0, 0, gated_delta_rule_bf16_cols_r32)
+GATED_DELTA_RULE_COLS(64, 0, 0, gated_delta_rule_bf16_cols_r64)
+GATED_DELTA_RULE_COLS(32, 128, 128, gated_delta_rule_bf16_cols_k128_v128)
 
 // --- gated_delta_rule, chunked ----------------------------------------------------------
 //
@@ -556,14 +563,15 @@ extern "C" __global__ void __launch_bounds__(GDR_THREADS)
 // G q (both [GDR_CHUNK, dk + 4]), then of D_L k ([GDR_CHUNK, dk + 8], read transposed), QK
 // [GDR_CHUNK, GDR_QK_LD] and delta [GDR_CHUNK, GDR_S_LD]; the strides keep each fragment's
 // 32 reads in 32 banks. `groups [g]` are (first chunk, end chunk, state slot) of the
-// sequences, their chunks in order.
-extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
-    gated_delta_chunk_scan_bf16(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
-                                const u32* groups, float* state, bf16_t* out, DeltaDims d) {
-    pdl_enter();
+// sequences, their chunks in order. DK and DV are the key and value dims when the kernel is
+// built for them (0: read from `d`); at 128 by 128 that takes it from 255 registers and
+// spills to 142 and none.
+template <u32 DK, u32 DV>
+__device__ void gated_delta_chunk_scan(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
+                                       const u32* groups, float* state, bf16_t* out, DeltaDims d) {
     const u32 j = blockIdx.y, col0 = blockIdx.x * GDR_COLS, tid = threadIdx.x;
     const u32 lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const u32 dk = d.dk, dv = d.dv, kh = j / (d.hv / d.hk), first = groups[3 * blockIdx.z],
+    const u32 dk = DK ? DK : d.dk, dv = DV ? DV : d.dv, kh = j / (d.hv / d.hk), first = groups[3 * blockIdx.z],
               end = groups[3 * blockIdx.z + 1], slot = groups[3 * blockIdx.z + 2];
     const u32 lr = dk + 4, lk = dk + 8, cols = dv + dk, m_tiles = dk / 16;
     const u64 width = 2ull * d.hk * dk + (u64)d.hv * dv, head = (u64)d.hv * dk * dv, per_head = (u64)dk * dv;
@@ -712,6 +720,18 @@ extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
     }
     __syncthreads();
     if (st) tile_to(st);
+}
+extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
+    gated_delta_chunk_scan_bf16(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
+                                const u32* groups, float* state, bf16_t* out, DeltaDims d) {
+    pdl_enter();
+    gated_delta_chunk_scan<0, 0>(qkv, scratch, chunks, groups, state, out, d);
+}
+extern "C" __global__ void __launch_bounds__(GDR_SCAN_WARPS * 32)
+    gated_delta_chunk_scan_bf16_k128_v128(const bf16_t* qkv, const float* scratch, const GdrChunk* chunks,
+                                          const u32* groups, float* state, bf16_t* out, DeltaDims d) {
+    pdl_enter();
+    gated_delta_chunk_scan<128, 128>(qkv, scratch, chunks, groups, state, out, d);
 }
 
 // --- state slots ---------------------------------------------------------------------------

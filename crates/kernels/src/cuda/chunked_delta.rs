@@ -20,8 +20,10 @@ use crate::backend::NO_STATE_SLOT;
 use crate::check::SeqRun;
 use crate::error::{Error, Result};
 
-/// The kernels of the chunked form, looked up at startup.
-pub(super) const KERNELS: [&str; 2] = ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16"];
+/// The kernels of the chunked form, looked up at startup: the prep, the scan, and the scan
+/// built for 128 by 128 heads (Qwen3.5/3.6, Qwen3-Next).
+pub(super) const KERNELS: [&str; 3] =
+    ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16", "gated_delta_chunk_scan_bf16_k128_v128"];
 
 /// A sequence takes the chunked form from this many rows; shorter ones in the same step
 /// take the fused kernel. Measured on the H200 at Qwen3.6's heads, 64 sequences a step
@@ -76,7 +78,7 @@ pub(super) fn raise_shared_memory(
 ) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     let dk = widest_keys(cc);
-    let sizes = [prep_shared(dk), scan_shared(dk)];
+    let sizes = [prep_shared(dk), scan_shared(dk), scan_shared(128)];
     for (name, bytes) in KERNELS.iter().zip(sizes) {
         let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
         func.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -178,7 +180,8 @@ pub(super) fn try_run(
     if long.is_empty() || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
         return Ok(false);
     }
-    let ([prep_kernel, scan_kernel], [prep_bytes, scan_bytes]) = (KERNELS, [prep_shared(dk), scan_shared(dk)]);
+    let scan_kernel = if (dk, dv) == (128, 128) { KERNELS[2] } else { KERNELS[1] };
+    let (prep_kernel, [prep_bytes, scan_bytes]) = (KERNELS[0], [prep_shared(dk), scan_shared(dk)]);
     let plan = Plan::new(&long);
     let Some(waves) = plan.waves() else { return Ok(false) };
     let per = scratch_floats(dk, dv);

@@ -23,8 +23,9 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 10] = [
+pub(super) const KERNELS: [&str; 11] = [
     "state_slot_jobs",
+    "gated_delta_rule_bf16_cols_k128_v128",
     "causal_conv1d_bf16",
     "conv_states_bf16",
     "gated_delta_rule_bf16_cols_r8",
@@ -231,9 +232,13 @@ pub(super) fn causal_conv1d(
     Ok(out)
 }
 
-/// The delta-rule kernel for key heads of `dk` (`_cols_r{R}`: `R` key rows a warp, 32 value
-/// columns a block).
-fn delta_kernel(dk: usize) -> Result<&'static str> {
+/// The delta-rule kernel for key heads of `dk` and value heads of `dv`: the one built for
+/// 128 by 128 (Qwen3.5/3.6, Qwen3-Next: 64 registers a thread, against 254 with the dims at
+/// run time), else `_cols_r{R}` (`R` key rows a warp, 32 value columns a block).
+fn delta_kernel(dk: usize, dv: usize) -> Result<&'static str> {
+    if (dk, dv) == (128, 128) {
+        return Ok("gated_delta_rule_bf16_cols_k128_v128");
+    }
     Ok(match dk {
         0..=32 => "gated_delta_rule_bf16_cols_r8",
         33..=64 => "gated_delta_rule_bf16_cols_r16",
@@ -262,7 +267,7 @@ pub(super) fn gated_delta_rule(
         expect_dtype(OP, operand, &[DType::F32])?;
     }
     let (hk, hv, dk, dv) = (rule.num_key_heads, rule.num_value_heads, rule.key_dim, rule.value_dim);
-    let kernel = delta_kernel(dk)?;
+    let kernel = delta_kernel(dk, dv)?;
     let runs = check_runs(b, OP, batch, t, capacity)?;
     let out = b.alloc(&[t, hv, dv], DType::BF16)?;
     if t == 0 {
