@@ -225,6 +225,11 @@ fn engine_rolling_back(case: &Case, config: EngineConfig, blocks: usize, rollbac
     let states = layout.state.map(|_| StateSizing { sequences: config.max_num_seqs, snapshots, interval: 1, rollback });
     let (prefix, size) = (config.prefix_caching, config.block_size);
     let kv = PagedKvCache::with_states(&[&*case.backend], layout, size, blocks, prefix, states).unwrap();
+    if case.backend.device() == met_config::DeviceKind::Cuda {
+        // Decode steps replayed from graphs, padded to the captured sizes, as `met serve` runs them.
+        let settings = met_model_layers::graphs::GraphSettings::up_to(config.max_num_seqs);
+        model.capture_graphs(&kv, &settings).unwrap();
+    }
     let metrics = Arc::new(Metrics::new());
     let engine = Engine::new(model, Arc::clone(&case.backend), Box::new(kv), config, Arc::clone(&metrics)).unwrap();
     (engine, metrics)
