@@ -72,7 +72,8 @@ named_enum! {
     pub enum LoadFormat ("load format", default Auto) {
         /// The checkpoint's files (safetensors, or the GGUF file).
         Auto = "auto",
-        /// Seeded random weights shaped by `config.json` alone (for benchmarks).
+        /// Seeded random weights shaped by `config.json` alone (for benchmarks): under a
+        /// `quantization_config`, float8 with their scales where a checkpoint has them.
         Dummy = "dummy",
     }
 }

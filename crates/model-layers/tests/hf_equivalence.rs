@@ -246,7 +246,11 @@ impl WeightStore for WithKvScales {
         }
     }
 
-    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+    fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.inner.float8_shape(name)
+    }
+
+    fn float8(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
         self.inner.float8(name)
     }
 }

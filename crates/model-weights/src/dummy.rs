@@ -2,20 +2,29 @@
 //!
 //! Used for tests, benchmarks and `--load-format dummy`. Values are scaled so a forward
 //! pass behaves like a trained model's in magnitude: norm weights are ones, biases small,
-//! and matrices uniform in `±sqrt(3 / fan_in)` so a product keeps unit variance.
+//! and matrices uniform in `±sqrt(3 / fan_in)` so a product keeps unit variance. Under a
+//! quantized config ([`DummyStore::quantized`]) the weights a real checkpoint of that
+//! format stores as float8 e4m3 are stored so too, beside their scales, and read through
+//! the same [`crate::Fp8View`] as a real checkpoint's (the rule is in [`quantized`]).
 //!
 //! Invariant: element `i` of tensor `name` is a pure function of `(seed, name, i)` through
 //! a counter-based generator ([`met_kernels::rng::weight_uniform`] over the tensor's
 //! stream key), so tensors are generated in parallel, on demand, in any order, and
-//! identically on every run and machine. Nothing is cached: each [`WeightStore::host`] call
-//! regenerates the tensor. Uniform tensors are also offered as [`UniformRun`]s, which a GPU
-//! backend generates in place, with no host memory or copies; the values are the same.
+//! identically on every run and machine. Nothing is cached: each [`WeightStore::host`] (or
+//! [`WeightStore::float8`]) call regenerates the tensor, so the store holds no weights.
+//! Uniform float tensors are also offered as [`UniformRun`]s, which a GPU backend
+//! generates in place, with no host memory or copies; the values are the same. Float8
+//! weights and their scales have no run: they go through the host and the view.
+
+mod quantized;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use half::{bf16, f16};
+use met_config::QuantConfig;
+use met_kernels::fp8::E4M3_MAX;
 use met_kernels::rng::{mix64, weight_uniform};
 use met_kernels::{DType, HostTensor, UniformRun};
 use rayon::prelude::*;
@@ -30,9 +39,29 @@ const CHUNK: usize = 1 << 14;
 
 /// Random weights for a fixed set of tensor specs.
 pub struct DummyStore {
-    specs: BTreeMap<String, Vec<usize>>,
+    tensors: BTreeMap<String, Dummy>,
     seed: u64,
     dtype: DType,
+    /// The quantization imitated, in words (`None` for float weights).
+    quantization: Option<String>,
+}
+
+/// One listed tensor.
+struct Dummy {
+    shape: Vec<usize>,
+    kind: Kind,
+}
+
+/// What a listed tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// The documented draws ([`fill_for`]) in the store's float dtype.
+    Float,
+    /// The same draws stretched over e4m3's range and stored as float8 e4m3 codes: under
+    /// its scale (bound / [`E4M3_MAX`]) the weight is the float draws rounded to e4m3.
+    Float8,
+    /// F32, every element this value: a float8 weight's scales, or a static input scale.
+    Constant(f32),
 }
 
 impl DummyStore {
@@ -49,42 +78,105 @@ impl DummyStore {
     #[must_use]
     pub fn new(specs: Vec<TensorSpec>, seed: u64, dtype: DType) -> Self {
         assert!(dtype.is_float(), "dummy weights are floats, not {dtype}");
-        let specs = specs.into_iter().map(|s| (s.name, s.shape)).collect();
-        Self { specs, seed, dtype }
+        let tensors = specs.into_iter().map(|s| (s.name, Dummy { shape: s.shape, kind: Kind::Float })).collect();
+        Self { tensors, seed, dtype, quantization: None }
+    }
+
+    /// The store as a checkpoint quantized by `quant` holds it: each weight such a
+    /// checkpoint stores as float8 (the linear layers' weights inside the decoder layers,
+    /// less the MoE routers and what `quant` leaves unquantized) becomes float8
+    /// e4m3 codes ([`WeightStore::float8`]) beside its scales, named and shaped as the
+    /// format stores them, and the static input scale where `quant` has one. Dequantized
+    /// (through [`crate::Fp8View`]) a weight is the float store's, rounded to e4m3, so
+    /// it keeps the bound ±sqrt(3 / fan_in). Every other tensor is unchanged.
+    /// `text_prefix`: where the checkpoint keeps the text model, when not under `model.`
+    /// (a vision-language one's `model.language_model.`, `ModelConfig::text_prefix`), which
+    /// its unquantized list names modules under.
+    #[must_use]
+    pub fn quantized(mut self, quant: &QuantConfig, text_prefix: Option<&str>) -> Self {
+        let scheme = quantized::Scheme::new(quant, text_prefix);
+        let weights: Vec<(String, Vec<usize>)> = self
+            .tensors
+            .iter()
+            .filter(|(name, t)| t.kind == Kind::Float && scheme.quantizes(name, &t.shape))
+            .map(|(name, t)| (name.clone(), t.shape.clone()))
+            .collect();
+        for (name, shape) in weights {
+            let Fill::Uniform(bound) = fill_for(&name, &shape) else { continue };
+            for (companion, shape, value) in scheme.companions(&name, &shape, bound / E4M3_MAX) {
+                self.tensors.insert(companion, Dummy { shape, kind: Kind::Constant(value) });
+            }
+            if let Some(weight) = self.tensors.get_mut(&name) {
+                weight.kind = Kind::Float8;
+            }
+        }
+        self.quantization = Some(scheme.describe());
+        self
+    }
+
+    /// The listed tensor `name`, or the error that names it.
+    fn get(&self, name: &str) -> Result<&Dummy, WeightError> {
+        self.tensors.get(name).ok_or_else(|| WeightError::Missing { name: name.to_string(), store: self.describe() })
     }
 }
 
 impl WeightStore for DummyStore {
     fn describe(&self) -> String {
-        format!("dummy {} weights (seed {}, {} tensors)", self.dtype, self.seed, self.specs.len())
+        let made = format!("seed {}, {} tensors", self.seed, self.tensors.len());
+        match &self.quantization {
+            None => format!("dummy {} weights ({made})", self.dtype),
+            Some(q) => {
+                let float8 = self.tensors.values().filter(|t| t.kind == Kind::Float8).count();
+                format!("dummy {q} weights: {float8} float8 e4m3 beside their scales, the rest {} ({made})", self.dtype)
+            }
+        }
     }
 
     fn names(&self) -> Vec<String> {
-        self.specs.keys().cloned().collect()
+        self.tensors.keys().cloned().collect()
     }
 
     fn info(&self, name: &str) -> Option<TensorInfo> {
-        let shape = self.specs.get(name)?;
-        Some(TensorInfo { name: name.to_string(), dtype: self.dtype, shape: shape.clone() })
+        let t = self.tensors.get(name)?;
+        let dtype = match t.kind {
+            Kind::Float => self.dtype,
+            // As a checkpoint's: listed, read through `float8`, not loadable as it is.
+            Kind::Float8 => return None,
+            Kind::Constant(_) => DType::F32,
+        };
+        Some(TensorInfo { name: name.to_string(), dtype, shape: t.shape.clone() })
     }
 
     fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError> {
-        let shape = self
-            .specs
-            .get(name)
-            .ok_or_else(|| WeightError::Missing { name: name.to_string(), store: self.describe() })?;
-        let bytes = generate(name, shape, self.seed, self.dtype);
-        Ok(HostTensor::from_bytes(self.dtype, shape, Cow::Owned(bytes))?)
+        let t = self.get(name)?;
+        match t.kind {
+            Kind::Float => {
+                let bytes = generate(stream_key(self.seed, name), &t.shape, fill_for(name, &t.shape), self.dtype);
+                Ok(HostTensor::from_bytes(self.dtype, &t.shape, Cow::Owned(bytes))?)
+            }
+            Kind::Float8 => Err(WeightError::UnsupportedDtype { name: name.to_string(), dtype: "F8_E4M3".into() }),
+            Kind::Constant(value) => Ok(HostTensor::from_f32(&vec![value; t.shape.iter().product()], &t.shape)),
+        }
     }
 
     fn uniform_run(&self, name: &str) -> Option<UniformRun> {
-        let shape = self.specs.get(name)?;
-        match fill_for(name, shape) {
+        let t = self.tensors.get(name).filter(|t| t.kind == Kind::Float)?;
+        match fill_for(name, &t.shape) {
             Fill::Ones => None,
             Fill::Uniform(bound) => {
-                Some(UniformRun { len: shape.iter().product(), key: stream_key(self.seed, name), bound })
+                Some(UniformRun { len: t.shape.iter().product(), key: stream_key(self.seed, name), bound })
             }
         }
+    }
+
+    fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).filter(|t| t.kind == Kind::Float8).map(|t| t.shape.clone())
+    }
+
+    fn float8(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let shape = self.float8_shape(name)?;
+        let codes = generate(stream_key(self.seed, name), &shape, Fill::Uniform(E4M3_MAX), DType::F8E4M3);
+        Some(Cow::Owned(codes))
     }
 }
 
@@ -110,12 +202,11 @@ fn fill_for(name: &str, shape: &[usize]) -> Fill {
     }
 }
 
-/// The little-endian bytes of tensor `name` in `dtype`.
-fn generate(name: &str, shape: &[usize], seed: u64, dtype: DType) -> Vec<u8> {
+/// The little-endian bytes in `dtype` of a tensor of `shape` filled by `fill` from the
+/// stream `key`.
+fn generate(key: u64, shape: &[usize], fill: Fill, dtype: DType) -> Vec<u8> {
     let n: usize = shape.iter().product();
     let width = dtype.size_in_bytes();
-    let fill = fill_for(name, shape);
-    let key = stream_key(seed, name);
     let mut bytes = vec![0u8; n * width];
     bytes.par_chunks_mut(CHUNK * width).enumerate().for_each(|(c, out)| {
         for (j, slot) in out.chunks_exact_mut(width).enumerate() {
@@ -128,7 +219,6 @@ fn generate(name: &str, shape: &[usize], seed: u64, dtype: DType) -> Vec<u8> {
     });
     bytes
 }
-
 /// Writes one value into `slot` as little-endian `dtype`.
 fn encode(value: f32, dtype: DType, slot: &mut [u8]) {
     match dtype {

@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use met_config::ScaleLayout;
 use met_kernels::quant::QuantFormat;
 use met_kernels::{DType, HostTensor};
+use rayon::prelude::*;
 
 use crate::{TensorInfo, WeightError, WeightStore};
 
@@ -52,7 +53,7 @@ impl<'a> Fp8View<'a> {
             .map(|m| format!("{m}.weight"))
             .or_else(|| weight_of("_scale_inv"))
             .or_else(|| weight_of("_scale"));
-        owner.is_some_and(|w| self.inner.float8(&w).is_some())
+        owner.is_some_and(|w| self.inner.float8_shape(&w).is_some())
     }
 }
 
@@ -69,8 +70,8 @@ impl WeightStore for Fp8View<'_> {
         if self.is_companion(name) {
             return None;
         }
-        match self.inner.float8(name) {
-            Some((shape, _)) => {
+        match self.inner.float8_shape(name) {
+            Some(shape) => {
                 let dtype = if packs(&shape, self.layout) { DType::Quant(QuantFormat::F8_E4M3) } else { DType::F32 };
                 Some(TensorInfo { name: name.into(), dtype, shape })
             }
@@ -79,16 +80,17 @@ impl WeightStore for Fp8View<'_> {
     }
 
     fn host(&self, name: &str) -> Result<HostTensor<'_>, WeightError> {
-        let Some((shape, bytes)) = self.inner.float8(name) else { return self.inner.host(name) };
+        let Some(shape) = self.inner.float8_shape(name) else { return self.inner.host(name) };
         let bad = |msg: String| WeightError::Quantized { name: name.into(), msg };
+        let bytes = self.inner.float8(name).ok_or_else(|| bad("is listed as float8 but has no float8 bytes".into()))?;
         let scale_name = self.scale_name(name).ok_or_else(|| bad("has no `_scale_inv` or `_scale` tensor".into()))?;
         let scale = self.inner.host(&scale_name)?;
         let scales = (&scale.to_f32_vec()?[..], scale.shape());
         if packs(&shape, self.layout) {
-            let blocks = pack(&shape, bytes, scales, self.layout).map_err(bad)?;
+            let blocks = pack(&shape, &bytes, scales, self.layout).map_err(bad)?;
             return Ok(HostTensor::from_bytes(DType::Quant(QuantFormat::F8_E4M3), &shape, Cow::Owned(blocks))?);
         }
-        let values = dequantize(&shape, bytes, scales, self.layout).map_err(bad)?;
+        let values = dequantize(&shape, &bytes, scales, self.layout).map_err(bad)?;
         Ok(HostTensor::from_f32(&values, &shape))
     }
 
@@ -184,14 +186,22 @@ pub fn pack(
     layout: Option<ScaleLayout>,
 ) -> Result<Vec<u8>, String> {
     let (n, k, scales) = Scales::resolve(shape, scale, layout)?;
-    let block = QuantFormat::F8_E4M3.block_elems();
-    let mut out = Vec::with_capacity(QuantFormat::F8_E4M3.bytes_for(n * k).unwrap_or(0));
-    for (i, row) in bytes.chunks_exact(k.max(1)).take(n).enumerate() {
-        for (g, values) in row.chunks_exact(block).enumerate() {
-            out.extend(scales.at(i, g * block).to_le_bytes());
-            out.extend_from_slice(values);
-        }
-    }
+    let format = QuantFormat::F8_E4M3;
+    let (block, block_bytes) = (format.block_elems(), format.block_bytes());
+    // Rows are packed in parallel (a model's weights are billions of bytes), each into its
+    // own run of whole blocks.
+    let rows = n.min(bytes.len() / k.max(1));
+    let row_bytes = k / block * block_bytes;
+    let mut out = vec![0u8; rows * row_bytes];
+    out.par_chunks_mut(row_bytes.max(1)).zip(bytes.par_chunks_exact(k.max(1))).enumerate().for_each(
+        |(i, (dst, row))| {
+            for (g, (dst, values)) in dst.chunks_exact_mut(block_bytes).zip(row.chunks_exact(block)).enumerate() {
+                let (scale, codes) = dst.split_at_mut(block_bytes - block);
+                scale.copy_from_slice(&scales.at(i, g * block).to_le_bytes());
+                codes.copy_from_slice(values);
+            }
+        },
+    );
     Ok(out)
 }
 

@@ -24,6 +24,8 @@ mod load;
 mod preflight;
 mod safetensors_store;
 
+use std::borrow::Cow;
+
 use met_kernels::{DType, HostTensor};
 
 pub use dummy::DummyStore;
@@ -94,9 +96,18 @@ pub trait WeightStore: Send + Sync {
         None
     }
 
-    /// The shape and bytes of `name` when it is stored as `float8_e4m3fn` (what
-    /// [`Fp8View`] dequantizes); `None` otherwise, and for a store that holds none.
-    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+    /// The shape of `name` when it is stored as `float8_e4m3fn` (what [`Fp8View`]
+    /// dequantizes); `None` otherwise, and for a store that holds none. Reads no data, so
+    /// asking is cheap for every store.
+    fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let _ = name;
+        None
+    }
+
+    /// The bytes of the `float8_e4m3fn` tensor `name`, one a value in row-major order:
+    /// borrowed from a memory map, or made on demand (a dummy store). `None` exactly when
+    /// [`Self::float8_shape`] is.
+    fn float8(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         let _ = name;
         None
     }

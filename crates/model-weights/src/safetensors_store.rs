@@ -94,6 +94,14 @@ impl SafetensorsStore {
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
+
+    /// The mapped bytes of `name` when it is stored as `F8_E4M3`, one byte an element.
+    fn float8_bytes(&self, name: &str) -> Option<&[u8]> {
+        let stored = self.tensors.get(name)?;
+        let bytes = &self.shards[stored.shard].map[stored.range.clone()];
+        let fits = stored.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(bytes.len());
+        (stored.dtype.as_ref().err()?.as_str() == "F8_E4M3" && fits).then_some(bytes)
+    }
 }
 
 impl WeightStore for SafetensorsStore {
@@ -127,11 +135,12 @@ impl WeightStore for SafetensorsStore {
         Ok(HostTensor::from_bytes(dtype, &stored.shape, Cow::Borrowed(bytes))?)
     }
 
-    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
-        let stored = self.tensors.get(name)?;
-        let bytes = &self.shards[stored.shard].map[stored.range.clone()];
-        let fits = stored.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(bytes.len());
-        (stored.dtype.as_ref().err()?.as_str() == "F8_E4M3" && fits).then(|| (stored.shape.clone(), bytes))
+    fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.float8_bytes(name).map(|_| self.tensors[name].shape.clone())
+    }
+
+    fn float8(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.float8_bytes(name).map(Cow::Borrowed)
     }
 }
 

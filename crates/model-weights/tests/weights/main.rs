@@ -10,6 +10,7 @@ mod common;
 mod concat;
 mod corrupt;
 mod dummy;
+mod dummy_fp8;
 mod gguf_common;
 mod gguf_dequant;
 mod gguf_hybrid;

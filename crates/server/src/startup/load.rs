@@ -5,6 +5,7 @@
 //! capture graphs (phases 6 and 7) first and the phases run in their numbered order;
 //! `met generate`, which needs the tokenizer to size its cache, takes [`load`].
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -187,7 +188,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let owned: Box<dyn WeightStore>;
     let store: &dyn WeightStore = match (args.format, &source, &gguf) {
         (LoadFormat::Dummy, ..) => {
-            owned = Box::new(DummyStore::new(tensor_specs(&config)?, args.dummy_seed, backend.float_dtype()));
+            owned = Box::new(dummy_store(&config, args.dummy_seed, backend.float_dtype())?);
             &*owned
         }
         (LoadFormat::Auto, _, Some(g)) => g,
@@ -208,7 +209,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     if let Some(q) = &config.quantization {
         // Said at every start. The CPU (the backend that computes in f32) keeps quantised
-        // blocks; the GPU widens them, and then the memory and speed are the float model's.
+        // blocks; CUDA keeps e4m3 matrices whose scales and shape its FP8 kernels take.
         if backend.float_dtype() == DType::F32 {
             tracing::info!(
                 "{} weights stay e4m3 blocks on the CPU (1.125 bytes a weight) where each 32 columns of a row \
@@ -216,9 +217,10 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
                 q.method
             );
         } else {
-            tracing::warn!(
-                "{} weights are dequantized to {:?} as they load (no FP8 kernels yet): memory and speed are the \
-                 unquantized model's",
+            tracing::info!(
+                "{} weights stay e4m3 on the GPU (1 byte a weight) where their scales are per row, per tensor or \
+                 per 128 x 128 block and their rows are a multiple of 16 and columns of 128 (on Hopper with \
+                 cuBLASLt 12.9 or later); MoE experts and other matrices are dequantized to {:?}",
                 q.method,
                 backend.float_dtype()
             );
@@ -227,6 +229,17 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     timer.done(store.describe());
 
     Ok((Weights { topology, model, config }, TextSource { source, gguf, eos_token_ids }))
+}
+
+/// `--load-format dummy`: random weights for every tensor of `config`, in the float
+/// `dtype`; under a `quantization_config`, stored as a checkpoint of that format stores
+/// them (float8 weights beside their scales), so they load as a real one's would.
+fn dummy_store(config: &ModelConfig, seed: u64, dtype: DType) -> Result<DummyStore> {
+    let store = DummyStore::new(tensor_specs(config)?, seed, dtype);
+    Ok(match &config.quantization {
+        Some(q) => store.quantized(q, config.text_prefix.as_deref()),
+        None => store,
+    })
 }
 
 /// A store that reports each tensor read to a [`WeightProgress`].
@@ -262,7 +275,11 @@ impl WeightStore for Counted<'_> {
         run
     }
 
-    fn float8(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+    fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.inner.float8_shape(name)
+    }
+
+    fn float8(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.inner.float8(name)
     }
 }
@@ -287,4 +304,60 @@ pub fn load_tokenizer(model: Option<&str>) -> Result<Tokenizer> {
     };
     tokenizer_for(&source, gguf.as_ref())?
         .with_context(|| format!("{} has no tokenizer (tokenizer.json)", source.path().display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A tiny Llama whose config declares Qwen's block-wise FP8 (blocks wider than its
+    /// weights, so each weight has one block of scales, cut short at both edges).
+    const FP8_LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128], "modules_to_not_convert": ["model.layers.1.mlp.down_proj"]}}"#;
+
+    /// The names of the tensors read from the store.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<String>>);
+
+    impl WeightProgress for Recorded {
+        fn start(&self, _: usize) {}
+        fn tensor(&self, name: &str) {
+            self.0.lock().unwrap().push(name.to_owned());
+        }
+        fn finish(&self) {}
+    }
+
+    /// `--load-format dummy` under a quantized config stores the weights the config
+    /// quantizes as float8 beside their scales, and the model loads them on the CPU.
+    #[test]
+    fn dummy_weights_of_a_quantized_config_are_float8() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), FP8_LLAMA).unwrap();
+        let config = models::read_config(&dir.path().join("config.json")).unwrap();
+        let store = dummy_store(&config, 3, DType::F32).unwrap();
+        assert_eq!(store.float8_shape("model.layers.0.mlp.down_proj.weight"), Some(vec![64, 96]));
+        assert_eq!(store.info("model.layers.0.mlp.down_proj.weight_scale_inv").unwrap().shape, [1, 1]);
+        for float in ["model.layers.1.mlp.down_proj.weight", "lm_head.weight", "model.embed_tokens.weight"] {
+            assert_eq!(store.float8_shape(float), None, "{float}");
+            assert_eq!(store.info(float).unwrap().dtype, DType::F32, "{float}");
+        }
+
+        let args = LoadConfig {
+            format: LoadFormat::Dummy,
+            device: DeviceKind::Cpu,
+            dummy_seed: 3,
+            ..LoadConfig::for_model(Some(dir.path().display().to_string()))
+        };
+        let progress = Recorded::default();
+        load_weights(&args, &progress).unwrap();
+        // A float8 weight is read as its codes and its scales, the scales through `host`.
+        let read = progress.0.into_inner().unwrap();
+        assert!(read.iter().any(|n| n == "model.layers.0.self_attn.q_proj.weight_scale_inv"), "{read:?}");
+        assert!(!read.iter().any(|n| n == "model.layers.1.mlp.down_proj.weight_scale_inv"), "{read:?}");
+    }
 }
