@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use half::{bf16, f16};
-use met_config::QuantConfig;
+use met_config::{QuantConfig, ScaleLayout};
 use met_kernels::fp8::E4M3_MAX;
 use met_kernels::rng::{mix64, weight_uniform};
 use met_kernels::{DType, HostTensor, UniformRun};
@@ -33,6 +33,9 @@ use crate::{TensorInfo, TensorSpec, WeightError, WeightStore};
 
 /// Half-width of the uniform range of 1-D tensors other than norm weights (biases).
 const BIAS_RANGE: f32 = 0.02;
+
+/// Mixed into a weight's stream key for the factors of its scale cells.
+const SCALE_STREAM: u64 = 0x5CA1_E5CA_1E5C_A1E5;
 
 /// Elements generated per rayon task.
 const CHUNK: usize = 1 << 14;
@@ -57,11 +60,41 @@ struct Dummy {
 enum Kind {
     /// The documented draws ([`fill_for`]) in the store's float dtype.
     Float,
-    /// The same draws stretched over e4m3's range and stored as float8 e4m3 codes: under
-    /// its scale (bound / [`E4M3_MAX`]) the weight is the float draws rounded to e4m3.
-    Float8,
-    /// F32, every element this value: a float8 weight's scales, or a static input scale.
+    /// The same draws stored as float8 e4m3 codes under scales that differ from cell to
+    /// cell of the checkpoint's scale grid: under its cell's scale the weight is the float
+    /// draw rounded to e4m3.
+    Float8(Cells),
+    /// A float8 weight's scales, one a cell: bound / [`E4M3_MAX`] times the cell's factor.
+    Scales(Cells),
+    /// F32, every element this value: a static input scale.
     Constant(f32),
+}
+
+/// The scale grid of a dummy float8 weight: cells of `rows` x `cols` elements, `grid_cols`
+/// cells a row of cells, each with a factor in [1, 1.75] drawn from `key` (so that per-row
+/// and block scales really differ between rows and blocks, as a checkpoint's do).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cells {
+    rows: usize,
+    cols: usize,
+    grid_cols: usize,
+    key: u64,
+    /// The weight's bound over [`E4M3_MAX`]: the scale of a cell of factor 1.
+    base: f32,
+}
+
+impl Cells {
+    /// The factor of cell `c`: 448 / t for t one of the e4m3 values from 256 to 448, so the
+    /// cell's largest code, t, dequantizes to the bound exactly and no draw rounds past it.
+    fn factor(&self, c: usize) -> f32 {
+        const TOPS: [f32; 7] = [256.0, 288.0, 320.0, 352.0, 384.0, 416.0, 448.0];
+        E4M3_MAX / TOPS[(mix64(self.key ^ c as u64) % TOPS.len() as u64) as usize]
+    }
+
+    /// The cell of element `e` of a `[_, k]` weight.
+    fn of(&self, e: usize, k: usize) -> usize {
+        (e / k / self.rows) * self.grid_cols + (e % k) / self.cols
+    }
 }
 
 impl DummyStore {
@@ -103,11 +136,26 @@ impl DummyStore {
             .collect();
         for (name, shape) in weights {
             let Fill::Uniform(bound) = fill_for(&name, &shape) else { continue };
-            for (companion, shape, value) in scheme.companions(&name, &shape, bound / E4M3_MAX) {
-                self.tensors.insert(companion, Dummy { shape, kind: Kind::Constant(value) });
+            let (n, k) = (shape[0], shape[1]);
+            let (rows, cols) = match quant.scales {
+                Some(ScaleLayout::Block(rows, cols)) => (rows, cols),
+                Some(ScaleLayout::Channel) => (1, k),
+                Some(ScaleLayout::Tensor) | None => (n, k),
+            };
+            let cells = Cells {
+                rows: rows.max(1),
+                cols: cols.max(1),
+                grid_cols: k.div_ceil(cols.max(1)),
+                key: mix64(stream_key(self.seed, &name) ^ SCALE_STREAM),
+                base: bound / E4M3_MAX,
+            };
+            for (i, (companion, shape, value)) in scheme.companions(&name, &shape, cells.base).into_iter().enumerate() {
+                // The first companion is the weight's scale; any other a static input scale.
+                let kind = if i == 0 { Kind::Scales(cells) } else { Kind::Constant(value) };
+                self.tensors.insert(companion, Dummy { shape, kind });
             }
             if let Some(weight) = self.tensors.get_mut(&name) {
-                weight.kind = Kind::Float8;
+                weight.kind = Kind::Float8(cells);
             }
         }
         self.quantization = Some(scheme.describe());
@@ -126,7 +174,7 @@ impl WeightStore for DummyStore {
         match &self.quantization {
             None => format!("dummy {} weights ({made})", self.dtype),
             Some(q) => {
-                let float8 = self.tensors.values().filter(|t| t.kind == Kind::Float8).count();
+                let float8 = self.tensors.values().filter(|t| matches!(t.kind, Kind::Float8(_))).count();
                 format!("dummy {q} weights: {float8} float8 e4m3 beside their scales, the rest {} ({made})", self.dtype)
             }
         }
@@ -141,8 +189,8 @@ impl WeightStore for DummyStore {
         let dtype = match t.kind {
             Kind::Float => self.dtype,
             // As a checkpoint's: listed, read through `float8`, not loadable as it is.
-            Kind::Float8 => return None,
-            Kind::Constant(_) => DType::F32,
+            Kind::Float8(_) => return None,
+            Kind::Scales(_) | Kind::Constant(_) => DType::F32,
         };
         Some(TensorInfo { name: name.to_string(), dtype, shape: t.shape.clone() })
     }
@@ -154,7 +202,11 @@ impl WeightStore for DummyStore {
                 let bytes = generate(stream_key(self.seed, name), &t.shape, fill_for(name, &t.shape), self.dtype);
                 Ok(HostTensor::from_bytes(self.dtype, &t.shape, Cow::Owned(bytes))?)
             }
-            Kind::Float8 => Err(WeightError::UnsupportedDtype { name: name.to_string(), dtype: "F8_E4M3".into() }),
+            Kind::Float8(_) => Err(WeightError::UnsupportedDtype { name: name.to_string(), dtype: "F8_E4M3".into() }),
+            Kind::Scales(cells) => {
+                let values: Vec<f32> = (0..t.shape.iter().product()).map(|c| cells.base * cells.factor(c)).collect();
+                Ok(HostTensor::from_f32(&values, &t.shape))
+            }
             Kind::Constant(value) => Ok(HostTensor::from_f32(&vec![value; t.shape.iter().product()], &t.shape)),
         }
     }
@@ -170,12 +222,21 @@ impl WeightStore for DummyStore {
     }
 
     fn float8_shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensors.get(name).filter(|t| t.kind == Kind::Float8).map(|t| t.shape.clone())
+        self.tensors.get(name).filter(|t| matches!(t.kind, Kind::Float8(_))).map(|t| t.shape.clone())
     }
 
     fn float8(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        let shape = self.float8_shape(name)?;
-        let codes = generate(stream_key(self.seed, name), &shape, Fill::Uniform(E4M3_MAX), DType::F8E4M3);
+        let t = self.tensors.get(name)?;
+        let Kind::Float8(cells) = t.kind else { return None };
+        let (key, k) = (stream_key(self.seed, name), t.shape[1].max(1));
+        let mut codes = vec![0u8; t.shape.iter().product()];
+        codes.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+            for (j, code) in out.iter_mut().enumerate() {
+                let e = c * CHUNK + j;
+                let value = E4M3_MAX * weight_uniform(key, e as u64) / cells.factor(cells.of(e, k));
+                *code = met_kernels::fp8::e4m3_from_f32(value);
+            }
+        });
         Some(Cow::Owned(codes))
     }
 }

@@ -223,3 +223,25 @@ fn a_vision_language_configs_unquantized_modules_stay_float() {
     assert!(store.float8_shape("model.layers.0.linear_attn.in_proj_b.weight").is_some());
     preflight(&Fp8View::new(&store, quant.scales), &specs, &[]).unwrap();
 }
+
+/// Scales differ from cell to cell of the layout's grid (blocks of 32 x 32 here, rows per
+/// channel), as a checkpoint's do: a kernel that read one block's or row's scale for its
+/// neighbour's would compute other values. Each dequantizes the same draws.
+#[test]
+fn scales_differ_between_the_cells_of_their_grid() {
+    for quant in [
+        config("fp8", Some(ScaleLayout::Block(32, 32)), false),
+        config("compressed-tensors", Some(ScaleLayout::Channel), false),
+    ] {
+        let store = quantized(3, &quant);
+        let scale = match quant.scales {
+            Some(ScaleLayout::Block(..)) => "model.layers.0.mlp.down_proj.weight_scale_inv",
+            _ => "model.layers.0.mlp.down_proj.weight_scale",
+        };
+        let mut scales = values(&store, scale);
+        let cells = scales.len();
+        scales.sort_by(f32::total_cmp);
+        scales.dedup();
+        assert!(cells > 4 && scales.len() > 2, "{quant:?}: {} distinct scales of {cells}", scales.len());
+    }
+}
