@@ -209,7 +209,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     if let Some(q) = &config.quantization {
         // Said at every start. The CPU (the backend that computes in f32) keeps quantised
-        // blocks; CUDA keeps e4m3 matrices whose scales and shape its FP8 kernels take.
+        // blocks; the GPU widens them, and then the memory and speed are the float model's.
         if backend.float_dtype() == DType::F32 {
             tracing::info!(
                 "{} weights stay e4m3 blocks on the CPU (1.125 bytes a weight) where each 32 columns of a row \
@@ -217,10 +217,9 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
                 q.method
             );
         } else {
-            tracing::info!(
-                "{} weights stay e4m3 on the GPU (1 byte a weight) where their scales are per row, per tensor or \
-                 per 128 x 128 block and their rows are a multiple of 16 and columns of 128 (on Hopper with \
-                 cuBLASLt 12.9 or later); MoE experts and other matrices are dequantized to {:?}",
+            tracing::warn!(
+                "{} weights are dequantized to {:?} as they load (no FP8 kernels yet): memory and speed are the \
+                 unquantized model's",
                 q.method,
                 backend.float_dtype()
             );
