@@ -34,7 +34,20 @@ use met_scheduler::{Engine, EngineRequest, GeneratedToken, StopCriteria};
 use met_speculative::SpeculativeConfig;
 use met_telemetry::Metrics;
 
-const FIXTURES: [&str; 8] = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3"];
+/// The attention fixtures; the FP8 checkpoints' weights stay e4m3 blocks on the CPU
+/// (per-channel scales) or are widened (24 x 40 blocks, not whole blocks of 32).
+const FIXTURES: [&str; 10] = [
+    "llama",
+    "llama_tied",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma2",
+    "gemma3",
+    "qwen3_fp8_channel",
+    "qwen3_fp8_block",
+];
 
 const HYBRIDS: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
