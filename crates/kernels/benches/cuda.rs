@@ -166,6 +166,86 @@ fn gemv(c: &mut Criterion) {
     group.finish();
 }
 
+/// An e4m3 matrix (random bytes without NaN codes) under one scale a 128 x 128 block
+/// (`block`) or a row, as an FP8 checkpoint's weight reaches the backend.
+fn fp8_weight(b: &CudaBackend, n: usize, k: usize, block: bool, seed: u64) -> Tensor {
+    use met_kernels::quant::QuantFormat;
+    let mut state = seed;
+    let mut next = move || {
+        state = met_kernels::rng::mix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
+        state
+    };
+    let mut bytes = Vec::with_capacity(n * k / 32 * 36);
+    for i in 0..n {
+        for g in 0..k / 32 {
+            let key = if block { (i / 128) * k + g * 32 / 128 } else { i };
+            let scale = 2e-5 + (met_kernels::rng::mix64(key as u64 ^ seed) >> 44) as f32 * 1e-11;
+            bytes.extend(scale.to_le_bytes());
+            for _ in 0..4 {
+                let r = next().to_le_bytes();
+                bytes.extend(r.iter().map(|&q| if q & 0x7f == 0x7f { q ^ 1 } else { q }));
+            }
+        }
+    }
+    let host = HostTensor::from_bytes(DType::Quant(QuantFormat::F8_E4M3), &[n, k], std::borrow::Cow::Owned(bytes))
+        .expect("blocks");
+    let w = b.upload(&host, DType::BF16).expect("upload");
+    assert_eq!(w.dtype(), DType::Quant(QuantFormat::F8_E4M3), "the bench matrix was widened");
+    w
+}
+
+/// Llama-3.1-8B's projections with e4m3 weights (128 x 128 block scales): decode batches
+/// (throughput: weight bytes) and prefill-sized batches (FLOPs) beside bf16 weights.
+fn fp8(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let mut group = c.benchmark_group("cuda_fp8");
+    group.measurement_time(Duration::from_millis(1500));
+    let shapes = [
+        ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+        ("o", HIDDEN, HEADS * HEAD_DIM),
+        ("gate_up", 2 * INTERMEDIATE, HIDDEN),
+        ("down", HIDDEN, INTERMEDIATE),
+    ];
+    for (name, n, k) in shapes {
+        let weights: Vec<Tensor> = (0..WEIGHT_COPIES).map(|i| fp8_weight(b, n, k, true, 20 + i as u64)).collect();
+        let turn = std::cell::Cell::new(0);
+        let next = || {
+            turn.set((turn.get() + 1) % WEIGHT_COPIES);
+            &weights[turn.get()]
+        };
+        group.throughput(Throughput::Bytes((n * k) as u64));
+        for m in [1, 4, 8, 16] {
+            let x = random(b, &[m, k], 3);
+            bench_synced(&mut group, &format!("{name}/m{m}_n{n}_k{k}"), b, || {
+                b.matmul(&x, next(), None).expect("matmul")
+            });
+            if name == "gate_up" {
+                bench_synced(&mut group, &format!("gate_up_silu/m{m}_n{n}_k{k}"), b, || {
+                    b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
+                });
+            }
+        }
+        if name == "gate_up" || name == "down" {
+            let row = fp8_weight(b, n, k, false, 30);
+            let bf16 = random(b, &[n, k], 31);
+            for m in [64, 256, 2048] {
+                let x = random(b, &[m, k], 4);
+                group.throughput(Throughput::Elements((2 * m * k * n) as u64));
+                bench_synced(&mut group, &format!("{name}_gemm_block/m{m}_n{n}_k{k}"), b, || {
+                    b.matmul(&x, next(), None).expect("matmul")
+                });
+                bench_synced(&mut group, &format!("{name}_gemm_row/m{m}_n{n}_k{k}"), b, || {
+                    b.matmul(&x, &row, None).expect("matmul")
+                });
+                bench_synced(&mut group, &format!("{name}_gemm_bf16/m{m}_n{n}_k{k}"), b, || {
+                    b.matmul(&x, &bf16, None).expect("matmul")
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
 /// The MLP projection for a decode batch and a prefill chunk.
 fn matmul(c: &mut Criterion) {
     let Some(b) = backend() else { return };
@@ -386,6 +466,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, matmul, rms_norm, attention, attention_d256, delta_rule, sample
+    targets = gemv, fp8, matmul, rms_norm, attention, attention_d256, delta_rule, sample
 }
 criterion_main!(benches);

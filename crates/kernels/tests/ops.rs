@@ -16,6 +16,7 @@ mod ops {
     pub mod attention;
     pub mod dense;
     pub mod draws;
+    pub mod fp8;
     pub mod harness;
     pub mod later;
     pub mod lora;
@@ -30,7 +31,7 @@ mod ops {
 }
 
 use ops::{
-    attention, dense, draws, harness, later, lora, masks, moe, props, quant, recurrent, recurrent_delta,
+    attention, dense, draws, fp8, harness, later, lora, masks, moe, props, quant, recurrent, recurrent_delta,
     recurrent_reference, sampling,
 };
 
@@ -83,6 +84,7 @@ macro_rules! backend_tests {
                 attention::attention_rejects_bad_operands,
                 attention::fp8_pools_attend_as_their_dequantized_values,
                 quant::quantized_weights_compute_with_their_decoded_values,
+                fp8::fp8_matrices_compute_with_their_decoded_values,
                 props::matmul_property,
                 props::paged_attention_property,
                 sampling::greedy_sample_is_argmax,
@@ -157,6 +159,8 @@ mod cuda_mma {
 /// keeps it.
 mod cpu_invariant {
     backend_tests!(@checks met_kernels::CpuBackend::new();
+        fp8::fp8_rows_are_batch_invariant,
+        fp8::fp8_large_batches_match_the_decoded_values,
         dense::matmul_rows_are_batch_invariant,
         attention::attention_rows_are_batch_invariant,
     );
@@ -166,6 +170,8 @@ mod cpu_invariant {
 #[cfg(feature = "cuda")]
 mod cuda_invariant {
     backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_batch_invariance();
+        fp8::fp8_rows_are_batch_invariant,
+        fp8::fp8_large_batches_match_the_decoded_values,
         dense::matmul_rows_are_batch_invariant,
         attention::attention_rows_are_batch_invariant,
         dense::matmul_matches_reference,
@@ -220,6 +226,12 @@ mod cuda_only {
     fn matmul_rows_do_not_depend_on_the_batch() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::dense::matmul_rows_do_not_depend_on_the_batch(&backend)
+    }
+
+    #[test]
+    fn fp8_cuda_narrows_large_batches() -> met_kernels::Result<()> {
+        let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        crate::fp8::fp8_cuda_narrows_large_batches(&backend)
     }
 
     #[test]

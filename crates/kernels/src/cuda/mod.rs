@@ -19,6 +19,7 @@ mod attention;
 mod chunked_delta;
 mod compile;
 mod device;
+mod fp8;
 mod gemm;
 mod gemv;
 mod graph;
@@ -64,12 +65,16 @@ pub struct CudaStorage {
     /// reports it. Ops that index with them check nothing on the host, so a step fed from
     /// the draws before it does not wait for them (cleared when the tensor is overwritten).
     drawn: AtomicBool,
+    /// For an e4m3 matrix ([`fp8`]): its scales.
+    fp8: Option<fp8::Fp8Scales>,
 }
 
 /// The CUDA backend on one GPU.
 pub struct CudaBackend {
     dev: Arc<Device>,
     blas: Blas,
+    /// cuBLASLt for FP8 products, where it can run them (else e4m3 weights are widened).
+    lt: Option<fp8::Lt>,
     kernels: HashMap<&'static str, CudaFunction>,
     origin: Origin,
     arch: String,
@@ -145,12 +150,14 @@ impl CudaBackend {
             .chain(&recurrent::KERNELS)
             .chain(&chunked_delta::KERNELS)
             .chain(&lora::KERNELS)
+            .chain(&fp8::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels, dev.capability)?;
         moe::raise_shared_memory(&kernels)?;
         chunked_delta::raise_shared_memory(&kernels, dev.capability)?;
         let blas = Blas::new(&dev)?;
+        let lt = fp8::Lt::new(&dev)?;
         let decode_counters = dev.alloc(attention::DECODE_COUNTERS * 4)?;
         dev.zero(&decode_counters, attention::DECODE_COUNTERS * 4)?;
         // `MET_CUDA_PDL=0` launches every kernel fully serialised, to measure what the
@@ -160,6 +167,7 @@ impl CudaBackend {
         Ok(Self {
             dev,
             blas,
+            lt,
             kernels,
             origin,
             arch,
@@ -194,6 +202,11 @@ impl CudaBackend {
 }
 
 impl GpuBackend for CudaBackend {
+    /// The grouped GEMMs take bf16 experts: e4m3 ones are widened at load.
+    fn computes_moe_in(&self, dtype: DType) -> bool {
+        dtype == DType::BF16
+    }
+
     fn batch_invariant(&self) -> bool {
         self.batch_invariant
     }
@@ -221,6 +234,11 @@ impl GpuBackend for CudaBackend {
 
     fn upload(&self, host: &HostTensor<'_>, dtype: DType) -> Result<Tensor> {
         let dims = host.shape();
+        if (host.dtype(), dtype) == (fp8::FP8, DType::BF16)
+            && let Some(t) = fp8::upload(self, host)?
+        {
+            return Ok(t);
+        }
         match (host.dtype(), dtype) {
             (DType::U32, DType::U32) => self.upload_u32(&host.to_u32_vec()?, dims),
             (DType::U32, _) => Err(Error::DType { op: "upload", expected: DType::U32, got: dtype }),
@@ -273,6 +291,9 @@ impl GpuBackend for CudaBackend {
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        if t.dtype() == fp8::FP8 {
+            return self.download_f32(&fp8::rows_bf16(self, t, None)?);
+        }
         let buf = &storage("download_f32", t)?.buf;
         let n = t.elem_count();
         match t.dtype() {

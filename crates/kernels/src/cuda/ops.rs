@@ -4,6 +4,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::fp8;
 use super::gemm::Gemm;
 use super::gemv::{self, Gemv};
 use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
@@ -13,6 +14,9 @@ use crate::{DType, Tensor};
 const BF16: &[DType] = &[DType::BF16];
 
 pub(super) fn cast(b: &CudaBackend, t: &Tensor, dtype: DType) -> Result<Tensor> {
+    if t.dtype() == fp8::FP8 && dtype == DType::BF16 {
+        return fp8::rows_bf16(b, t, None)?.reshape(t.dims());
+    }
     expect_dtype("cast", t, &[DType::BF16, DType::F32])?;
     if !matches!(dtype, DType::BF16 | DType::F32) {
         return Err(Error::DType { op: "cast", expected: DType::F32, got: dtype });
@@ -40,9 +44,13 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         expect_dtype("matmul", bias, BF16)?;
     }
     expect_dtype("matmul", x, BF16)?;
-    expect_dtype("matmul", w, BF16)?;
+    expect_dtype("matmul", w, &[DType::BF16, fp8::FP8])?;
     let out = b.alloc(&[m, n], DType::BF16)?;
     if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    if w.dtype() == fp8::FP8 {
+        fp8::matmul(b, x, w, bias, &out)?;
         return Ok(out);
     }
     let out_ptr = ptr("matmul", &out)?;
@@ -172,8 +180,14 @@ pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: 
 pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (m, k, n) = crate::check::matmul(x, w, None)?;
     expect_dtype("matmul_silu_mul", x, BF16)?;
-    expect_dtype("matmul_silu_mul", w, BF16)?;
+    expect_dtype("matmul_silu_mul", w, &[DType::BF16, fp8::FP8])?;
     ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
+    if w.dtype() == fp8::FP8 && m > 0 {
+        let out = b.alloc(&[m, n / 2], DType::BF16)?;
+        if fp8::matmul_silu_mul(b, x, w, &out)? {
+            return Ok(out);
+        }
+    }
     if b.batch_invariant || !gemv::applies(m, n, k) {
         return silu_mul(b, &matmul(b, x, w, None)?);
     }
@@ -295,7 +309,7 @@ pub(super) fn gather_u32(b: &CudaBackend, src: &Tensor, rows: &[u32]) -> Result<
 
 fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
     let (v, h) = (table.dims()[0], table.dims()[1]);
-    expect_dtype(op, table, &[DType::BF16, DType::F32])?;
+    expect_dtype(op, table, &[DType::BF16, DType::F32, fp8::FP8])?;
     expect_dtype(op, idx, &[DType::U32])?;
     // Drawn tokens are not brought back to be checked (`CudaStorage::drawn`): a step fed
     // from the draws before it would wait for them. The kernel reads zeros for an id past
@@ -305,6 +319,9 @@ fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Re
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
             return Err(Error::InvalidArgument(format!("{op}: index {bad} is out of range for {v} rows")));
         }
+    }
+    if table.dtype() == fp8::FP8 {
+        return fp8::rows_bf16(b, table, Some(idx));
     }
     let rows = idx.elem_count();
     let out = b.alloc(&[rows, h], table.dtype())?;

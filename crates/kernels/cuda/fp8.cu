@@ -1,0 +1,369 @@
+// fp8.cu: products with float8_e4m3fn weights (FP8 checkpoints) under f32 scales.
+//
+// A weight `w [rows, k]` is e4m3 bytes, k a multiple of 128, with its scales beside it
+// (`src/cuda/fp8.rs` lays them out): the scale of row r in the 128-column chunk c is
+// `scales[(r / scale_rows) * scale_stride + c * chunk_step]`, which covers one scale a row
+// (scale_rows 1, chunk_step 0) and 128 x 128 blocks (scale_rows 128, scale_stride the
+// padded chunk count, chunk_step 1). The value of a weight is `e4m3(q) · scale`.
+//
+// `fp8_gemv_*`: decode batches. `out [m, n] = x · wᵀ` with bf16 activations (the weights
+// widened in registers, never the activations narrowed). Every weight is read once a step,
+// so the kernel is a stream over the matrix. A block owns 32 rows (16 gate and 16 up rows
+// for the SwiGLU form) and up to 8 tokens a column of mma tiles (NT tiles: 8 or 16
+// tokens); its 4 warps take turns over the 128-column chunks, each chunk an mma.sync
+// m16n8k16 pass with bf16 operands: a thread loads 2 x 16 bytes of each of its rows (g and
+// g + 8 of the tile), so a row's 128 bytes are read by 4 lanes in 64-byte runs. Inside the
+// mma the chunk's columns are taken in a permuted order (lane q's 32 bytes are its k
+// slice), the same for the weights and the activations, so the dot product is unchanged
+// while every load stays a whole 16-byte (weights) or 8-byte (activations) vector.
+// e4m3 is exact in bf16. A chunk's products are summed in f32, then multiplied by the
+// chunk's scale into the row's sum. When the matrix has too few rows to fill the GPU, the
+// chunks are split between `splits` blocks (grid z) that write f32 partial sums, added in
+// split order by `fp8_gemv_reduce`; the split count depends on the shape only, so a row's
+// sum never depends on m, and a token's result is the same alone or in any batch.
+//
+// `fp8_quantize_*`: activations to e4m3 for the tensor-core GEMM of larger batches
+// (cuBLASLt, `src/cuda/fp8.rs`): per token and 128-column group (block-scaled weights) or
+// per token (per-row weights), scale = amax / 448 (1 for an all-zero group), q = e4m3(x /
+// scale) rounded to nearest even and saturated, as transformers' FP8 linear computes them.
+//
+// Everything here needs sm_90 (e4m3 conversions, bf16x2 multiply); the host keeps e4m3
+// weights only on such devices.
+
+#define FP8_THREADS 128
+#define FP8_WARPS (FP8_THREADS / 32)
+#define FP8_CHUNK 128
+
+typedef unsigned char u8;
+
+// f16x2 holding two e4m3 values (each a normal f16 or zero) -> the same values as bf16x2:
+// exponent and mantissa moved to bf16's places give the value times 2^-112 (still a
+// normal bf16), and one exact multiply by 2^112 puts it back.
+__device__ __forceinline__ u32 f16x2_e4m3_to_bf16x2(u32 h) {
+    const u32 t = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+    u32 r = t;
+#if __CUDA_ARCH__ >= 900
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x77807780u));
+#endif
+    return r;
+}
+
+// Four e4m3 bytes (byte 0 lowest) -> bf16 pairs: `lo` holds bytes 0 and 1, `hi` 2 and 3.
+__device__ __forceinline__ void e4m3x4_to_bf16(u32 w, u32& lo, u32& hi) {
+    u32 h0 = 0, h1 = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(w));
+#endif
+    lo = f16x2_e4m3_to_bf16x2(h0);
+    hi = f16x2_e4m3_to_bf16x2(h1);
+}
+
+// Two f32 -> two e4m3 (round to nearest even, saturating at ±448) in the low 16 bits, `a`
+// in the low byte.
+__device__ __forceinline__ u32 e4m3x2_from(float a, float b) {
+    unsigned short r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float fp8_scale(const float* scales, u32 row, u32 chunk, u32 scale_rows, u32 scale_stride,
+                                           u32 chunk_step) {
+    return scales[(u64)(row / scale_rows) * scale_stride + (u64)chunk * chunk_step];
+}
+
+__device__ __forceinline__ float silu_times(float g, float u) {
+    g = round_bf(g);
+    return round_bf(g / (1.0f + expf(-g))) * round_bf(u);
+}
+
+// The block's sums over its chunk range: `acc[t][nt]` is the mma C fragment of row tile t
+// (rows `rows[t][0]` = g and `rows[t][1]` = g + 8 of the tile) and token tile nt.
+template <int NT>
+__device__ __forceinline__ void fp8_gemv_dots(const bf16_t* __restrict__ x, const u8* __restrict__ w,
+                                              const float* __restrict__ scales, u32 scale_rows, u32 scale_stride,
+                                              u32 chunk_step, const u32 (&rows)[2][2], u32 tok0, u32 m, u32 k,
+                                              u32 c_begin, u32 c_end, float (&acc)[2][NT][4]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
+    const bf16_t* xt[NT];
+    bool live[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const u32 tok = tok0 + nt * 8 + g;
+        live[nt] = tok < m;
+        xt[nt] = x + (u64)(live[nt] ? tok : 0) * k;
+    }
+    for (u32 c = c_begin + warp; c < c_end; c += FP8_WARPS) {
+        // wv[t][h][kh]: row h of tile t, bytes kh * 64 + q * 16 .. + 15 of the chunk.
+        uint4 wv[2][2][2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int kh = 0; kh < 2; ++kh)
+                    wv[t][h][kh] = __ldcs(reinterpret_cast<const uint4*>(w + (u64)rows[t][h] * k + (u64)c * FP8_CHUNK +
+                                                                         kh * 64 + q * 16));
+        float part[2][NT][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[t][nt][i] = 0.0f;
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh)
+#pragma unroll
+            for (int sub = 0; sub < 4; ++sub) {
+                const u32 p = c * FP8_CHUNK + kh * 64 + q * 16 + sub * 4;
+                uint2 xb[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    xb[nt] = live[nt] ? __ldg(reinterpret_cast<const uint2*>(xt[nt] + p)) : make_uint2(0, 0);
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const uint4 r0 = wv[t][0][kh], r1 = wv[t][1][kh];
+                    const u32 w0 = sub == 0 ? r0.x : sub == 1 ? r0.y : sub == 2 ? r0.z : r0.w;
+                    const u32 w1 = sub == 0 ? r1.x : sub == 1 ? r1.y : sub == 2 ? r1.z : r1.w;
+                    u32 a[4];
+                    e4m3x4_to_bf16(w0, a[0], a[2]);
+                    e4m3x4_to_bf16(w1, a[1], a[3]);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_bf16(part[t][nt], a, xb[nt].x, xb[nt].y);
+                }
+            }
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const float s0 = fp8_scale(scales, rows[t][0], c, scale_rows, scale_stride, chunk_step);
+            const float s1 = fp8_scale(scales, rows[t][1], c, scale_rows, scale_stride, chunk_step);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                acc[t][nt][0] = fmaf(part[t][nt][0], s0, acc[t][nt][0]);
+                acc[t][nt][1] = fmaf(part[t][nt][1], s0, acc[t][nt][1]);
+                acc[t][nt][2] = fmaf(part[t][nt][2], s1, acc[t][nt][2]);
+                acc[t][nt][3] = fmaf(part[t][nt][3], s1, acc[t][nt][3]);
+            }
+        }
+    }
+}
+
+// The warps' sums added in warp order: red[r][tok] for the block's 32 rows and NT * 8 tokens.
+template <int NT>
+__device__ __forceinline__ void fp8_gemv_gather(const float (&acc)[2][NT][4], float (*red)[32][NT * 8]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            red[warp][t * 16 + g][nt * 8 + 2 * q] = acc[t][nt][0];
+            red[warp][t * 16 + g][nt * 8 + 2 * q + 1] = acc[t][nt][1];
+            red[warp][t * 16 + g + 8][nt * 8 + 2 * q] = acc[t][nt][2];
+            red[warp][t * 16 + g + 8][nt * 8 + 2 * q + 1] = acc[t][nt][3];
+        }
+    __syncthreads();
+}
+
+template <int NT>
+__device__ __forceinline__ float fp8_gemv_sum(float (*red)[32][NT * 8], u32 r, u32 tok) {
+    float v = red[0][r][tok];
+#pragma unroll
+    for (int i = 1; i < FP8_WARPS; ++i) v += red[i][r][tok];
+    return v;
+}
+
+__device__ __forceinline__ void fp8_split_range(u32 k, u32 splits, u32& c_begin, u32& c_end) {
+    const u32 chunks = k / FP8_CHUNK;
+    c_begin = (u32)((u64)blockIdx.z * chunks / splits);
+    c_end = (u32)((u64)(blockIdx.z + 1) * chunks / splits);
+}
+
+// grid (ceil(n / 32), ceil(m / (8 NT)), splits), block FP8_THREADS. With one split it
+// writes `out` (bf16, + bias if not null); otherwise f32 partial sums `partial [splits, m, n]`.
+template <int NT>
+__device__ void fp8_gemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scales,
+                         u32 scale_rows, u32 scale_stride, u32 chunk_step, const bf16_t* __restrict__ bias,
+                         bf16_t* __restrict__ out, float* __restrict__ partial, u32 m, u32 n, u32 k, u32 splits) {
+    __shared__ float red[FP8_WARPS][32][NT * 8];
+    const u32 g = (threadIdx.x & 31) >> 2, col0 = blockIdx.x * 32, tok0 = blockIdx.y * 8 * NT;
+    u32 rows[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) rows[t][h] = min(col0 + t * 16 + h * 8 + g, n - 1);
+    u32 c_begin, c_end;
+    fp8_split_range(k, splits, c_begin, c_end);
+    pdl_wait_prev();
+    float acc[2][NT][4];
+    fp8_gemv_dots<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, tok0, m, k, c_begin, c_end, acc);
+    fp8_gemv_gather<NT>(acc, red);
+    for (u32 i = threadIdx.x; i < 32 * NT * 8; i += FP8_THREADS) {
+        const u32 r = i % 32, tok = tok0 + i / 32, col = col0 + r;
+        if (tok >= m || col >= n) continue;
+        const float v = fp8_gemv_sum<NT>(red, r, i / 32);
+        if (splits == 1) {
+            out[(u64)tok * n + col] = f2bf(v + (bias ? bf2f(bias[col]) : 0.0f));
+        } else {
+            partial[((u64)blockIdx.z * m + tok) * n + col] = v;
+        }
+    }
+}
+
+// grid (ceil(half / 16), ceil(m / (8 NT)), splits); w is [2 half, k] (gate rows, then up).
+// With one split it writes `out [m, half]`; otherwise `partial [splits, m, 2 half]` (gate
+// sums, then up sums).
+template <int NT>
+__device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict__ w,
+                              const float* __restrict__ scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,
+                              bf16_t* __restrict__ out, float* __restrict__ partial, u32 m, u32 half, u32 k,
+                              u32 splits) {
+    __shared__ float red[FP8_WARPS][32][NT * 8];
+    const u32 g = (threadIdx.x & 31) >> 2, col0 = blockIdx.x * 16, tok0 = blockIdx.y * 8 * NT;
+    u32 rows[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 j = min(col0 + h * 8 + g, half - 1);
+        rows[0][h] = j;
+        rows[1][h] = half + j;
+    }
+    u32 c_begin, c_end;
+    fp8_split_range(k, splits, c_begin, c_end);
+    pdl_wait_prev();
+    float acc[2][NT][4];
+    fp8_gemv_dots<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, tok0, m, k, c_begin, c_end, acc);
+    fp8_gemv_gather<NT>(acc, red);
+    for (u32 i = threadIdx.x; i < 16 * NT * 8; i += FP8_THREADS) {
+        const u32 r = i % 16, tok = tok0 + i / 16, col = col0 + r;
+        if (tok >= m || col >= half) continue;
+        const float gate = fp8_gemv_sum<NT>(red, r, i / 16), up = fp8_gemv_sum<NT>(red, 16 + r, i / 16);
+        if (splits == 1) {
+            out[(u64)tok * half + col] = f2bf(silu_times(gate, up));
+        } else {
+            float* p = partial + ((u64)blockIdx.z * m + tok) * 2 * half;
+            p[col] = gate;
+            p[half + col] = up;
+        }
+    }
+}
+
+#define MET_FP8_GEMV(NT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_n##NT(                                      \
+        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,       \
+        const bf16_t* bias, bf16_t* out, float* partial, u32 m, u32 n, u32 k, u32 splits) {                        \
+        pdl_allow_next();                                                                                          \
+        fp8_gemv<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, partial, m, n, k, splits);     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_silu_n##NT(                                 \
+        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,       \
+        bf16_t* out, float* partial, u32 m, u32 half, u32 k, u32 splits) {                                         \
+        pdl_allow_next();                                                                                          \
+        fp8_gemv_silu<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, out, partial, m, half, k, splits);   \
+    }
+
+MET_FP8_GEMV(1)
+MET_FP8_GEMV(2)
+
+// The splits' partial sums of `fp8_gemv_n*` added in split order: `out [m, n]`, + bias.
+extern "C" __global__ void fp8_gemv_reduce(const float* partial, const bf16_t* bias, bf16_t* out, u32 m, u32 n,
+                                           u32 splits) {
+    pdl_enter();
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, total = (u64)m * n;
+    if (i >= total) return;
+    float v = partial[i];
+    for (u32 s = 1; s < splits; ++s) v += partial[s * total + i];
+    out[i] = f2bf(v + (bias ? bf2f(bias[i % n]) : 0.0f));
+}
+
+// The same for `fp8_gemv_silu_n*`: `out [m, half]`.
+extern "C" __global__ void fp8_gemv_silu_reduce(const float* partial, bf16_t* out, u32 m, u32 half, u32 splits) {
+    pdl_enter();
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, total = (u64)m * half;
+    if (i >= total) return;
+    const u64 tok = i / half, col = i % half, stride = 2 * total;
+    const float* p = partial + tok * 2 * half + col;
+    float gate = p[0], up = p[half];
+    for (u32 s = 1; s < splits; ++s) {
+        gate += p[s * stride];
+        up += p[s * stride + half];
+    }
+    out[i] = f2bf(silu_times(gate, up));
+}
+
+// Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
+// warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the
+// layout cuBLASLt reads for its 128-element vector scales.
+extern "C" __global__ void fp8_quantize_vec128(const bf16_t* x, u8* q, float* scales, u32 m, u32 k) {
+    pdl_enter();
+    const u32 groups = k / FP8_CHUNK, lane = threadIdx.x & 31;
+    const u64 item = (u64)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (item >= (u64)m * groups) return;
+    const u64 tok = item / groups, group = item % groups, at = tok * k + group * FP8_CHUNK + lane * 4;
+    const uint2 v = *reinterpret_cast<const uint2*>(x + at);
+    const float f[4] = {__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                        __uint_as_float(v.y & 0xffff0000u)};
+    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+    amax = warp_max(amax);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const u32 packed = e4m3x2_from(f[0] / scale, f[1] / scale) | (e4m3x2_from(f[2] / scale, f[3] / scale) << 16);
+    *reinterpret_cast<u32*>(q + at) = packed;
+    if (lane == 0) scales[tok + group * m] = scale;
+}
+
+// Activations per token: grid (m), block 256.
+extern "C" __global__ void fp8_quantize_row(const bf16_t* x, u8* q, float* scales, u32 k) {
+    __shared__ float scratch[32];
+    pdl_enter();
+    const u64 row = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(x + row * k);
+    const u32 vecs = k / 8;
+    float amax = 0.0f;
+    for (u32 v = threadIdx.x; v < vecs; v += blockDim.x) {
+        float f[8];
+        unpack8(src[v], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    }
+    amax = block_max(amax, scratch);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (u32 v = threadIdx.x; v < vecs; v += blockDim.x) {
+        float f[8];
+        unpack8(src[v], f);
+        uint2 packed;
+        packed.x = e4m3x2_from(f[0] / scale, f[1] / scale) | (e4m3x2_from(f[2] / scale, f[3] / scale) << 16);
+        packed.y = e4m3x2_from(f[4] / scale, f[5] / scale) | (e4m3x2_from(f[6] / scale, f[7] / scale) << 16);
+        *reinterpret_cast<uint2*>(q + row * k + (u64)v * 8) = packed;
+    }
+    if (threadIdx.x == 0) scales[row] = scale;
+}
+
+// Weight rows widened to bf16 (`e4m3(q) · scale` in f32, rounded once): rows `ids[i]` (or
+// row i when `ids` is null) into `out [count, k]`; an id past the `rows` of `w` (a failed
+// draw's `NO_TOKEN`) gives zeros. grid (count, ceil(k / 4 / 128)), block 128.
+extern "C" __global__ void fp8_rows_bf16(const u32* ids, const u8* w, const float* scales, u32 scale_rows,
+                                         u32 scale_stride, u32 chunk_step, bf16_t* out, u32 rows, u32 k) {
+    pdl_enter();
+    const u32 col = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+    if (col >= k) return;
+    const u64 i = blockIdx.x, row = ids ? ids[i] : i;
+    if (row >= rows) {
+        *reinterpret_cast<uint2*>(out + i * k + col) = make_uint2(0, 0);
+        return;
+    }
+    const float s = fp8_scale(scales, (u32)row, col / FP8_CHUNK, scale_rows, scale_stride, chunk_step);
+    u32 lo, hi;
+    e4m3x4_to_bf16(*reinterpret_cast<const u32*>(w + row * k + col), lo, hi);
+    const u32 pairs[2] = {lo, hi};
+    u32 res[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+        res[j] = pack_bf16(__uint_as_float(pairs[j] << 16) * s, __uint_as_float(pairs[j] & 0xffff0000u) * s);
+    *reinterpret_cast<uint2*>(out + i * k + col) = make_uint2(res[0], res[1]);
+}

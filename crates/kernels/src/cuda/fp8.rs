@@ -1,0 +1,533 @@
+//! FP8 weights on CUDA: a checkpoint's `float8_e4m3fn` matrices kept as e4m3 bytes on the
+//! device (one byte a weight instead of bf16's two), with their f32 scales beside them.
+//!
+//! A host matrix of [`QuantFormat::F8_E4M3`] blocks (32 bytes under one scale, what
+//! `met-model-weights`' `Fp8View` makes of every FP8 layout) stays e4m3 when its scales are
+//! constant along each row (per-tensor and per-channel checkpoints, and fusions of them) or
+//! over 128 x 128 blocks (block-wise ones), its rows are a multiple of 16 and its columns of
+//! 128; any other matrix is widened to bf16 at upload, as before there were FP8 kernels. The
+//! grid is read from the scales' values, so it is exact either way.
+//!
+//! Products (`cuda/fp8.cu`): up to [`GEMV_MAX_M`] rows, and every row count under
+//! `--batch-invariant`, stream the weights through the tensor-core GEMV with bf16
+//! activations. Larger batches quantize the activations to e4m3 (per token and 128
+//! columns for block-scaled weights, per token for per-row ones, as transformers' FP8
+//! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
+//! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
+//! `m % 8` rows, which cuBLASLt's 1-D scales do not take, go through the GEMV.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::LaunchConfig;
+use parking_lot::Mutex;
+
+use super::device::{Device, DeviceBuffer};
+use super::{CudaBackend, CudaStorage, elementwise, launch, ptr, storage};
+use crate::error::{Error, Result, ensure};
+use crate::quant::QuantFormat;
+use crate::{DType, HostTensor, Shape, Storage, Tensor};
+
+/// The dtype of an e4m3 matrix on the device.
+pub(super) const FP8: DType = DType::Quant(QuantFormat::F8_E4M3);
+/// The largest batch the GEMV takes by default; larger ones go to cuBLASLt.
+pub(super) const GEMV_MAX_M: usize = 16;
+/// Columns a scale chunk covers (`FP8_CHUNK` of `fp8.cu`).
+const CHUNK: usize = 128;
+/// `FP8_THREADS` / `FP8_WARPS` of `fp8.cu`.
+const THREADS: u32 = 128;
+const WARPS: usize = 4;
+/// cuBLASLt's workspace.
+const WORKSPACE: usize = 32 << 20;
+
+/// Every kernel of `fp8.cu`, for loading at startup.
+pub(super) const KERNELS: [&str; 9] = [
+    "fp8_gemv_n1",
+    "fp8_gemv_n2",
+    "fp8_gemv_silu_n1",
+    "fp8_gemv_silu_n2",
+    "fp8_gemv_reduce",
+    "fp8_gemv_silu_reduce",
+    "fp8_quantize_vec128",
+    "fp8_quantize_row",
+    "fp8_rows_bf16",
+];
+
+/// How an e4m3 matrix's scales cover it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Grid {
+    /// One scale a row: `scales [rows]`.
+    Row,
+    /// One scale a 128 x 128 block: `scales [ceil(rows / 128), stride]`, `stride` the
+    /// column chunks rounded up to a multiple of 4 (the layout cuBLASLt reads).
+    Block { stride: u32 },
+}
+
+impl Grid {
+    /// `scale_rows`, `scale_stride` and `chunk_step` of `fp8.cu`.
+    fn kernel_args(self) -> (u32, u32, u32) {
+        match self {
+            Self::Row => (1, 1, 0),
+            Self::Block { stride } => (CHUNK as u32, stride, 1),
+        }
+    }
+}
+
+/// The scales of an e4m3 matrix, on the device.
+pub(super) struct Fp8Scales {
+    pub(super) buf: DeviceBuffer,
+    pub(super) grid: Grid,
+}
+
+/// The scale grid of `F8_E4M3` blocks of an `[n, k]` matrix (`k` a multiple of 128), or
+/// `None` when the scales are neither constant along rows nor over 128 x 128 blocks.
+fn grid_of(blocks: &[u8], n: usize, k: usize) -> Option<Grid> {
+    let (bytes, per_row) = (QuantFormat::F8_E4M3.block_bytes(), k / QuantFormat::F8_E4M3.block_elems());
+    let groups = CHUNK / QuantFormat::F8_E4M3.block_elems();
+    let scale = |i: usize, g: usize| {
+        let at = (i * per_row + g) * bytes;
+        u32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
+    };
+    if (0..n).all(|i| (1..per_row).all(|g| scale(i, g) == scale(i, 0))) {
+        return Some(Grid::Row);
+    }
+    let blockwise = (0..n).all(|i| (0..per_row).all(|g| scale(i, g) == scale(i / CHUNK * CHUNK, g / groups * groups)));
+    blockwise.then(|| Grid::Block { stride: (k / CHUNK).next_multiple_of(4) as u32 })
+}
+
+/// `host` (a matrix of `F8_E4M3` blocks) as an e4m3 matrix on the device, or `None` when
+/// it does not fit the kernels (see the module docs) and is to be widened.
+pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Tensor>> {
+    let &[n, k] = host.shape() else { return Ok(None) };
+    let fits =
+        b.lt.is_some() && n > 0 && n.is_multiple_of(16) && k.is_multiple_of(CHUNK) && u32::try_from(n.max(k)).is_ok();
+    let Some(grid) = fits.then(|| grid_of(host.bytes(), n, k)).flatten() else { return Ok(None) };
+    let (block_bytes, block) = (QuantFormat::F8_E4M3.block_bytes(), QuantFormat::F8_E4M3.block_elems());
+    let blocks = host.bytes();
+    let mut q = vec![0u8; n * k];
+    for (dst, src) in q.chunks_exact_mut(block).zip(blocks.chunks_exact(block_bytes)) {
+        dst.copy_from_slice(&src[4..]);
+    }
+    let per_row = k / block;
+    let scale = |i: usize, g: usize| {
+        let at = (i * per_row + g) * block_bytes;
+        f32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
+    };
+    let scales: Vec<f32> = match grid {
+        Grid::Row => (0..n).map(|i| scale(i, 0)).collect(),
+        Grid::Block { stride } => {
+            let (stride, groups) = (stride as usize, CHUNK / block);
+            let mut s = vec![0f32; n.div_ceil(CHUNK) * stride];
+            for (r, row) in s.chunks_exact_mut(stride).enumerate() {
+                for (c, v) in row.iter_mut().take(k / CHUNK).enumerate() {
+                    *v = scale(r * CHUNK, c * groups);
+                }
+            }
+            s
+        }
+    };
+    let buf = b.dev.alloc(q.len())?;
+    b.dev.upload(&buf, &q)?;
+    let scale_buf = b.dev.alloc(size_of_val(scales.as_slice()))?;
+    b.dev.upload(&scale_buf, &scales)?;
+    let storage = CudaStorage {
+        buf,
+        host_u32: Mutex::new(None),
+        drawn: AtomicBool::new(false),
+        fp8: Some(Fp8Scales { buf: scale_buf, grid }),
+    };
+    Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
+}
+
+/// The scales of the e4m3 matrix `w`.
+fn scales_of<'a>(op: &'static str, w: &'a Tensor) -> Result<&'a Fp8Scales> {
+    storage(op, w)?.fp8.as_ref().ok_or_else(|| Error::InvalidArgument(format!("{op}: an e4m3 tensor without scales")))
+}
+
+/// Split count of the GEMV over a matrix of `col_blocks` blocks of columns and `chunks`
+/// 128-column chunks: enough blocks for two a multiprocessor, each warp a chunk at least.
+/// It depends on the matrix only, never on the batch.
+fn splits(b: &CudaBackend, col_blocks: usize, chunks: usize) -> usize {
+    let want = 2 * usize::try_from(b.dev.multiprocessors).unwrap_or(1).max(1);
+    if col_blocks >= want { 1 } else { want.div_ceil(col_blocks).min(chunks / WARPS).max(1) }
+}
+
+/// One GEMV launch: `out [m, cols]` from `x [m, k]` (row addresses) and the e4m3 `w`.
+struct Gemv {
+    x: u64,
+    w: u64,
+    bias: u64,
+    out: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    silu: bool,
+}
+
+fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
+    if g.m == 0 {
+        return Ok(());
+    }
+    let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
+    let nt = if g.m <= 8 { 1 } else { 2 };
+    let (cols, col_block) = if g.silu { (g.n / 2, 16) } else { (g.n, 32) };
+    let col_blocks = cols.div_ceil(col_block);
+    let splits = splits(b, col_blocks, g.k / CHUNK);
+    let partial = if splits > 1 { Some(b.alloc(&[splits * g.m * g.n], DType::F32)?) } else { None };
+    let partial_ptr = partial.as_ref().map(|p| ptr("fp8 gemv", p)).transpose()?.unwrap_or(0);
+    let cfg = LaunchConfig {
+        grid_dim: (col_blocks as u32, g.m.div_ceil(8 * nt) as u32, splits as u32),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (m, k, sp, splits32) = (g.m as u32, g.k as u32, s.buf.ptr(), splits as u32);
+    if g.silu {
+        let name = if nt == 1 { "fp8_gemv_silu_n1" } else { "fp8_gemv_silu_n2" };
+        let half = cols as u32;
+        launch!(
+            b,
+            name,
+            cfg,
+            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, partial_ptr, m, half, k, splits32]
+        )?;
+        if splits > 1 {
+            launch!(b, "fp8_gemv_silu_reduce", elementwise(g.m * cols), [partial_ptr, g.out, m, half, splits32])?;
+        }
+    } else {
+        let name = if nt == 1 { "fp8_gemv_n1" } else { "fp8_gemv_n2" };
+        let n = g.n as u32;
+        launch!(
+            b,
+            name,
+            cfg,
+            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, partial_ptr, m, n, k, splits32]
+        )?;
+        if splits > 1 {
+            launch!(b, "fp8_gemv_reduce", elementwise(g.m * g.n), [partial_ptr, g.bias, g.out, m, n, splits32])?;
+        }
+    }
+    Ok(())
+}
+
+/// `out [m, n] = x · wᵀ (+ bias)` for an e4m3 `w` (shapes and dtypes checked by the caller).
+pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {
+    const OP: &str = "matmul";
+    let s = scales_of(OP, w)?;
+    let (m, k) = (x.dims()[0], x.dims()[1]);
+    let n = w.dims()[0];
+    let (xp, wp, op) = (ptr(OP, x)?, ptr(OP, w)?, ptr(OP, out)?);
+    let bias = bias.map(|t| ptr(OP, t)).transpose()?.unwrap_or(0);
+    let lt = match &b.lt {
+        Some(lt) if !b.batch_invariant && m > GEMV_MAX_M => lt,
+        _ => return gemv(b, s, &Gemv { x: xp, w: wp, bias, out: op, m, n, k, silu: false }),
+    };
+    let main = m / 8 * 8;
+    let block = matches!(s.grid, Grid::Block { .. });
+    let xq = b.alloc(&[main, k], DType::F8E4M3)?;
+    let xs = b.alloc(&[if block { main * (k / CHUNK) } else { main }], DType::F32)?;
+    let (qp, sp) = (ptr(OP, &xq)?, ptr(OP, &xs)?);
+    if block {
+        let cfg = LaunchConfig {
+            grid_dim: ((main * (k / CHUNK)).div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(b, "fp8_quantize_vec128", cfg, [xp, qp, sp, main as u32, k as u32])?;
+    } else {
+        let cfg = LaunchConfig { grid_dim: (main as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        launch!(b, "fp8_quantize_row", cfg, [xp, qp, sp, k as u32])?;
+    }
+    let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: main, k, block };
+    lt.gemm(&b.dev, &g)?;
+    let tail = Gemv {
+        x: xp + (main * k * 2) as u64,
+        w: wp,
+        bias,
+        out: op + (main * n * 2) as u64,
+        m: m - main,
+        n,
+        k,
+        silu: false,
+    };
+    gemv(b, s, &tail)
+}
+
+/// `silu(x · gateᵀ) · (x · upᵀ)` for an e4m3 `w [2i, k]` (gate rows, then up), into
+/// `out [m, i]`: the GEMV's fused form where the GEMV runs, else `None` (the caller takes
+/// the product and the activation apart).
+pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
+    const OP: &str = "matmul_silu_mul";
+    let (m, k, n) = (x.dims()[0], x.dims()[1], w.dims()[0]);
+    if b.lt.is_some() && !b.batch_invariant && m > GEMV_MAX_M {
+        return Ok(false);
+    }
+    let g = Gemv { x: ptr(OP, x)?, w: ptr(OP, w)?, bias: 0, out: ptr(OP, out)?, m, n, k, silu: true };
+    gemv(b, scales_of(OP, w)?, &g)?;
+    Ok(true)
+}
+
+/// Rows of the e4m3 `w` widened to bf16: rows `ids` (an index tensor, checked by the
+/// caller) or all of them.
+pub(super) fn rows_bf16(b: &CudaBackend, w: &Tensor, ids: Option<&Tensor>) -> Result<Tensor> {
+    const OP: &str = "fp8 rows";
+    let s = scales_of(OP, w)?;
+    let k = w.shape().last();
+    let n = w.elem_count() / k.max(1);
+    let count = ids.map_or(n, Tensor::elem_count);
+    let out = b.alloc(&[count, k], DType::BF16)?;
+    if count > 0 {
+        let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
+        let ids = ids.map(|t| ptr(OP, t)).transpose()?.unwrap_or(0);
+        let cfg = LaunchConfig {
+            grid_dim: (count as u32, (k / 4).div_ceil(128) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = (ptr(OP, w)?, s.buf.ptr(), ptr(OP, &out)?);
+        launch!(
+            b,
+            "fp8_rows_bf16",
+            cfg,
+            [ids, args.0, args.1, scale_rows, scale_stride, chunk_step, args.2, n as u32, k as u32]
+        )?;
+    }
+    Ok(out)
+}
+
+/// One FP8 GEMM through cuBLASLt: `out [m, n] = (x · sx) · (w · sw)ᵀ (+ bias)`.
+struct LtGemm {
+    w: u64,
+    w_scales: u64,
+    x: u64,
+    x_scales: u64,
+    out: u64,
+    bias: u64,
+    n: usize,
+    m: usize,
+    k: usize,
+    /// Block scales (128 x 128 weights, 128-element activation vectors) rather than outer
+    /// vectors (one scale a weight row and a token).
+    block: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    n: usize,
+    m: usize,
+    k: usize,
+    block: bool,
+    bias: bool,
+}
+
+/// A shape's descriptors and the algorithm cuBLASLt's heuristic chose for it.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Lt::plan` and is destroyed once, here.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.d);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// A cuBLASLt handle with its workspace and the plans of the shapes seen.
+pub(super) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    _workspace: DeviceBuffer,
+    workspace: u64,
+    stream: sys::cudaStream_t,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: the handle and the plans' descriptors are used under the `plans` mutex only
+// (`Lt::gemm`), one thread at a time, as cuBLASLt allows.
+unsafe impl Send for Lt {}
+// SAFETY: as above.
+unsafe impl Sync for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.plans.lock().clear();
+        // SAFETY: created in `Lt::new`, destroyed once, after its plans.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn lt_err(what: &str) -> impl Fn(cudarc::cublaslt::result::CublasError) -> Error + '_ {
+    move |e| Error::Device(format!("cuBLASLt {what}: {e:?}"))
+}
+
+/// Sets one attribute of a matmul descriptor from a plain value.
+///
+/// # Safety
+/// `desc` is a live descriptor and `T` the attribute's type.
+unsafe fn set<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, value: T) -> Result<()> {
+    // SAFETY: per the function's contract; the value lives across the call.
+    unsafe { lt::set_matmul_desc_attribute(desc, attr, (&raw const value).cast::<c_void>(), size_of::<T>()) }
+        .map_err(lt_err("attribute"))
+}
+
+impl Lt {
+    /// A handle on `device`'s stream, or `None` where cuBLASLt cannot run FP8 block-scaled
+    /// products (no library, a version before 12.9, a GPU before Hopper): e4m3 weights are
+    /// then widened at upload.
+    pub(super) fn new(device: &Arc<Device>) -> Result<Option<Self>> {
+        // SAFETY: only tries to open the shared library.
+        if device.capability.0 < 9 || !unsafe { sys::is_culib_present() } {
+            return Ok(None);
+        }
+        // SAFETY: a query without arguments.
+        if unsafe { sys::cublasLtGetVersion() } < 120_900 {
+            return Ok(None);
+        }
+        device.bind()?;
+        let handle = lt::create_handle().map_err(lt_err("handle"))?;
+        let workspace_buf = device.alloc(WORKSPACE)?;
+        Ok(Some(Self {
+            handle,
+            workspace: workspace_buf.ptr(),
+            _workspace: workspace_buf,
+            stream: device.stream().cu_stream() as sys::cudaStream_t,
+            plans: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn plan(&self, key: PlanKey) -> Result<Plan> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        use sys::cublasLtMatmulMatrixScale_t as S;
+        let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
+            .map_err(lt_err("matmul descriptor"))?;
+        // Owned from here: dropping the plan destroys what was created (a null layout's
+        // destruction fails harmlessly).
+        let mut plan = Plan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        let layout = |ty, rows: usize, cols: usize, ld: usize| {
+            lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(lt_err("layout"))
+        };
+        let (a_mode, b_mode) = if key.block {
+            (S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)
+        } else {
+            (S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F)
+        };
+        let epilogue = if key.bias {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        } else {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+        };
+        // SAFETY: `desc` is live (owned by `plan`); each value has its attribute's type
+        // (int32 enums, a uint32 epilogue).
+        unsafe {
+            set(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t::CUBLAS_OP_T as i32)?;
+            set(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t::CUBLAS_OP_N as i32)?;
+            set(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode as i32)?;
+            set(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode as i32)?;
+            set(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue as u32)?;
+            if key.bias {
+                set(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, sys::cudaDataType::CUDA_R_16BF as i32)?;
+            }
+        }
+        // Column-major: A = w as [k, n] read transposed, B = x as [k, m], D = out as [n, m].
+        plan.a = layout(e4m3, key.k, key.n, key.k)?;
+        plan.b = layout(e4m3, key.k, key.m, key.k)?;
+        plan.d = layout(sys::cudaDataType::CUDA_R_16BF, key.n, key.m, key.n)?;
+        let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
+        let max = WORKSPACE as u64;
+        // SAFETY: `pref` and the plan's descriptors are live; the attribute is a uint64.
+        let heuristic = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&raw const max).cast(),
+                size_of::<u64>(),
+            )
+            .map_err(lt_err("preference"))
+            .and_then(|()| {
+                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref).map_err(
+                    |e| {
+                        Error::Device(format!(
+                            "cuBLASLt has no FP8 algorithm for [{}, {}] x [{}, {}]^T ({} scales): {e:?}",
+                            key.m,
+                            key.k,
+                            key.n,
+                            key.k,
+                            if key.block { "block" } else { "row" }
+                        ))
+                    },
+                )
+            })
+        };
+        // SAFETY: created above, destroyed once.
+        unsafe {
+            let _ = lt::destroy_matmul_pref(pref);
+        }
+        plan.algo = heuristic?.algo;
+        Ok(plan)
+    }
+
+    fn gemm(&self, device: &Device, g: &LtGemm) -> Result<()> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        ensure(g.m > 0 && g.m.is_multiple_of(8) && g.n.is_multiple_of(16), "fp8 gemm", || {
+            format!("[{}, {}] x [{}, {}]^T: cuBLASLt takes rows in eights", g.m, g.k, g.n, g.k)
+        })?;
+        let key = PlanKey { n: g.n, m: g.m, k: g.k, block: g.block, bias: g.bias != 0 };
+        device.bind()?;
+        let mut plans = self.plans.lock();
+        let plan = match plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.plan(key)?),
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the plan's descriptors are live and used under the lock; every pointer is
+        // a live device allocation of the size its layout says (checked by the callers'
+        // shapes), the scale pointers 16-byte aligned (pool allocations are 256-aligned).
+        unsafe {
+            set(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.w_scales as *const c_void)?;
+            set(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.x_scales as *const c_void)?;
+            if g.bias != 0 {
+                set(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias as *const c_void)?;
+            }
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                (&raw const alpha).cast(),
+                (&raw const beta).cast(),
+                g.w as *const c_void,
+                plan.a,
+                g.x as *const c_void,
+                plan.b,
+                g.out as *const c_void,
+                plan.d,
+                g.out as *mut c_void,
+                plan.d,
+                &raw const plan.algo,
+                self.workspace as *mut c_void,
+                WORKSPACE,
+                self.stream,
+            )
+        }
+        .map_err(lt_err("FP8 matmul"))
+    }
+}

@@ -1,0 +1,204 @@
+//! Checks of e4m3 weight matrices (FP8 checkpoints, as `F8_E4M3` blocks): products, the
+//! SwiGLU product, embedding rows and downloads compute with exactly the values the blocks
+//! decode to, under scales one a row or one a 128 x 128 block (what real checkpoints carry)
+//! on a matrix whose rows end mid-block and whose chunk count is not a multiple of 4.
+//!
+//! A backend may narrow the activations of large batches to e4m3 as well (CUDA's FP8 GEMM,
+//! per token and 128 columns or per token, as transformers' FP8 linear does): those rows are
+//! checked against a reference that narrows them the same way, and the check first shows
+//! that the narrowing moves results by more than its tolerance, so a GEMM that skipped or
+//! misplaced the activation scales could not pass.
+
+use std::borrow::Cow;
+
+use met_kernels::fp8::{e4m3_from_f32, e4m3_to_f32};
+use met_kernels::quant::QuantFormat;
+use met_kernels::{DType, GpuBackend, HostTensor, Result, Tensor};
+
+use crate::harness::{Rng, Tol, assert_close_within, compare, stored, tolerance, upload_f32, upload_u32, widen};
+
+/// How a test matrix's scales cover it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    Row,
+    Block,
+}
+
+const N: usize = 160;
+const K: usize = 384;
+
+/// `F8_E4M3` blocks of an `[n, k]` matrix under `grid`: random bytes (no NaN codes) and
+/// scales in [0.0005, 0.003).
+pub fn blocks(n: usize, k: usize, grid: Grid, rng: &mut Rng) -> Vec<u8> {
+    let groups = k / 32;
+    let row_scales: Vec<f32> = (0..n).map(|_| 0.0005 + rng.uniform().abs() * 0.0025).collect();
+    let block_scales: Vec<f32> =
+        (0..n.div_ceil(128) * k.div_ceil(128)).map(|_| 0.0005 + rng.uniform().abs() * 0.0025).collect();
+    let mut out = Vec::with_capacity(n * groups * 36);
+    for i in 0..n {
+        for g in 0..groups {
+            let scale = match grid {
+                Grid::Row => row_scales[i],
+                Grid::Block => block_scales[(i / 128) * k.div_ceil(128) + g * 32 / 128],
+            };
+            out.extend(scale.to_le_bytes());
+            out.extend((0..32).map(|_| {
+                let q = rng.below(256) as u8;
+                if q & 0x7f == 0x7f { q ^ 1 } else { q }
+            }));
+        }
+    }
+    out
+}
+
+pub fn fp8_host(n: usize, k: usize, grid: Grid, rng: &mut Rng) -> Result<HostTensor<'static>> {
+    HostTensor::from_bytes(DType::Quant(QuantFormat::F8_E4M3), &[n, k], Cow::Owned(blocks(n, k, grid, rng)))
+}
+
+/// `x [m, k] · wᵀ (+ bias)` in f64.
+fn product(x: &[f64], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f64> {
+    (0..m)
+        .flat_map(|i| {
+            (0..n).map(move |j| {
+                let dot: f64 = (0..k).map(|l| x[i * k + l] * f64::from(w[j * k + l])).sum();
+                dot + bias.map_or(0.0, |b| f64::from(b[j]))
+            })
+        })
+        .collect()
+}
+
+/// The activations as an FP8 GEMM sees them: each group of `group` columns of a row
+/// divided by `amax / 448` (1 for zeros), rounded to e4m3, times the scale again.
+pub fn narrowed(x: &[f32], k: usize, group: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for g in x.chunks(group.min(k)) {
+        let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+        out.extend(g.iter().map(|&v| f64::from(e4m3_to_f32(e4m3_from_f32(v / scale))) * f64::from(scale)));
+    }
+    out
+}
+
+/// The check's bound: the backend's tolerance, at most 5e-3 (an FP8 product rounds once,
+/// to bf16, from f32 sums of exact products).
+fn tol(b: &dyn GpuBackend) -> Tol {
+    Tol { rel: tolerance(b.float_dtype()).rel.min(5e-3) }
+}
+
+/// Decode-sized products (with and without a bias), the SwiGLU product, embedding rows
+/// and the download of e4m3 matrices equal the decoded values' (f64 reference).
+pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(808);
+    for grid in [Grid::Row, Grid::Block] {
+        let host = fp8_host(N, K, grid, &mut rng)?;
+        let decoded = host.to_f32_vec()?;
+        let w = b.upload(&host, b.float_dtype())?;
+        let what = |s: &str| format!("e4m3 {grid:?} {s}");
+        let got = b.download_f32(&w)?;
+        compare(&got, &widen(&stored(b, decoded.clone())), tol(b))
+            .unwrap_or_else(|e| panic!("{}: {e}", what("download")));
+        let bias = stored(b, rng.vec(N));
+        for m in [1, 5, 9, 16] {
+            let x = stored(b, rng.vec(m * K));
+            let xt = upload_f32(b, &x, &[m, K])?;
+            let with_bias = m == 5;
+            let want = product(&widen(&x), &decoded, with_bias.then_some(&bias[..]), m, N, K);
+            let bias_t = with_bias.then(|| upload_f32(b, &bias, &[N])).transpose()?;
+            let y = b.matmul(&xt, &w, bias_t.as_ref())?;
+            assert_close_within(b, &y, &[m, N], &want, tol(b), &what(&format!("matmul m={m}")))?;
+            let fused = b.download_f32(&b.matmul_silu_mul(&xt, &w)?)?;
+            let unfused = b.download_f32(&b.silu_mul(&b.matmul(&xt, &w, None)?)?)?;
+            assert_eq!(fused, unfused, "{}", what(&format!("matmul_silu_mul m={m} equals silu_mul of the product")));
+        }
+        let ids = [3u32, 0, 159, 3, 130];
+        let rows = b.embedding(&upload_u32(b, &ids, &[ids.len()])?, &w)?;
+        let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * K..(i as usize + 1) * K])).collect();
+        assert_close_within(b, &rows, &[ids.len(), K], &want, tol(b), &what("embedding"))?;
+    }
+    Ok(())
+}
+
+/// Prefill-sized products of e4m3 matrices: each row equals the reference on its decoded
+/// weights and on its activations as the backend narrows them (see the module docs; rows
+/// a backend keeps in bf16 against the plain reference). `narrows(m)` says, for a batch
+/// of `m` rows, how many leading rows the backend narrows, and with what column group.
+pub fn fp8_large_batches_match_their_reference(
+    b: &dyn GpuBackend,
+    narrows: impl Fn(usize, Grid) -> (usize, usize),
+) -> Result<()> {
+    let mut rng = Rng::new(909);
+    let mut sensitive = false;
+    for grid in [Grid::Row, Grid::Block] {
+        let host = fp8_host(N, K, grid, &mut rng)?;
+        let decoded = host.to_f32_vec()?;
+        let w = b.upload(&host, b.float_dtype())?;
+        let bias = stored(b, rng.vec(N));
+        for m in [17, 40, 67, 300] {
+            let x = stored(b, rng.vec(m * K));
+            let (narrowed_rows, group) = narrows(m, grid);
+            let mut xs = narrowed(&x[..narrowed_rows * K], K, group);
+            xs.extend(widen(&x[narrowed_rows * K..]));
+            let with_bias = m == 40;
+            let bias = with_bias.then_some(&bias[..]);
+            let want = product(&xs, &decoded, bias, m, N, K);
+            if narrowed_rows > 0 {
+                let plain = product(&widen(&x), &decoded, bias, m, N, K);
+                let f32s: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                sensitive |= compare(&f32s, &plain, tol(b)).is_err();
+            }
+            let bias_t = bias.map(|v| upload_f32(b, v, &[N])).transpose()?;
+            let y = b.matmul(&upload_f32(b, &x, &[m, K])?, &w, bias_t.as_ref())?;
+            let what = format!("e4m3 {grid:?} matmul m={m} ({narrowed_rows} rows narrowed in groups of {group})");
+            assert_close_within(b, &y, &[m, N], &want, tol(b), &what)?;
+        }
+    }
+    let narrows_any = [17, 40, 67, 300].iter().any(|&m| narrows(m, Grid::Block).0 > 0);
+    assert!(sensitive || !narrows_any, "narrowing the activations never moved a result past the tolerance");
+    Ok(())
+}
+
+/// [`fp8_large_batches_match_their_reference`] for a backend that never narrows the
+/// activations (the CPU; CUDA under `--batch-invariant`).
+pub fn fp8_large_batches_match_the_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+    fp8_large_batches_match_their_reference(b, |_, _| (0, K))
+}
+
+/// CUDA's default: batches past 16 rows narrow all but their last `m % 8` rows, per 128
+/// columns under block scales and per row under row scales; and the matrices stay e4m3.
+pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(1111);
+    for grid in [Grid::Row, Grid::Block] {
+        let w = b.upload(&fp8_host(N, K, grid, &mut rng)?, b.float_dtype())?;
+        assert!(kept(&w), "{grid:?}: a {N} x {K} e4m3 matrix was widened");
+    }
+    fp8_large_batches_match_their_reference(b, |m, grid| {
+        let narrowed = if m > 16 { m / 8 * 8 } else { 0 };
+        (narrowed, if grid == Grid::Block { 128 } else { K })
+    })
+}
+
+/// Each row of an e4m3 product is the same bits as that row alone, at decode and prefill
+/// sizes (`--batch-invariant` on CUDA, always on the CPU).
+pub fn fp8_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(1010);
+    for grid in [Grid::Row, Grid::Block] {
+        let w = b.upload(&fp8_host(N, K, grid, &mut rng)?, b.float_dtype())?;
+        let m = 40;
+        let x = stored(b, rng.vec(m * K));
+        let batch = b.download_f32(&b.matmul(&upload_f32(b, &x, &[m, K])?, &w, None)?)?;
+        let fused = b.download_f32(&b.matmul_silu_mul(&upload_f32(b, &x, &[m, K])?, &w)?)?;
+        for i in [0, 7, 16, 39] {
+            let row = upload_f32(b, &x[i * K..(i + 1) * K], &[1, K])?;
+            let alone: Vec<f32> = b.download_f32(&b.matmul(&row, &w, None)?)?;
+            assert_eq!(alone, batch[i * N..(i + 1) * N], "{grid:?} row {i}: alone != in a batch of {m}");
+            let alone = b.download_f32(&b.matmul_silu_mul(&row, &w)?)?;
+            assert_eq!(alone, fused[i * N / 2..(i + 1) * N / 2], "{grid:?} SwiGLU row {i}: alone != batched");
+        }
+    }
+    Ok(())
+}
+
+/// The e4m3 tensor `b` keeps for a matrix (`None` where it widened it).
+pub fn kept(w: &Tensor) -> bool {
+    w.dtype() == DType::Quant(QuantFormat::F8_E4M3)
+}
