@@ -102,17 +102,30 @@ __device__ __forceinline__ void fp8_gemv_dots(const bf16_t* __restrict__ x, cons
         live[nt] = tok < m;
         xt[nt] = x + (u64)(live[nt] ? tok : 0) * k;
     }
-    for (u32 c = c_begin + warp; c < c_end; c += FP8_WARPS) {
-        // wv[t][h][kh]: row h of tile t, bytes kh * 64 + q * 16 .. + 15 of the chunk.
-        uint4 wv[2][2][2];
+    // wv[t][h][kh]: row h of tile t, bytes kh * 64 + q * 16 .. + 15 of a chunk; the next
+    // chunk's are requested before the current one's products (the first before waiting
+    // for the kernel that writes x: weights are constant for the step).
+    uint4 wv[2][2][2], next[2][2][2];
+    auto fetch = [&](u32 c, uint4 (&buf)[2][2][2]) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int kh = 0; kh < 2; ++kh)
-                    wv[t][h][kh] = __ldcs(reinterpret_cast<const uint4*>(w + (u64)rows[t][h] * k + (u64)c * FP8_CHUNK +
-                                                                         kh * 64 + q * 16));
+                    buf[t][h][kh] = __ldcs(reinterpret_cast<const uint4*>(w + (u64)rows[t][h] * k +
+                                                                          (u64)c * FP8_CHUNK + kh * 64 + q * 16));
+    };
+    if (c_begin + warp < c_end) fetch(c_begin + warp, next);
+    pdl_wait_prev();
+    for (u32 c = c_begin + warp; c < c_end; c += FP8_WARPS) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int kh = 0; kh < 2; ++kh) wv[t][h][kh] = next[t][h][kh];
+        if (c + FP8_WARPS < c_end) fetch(c + FP8_WARPS, next);
         float part[2][NT][4];
 #pragma unroll
         for (int t = 0; t < 2; ++t)
@@ -201,7 +214,6 @@ __device__ void fp8_gemv(const bf16_t* __restrict__ x, const u8* __restrict__ w,
         for (int h = 0; h < 2; ++h) rows[t][h] = min(col0 + t * 16 + h * 8 + g, n - 1);
     u32 c_begin, c_end;
     fp8_split_range(k, splits, c_begin, c_end);
-    pdl_wait_prev();
     float acc[2][NT][4];
     fp8_gemv_dots<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, tok0, m, k, c_begin, c_end, acc);
     fp8_gemv_gather<NT>(acc, red);
@@ -236,7 +248,6 @@ __device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict
     }
     u32 c_begin, c_end;
     fp8_split_range(k, splits, c_begin, c_end);
-    pdl_wait_prev();
     float acc[2][NT][4];
     fp8_gemv_dots<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, tok0, m, k, c_begin, c_end, acc);
     fp8_gemv_gather<NT>(acc, red);

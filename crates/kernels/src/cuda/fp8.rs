@@ -150,11 +150,12 @@ fn scales_of<'a>(op: &'static str, w: &'a Tensor) -> Result<&'a Fp8Scales> {
 }
 
 /// Split count of the GEMV over a matrix of `col_blocks` blocks of columns and `chunks`
-/// 128-column chunks: enough blocks for two a multiprocessor, each warp a chunk at least.
-/// It depends on the matrix only, never on the batch.
+/// 128-column chunks: blocks enough for four a multiprocessor (16 warps), each warp two
+/// chunks at least (its loads of the next overlap the products of the current). It
+/// depends on the matrix only, never on the batch.
 fn splits(b: &CudaBackend, col_blocks: usize, chunks: usize) -> usize {
-    let want = 2 * usize::try_from(b.dev.multiprocessors).unwrap_or(1).max(1);
-    if col_blocks >= want { 1 } else { want.div_ceil(col_blocks).min(chunks / WARPS).max(1) }
+    let want = 4 * usize::try_from(b.dev.multiprocessors).unwrap_or(1).max(1);
+    want.div_ceil(col_blocks).min(chunks / (2 * WARPS)).max(1)
 }
 
 /// One GEMV launch: `out [m, cols]` from `x [m, k]` (row addresses) and the e4m3 `w`.
@@ -384,6 +385,23 @@ unsafe fn set<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescA
         .map_err(lt_err("attribute"))
 }
 
+/// Sets `g`'s scale and bias pointers on `desc`.
+///
+/// # Safety
+/// `desc` is a live descriptor.
+unsafe fn set_pointers(desc: sys::cublasLtMatmulDesc_t, g: &LtGemm) -> Result<()> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    // SAFETY: per the function's contract; pointer attributes take a pointer value.
+    unsafe {
+        set(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.w_scales as *const c_void)?;
+        set(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.x_scales as *const c_void)?;
+        if g.bias != 0 {
+            set(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias as *const c_void)?;
+        }
+    }
+    Ok(())
+}
+
 impl Lt {
     /// A handle on `device`'s stream, or `None` where cuBLASLt cannot run FP8 block-scaled
     /// products (no library, a version before 12.9, a GPU before Hopper): e4m3 weights are
@@ -409,7 +427,9 @@ impl Lt {
         }))
     }
 
-    fn plan(&self, key: PlanKey) -> Result<Plan> {
+    /// The plan of `key`, its descriptor holding `g`'s pointers: cuBLASLt's heuristic
+    /// refuses vector and block scale modes without their scale pointers.
+    fn plan(&self, key: PlanKey, g: &LtGemm) -> Result<Plan> {
         use sys::cublasLtMatmulDescAttributes_t as A;
         use sys::cublasLtMatmulMatrixScale_t as S;
         let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
@@ -448,6 +468,7 @@ impl Lt {
             if key.bias {
                 set(desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, sys::cudaDataType::CUDA_R_16BF as i32)?;
             }
+            set_pointers(desc, g)?;
         }
         // Column-major: A = w as [k, n] read transposed, B = x as [k, m], D = out as [n, m].
         plan.a = layout(e4m3, key.k, key.n, key.k)?;
@@ -488,7 +509,6 @@ impl Lt {
     }
 
     fn gemm(&self, device: &Device, g: &LtGemm) -> Result<()> {
-        use sys::cublasLtMatmulDescAttributes_t as A;
         ensure(g.m > 0 && g.m.is_multiple_of(8) && g.n.is_multiple_of(16), "fp8 gemm", || {
             format!("[{}, {}] x [{}, {}]^T: cuBLASLt takes rows in eights", g.m, g.k, g.n, g.k)
         })?;
@@ -497,18 +517,14 @@ impl Lt {
         let mut plans = self.plans.lock();
         let plan = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(self.plan(key)?),
+            Entry::Vacant(e) => e.insert(self.plan(key, g)?),
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the plan's descriptors are live and used under the lock; every pointer is
         // a live device allocation of the size its layout says (checked by the callers'
         // shapes), the scale pointers 16-byte aligned (pool allocations are 256-aligned).
         unsafe {
-            set(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.w_scales as *const c_void)?;
-            set(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.x_scales as *const c_void)?;
-            if g.bias != 0 {
-                set(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias as *const c_void)?;
-            }
+            set_pointers(plan.desc, g)?;
             lt::matmul(
                 self.handle,
                 plan.desc,
