@@ -44,13 +44,17 @@ pub(crate) const FAULT_VAR: &str = "MET_TEST_FAULT";
 /// tests of the tests. The GPU precision gate (`scripts/gpu_gate.py`) runs met once with
 /// `MET_TEST_FAULT=<name>` and must see it fail; a normal run never sets the variable and
 /// compiles none of them.
-const FAULTS: [(&str, &str); 2] = [
+const FAULTS: [(&str, &str); 3] = [
     // Attention ignores the keys of the sequence's last KV block (when it has more than one):
     // the most recent 1 to 16 tokens of every decode row drop out of view.
     ("drop-last-kv-block", "-DMET_FAULT_DROP_LAST_KV_BLOCK"),
     // The causal convolution of linear-attention layers forgets the window its state slot
     // kept: each chunk of a prompt, and each decode step, starts from zeros.
     ("drop-conv-state", "-DMET_FAULT_DROP_CONV_STATE"),
+    // e4m3 weights are uploaded with every other scale doubled (of the 128 x 128 blocks
+    // along a row block, or of the rows): `cuda/fp8.rs` reads it on the host; the define
+    // changes no kernel.
+    ("fp8-wrong-scale", "-DMET_FAULT_FP8_WRONG_SCALE"),
 ];
 
 /// The fault variant `MET_TEST_FAULT` asks for: `None` when unset or empty.

@@ -131,6 +131,7 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
             s
         }
     };
+    let scales = if b.fault == Some(WRONG_SCALE) { wrong(scales) } else { scales };
     let buf = b.dev.alloc(q.len())?;
     b.dev.upload(&buf, &q)?;
     let scale_buf = b.dev.alloc(size_of_val(scales.as_slice()))?;
@@ -142,6 +143,18 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
         fp8: Some(Fp8Scales { buf: scale_buf, grid }),
     };
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
+}
+
+/// The `MET_TEST_FAULT` variant that gives e4m3 weights wrong scales.
+const WRONG_SCALE: &str = "fp8-wrong-scale";
+
+/// `scales` with every other one doubled (every other 128-column block of a row block, or
+/// every other row for per-row scales): the deliberately wrong weights of [`WRONG_SCALE`],
+/// for testing the tests (a per-tensor checkpoint's rows all share one scale, so moving
+/// scales around would change nothing there).
+fn wrong(mut scales: Vec<f32>) -> Vec<f32> {
+    scales.iter_mut().skip(1).step_by(2).for_each(|s| *s *= 2.0);
+    scales
 }
 
 /// The scales of the e4m3 matrix `w`.
