@@ -13,7 +13,7 @@ use std::borrow::Cow;
 
 use met_kernels::fp8::{e4m3_from_f32, e4m3_to_f32};
 use met_kernels::quant::QuantFormat;
-use met_kernels::{DType, GpuBackend, HostTensor, Result, Tensor};
+use met_kernels::{DType, GpuBackend, HostTensor, Result};
 
 use crate::harness::{Rng, Tol, assert_close_within, compare, stored, tolerance, upload_f32, upload_u32, widen};
 
@@ -163,6 +163,7 @@ pub fn fp8_large_batches_match_the_decoded_values(b: &dyn GpuBackend) -> Result<
     fp8_large_batches_match_their_reference(b, |_, _| (0, K))
 }
 
+#[cfg(feature = "cuda")]
 /// CUDA's default: batches past 16 rows narrow all but their last `m % 8` rows, per 128
 /// columns under block scales and per row under row scales; and the matrices stay e4m3.
 pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
@@ -198,7 +199,8 @@ pub fn fp8_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
     Ok(())
 }
 
-/// The e4m3 tensor `b` keeps for a matrix (`None` where it widened it).
-pub fn kept(w: &Tensor) -> bool {
+/// Whether the backend kept a matrix e4m3 (rather than widening it).
+#[cfg(feature = "cuda")]
+pub fn kept(w: &met_kernels::Tensor) -> bool {
     w.dtype() == DType::Quant(QuantFormat::F8_E4M3)
 }
