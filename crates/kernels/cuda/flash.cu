@@ -74,8 +74,7 @@ __device__ __forceinline__ u32 swz(u32 r, u32 c) {
 }
 
 // grid (total tiles, h_kv), block FL_WARPS * 32, dynamic shared memory (FL_BM + 4 FL_BN) D * 2
-// bytes. D is 64, 128 or 256 (Qwen3.5's and Qwen3-Next's heads; their O accumulators take
-// half the registers a thread has).
+// bytes. D is 64 or 128 (head dim 256 prefills on Hopper's warpgroup kernel, `flash_wgmma.cu`).
 template <int D>
 __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
                               const u32* seq_lens, const u32* tables, const u32* tiles, const AttnArgs& a) {
@@ -282,4 +281,3 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
     }
 MET_FLASH_PREFILL(64)
 MET_FLASH_PREFILL(128)
-MET_FLASH_PREFILL(256)

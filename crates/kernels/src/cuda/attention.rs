@@ -323,12 +323,6 @@ const FW_STAGES: usize = 3;
 const FW_BN_D256: usize = 64;
 const FW_STAGES_D256: usize = 2;
 
-/// Whether head dim 256's prefill takes the `mma.sync` tiles on Hopper (`MET_D256_PREFILL=mma`),
-/// for one session's side-by-side measurement against the warpgroup kernel.
-fn d256_mma() -> bool {
-    std::env::var("MET_D256_PREFILL").is_ok_and(|v| v == "mma")
-}
-
 /// Which tiled kernel family runs the prefill steps of the `flash` op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TiledPrefill {
@@ -355,10 +349,9 @@ fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
         (128, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d128", family),
         (64, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d64", family),
         (128, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d128", family),
-        // Head dim 256: the warpgroup kernel with tiles of 64 keys in two stages, or, while
-        // the two are measured side by side, the `mma.sync` tiles (160 KiB of shared memory:
-        // Hopper only) under `MET_D256_PREFILL=mma`.
-        (256, TiledPrefill::Warpgroup) if d256_mma() => ("flash_prefill_bf16_d256", TiledPrefill::MmaSync),
+        // Head dim 256: the warpgroup kernel with tiles of 64 keys in two stages (2.6x the
+        // `mma.sync` tiles it replaced, `bench/results/kernels-ab-2026-12-04`); other GPUs
+        // have no tiled kernel for it.
         (256, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d256", family),
         _ => return None,
     };
@@ -450,12 +443,6 @@ pub(super) fn raise_shared_memory(
             FLASH_DECODE_SHAPES.iter().map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d))).collect();
         for &family in &families {
             sized.extend(prefill_kernel(d, family).map(|tiled| (tiled.kernel, tiled.shared)));
-        }
-        if d == 256 && hopper {
-            // Both of head dim 256's tiled kernels, whichever the environment picks.
-            sized.push(("flash_prefill_bf16_d256", ((64 + 4 * FL_BN) * d * 2) as u32));
-            let wg = (128 + 2 * FW_STAGES_D256 * FW_BN_D256) * d * 2 + 2 * FW_STAGES_D256 * 8 + 1024;
-            sized.push(("flash_prefill_wg_bf16_d256", wg as u32));
         }
         for (name, bytes) in sized {
             let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;

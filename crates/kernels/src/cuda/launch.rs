@@ -46,7 +46,6 @@ pub(super) const KERNELS: &[&str] = &[
     "paged_attention_bf16",
     "flash_prefill_bf16_d64",
     "flash_prefill_bf16_d128",
-    "flash_prefill_bf16_d256",
     "flash_prefill_wg_bf16_d64",
     "flash_prefill_wg_bf16_d128",
     "flash_prefill_wg_bf16_d256",
