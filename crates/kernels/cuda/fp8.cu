@@ -19,8 +19,9 @@
 // e4m3 is exact in bf16. A chunk's products are summed in f32, then multiplied by the
 // chunk's scale into the row's sum. When the matrix has too few rows to fill the GPU, the
 // chunks are split between `splits` blocks (grid z) that write f32 partial sums, added in
-// split order by `fp8_gemv_reduce`; the split count depends on the shape only, so a row's
-// sum never depends on m, and a token's result is the same alone or in any batch.
+// split order by the last of them to finish; the split count
+// depends on the shape only, so a row's sum never depends on m, and a token's result is
+// the same alone or in any batch.
 //
 // `fp8_quantize_*`: activations to e4m3 for the tensor-core GEMM of larger batches
 // (cuBLASLt, `src/cuda/fp8.rs`): per token and 128-column group (block-scaled weights) or
@@ -199,12 +200,41 @@ __device__ __forceinline__ void fp8_split_range(u32 k, u32 splits, u32& c_begin,
     c_end = (u32)((u64)(blockIdx.z + 1) * chunks / splits);
 }
 
+// After a split's partial sums are written: whether this block is the last split of its
+// block of columns and tokens to finish (then it adds all of them, in split order, and
+// writes the outputs). A counter a block, which the last one sets back to zero for the
+// next product;
+// kernels of the stream never overlap here (the next waits for this one's end before it
+// touches the counters).
+__device__ __forceinline__ bool fp8_last_split(u32* counters, u32 splits) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* c = counters + blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(c, 1u) == splits - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// The splits' partial sums of one output, in split order.
+__device__ __forceinline__ float fp8_split_sum(const float* p, u64 stride, u32 splits) {
+    float v = __ldcg(p);
+    for (u32 s = 1; s < splits; ++s) v += __ldcg(p + s * stride);
+    return v;
+}
+
 // grid (ceil(n / 32), ceil(m / (8 NT)), splits), block FP8_THREADS. With one split it
-// writes `out` (bf16, + bias if not null); otherwise f32 partial sums `partial [splits, m, n]`.
+// writes `out` (bf16, + bias if not null); otherwise f32 partial sums `partial [splits, m, n]`,
+// which the last split of each block adds (`counters`: zeroed, one a block of the x-y grid).
 template <int NT>
 __device__ void fp8_gemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scales,
                          u32 scale_rows, u32 scale_stride, u32 chunk_step, const bf16_t* __restrict__ bias,
-                         bf16_t* __restrict__ out, float* __restrict__ partial, u32 m, u32 n, u32 k, u32 splits) {
+                         bf16_t* __restrict__ out, float* __restrict__ partial, u32* counters, u32 m, u32 n, u32 k,
+                         u32 splits) {
     __shared__ float red[FP8_WARPS][32][NT * 8];
     const u32 g = (threadIdx.x & 31) >> 2, col0 = blockIdx.x * 32, tok0 = blockIdx.y * 8 * NT;
     u32 rows[2][2];
@@ -227,16 +257,23 @@ __device__ void fp8_gemv(const bf16_t* __restrict__ x, const u8* __restrict__ w,
             partial[((u64)blockIdx.z * m + tok) * n + col] = v;
         }
     }
+    if (splits == 1 || !fp8_last_split(counters, splits)) return;
+    for (u32 i = threadIdx.x; i < 32 * NT * 8; i += FP8_THREADS) {
+        const u32 tok = tok0 + i / 32, col = col0 + i % 32;
+        if (tok >= m || col >= n) continue;
+        const float v = fp8_split_sum(partial + (u64)tok * n + col, (u64)m * n, splits);
+        out[(u64)tok * n + col] = f2bf(v + (bias ? bf2f(bias[col]) : 0.0f));
+    }
 }
 
 // grid (ceil(half / 16), ceil(m / (8 NT)), splits); w is [2 half, k] (gate rows, then up).
 // With one split it writes `out [m, half]`; otherwise `partial [splits, m, 2 half]` (gate
-// sums, then up sums).
+// sums, then up sums), which the last split of each block adds.
 template <int NT>
 __device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict__ w,
                               const float* __restrict__ scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,
-                              bf16_t* __restrict__ out, float* __restrict__ partial, u32 m, u32 half, u32 k,
-                              u32 splits) {
+                              bf16_t* __restrict__ out, float* __restrict__ partial, u32* counters, u32 m, u32 half,
+                              u32 k, u32 splits) {
     __shared__ float red[FP8_WARPS][32][NT * 8];
     const u32 g = (threadIdx.x & 31) >> 2, col0 = blockIdx.x * 16, tok0 = blockIdx.y * 8 * NT;
     u32 rows[2][2];
@@ -263,50 +300,34 @@ __device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict
             p[half + col] = up;
         }
     }
+    if (splits == 1 || !fp8_last_split(counters, splits)) return;
+    for (u32 i = threadIdx.x; i < 16 * NT * 8; i += FP8_THREADS) {
+        const u32 tok = tok0 + i / 16, col = col0 + i % 16;
+        if (tok >= m || col >= half) continue;
+        const float* p = partial + (u64)tok * 2 * half + col;
+        const u64 stride = (u64)m * 2 * half;
+        out[(u64)tok * half + col] = f2bf(silu_times(fp8_split_sum(p, stride, splits), fp8_split_sum(p + half, stride, splits)));
+    }
 }
 
-#define MET_FP8_GEMV(NT)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_n##NT(                                      \
-        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,       \
-        const bf16_t* bias, bf16_t* out, float* partial, u32 m, u32 n, u32 k, u32 splits) {                        \
-        pdl_allow_next();                                                                                          \
-        fp8_gemv<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, partial, m, n, k, splits);     \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_silu_n##NT(                                 \
-        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,       \
-        bf16_t* out, float* partial, u32 m, u32 half, u32 k, u32 splits) {                                         \
-        pdl_allow_next();                                                                                          \
-        fp8_gemv_silu<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, out, partial, m, half, k, splits);   \
+#define MET_FP8_GEMV(NT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_n##NT(                                  \
+        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
+        const bf16_t* bias, bf16_t* out, float* partial, u32* counters, u32 m, u32 n, u32 k, u32 splits) {      \
+        pdl_allow_next();                                                                                      \
+        fp8_gemv<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, partial, counters, m, n, k, \
+                     splits);                                                                                  \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS) fp8_gemv_silu_n##NT(                             \
+        const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
+        bf16_t* out, float* partial, u32* counters, u32 m, u32 half, u32 k, u32 splits) {                      \
+        pdl_allow_next();                                                                                      \
+        fp8_gemv_silu<NT>(x, w, scales, scale_rows, scale_stride, chunk_step, out, partial, counters, m, half, \
+                          k, splits);                                                                          \
     }
 
 MET_FP8_GEMV(1)
 MET_FP8_GEMV(2)
-
-// The splits' partial sums of `fp8_gemv_n*` added in split order: `out [m, n]`, + bias.
-extern "C" __global__ void fp8_gemv_reduce(const float* partial, const bf16_t* bias, bf16_t* out, u32 m, u32 n,
-                                           u32 splits) {
-    pdl_enter();
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, total = (u64)m * n;
-    if (i >= total) return;
-    float v = partial[i];
-    for (u32 s = 1; s < splits; ++s) v += partial[s * total + i];
-    out[i] = f2bf(v + (bias ? bf2f(bias[i % n]) : 0.0f));
-}
-
-// The same for `fp8_gemv_silu_n*`: `out [m, half]`.
-extern "C" __global__ void fp8_gemv_silu_reduce(const float* partial, bf16_t* out, u32 m, u32 half, u32 splits) {
-    pdl_enter();
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, total = (u64)m * half;
-    if (i >= total) return;
-    const u64 tok = i / half, col = i % half, stride = 2 * total;
-    const float* p = partial + tok * 2 * half + col;
-    float gate = p[0], up = p[half];
-    for (u32 s = 1; s < splits; ++s) {
-        gate += p[s * stride];
-        up += p[s * stride + half];
-    }
-    out[i] = f2bf(silu_times(gate, up));
-}
 
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the

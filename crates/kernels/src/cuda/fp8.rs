@@ -28,7 +28,7 @@ use cudarc::driver::LaunchConfig;
 use parking_lot::Mutex;
 
 use super::device::{Device, DeviceBuffer};
-use super::{CudaBackend, CudaStorage, elementwise, launch, ptr, storage};
+use super::{CudaBackend, CudaStorage, launch, ptr, storage};
 use crate::error::{Error, Result, ensure};
 use crate::quant::QuantFormat;
 use crate::{DType, HostTensor, Shape, Storage, Tensor};
@@ -44,15 +44,16 @@ const THREADS: u32 = 128;
 const WARPS: usize = 4;
 /// cuBLASLt's workspace.
 const WORKSPACE: usize = 32 << 20;
+/// The GEMV's split counters (`fp8_last_split` of `fp8.cu`): one a block of columns and
+/// tokens.
+const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 9] = [
+pub(super) const KERNELS: [&str; 7] = [
     "fp8_gemv_n1",
     "fp8_gemv_n2",
     "fp8_gemv_silu_n1",
     "fp8_gemv_silu_n2",
-    "fp8_gemv_reduce",
-    "fp8_gemv_silu_reduce",
     "fp8_quantize_vec128",
     "fp8_quantize_row",
     "fp8_rows_bf16",
@@ -194,8 +195,24 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     let splits = splits(b, col_blocks, g.k / CHUNK);
     let partial = if splits > 1 { Some(b.alloc(&[splits * g.m * g.n], DType::F32)?) } else { None };
     let partial_ptr = partial.as_ref().map(|p| ptr("fp8 gemv", p)).transpose()?.unwrap_or(0);
+    let token_blocks = g.m.div_ceil(8 * nt);
+    // The last split of each block of columns and tokens adds the partial sums, counted in
+    // the `Lt`'s counters, or in zeroed ones of this product's own past their number (only
+    // `--batch-invariant` prompts have that many blocks; decode steps, graphs included,
+    // have far fewer).
+    let blocks = col_blocks * token_blocks;
+    let own = if splits > 1 && blocks > COUNTERS { Some(b.alloc(&[blocks], DType::U32)?) } else { None };
+    if let Some(own) = &own {
+        b.dev.zero(&storage("fp8 gemv", own)?.buf, blocks * 4)?;
+    }
+    let counters = match (&own, &b.lt) {
+        _ if splits == 1 => 0,
+        (Some(own), _) => ptr("fp8 gemv", own)?,
+        (None, Some(lt)) => lt.counters.ptr(),
+        (None, None) => return Err(Error::InvalidArgument("fp8 gemv: an e4m3 matrix without cuBLASLt".into())),
+    };
     let cfg = LaunchConfig {
-        grid_dim: (col_blocks as u32, g.m.div_ceil(8 * nt) as u32, splits as u32),
+        grid_dim: (col_blocks as u32, token_blocks as u32, splits as u32),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -207,11 +224,8 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
             b,
             name,
             cfg,
-            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, partial_ptr, m, half, k, splits32]
+            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, partial_ptr, counters, m, half, k, splits32]
         )?;
-        if splits > 1 {
-            launch!(b, "fp8_gemv_silu_reduce", elementwise(g.m * cols), [partial_ptr, g.out, m, half, splits32])?;
-        }
     } else {
         let name = if nt == 1 { "fp8_gemv_n1" } else { "fp8_gemv_n2" };
         let n = g.n as u32;
@@ -219,11 +233,23 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
             b,
             name,
             cfg,
-            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, partial_ptr, m, n, k, splits32]
+            [
+                g.x,
+                g.w,
+                sp,
+                scale_rows,
+                scale_stride,
+                chunk_step,
+                g.bias,
+                g.out,
+                partial_ptr,
+                counters,
+                m,
+                n,
+                k,
+                splits32
+            ]
         )?;
-        if splits > 1 {
-            launch!(b, "fp8_gemv_reduce", elementwise(g.m * g.n), [partial_ptr, g.bias, g.out, m, n, splits32])?;
-        }
     }
     Ok(())
 }
@@ -359,9 +385,12 @@ impl Drop for Plan {
     }
 }
 
-/// A cuBLASLt handle with its workspace and the plans of the shapes seen.
+/// A cuBLASLt handle with its workspace and the plans of the shapes seen, and the GEMV's
+/// split counters (e4m3 weights exist only where there is an `Lt`).
 pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
+    /// `u32 [COUNTERS]`, zero between products: the GEMV's split counters.
+    counters: DeviceBuffer,
     _workspace: DeviceBuffer,
     workspace: u64,
     stream: sys::cudaStream_t,
@@ -431,8 +460,11 @@ impl Lt {
         device.bind()?;
         let handle = lt::create_handle().map_err(lt_err("handle"))?;
         let workspace_buf = device.alloc(WORKSPACE)?;
+        let counters = device.alloc(COUNTERS * 4)?;
+        device.zero(&counters, COUNTERS * 4)?;
         Ok(Some(Self {
             handle,
+            counters,
             workspace: workspace_buf.ptr(),
             _workspace: workspace_buf,
             stream: device.stream().cu_stream() as sys::cudaStream_t,

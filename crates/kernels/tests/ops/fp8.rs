@@ -1,7 +1,9 @@
 //! Checks of e4m3 weight matrices (FP8 checkpoints, as `F8_E4M3` blocks): products, the
 //! SwiGLU product, embedding rows and downloads compute with exactly the values the blocks
 //! decode to, under scales one a row or one a 128 x 128 block (what real checkpoints carry)
-//! on a matrix whose rows end mid-block and whose chunk count is not a multiple of 4.
+//! on matrices whose rows end mid-block and whose chunk counts are not multiples of 4, one
+//! short (3 chunks) and one long and narrow (18 chunks, 96 rows), whose products CUDA splits
+//! between blocks that add their partial sums.
 //!
 //! A backend may narrow the activations of large batches to e4m3 as well (CUDA's FP8 GEMM,
 //! per token and 128 columns or per token, as transformers' FP8 linear does): those rows are
@@ -24,8 +26,8 @@ pub enum Grid {
     Block,
 }
 
-const N: usize = 160;
-const K: usize = 384;
+/// The test matrices' shapes.
+const SHAPES: [(usize, usize); 2] = [(160, 384), (96, 2304)];
 
 /// `F8_E4M3` blocks of an `[n, k]` matrix under `grid`: random bytes (no NaN codes) and
 /// scales in [0.0005, 0.003).
@@ -89,31 +91,31 @@ fn tol(b: &dyn GpuBackend) -> Tol {
 /// and the download of e4m3 matrices equal the decoded values' (f64 reference).
 pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(808);
-    for grid in [Grid::Row, Grid::Block] {
-        let host = fp8_host(N, K, grid, &mut rng)?;
+    for ((n, k), grid) in SHAPES.into_iter().flat_map(|s| [(s, Grid::Row), (s, Grid::Block)]) {
+        let host = fp8_host(n, k, grid, &mut rng)?;
         let decoded = host.to_f32_vec()?;
         let w = b.upload(&host, b.float_dtype())?;
-        let what = |s: &str| format!("e4m3 {grid:?} {s}");
+        let what = |s: &str| format!("e4m3 {n} x {k} {grid:?} {s}");
         let got = b.download_f32(&w)?;
         compare(&got, &widen(&stored(b, decoded.clone())), tol(b))
             .unwrap_or_else(|e| panic!("{}: {e}", what("download")));
-        let bias = stored(b, rng.vec(N));
+        let bias = stored(b, rng.vec(n));
         for m in [1, 5, 9, 16] {
-            let x = stored(b, rng.vec(m * K));
-            let xt = upload_f32(b, &x, &[m, K])?;
+            let x = stored(b, rng.vec(m * k));
+            let xt = upload_f32(b, &x, &[m, k])?;
             let with_bias = m == 5;
-            let want = product(&widen(&x), &decoded, with_bias.then_some(&bias[..]), m, N, K);
-            let bias_t = with_bias.then(|| upload_f32(b, &bias, &[N])).transpose()?;
+            let want = product(&widen(&x), &decoded, with_bias.then_some(&bias[..]), m, n, k);
+            let bias_t = with_bias.then(|| upload_f32(b, &bias, &[n])).transpose()?;
             let y = b.matmul(&xt, &w, bias_t.as_ref())?;
-            assert_close_within(b, &y, &[m, N], &want, tol(b), &what(&format!("matmul m={m}")))?;
+            assert_close_within(b, &y, &[m, n], &want, tol(b), &what(&format!("matmul m={m}")))?;
             let fused = b.download_f32(&b.matmul_silu_mul(&xt, &w)?)?;
             let unfused = b.download_f32(&b.silu_mul(&b.matmul(&xt, &w, None)?)?)?;
             assert_eq!(fused, unfused, "{}", what(&format!("matmul_silu_mul m={m} equals silu_mul of the product")));
         }
-        let ids = [3u32, 0, 159, 3, 130];
+        let ids = [3u32, 0, n as u32 - 1, 3, n as u32 - 30];
         let rows = b.embedding(&upload_u32(b, &ids, &[ids.len()])?, &w)?;
-        let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * K..(i as usize + 1) * K])).collect();
-        assert_close_within(b, &rows, &[ids.len(), K], &want, tol(b), &what("embedding"))?;
+        let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * k..(i as usize + 1) * k])).collect();
+        assert_close_within(b, &rows, &[ids.len(), k], &want, tol(b), &what("embedding"))?;
     }
     Ok(())
 }
@@ -124,32 +126,34 @@ pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Res
 /// of `m` rows, how many leading rows the backend narrows, and with what column group.
 pub fn fp8_large_batches_match_their_reference(
     b: &dyn GpuBackend,
-    narrows: impl Fn(usize, Grid) -> (usize, usize),
+    narrows: impl Fn(usize, Grid) -> (usize, Option<usize>),
 ) -> Result<()> {
     let mut rng = Rng::new(909);
     let mut sensitive = false;
-    for grid in [Grid::Row, Grid::Block] {
-        let host = fp8_host(N, K, grid, &mut rng)?;
+    for ((n, k), grid) in SHAPES.into_iter().flat_map(|s| [(s, Grid::Row), (s, Grid::Block)]) {
+        let host = fp8_host(n, k, grid, &mut rng)?;
         let decoded = host.to_f32_vec()?;
         let w = b.upload(&host, b.float_dtype())?;
-        let bias = stored(b, rng.vec(N));
+        let bias = stored(b, rng.vec(n));
         for m in [17, 40, 67, 300] {
-            let x = stored(b, rng.vec(m * K));
+            let x = stored(b, rng.vec(m * k));
             let (narrowed_rows, group) = narrows(m, grid);
-            let mut xs = narrowed(&x[..narrowed_rows * K], K, group);
-            xs.extend(widen(&x[narrowed_rows * K..]));
+            let group = group.unwrap_or(k);
+            let mut xs = narrowed(&x[..narrowed_rows * k], k, group);
+            xs.extend(widen(&x[narrowed_rows * k..]));
             let with_bias = m == 40;
             let bias = with_bias.then_some(&bias[..]);
-            let want = product(&xs, &decoded, bias, m, N, K);
+            let want = product(&xs, &decoded, bias, m, n, k);
             if narrowed_rows > 0 {
-                let plain = product(&widen(&x), &decoded, bias, m, N, K);
+                let plain = product(&widen(&x), &decoded, bias, m, n, k);
                 let f32s: Vec<f32> = want.iter().map(|&v| v as f32).collect();
                 sensitive |= compare(&f32s, &plain, tol(b)).is_err();
             }
-            let bias_t = bias.map(|v| upload_f32(b, v, &[N])).transpose()?;
-            let y = b.matmul(&upload_f32(b, &x, &[m, K])?, &w, bias_t.as_ref())?;
-            let what = format!("e4m3 {grid:?} matmul m={m} ({narrowed_rows} rows narrowed in groups of {group})");
-            assert_close_within(b, &y, &[m, N], &want, tol(b), &what)?;
+            let bias_t = bias.map(|v| upload_f32(b, v, &[n])).transpose()?;
+            let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, bias_t.as_ref())?;
+            let what =
+                format!("e4m3 {n} x {k} {grid:?} matmul m={m} ({narrowed_rows} rows narrowed in groups of {group})");
+            assert_close_within(b, &y, &[m, n], &want, tol(b), &what)?;
         }
     }
     let narrows_any = [17, 40, 67, 300].iter().any(|&m| narrows(m, Grid::Block).0 > 0);
@@ -160,7 +164,7 @@ pub fn fp8_large_batches_match_their_reference(
 /// [`fp8_large_batches_match_their_reference`] for a backend that never narrows the
 /// activations (the CPU; CUDA under `--batch-invariant`).
 pub fn fp8_large_batches_match_the_decoded_values(b: &dyn GpuBackend) -> Result<()> {
-    fp8_large_batches_match_their_reference(b, |_, _| (0, K))
+    fp8_large_batches_match_their_reference(b, |_, _| (0, None))
 }
 
 #[cfg(feature = "cuda")]
@@ -168,13 +172,13 @@ pub fn fp8_large_batches_match_the_decoded_values(b: &dyn GpuBackend) -> Result<
 /// columns under block scales and per row under row scales; and the matrices stay e4m3.
 pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(1111);
-    for grid in [Grid::Row, Grid::Block] {
-        let w = b.upload(&fp8_host(N, K, grid, &mut rng)?, b.float_dtype())?;
-        assert!(kept(&w), "{grid:?}: a {N} x {K} e4m3 matrix was widened");
+    for ((n, k), grid) in SHAPES.into_iter().flat_map(|s| [(s, Grid::Row), (s, Grid::Block)]) {
+        let w = b.upload(&fp8_host(n, k, grid, &mut rng)?, b.float_dtype())?;
+        assert!(kept(&w), "{grid:?}: a {n} x {k} e4m3 matrix was widened");
     }
     fp8_large_batches_match_their_reference(b, |m, grid| {
         let narrowed = if m > 16 { m / 8 * 8 } else { 0 };
-        (narrowed, if grid == Grid::Block { 128 } else { K })
+        (narrowed, (grid == Grid::Block).then_some(128))
     })
 }
 
@@ -182,18 +186,18 @@ pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
 /// sizes (`--batch-invariant` on CUDA, always on the CPU).
 pub fn fp8_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(1010);
-    for grid in [Grid::Row, Grid::Block] {
-        let w = b.upload(&fp8_host(N, K, grid, &mut rng)?, b.float_dtype())?;
+    for ((n, k), grid) in SHAPES.into_iter().flat_map(|s| [(s, Grid::Row), (s, Grid::Block)]) {
+        let w = b.upload(&fp8_host(n, k, grid, &mut rng)?, b.float_dtype())?;
         let m = 40;
-        let x = stored(b, rng.vec(m * K));
-        let batch = b.download_f32(&b.matmul(&upload_f32(b, &x, &[m, K])?, &w, None)?)?;
-        let fused = b.download_f32(&b.matmul_silu_mul(&upload_f32(b, &x, &[m, K])?, &w)?)?;
+        let x = stored(b, rng.vec(m * k));
+        let batch = b.download_f32(&b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?)?;
+        let fused = b.download_f32(&b.matmul_silu_mul(&upload_f32(b, &x, &[m, k])?, &w)?)?;
         for i in [0, 7, 16, 39] {
-            let row = upload_f32(b, &x[i * K..(i + 1) * K], &[1, K])?;
+            let row = upload_f32(b, &x[i * k..(i + 1) * k], &[1, k])?;
             let alone: Vec<f32> = b.download_f32(&b.matmul(&row, &w, None)?)?;
-            assert_eq!(alone, batch[i * N..(i + 1) * N], "{grid:?} row {i}: alone != in a batch of {m}");
+            assert_eq!(alone, batch[i * n..(i + 1) * n], "{grid:?} row {i}: alone != in a batch of {m}");
             let alone = b.download_f32(&b.matmul_silu_mul(&row, &w)?)?;
-            assert_eq!(alone, fused[i * N / 2..(i + 1) * N / 2], "{grid:?} SwiGLU row {i}: alone != batched");
+            assert_eq!(alone, fused[i * n / 2..(i + 1) * n / 2], "{grid:?} SwiGLU row {i}: alone != batched");
         }
     }
     Ok(())
