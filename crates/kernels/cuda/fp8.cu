@@ -399,3 +399,142 @@ extern "C" __global__ void fp8_rows_bf16(const u32* ids, const u8* w, const floa
         res[j] = pack_bf16(__uint_as_float(pairs[j] << 16) * s, __uint_as_float(pairs[j] & 0xffff0000u) * s);
     *reinterpret_cast<uint2*>(out + i * k + col) = make_uint2(res[0], res[1]);
 }
+
+// --- the grouped GEMM of MoE layers with e4m3 experts --------------------------------------
+//
+// `moe_gemm` of `moe.cu` with expert weights `w [e, n, kd]` in e4m3 (kd a multiple of 128),
+// their scales laid out over the stacked rows (row x·n + r of expert x) as above. The weight
+// tile is copied as bytes (half the traffic of bf16) and each weight widened in registers
+// to `e4m3(q) · scale` rounded once to bf16: the value the widened experts would hold, taken
+// by the same mma.sync steps in the same order, so a row's results are moe_gemm's on the
+// widened weights bit for bit.
+
+// Two e4m3 (the low 16 bits of `v`) times `s`, rounded to a bf16 pair.
+__device__ __forceinline__ u32 e4m3x2_scaled_bf16(u32 v, float s) {
+    u32 h = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("{\n\t.reg .b16 a;\n\tcvt.u16.u32 a, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\t}" : "=r"(h) : "r"(v));
+#endif
+    float lo, hi;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return pack_bf16(lo * s, hi * s);
+}
+
+template <int BM, int STAGES>
+__device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, const float* scales, u32 scale_rows,
+                              u32 scale_stride, u32 chunk_step, bf16_t* out, const u32* offsets, const u32* tiles,
+                              u32 e, u32 n, u32 kd) {
+    constexpr int WM = BM / 16, WN = 4 / WM, NT = MOE_BN / WN / 8;  // n8 tiles per warp
+    constexpr u32 CH = MOE_BK / 8;                                     // 16-byte chunks of an A row
+    constexpr u32 A_BYTES = BM * MOE_BK * 2, STAGE = A_BYTES + MOE_BN * MOE_BK;
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    const u32 base = smem_addr(moe_smem);
+    auto as = [&](u32 st) { return base + st * STAGE; };
+    auto bs = [&](u32 st) { return st * STAGE + A_BYTES; };  // byte offset of the weight tile
+
+    const u32 y = blockIdx.y;
+    if (y >= tiles[e]) return;
+    u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (tiles[mid] <= y) lo = mid; else hi = mid;
+    }
+    const u32 x = lo;
+    const u32 r0 = offsets[x] + (y - tiles[x]) * BM;
+    const u32 rows = min((u32)BM, offsets[x + 1] - r0);
+    const u32 n0 = blockIdx.x * MOE_BN;
+    const u8* wx = w + (u64)x * n * kd;
+    const u32 k_tiles = kd / MOE_BK;
+
+    auto load = [&](u32 kt, u32 st) {
+        const u32 k0 = kt * MOE_BK;
+        for (u32 c = threadIdx.x; c < BM * CH; c += MOE_THREADS) {
+            const u32 r = c / CH, ch = c % CH;
+            const bool valid = r < rows;
+            const u32 row = r0 + (valid ? r : 0);
+            const bf16_t* src = a + (u64)(a_rows ? a_rows[row] : row) * kd + k0 + ch * 8;
+            cp_async16(as(st) + swz<MOE_BK>(r, ch), src, valid);
+        }
+        for (u32 c = threadIdx.x; c < MOE_BN * (MOE_BK / 16); c += MOE_THREADS) {
+            const u32 r = c / (MOE_BK / 16), ch = c % (MOE_BK / 16);
+            const bool valid = n0 + r < n;
+            const u8* src = wx + (u64)(n0 + (valid ? r : 0)) * kd + k0 + ch * 16;
+            cp_async16(base + bs(st) + r * MOE_BK + ch * 16, src, valid);
+        }
+    };
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const u32 wm = warp % WM, wn = warp / WM;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+#pragma unroll
+    for (u32 st = 0; st < STAGES - 1; ++st) {
+        if (st < k_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 st = kt % STAGES;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 next = kt + STAGES - 1;
+        if (next < k_tiles) load(next, next % STAGES);
+        cp_async_commit();
+        if (wm * 16 < rows) {
+            // The scale of each of this lane's weight rows in this tile's 128-column chunk.
+            float s[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const u32 r = min(n0 + wn * (NT * 8) + j * 8 + g, n - 1);
+                s[j] = fp8_scale(scales, x * n + r, kt * MOE_BK / FP8_CHUNK, scale_rows, scale_stride, chunk_step);
+            }
+#pragma unroll
+            for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
+                u32 af[4];
+                ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2],
+                            af[3]);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned char* row =
+                        moe_smem + bs(st) + (wn * (NT * 8) + j * 8 + g) * MOE_BK + kk * 16 + 2 * tq;
+                    const u32 b0 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row), s[j]);
+                    const u32 b1 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row + 8), s[j]);
+                    mma_bf16(acc[j], af, b0, b1);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 r = wm * 16 + g + 8 * i;
+        if (r >= rows) continue;
+        bf16_t* dst = out + (u64)(r0 + r) * n;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
+            if (col + 1 < n) {
+                *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
+            } else if (col < n) {
+                dst[col] = f2bf(acc[j][2 * i]);
+            }
+        }
+    }
+}
+
+#define MET_MOE_GEMM_E4M3(BM, STAGES, SUFFIX)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_e4m3_m##BM##SUFFIX(                          \
+        const bf16_t* a, const u32* a_rows, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride,     \
+        u32 chunk_step, bf16_t* out, const u32* offsets, const u32* tiles, u32 e, u32 n, u32 kd) {                 \
+        pdl_enter();                                                                                               \
+        moe_gemm_e4m3<BM, STAGES>(a, a_rows, w, scales, scale_rows, scale_stride, chunk_step, out, offsets, tiles, \
+                                  e, n, kd);                                                                       \
+    }
+MET_MOE_GEMM_E4M3(16, 6, _deep)
+MET_MOE_GEMM_E4M3(16, 3, )
+MET_MOE_GEMM_E4M3(32, 3, )
+MET_MOE_GEMM_E4M3(64, 3, )

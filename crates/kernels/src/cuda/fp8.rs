@@ -14,7 +14,9 @@
 //! columns for block-scaled weights, per token for per-row ones, as transformers' FP8
 //! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
 //! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
-//! `m % 8` rows, which cuBLASLt's 1-D scales do not take, go through the GEMV.
+//! `m % 8` rows, which cuBLASLt's 1-D scales do not take, go through the GEMV. MoE experts
+//! stacked in e4m3 run the grouped GEMM's e4m3 form (`moe_gemm_e4m3_*`), which widens each
+//! weight in registers to the bf16 value widened experts would hold.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -49,11 +51,15 @@ const WORKSPACE: usize = 32 << 20;
 const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 7] = [
+pub(super) const KERNELS: [&str; 11] = [
     "fp8_gemv_n1",
     "fp8_gemv_n2",
     "fp8_gemv_silu_n1",
     "fp8_gemv_silu_n2",
+    "moe_gemm_e4m3_m16_deep",
+    "moe_gemm_e4m3_m16",
+    "moe_gemm_e4m3_m32",
+    "moe_gemm_e4m3_m64",
     "fp8_quantize_vec128",
     "fp8_quantize_row",
     "fp8_rows_bf16",
@@ -161,6 +167,14 @@ fn wrong(mut scales: Vec<f32>) -> Vec<f32> {
 /// The scales of the e4m3 matrix `w`.
 fn scales_of<'a>(op: &'static str, w: &'a Tensor) -> Result<&'a Fp8Scales> {
     storage(op, w)?.fp8.as_ref().ok_or_else(|| Error::InvalidArgument(format!("{op}: an e4m3 tensor without scales")))
+}
+
+/// The scale arguments of `fp8.cu`'s kernels for the e4m3 `w`: the scales' address,
+/// `scale_rows`, `scale_stride` and `chunk_step`.
+pub(super) fn scale_args(op: &'static str, w: &Tensor) -> Result<(u64, u32, u32, u32)> {
+    let s = scales_of(op, w)?;
+    let (rows, stride, step) = s.grid.kernel_args();
+    Ok((s.buf.ptr(), rows, stride, step))
 }
 
 /// Split count of the GEMV over a matrix of `col_blocks` blocks of columns and `chunks`

@@ -202,9 +202,9 @@ impl CudaBackend {
 }
 
 impl GpuBackend for CudaBackend {
-    /// The grouped GEMMs take bf16 experts: e4m3 ones are widened at load.
+    /// The grouped GEMMs take bf16 and e4m3 experts.
     fn computes_moe_in(&self, dtype: DType) -> bool {
-        dtype == DType::BF16
+        dtype == DType::BF16 || dtype == fp8::FP8
     }
 
     fn batch_invariant(&self) -> bool {

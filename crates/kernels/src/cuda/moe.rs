@@ -44,8 +44,9 @@ pub(super) fn moe_experts(
     down: &Tensor,
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
-    for w in [x, gate_up, down] {
-        expect_dtype("moe_experts", w, &[DType::BF16])?;
+    expect_dtype("moe_experts", x, &[DType::BF16])?;
+    for w in [gate_up, down] {
+        expect_dtype("moe_experts", w, &[DType::BF16, super::fp8::FP8])?;
     }
     expect_dtype("moe_experts", &routing.weights, &[DType::F32, DType::BF16])?;
     expect_dtype("moe_experts", &routing.experts, &[DType::U32])?;
@@ -140,28 +141,35 @@ fn tile_rows(tk: usize, e: usize) -> usize {
 const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 64;
 
-/// A grouped GEMM kernel of `moe.cu`: rows per tile and pipeline depth (`STAGES`).
+/// A grouped GEMM kernel of `moe.cu` (bf16 experts) or `fp8.cu` (e4m3 experts): rows per
+/// tile, pipeline depth (`STAGES`) and bytes a weight.
 struct GemmKernel {
     name: &'static str,
     bm: usize,
     stages: usize,
+    weight_bytes: usize,
 }
 
 impl GemmKernel {
-    /// Dynamic shared memory: the stages of a row tile and a column tile, `MOE_BK` deep.
+    /// Dynamic shared memory: the stages of a row tile (bf16) and a column tile of
+    /// weights, `MOE_BK` deep.
     fn shared_bytes(&self) -> u32 {
-        (self.stages * (self.bm + GEMM_BN) * GEMM_BK * 2) as u32
+        (self.stages * (self.bm * 2 + GEMM_BN * self.weight_bytes) * GEMM_BK) as u32
     }
 }
 
 /// Tiles with a few real rows each (`deep`) stream weights and keep more of them in flight;
 /// full tiles do arithmetic, and the shallower pipeline fits more blocks per SM.
-const GEMM_KERNELS: [GemmKernel; 5] = [
-    GemmKernel { name: "moe_gemm_bf16_m16_deep", bm: 16, stages: 6 },
-    GemmKernel { name: "moe_gemm_bf16_m16", bm: 16, stages: 3 },
-    GemmKernel { name: "moe_gemm_bf16_m32", bm: 32, stages: 3 },
-    GemmKernel { name: "moe_gemm_bf16_m64", bm: 64, stages: 3 },
-    GemmKernel { name: "moe_gemm_bf16_m16_unaligned", bm: 16, stages: 3 },
+const GEMM_KERNELS: [GemmKernel; 9] = [
+    GemmKernel { name: "moe_gemm_bf16_m16_deep", bm: 16, stages: 6, weight_bytes: 2 },
+    GemmKernel { name: "moe_gemm_bf16_m16", bm: 16, stages: 3, weight_bytes: 2 },
+    GemmKernel { name: "moe_gemm_bf16_m32", bm: 32, stages: 3, weight_bytes: 2 },
+    GemmKernel { name: "moe_gemm_bf16_m64", bm: 64, stages: 3, weight_bytes: 2 },
+    GemmKernel { name: "moe_gemm_bf16_m16_unaligned", bm: 16, stages: 3, weight_bytes: 2 },
+    GemmKernel { name: "moe_gemm_e4m3_m16_deep", bm: 16, stages: 6, weight_bytes: 1 },
+    GemmKernel { name: "moe_gemm_e4m3_m16", bm: 16, stages: 3, weight_bytes: 1 },
+    GemmKernel { name: "moe_gemm_e4m3_m32", bm: 32, stages: 3, weight_bytes: 1 },
+    GemmKernel { name: "moe_gemm_e4m3_m64", bm: 64, stages: 3, weight_bytes: 1 },
 ];
 
 /// Below this many grouped rows per expert on average, 16-row tiles take the deep pipeline.
@@ -171,13 +179,19 @@ const GEMM_KERNELS: [GemmKernel; 5] = [
 const DEEP_ROWS_PER_EXPERT: usize = 8;
 
 /// The kernel for tiles of `bm` rows (16, 32 or 64; always 16 unaligned) over `tk` grouped
-/// rows of `e` experts.
-fn gemm_kernel(aligned: bool, bm: usize, tk: usize, e: usize) -> &'static GemmKernel {
-    let name = match (aligned, bm) {
-        (false, _) => "moe_gemm_bf16_m16_unaligned",
-        (true, 16) if tk < DEEP_ROWS_PER_EXPERT * e => "moe_gemm_bf16_m16_deep",
-        (true, 16) => "moe_gemm_bf16_m16",
-        (true, 32) => "moe_gemm_bf16_m32",
+/// rows of `e` experts, for bf16 or (`e4m3`, whose inner size is a multiple of 128) e4m3
+/// weights.
+fn gemm_kernel(aligned: bool, e4m3: bool, bm: usize, tk: usize, e: usize) -> &'static GemmKernel {
+    let deep = tk < DEEP_ROWS_PER_EXPERT * e;
+    let name = match (e4m3, aligned, bm) {
+        (true, _, 16) if deep => "moe_gemm_e4m3_m16_deep",
+        (true, _, 16) => "moe_gemm_e4m3_m16",
+        (true, _, 32) => "moe_gemm_e4m3_m32",
+        (true, _, _) => "moe_gemm_e4m3_m64",
+        (false, false, _) => "moe_gemm_bf16_m16_unaligned",
+        (false, true, 16) if deep => "moe_gemm_bf16_m16_deep",
+        (false, true, 16) => "moe_gemm_bf16_m16",
+        (false, true, 32) => "moe_gemm_bf16_m32",
         _ => "moe_gemm_bf16_m64",
     };
     GEMM_KERNELS.iter().find(|k| k.name == name).expect("every name is in the table")
@@ -256,13 +270,40 @@ impl Grouping {
         kd: usize,
     ) -> Result<()> {
         let op = "moe_experts";
-        let kernel = gemm_kernel(self.aligned, self.bm, self.rows, self.e);
+        let e4m3 = w.dtype() == super::fp8::FP8;
+        let kernel = gemm_kernel(self.aligned, e4m3, self.bm, self.rows, self.e);
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (n.div_ceil(GEMM_BN) as u32, self.max_tiles as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: kernel.shared_bytes(),
         };
         let rows = a_rows.map_or(Ok(0), |r| ptr(op, r))?;
+        if e4m3 {
+            let (scales, scale_rows, scale_stride, chunk_step) = super::fp8::scale_args(op, w)?;
+            let (ap, wp, op_) = (ptr(op, a)?, ptr(op, w)?, ptr(op, out)?);
+            let (offsets, tiles) = (ptr(op, &self.offsets)?, ptr(op, &self.tiles)?);
+            let dims = (self.e as u32, n as u32, kd as u32);
+            return launch!(
+                b,
+                kernel.name,
+                cfg,
+                [
+                    ap,
+                    rows,
+                    wp,
+                    scales,
+                    scale_rows,
+                    scale_stride,
+                    chunk_step,
+                    op_,
+                    offsets,
+                    tiles,
+                    dims.0,
+                    dims.1,
+                    dims.2
+                ]
+            );
+        }
         launch!(
             b,
             kernel.name,
