@@ -4,9 +4,10 @@
 #    activations, --batch-invariant rows) and of the other matmuls and quantised weights;
 # 2. kernel benches: the e4m3 GEMV's weight bandwidth against bf16's and the copy, and the
 #    FP8 GEMMs against bf16 (`cuda_fp8`, `cuda_gemv`);
-# 3. end to end, Llama-3.1-8B shape, dummy weights: bf16, FP8 per tensor
+# 3. end to end, dummy weights: the Llama-3.1-8B shape in bf16, FP8 per tensor
 #    (Meta-Llama-3-8B-Instruct-FP8's config) and FP8 in 128 x 128 blocks (Llama-3.1-8B with
-#    Qwen's block quantization_config), batch 1 (128 + 256) and 256 x (128 + 256);
+#    Qwen's block quantization_config), and Qwen3-30B-A3B in bf16 and block FP8 (e4m3
+#    experts), batch 1 (128 + 256) and 256 x (128 + 256) (`MODELS` picks a subset);
 # 4. `compare` of the main bundle in gpu-bundle/main, if present (the step cut last time).
 # Run from the repository root with the bundle carried; results go to $OUT/f.tgz.
 set -u
@@ -32,7 +33,7 @@ src["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_
 os.makedirs("/tmp/l8-block", exist_ok=True)
 json.dump(src, open("/tmp/l8-block/config.json", "w"))
 PY
-for model in ${MODELS:-configs/Llama-3.1-8B-Instruct configs/Meta-Llama-3-8B-Instruct-FP8 /tmp/l8-block}; do
+for model in ${MODELS:-configs/Llama-3.1-8B-Instruct configs/Meta-Llama-3-8B-Instruct-FP8 /tmp/l8-block configs/Qwen3-30B-A3B configs/Qwen3-30B-A3B-FP8}; do
   tag=$(basename $model)
   m="--model $model --load-format dummy --input-len 128 --output-len 256"
   timeout 150 $B/met bench latency $m --batch-size 1 --num-iters 3 --output $L/b1-$tag.json > $L/b1-$tag.log 2>&1
