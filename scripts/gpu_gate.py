@@ -44,6 +44,17 @@ The gate (exit status 1 when broken):
 - every greedy departure at a margin of at most twice the largest noise |dlogprob| of that
   case (a flip needs the two logprobs to move by the margin between them).
 
+FP8 weights (`--shapes qwen3-fp8-block,llama-fp8-tensor`; not in the default set): two
+shapes whose decoder matrices met keeps e4m3 on the GPU (rows a multiple of 16, columns of
+128), a Qwen3 with transformers' block-wise `fp8` (128 x 128 scales) and a Llama with AutoFP8's
+static per-tensor `fp8`. `gpu_gate_fp8.py` quantizes each draw as a checkpoint would and
+writes its float32 dequantized twin; the float32 reference runs on the twin (the values met
+computes with), the noise floor is transformers' bf16 with FP8 linears (its own where it runs
+them, else an emulation of their arithmetic: that file's docstring says why and what), and
+transformers-bf16 on the dequantized weights is recorded beside it (`dequant_bf16_*`). The
+same bound holds; the broken variant for them is `fp8-wrong-scale` (every other scale
+doubled on upload). `--seeds N` runs the first N draws only, to check the script on a CPU.
+
 `--broken FAULT` also runs met with `MET_TEST_FAULT=FAULT` (a deliberately wrong kernel,
 compiled in only when that variable is set) on the first seed of every shape, and requires
 that variant to FAIL the gate: the test of the test. The exit status is 0 only when met
@@ -59,12 +70,15 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+
+import gpu_gate_fp8 as fp8
 
 # Eight draws: a case's p99 pools 8 x 16 rows. The rows' 20 |dlogprob|s move together (one
 # shifted log-sum-exp moves them all), so a p99 of three draws rests on about one row: on
@@ -135,6 +149,21 @@ SHAPES = [
         "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 128,
         "shared_expert_intermediate_size": 128, "attn_output_gate": True, "rope_parameters": HYBRID_ROPE}, True),
 ]
+# FP8 weights: every decoder matrix a multiple of 16 rows and 128 columns, so that met keeps
+# all of them e4m3 on the GPU (others it widens to bf16, and no FP8 kernel would be judged).
+FP8_SHAPES = [
+    # (name, config, long prompt, scale layout of `gpu_gate_fp8.LAYOUTS`)
+    ("qwen3-fp8-block", {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 512, "intermediate_size": 1536,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+        "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
+        "attention_bias": False}, True, "block"),
+    ("llama-fp8-tensor", {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "intermediate_size": 1536,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "tie_word_embeddings": False, "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False},
+     False, "tensor"),
+]
 HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 # A = exp(A_log) log-uniform in [A_MIN, A_MAX] and dt_bias ~ N(-1, 0.5) spread the per-head
 # decays exp(-A softplus(a + dt_bias)) from ~0.99 (a state carried across many chunks) to
@@ -183,15 +212,20 @@ def sharpen(model, hidden, seed, hybrid):
             p.copy_(new.to(p.dtype))
 
 
-def build(name, raw, work, seed):
-    """Sharp random weights, rounded to bf16 and saved as a checkpoint with the config."""
-    out = os.path.join(work, f"{name}-s{seed}")
-    raw = {**COMMON, **raw}
+def draw(raw, seed):
+    """Sharp random weights for the config `raw` (with COMMON), rounded to bf16."""
     cfg = AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     sharpen(model, raw["hidden_size"], seed, raw["model_type"] in HYBRIDS)
-    model = model.to(torch.bfloat16)
+    return model.to(torch.bfloat16)
+
+
+def build(name, raw, work, seed):
+    """Sharp random weights, rounded to bf16 and saved as a checkpoint with the config."""
+    out = os.path.join(work, f"{name}-s{seed}")
+    raw = {**COMMON, **raw}
+    model = draw(raw, seed)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
     del model
@@ -201,6 +235,15 @@ def build(name, raw, work, seed):
     if os.path.exists(gen):
         os.remove(gen)
     return out
+
+
+def build_fp8(name, raw, layout, work, seed):
+    """The FP8 checkpoint of a draw (met's) and its float32 dequantized twin (the references'),
+    as `gpu_gate_fp8.write` makes them."""
+    out = os.path.join(work, f"{name}-s{seed}")
+    raw = {**COMMON, **raw}
+    fp8.write(draw(raw, seed), raw, layout, out, out + "-dequant", seed)
+    return out, out + "-dequant"
 
 
 def load(path, dtype, device, attn=None):
@@ -259,7 +302,7 @@ def run_met(met, model_dir, prompts, work, device, extra, env_extra):
     for (_, p), out in zip(prompts, lines):
         assert out["prompt_ids"] == p
         assert len(out["generated_ids"]) == NEW_TOKENS, f"met generated {len(out['generated_ids'])} tokens"
-    return lines
+    return lines, res.stderr
 
 
 @torch.no_grad()
@@ -280,6 +323,7 @@ class Case:
 
     def __init__(self):
         self.met, self.noise, self.departures, self.hf_departures, self.rows = [], [], [], [], 0
+        self.info = []
 
     def summary(self):
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
@@ -296,12 +340,15 @@ class Case:
         s["mean_ratio"] = s["met_mean"] / max(s["bf16_mean"], 1e-12)
         s["p99_ratio"] = s["met_p99"] / max(s["bf16_p99"], 1e-12)
         s["pass"] = s["mean_ratio"] <= RATIO and s["p99_ratio"] <= RATIO and not bad
+        if self.info:
+            s["dequant_bf16_mean"], s["dequant_bf16_p99"] = mean(self.info), percentile(self.info, 0.99)
         return s
 
 
-def judge(cases, prompts, outs, ref32, refs_bf16):
-    """Adds met's rows of one run to `cases[label-of-prompt]`."""
-    for (case, p), out, r32, rb in zip(prompts, outs, ref32, refs_bf16):
+def judge(cases, prompts, outs, ref32, refs_bf16, refs_info=None):
+    """Adds met's rows of one run to `cases[label-of-prompt]`; `refs_info` (FP8 shapes:
+    transformers-bf16 on the dequantized weights) is measured as the floor is, not judged."""
+    for k, ((case, p), out, r32, rb) in enumerate(zip(prompts, outs, ref32, refs_bf16)):
         c = cases.setdefault(case, Case())
         toks = out["generated_ids"]
         for step, tok in enumerate(toks):
@@ -310,6 +357,10 @@ def judge(cases, prompts, outs, ref32, refs_bf16):
                 c.met.append(abs(lp - float(row32[t])))
             top = torch.topk(rowb, TOP).indices
             c.noise += (rowb[top] - row32[top]).abs().tolist()
+            if refs_info is not None:
+                rowi = refs_info[k][step]
+                top_i = torch.topk(rowi, TOP).indices
+                c.info += (rowi[top_i] - row32[top_i]).abs().tolist()
             best = int(torch.argmax(row32))
             if tok != best:
                 c.departures.append(float(row32[best] - row32[tok]))
@@ -326,32 +377,71 @@ def check_hits(prompts, outs, label):
                              f"expected at least {want[case]}: the prefix cache was not hit")
 
 
-def gate_shape(name, raw, long, args, results, broken_results):
+def checkpoint(name, raw, layout, args, seed):
+    """The checkpoint met loads and the one the references load (the same one, or for FP8 its
+    float32 dequantized twin)."""
+    if layout is None:
+        path = build(name, raw, args.work, seed)
+        return path, path
+    return build_fp8(name, raw, layout, args.work, seed)
+
+
+def references(name, path, ref_path, layout, device, floors):
+    """float32, the noise floor's model, and for FP8 transformers-bf16 on the dequantized
+    weights. An FP8 floor is transformers' own FP8 model while it runs here, else the emulated
+    one; `floors[name]` records which, and why."""
+    m32 = load(ref_path, torch.float32, device)
+    if layout is None:
+        return m32, load(path, torch.bfloat16, device), None
+    floor = None
+    if floors.get(name, {}).get("native", True):
+        floor, why = fp8.native(path, device)
+        floors[name] = {"native": floor is not None, "reference": why if floor is not None else
+                        "transformers-bf16 with gpu_gate_fp8.EmulatedFp8Linear", "why_not_native": why}
+        if floor is None:
+            print(f"gate: {name}: no native FP8 floor ({why}); emulating transformers' FP8Linear", file=sys.stderr)
+    if floor is None:
+        floor = fp8.emulated(load(ref_path, torch.bfloat16, device), path, layout, device)
+    return m32, floor, load(ref_path, torch.bfloat16, device)
+
+
+def check_fp8_log(stderr, name, results):
+    """met's startup line about FP8 weights, kept in the report: without it met did not read
+    the checkpoint as FP8."""
+    line = next((l for l in stderr.splitlines() if "weights stay e4m3" in l), None)
+    if line is None:
+        raise SystemExit(f"{name}: met did not log FP8 weights staying e4m3:\n{stderr[-2000:]}")
+    results.setdefault("met_fp8_log", {})[name] = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+
+
+def gate_shape(name, raw, long, layout, args, results, broken_results):
     device = args.device
     torch_device = "cuda" if device == "cuda" else "cpu"
-    for i, seed in enumerate(SEEDS):
+    for i, seed in enumerate(SEEDS[: args.seeds]):
         t0 = time.time()
-        path = build(name, raw, args.work, seed)
+        path, ref_path = checkpoint(name, raw, layout, args, seed)
         if i == 0:
-            top, eff = sharpness(path, torch_device, seed)
+            top, eff = sharpness(ref_path, torch_device, seed)
             results.setdefault("sharpness", {})[name] = {"mean_max_weight": top, "mean_effective_keys": eff}
         batch, hits = prompts_for(seed, long)
         runs = [(batch, ["--max-prefill-chunk", str(CHUNK)]), (hits, ["--max-num-seqs", "1"])]
-        m32 = load(path, torch.float32, torch_device)
-        mb = load(path, torch.bfloat16, torch_device)
-        variants = [("met", {}, results)]
+        m32, mb, mi = references(name, path, ref_path, layout, torch_device, results.setdefault("noise_floor", {}))
+        log = {"MET_LOG": "info"} if layout else {}
+        variants = [("met", log, results)]
         if args.broken and i == 0:
-            variants.append(("broken", {"MET_TEST_FAULT": args.broken}, broken_results))
+            variants.append(("broken", {**log, "MET_TEST_FAULT": args.broken}, broken_results))
         for label, env, into in variants:
             cases = into.setdefault("cases", {}).setdefault(name, {})
             for prompts, extra in runs:
                 backend = ["--attention-backend", args.attention_backend] if args.attention_backend else []
-                outs = run_met(args.met, path, prompts, args.work, device, extra + backend, env)
+                outs, stderr = run_met(args.met, path, prompts, args.work, device, extra + backend, env)
+                if layout:
+                    check_fp8_log(stderr, name, results)
                 check_hits(prompts, outs, f"{label} {name} seed {seed}")
-                r32 = [teacher_forced(m32, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
-                rb = [teacher_forced(mb, p, o["generated_ids"], torch_device) for (_, p), o in zip(prompts, outs)]
-                judge(cases, prompts, outs, r32, rb)
-        del m32, mb
+                forced = lambda m: [teacher_forced(m, p, o["generated_ids"], torch_device)  # noqa: E731
+                                    for (_, p), o in zip(prompts, outs)]
+                judge(cases, prompts, outs, forced(m32), forced(mb), forced(mi) if mi is not None else None)
+        del m32, mb, mi
         if torch_device == "cuda":
             torch.cuda.empty_cache()
         print(f"gate: {name} seed {seed} done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -374,6 +464,21 @@ def summarize(raw):
     return {shape: {case: c.summary() for case, c in cases.items()} for shape, cases in raw.get("cases", {}).items()}
 
 
+def fp8_floors(report):
+    """The FP8 shapes' floors: what each is, and its distance from float32 beside that of
+    transformers-bf16 on the dequantized weights."""
+    lines = ["FP8 noise floors against float32 on the dequantized weights: the gate's floor (transformers' FP8 "
+             "linear), and transformers-bf16 on the dequantized weights"]
+    for name, f in report["noise_floor"].items():
+        lines.append(f"  {name}: {f['reference']}" + ("" if f["native"] else f" (not native: {f['why_not_native']})"))
+    lines.append(f"{'shape':<18} {'case':<20} {'floor mean':>10} {'floor p99':>9} {'dq-bf16 mean':>12} {'dq-bf16 p99':>11}")
+    for shape in report["noise_floor"]:
+        for case, s in report["met"].get(shape, {}).items():
+            lines.append(f"{shape:<18} {case:<20} {s['bf16_mean']:10.4f} {s['bf16_p99']:9.4f} "
+                         f"{s['dequant_bf16_mean']:12.4f} {s['dequant_bf16_p99']:11.4f}")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--met", required=True)
@@ -381,25 +486,34 @@ def main():
     ap.add_argument("--out", default="gate.json")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--broken", help="a MET_TEST_FAULT value whose variant must fail the gate")
-    ap.add_argument("--shapes", help="comma-separated subset of the shape names")
+    ap.add_argument("--shapes", help="comma-separated shape names (default: every shape but the FP8 ones)")
+    ap.add_argument("--seeds", type=int, default=len(SEEDS), help="the first N draws only (to check the script)")
     ap.add_argument("--attention-backend", help="met's --attention-backend (default: met's own default)")
     args = ap.parse_args()
+    if not 1 <= args.seeds <= len(SEEDS):
+        raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}")
     args.met = os.path.abspath(args.met)
     os.makedirs(args.work, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    wanted = set(args.shapes.split(",")) if args.shapes else None
+    every = [(name, raw, long, None) for name, raw, long in SHAPES] + FP8_SHAPES
+    wanted = args.shapes.split(",") if args.shapes else [name for name, _, _ in SHAPES]
+    unknown = set(wanted) - {name for name, *_ in every}
+    if unknown:
+        raise SystemExit(f"unknown shapes {sorted(unknown)}; the shapes are {[name for name, *_ in every]}")
     results, broken = {}, {}
-    for name, raw, long in SHAPES:
-        if wanted is None or name in wanted:
-            gate_shape(name, raw, long, args, results, broken)
+    for name, raw, long, layout in every:
+        if name in wanted:
+            gate_shape(name, raw, long, layout, args, results, broken)
     met_s, broken_s = summarize(results), summarize(broken)
     passed = all(s["pass"] for cases in met_s.values() for s in cases.values())
     broken_failed = any(not s["pass"] for cases in broken_s.values() for s in cases.values())
-    report = {"settings": {"seeds": SEEDS, "lens": LENS, "long": LONG, "new_tokens": NEW_TOKENS, "top": TOP,
-                           "chunk": CHUNK, "block": BLOCK, "ratio": RATIO, "score_std": SCORE_STD,
-                           "qk_norm_gain": QK_NORM_GAIN, "device": args.device, "broken": args.broken},
-              "sharpness": results.get("sharpness", {}), "met": met_s, "broken": broken_s,
+    report = {"settings": {"seeds": SEEDS[: args.seeds], "lens": LENS, "long": LONG, "new_tokens": NEW_TOKENS,
+                           "top": TOP, "chunk": CHUNK, "block": BLOCK, "ratio": RATIO, "score_std": SCORE_STD,
+                           "qk_norm_gain": QK_NORM_GAIN, "device": args.device, "broken": args.broken,
+                           "fp8": {name: fp8.LAYOUTS[layout] for name, _, _, layout in FP8_SHAPES if name in wanted}},
+              "sharpness": results.get("sharpness", {}), "noise_floor": results.get("noise_floor", {}),
+              "met_fp8_log": results.get("met_fp8_log", {}), "met": met_s, "broken": broken_s,
               "pass": passed, "broken_failed": broken_failed if args.broken else None}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
@@ -409,6 +523,9 @@ def main():
     print()
     print(table(f"met vs transformers-float32, noise floor = transformers-bf16 vs float32 "
                 f"(bound: ratios <= {RATIO}; departures within 2x the largest noise)", met_s))
+    if report["noise_floor"]:
+        print()
+        print(fp8_floors(report))
     if args.broken:
         print()
         print(table(f"broken variant MET_TEST_FAULT={args.broken} (must FAIL)", broken_s))

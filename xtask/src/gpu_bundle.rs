@@ -12,7 +12,9 @@
 //!   `gpu_compare.py`: that comparison;
 //!   `gpu_gate.py`: the precision gate (sharp random weights of every architecture, prompts
 //!   to 4,096 tokens, met against transformers-float32 within 1.5x transformers-bf16's own
-//!   distance), with its test of the test (a deliberately wrong kernel must fail it);
+//!   distance), with its test of the test (a deliberately wrong kernel must fail it), and
+//!   `gpu_gate_fp8.py`, its FP8 checkpoints and references (block-wise and per-tensor e4m3
+//!   weights, judged against transformers' FP8 linear);
 //! - `run.sh`: run from inside the repository it was built from (a device run carries the
 //!   working tree, and the fixtures the tests read are its own
 //!   `crates/model-layers/tests/fixtures/hf`, not a copy: the tree and the bundle together
@@ -68,7 +70,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     for config in ["Qwen3-0.6B", "Llama-3.1-8B-Instruct", "Qwen3-30B-A3B"] {
         copy_dir(&root().join("configs").join(config), &out.join("configs").join(config))?;
     }
-    for script in ["gpu_compare.py", "gpu_gate.py", "ncu_summary.py"] {
+    for script in ["gpu_compare.py", "gpu_gate.py", "gpu_gate_fp8.py", "ncu_summary.py"] {
         std::fs::copy(root().join("scripts").join(script), out.join(script))?;
     }
     write_executable(&out.join("run.sh"), RUNNER)?;
@@ -192,15 +194,15 @@ done
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, graphs, invariance, generate, gate, gatestate, compare, bench, kbench, profile,
-# profilebatch. Made by
+# ops, fixtures, graphs, invariance, generate, gate, gatestate, gatefp8, compare, bench, kbench,
+# profile, profilebatch. Made by
 # `cargo xtask gpu-bundle`.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 bash "$HERE/unpack.sh" || { echo "unpacking the binaries failed"; exit 1; }
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures graphs invariance generate gate gatestate compare bench kbench}"
+STEPS="${*:-lib ops fixtures graphs invariance generate gate gatestate gatefp8 compare bench kbench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -271,6 +273,11 @@ step gate "precision gate (+ broken variant)" gpu-gate.log 540 python3 "$HERE/gp
 step gatestate "precision gate, lost conv state" gpu-gate-state.log 300 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
   --work /tmp/met-gpu-gate-state --out "$LOGS/gpu_gate_state.json" --broken drop-conv-state \
   --shapes qwen3-next,qwen3.5-dense,qwen3.5-moe
+# The FP8 shapes (block-wise and per-tensor e4m3 weights, kept e4m3 by met), judged against
+# transformers' FP8 linear; met with every other weight scale doubled must fail.
+step gatefp8 "precision gate, fp8 weights" gpu-gate-fp8.log 420 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
+  --work /tmp/met-gpu-gate-fp8 --out "$LOGS/gpu_gate_fp8.json" --broken fp8-wrong-scale \
+  --shapes qwen3-fp8-block,llama-fp8-tensor
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
 # The offline benches on dummy weights of the real configs: decode latency at batch 1, 8
@@ -347,6 +354,8 @@ grep -h "GPU-FIXTURE" "$LOGS/gpu-hf-fixtures.log" 2>/dev/null || true
 grep -h -E "device|kv cache|KV" "$LOGS/met-generate.log" "$LOGS/gpu-compare.log" 2>/dev/null | head -9 || true
 echo
 sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate.log" 2>/dev/null || true
+echo
+sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate-fp8.log" 2>/dev/null || true
 echo
 sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
 grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/dev/null || true
