@@ -517,10 +517,11 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
-            if (col + 1 < n) {
+            if (col + 1 < n && n % 2 == 0) {
                 *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
-            } else if (col < n) {
-                dst[col] = f2bf(acc[j][2 * i]);
+            } else {
+                if (col < n) dst[col] = f2bf(acc[j][2 * i]);
+                if (col + 1 < n) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
             }
         }
     }
