@@ -2,8 +2,8 @@
 # One call on the H200 for FP8 weights on CUDA (issue 34, item 2), bundle of branch `fp8`:
 # 1. the op checks of e4m3 matrices (decode GEMV, cuBLASLt GEMM against narrowed
 #    activations, --batch-invariant rows) and of the other matmuls and quantised weights;
-# 2. kernel benches: the e4m3 GEMV's weight bandwidth against bf16's and the copy, and the
-#    FP8 GEMMs against bf16 (`cuda_fp8`, `cuda_gemv`);
+# 2. kernel benches: the e4m3 GEMV's weight bandwidth against bf16's and the copy, the
+#    FP8 GEMMs against bf16, e4m3 MoE experts against bf16 (`cuda_fp8`, `cuda_fp8_moe`, `cuda_gemv`);
 # 3. end to end, dummy weights: the Llama-3.1-8B shape in bf16, FP8 per tensor
 #    (Meta-Llama-3-8B-Instruct-FP8's config) and FP8 in 128 x 128 blocks (Llama-3.1-8B with
 #    Qwen's block quantization_config), and Qwen3-30B-A3B in bf16 and block FP8 (e4m3
@@ -24,7 +24,7 @@ for t in $($B/tests/kernels-ops --list 2>/dev/null | grep -E '^cuda(_only|_invar
   fi
 done
 echo "ops: $pass passed, $fail failed"
-timeout ${KBENCH_S:-170} $B/tests/kernels-bench --bench "${KBENCH:-cuda_fp8|cuda_gemv/(copy|qkv|o/|gate_up|down)}" > $L/kbench.log 2>&1
+timeout ${KBENCH_S:-240} $B/tests/kernels-bench --bench "${KBENCH:-cuda_fp8|cuda_gemv/(copy|qkv|o/|gate_up|down)}" > $L/kbench.log 2>&1
 echo "== kbench rc=$?"; awk '/^cuda_/{name=$1} /thrpt:/{print name, $4, $5}' $L/kbench.log
 python3 - <<'PY'
 import json, os

@@ -246,6 +246,37 @@ fn fp8(c: &mut Criterion) {
     group.finish();
 }
 
+/// Qwen3-30B-A3B's routed experts (128 of them, top 8, hidden 2,048, 768 wide) in e4m3 (128 x
+/// 128 blocks) and in bf16, at decode batches of 1, 16 and 64 tokens and a 256-token one:
+/// the whole `moe_experts` op (grouping, both grouped GEMMs, SwiGLU, combine); throughput in
+/// tokens, so the two formats compare by time.
+fn fp8_moe(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let mut group = c.benchmark_group("cuda_fp8_moe");
+    group.measurement_time(Duration::from_millis(1500));
+    let (e, h, i, k) = (128, 2048, 768, 8);
+    let e4m3 = (
+        fp8_weight(b, e * 2 * i, h, true, 40).reshape(&[e, 2 * i, h]).expect("reshape"),
+        fp8_weight(b, e * h, i, true, 41).reshape(&[e, h, i]).expect("reshape"),
+    );
+    let bf16 = (
+        random(b, &[e * 2 * i, h], 42).reshape(&[e, 2 * i, h]).expect("reshape"),
+        random(b, &[e * h, i], 43).reshape(&[e, h, i]).expect("reshape"),
+    );
+    for t in [1, 16, 64, 256] {
+        let x = random(b, &[t, h], 44);
+        let logits = upload(b, &values(t * e, 45), &[t, e]);
+        let routing = b.topk_routing(&logits, k, true).expect("routing");
+        group.throughput(Throughput::Elements(t as u64));
+        for (name, (gate_up, down)) in [("e4m3", &e4m3), ("bf16", &bf16)] {
+            bench_synced(&mut group, &format!("{name}/t{t}_e{e}_h{h}_i{i}_k{k}"), b, || {
+                b.moe_experts(&x, &routing, gate_up, down).expect("moe_experts")
+            });
+        }
+    }
+    group.finish();
+}
+
 /// The MLP projection for a decode batch and a prefill chunk.
 fn matmul(c: &mut Criterion) {
     let Some(b) = backend() else { return };
@@ -466,6 +497,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, fp8, matmul, rms_norm, attention, attention_d256, delta_rule, sample
+    targets = gemv, fp8, fp8_moe, matmul, rms_norm, attention, attention_d256, delta_rule, sample
 }
 criterion_main!(benches);
