@@ -28,6 +28,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::LaunchConfig;
 use parking_lot::Mutex;
+use rayon::prelude::*;
 
 use super::device::{Device, DeviceBuffer};
 use super::{CudaBackend, CudaStorage, launch, ptr, storage};
@@ -100,10 +101,12 @@ fn grid_of(blocks: &[u8], n: usize, k: usize) -> Option<Grid> {
         let at = (i * per_row + g) * bytes;
         u32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
     };
-    if (0..n).all(|i| (1..per_row).all(|g| scale(i, g) == scale(i, 0))) {
+    if (0..n).into_par_iter().all(|i| (1..per_row).all(|g| scale(i, g) == scale(i, 0))) {
         return Some(Grid::Row);
     }
-    let blockwise = (0..n).all(|i| (0..per_row).all(|g| scale(i, g) == scale(i / CHUNK * CHUNK, g / groups * groups)));
+    let blockwise = (0..n)
+        .into_par_iter()
+        .all(|i| (0..per_row).all(|g| scale(i, g) == scale(i / CHUNK * CHUNK, g / groups * groups)));
     blockwise.then(|| Grid::Block { stride: (k / CHUNK).next_multiple_of(4) as u32 })
 }
 
@@ -117,9 +120,11 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
     let (block_bytes, block) = (QuantFormat::F8_E4M3.block_bytes(), QuantFormat::F8_E4M3.block_elems());
     let blocks = host.bytes();
     let mut q = vec![0u8; n * k];
-    for (dst, src) in q.chunks_exact_mut(block).zip(blocks.chunks_exact(block_bytes)) {
-        dst.copy_from_slice(&src[4..]);
-    }
+    q.par_chunks_mut(k).zip(blocks.par_chunks(k / block * block_bytes)).for_each(|(row, src)| {
+        for (dst, src) in row.chunks_exact_mut(block).zip(src.chunks_exact(block_bytes)) {
+            dst.copy_from_slice(&src[4..]);
+        }
+    });
     let per_row = k / block;
     let scale = |i: usize, g: usize| {
         let at = (i * per_row + g) * block_bytes;
