@@ -611,3 +611,35 @@ impl Lt {
         .map_err(lt_err("FP8 matmul"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{CHUNK, Grid, grid_of};
+
+    /// `F8_E4M3` blocks of an `[n, k]` matrix whose scale at (row, 32-column group) is
+    /// `scale(row, group)`; the bytes do not matter here.
+    fn blocks(n: usize, k: usize, scale: impl Fn(usize, usize) -> f32) -> Vec<u8> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            for g in 0..k / 32 {
+                out.extend(scale(i, g).to_le_bytes());
+                out.extend([0x38u8; 32]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_grid_is_read_from_the_scales() {
+        let (n, k) = (272, 384);
+        // One scale a tensor or a row: rows.
+        assert_eq!(grid_of(&blocks(n, k, |_, _| 0.5), n, k), Some(Grid::Row));
+        assert_eq!(grid_of(&blocks(n, k, |i, _| i as f32), n, k), Some(Grid::Row));
+        // One a 128 x 128 block (rows ending mid-block): blocks, 3 chunks padded to 4.
+        let block = |i: usize, g: usize| (i / CHUNK * 10 + g * 32 / CHUNK) as f32;
+        assert_eq!(grid_of(&blocks(n, k, block), n, k), Some(Grid::Block { stride: 4 }));
+        // A scale that changes inside a block, or within 128 columns of a row: neither.
+        assert_eq!(grid_of(&blocks(n, k, |i, g| block(i, g) + f32::from(u8::from(i == 5 && g == 1))), n, k), None);
+        assert_eq!(grid_of(&blocks(n, k, |i, g| (i * 100 + g) as f32), n, k), None);
+    }
+}
