@@ -434,16 +434,8 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
     auto as = [&](u32 st) { return base + st * STAGE; };
     auto bs = [&](u32 st) { return st * STAGE + A_BYTES; };  // byte offset of the weight tile
 
-    const u32 y = blockIdx.y;
-    if (y >= tiles[e]) return;
-    u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
-    while (hi - lo > 1) {
-        const u32 mid = (lo + hi) / 2;
-        if (tiles[mid] <= y) lo = mid; else hi = mid;
-    }
-    const u32 x = lo;
-    const u32 r0 = offsets[x] + (y - tiles[x]) * BM;
-    const u32 rows = min((u32)BM, offsets[x + 1] - r0);
+    u32 x, r0, rows;
+    if (!moe_tile<BM>(blockIdx.y, offsets, tiles, e, x, r0, rows)) return;
     const u32 n0 = blockIdx.x * MOE_BN;
     const u8* wx = w + (u64)x * n * kd;
     const u32 k_tiles = kd / MOE_BK;
@@ -508,23 +500,7 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
         }
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 r = wm * 16 + g + 8 * i;
-        if (r >= rows) continue;
-        bf16_t* dst = out + (u64)(r0 + r) * n;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
-            if (col + 1 < n && n % 2 == 0) {
-                *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
-            } else {
-                if (col < n) dst[col] = f2bf(acc[j][2 * i]);
-                if (col + 1 < n) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
-            }
-        }
-    }
+    moe_store<NT>(acc, out, r0, rows, n, wm * 16, n0 + wn * (NT * 8), lane);
 }
 
 #define MET_MOE_GEMM_E4M3(BM, STAGES, SUFFIX)                                                                      \

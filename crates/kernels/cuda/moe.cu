@@ -207,6 +207,48 @@ extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tile
 #define MOE_BK 64
 #define MOE_THREADS 128
 
+// Row tile `y` of a grouping: its expert `x`, first grouped row `r0` and `rows` (at most BM);
+// false past the last tile.
+template <int BM>
+__device__ __forceinline__ bool moe_tile(u32 y, const u32* offsets, const u32* tiles, u32 e, u32& x, u32& r0,
+                                         u32& rows) {
+    if (y >= tiles[e]) return false;
+    u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (tiles[mid] <= y) lo = mid; else hi = mid;
+    }
+    x = lo;
+    r0 = offsets[x] + (y - tiles[x]) * BM;
+    rows = min((u32)BM, offsets[x + 1] - r0);
+    return true;
+}
+
+// A warp's mma accumulators (rows row0 .. row0 + 15 of the tile, NT n8 tiles from column
+// col0) rounded to bf16 into `out [.., n]` at grouped row r0 + row, rows past `rows` and
+// columns past `n` left out; pairs of columns in one store where rows stay 4-byte aligned.
+template <int NT>
+__device__ __forceinline__ void moe_store(const float (&acc)[NT][4], bf16_t* out, u32 r0, u32 rows, u32 n, u32 row0,
+                                          u32 col0, u32 lane) {
+    const u32 g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 r = row0 + g + 8 * i;
+        if (r >= rows) continue;
+        bf16_t* dst = out + (u64)(r0 + r) * n;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const u32 col = col0 + j * 8 + 2 * tq;
+            if (col + 1 < n && n % 2 == 0) {
+                *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
+            } else {
+                if (col < n) dst[col] = f2bf(acc[j][2 * i]);
+                if (col + 1 < n) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
+            }
+        }
+    }
+}
+
 // out[r, :n] = a[src(r), :kd] · w[x]ᵀ for every row r of every expert x, where w [e, n, kd]
 // and src(r) = a_rows[r] (the token of a grouped row) or r itself when a_rows is null.
 // bf16 operands through mma.sync m16n8k16 with f32 accumulation, rounded once to bf16.
@@ -243,16 +285,8 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
         r0 = y * BM;
         if (r0 >= e) return;
         rows = min((u32)BM, e - r0);
-    } else {
-        if (y >= tiles[e]) return;
-        u32 lo = 0, hi = e;  // the expert x with tiles[x] <= y < tiles[x + 1]
-        while (hi - lo > 1) {
-            const u32 mid = (lo + hi) / 2;
-            if (tiles[mid] <= y) lo = mid; else hi = mid;
-        }
-        x = lo;
-        r0 = offsets[x] + (y - tiles[x]) * BM;
-        rows = min((u32)BM, offsets[x + 1] - r0);
+    } else if (!moe_tile<BM>(y, offsets, tiles, e, x, r0, rows)) {
+        return;
     }
     const u32 n0 = blockIdx.x * MOE_BN;
     const bf16_t* wx = w + (u64)x * n * kd;
@@ -325,23 +359,7 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
     }
     cp_async_wait<0>();
 
-    const u32 g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 r = wm * 16 + g + 8 * i;
-        if (r >= rows) continue;
-        bf16_t* dst = out + (u64)(r0 + r) * n;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
-            if (col + 1 < n && n % 2 == 0) {
-                *reinterpret_cast<u32*>(dst + col) = pack_bf16(acc[j][2 * i], acc[j][2 * i + 1]);
-            } else {
-                if (col < n) dst[col] = f2bf(acc[j][2 * i]);
-                if (col + 1 < n) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
-            }
-        }
-    }
+    moe_store<NT>(acc, out, r0, rows, n, wm * 16, n0 + wn * (NT * 8), lane);
 }
 
 #define MET_MOE_GEMM(BM, ALIGNED, STAGES, SUFFIX)                                                              \
