@@ -463,43 +463,28 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
+    moe_pipeline<STAGES>(k_tiles, load, [&](u32 kt, u32 st) {
+        if (wm * 16 >= rows) return;
+        // The scale of each of this lane's weight rows in this tile's 128-column chunk.
+        float s[NT];
 #pragma unroll
-    for (u32 st = 0; st < STAGES - 1; ++st) {
-        if (st < k_tiles) load(st, st);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
-        const u32 st = kt % STAGES;
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const u32 next = kt + STAGES - 1;
-        if (next < k_tiles) load(next, next % STAGES);
-        cp_async_commit();
-        if (wm * 16 < rows) {
-            // The scale of each of this lane's weight rows in this tile's 128-column chunk.
-            float s[NT];
+        for (int j = 0; j < NT; ++j) {
+            const u32 r = min(n0 + wn * (NT * 8) + j * 8 + g, n - 1);
+            s[j] = fp8_scale(scales, x * n + r, kt * MOE_BK / FP8_CHUNK, scale_rows, scale_stride, chunk_step);
+        }
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
+            u32 af[4];
+            ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                const u32 r = min(n0 + wn * (NT * 8) + j * 8 + g, n - 1);
-                s[j] = fp8_scale(scales, x * n + r, kt * MOE_BK / FP8_CHUNK, scale_rows, scale_stride, chunk_step);
-            }
-#pragma unroll
-            for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
-                u32 af[4];
-                ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2],
-                            af[3]);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned char* row =
-                        moe_smem + bs(st) + (wn * (NT * 8) + j * 8 + g) * MOE_BK + kk * 16 + 2 * tq;
-                    const u32 b0 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row), s[j]);
-                    const u32 b1 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row + 8), s[j]);
-                    mma_bf16(acc[j], af, b0, b1);
-                }
+                const unsigned char* row = moe_smem + bs(st) + (wn * (NT * 8) + j * 8 + g) * MOE_BK + kk * 16 + 2 * tq;
+                const u32 b0 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row), s[j]);
+                const u32 b1 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row + 8), s[j]);
+                mma_bf16(acc[j], af, b0, b1);
             }
         }
-    }
-    cp_async_wait<0>();
+    });
     moe_store<NT>(acc, out, r0, rows, n, wm * 16, n0 + wn * (NT * 8), lane);
 }
 

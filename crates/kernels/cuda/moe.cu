@@ -224,6 +224,28 @@ __device__ __forceinline__ bool moe_tile(u32 y, const u32* offsets, const u32* t
     return true;
 }
 
+// The grouped GEMMs' cp.async pipeline over `k_tiles` tiles of MOE_BK columns in STAGES
+// buffers: `load(kt, stage)` requests tile kt into a buffer, `step(kt, stage)` consumes it.
+// Each step's barrier lets the buffer read one tile ago be refilled.
+template <int STAGES, typename Load, typename Step>
+__device__ __forceinline__ void moe_pipeline(u32 k_tiles, Load&& load, Step&& step) {
+#pragma unroll
+    for (u32 st = 0; st < STAGES - 1; ++st) {
+        if (st < k_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 st = kt % STAGES;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 next = kt + STAGES - 1;
+        if (next < k_tiles) load(next, next % STAGES);
+        cp_async_commit();
+        step(kt, st);
+    }
+    cp_async_wait<0>();
+}
+
 // A warp's mma accumulators (rows row0 .. row0 + 15 of the tile, NT n8 tiles from column
 // col0) rounded to bf16 into `out [.., n]` at grouped row r0 + row, rows past `rows` and
 // columns past `n` left out; pairs of columns in one store where rows stay 4-byte aligned.
@@ -327,37 +349,22 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
+    moe_pipeline<STAGES>(k_tiles, load, [&](u32, u32 st) {
+        if (wm * 16 >= rows) return;
 #pragma unroll
-    for (u32 st = 0; st < STAGES - 1; ++st) {
-        if (st < k_tiles) load(st, st);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
-        const u32 st = kt % STAGES;
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        // Refill the buffer read one tile ago (every warp is past it after the barrier).
-        const u32 next = kt + STAGES - 1;
-        if (next < k_tiles) load(next, next % STAGES);
-        cp_async_commit();
-        if (wm * 16 < rows) {
+        for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
+            u32 af[4];
+            ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
 #pragma unroll
-            for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
-                u32 af[4];
-                ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2],
-                            af[3]);
-#pragma unroll
-                for (int j = 0; j < NT; j += 2) {
-                    const u32 r = wn * (NT * 8) + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-                    u32 b0, b1, b2, b3;
-                    ldmatrix_x4(bs(st) + swz<MOE_BK>(r, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
-                    mma_bf16(acc[j], af, b0, b1);
-                    mma_bf16(acc[j + 1], af, b2, b3);
-                }
+            for (int j = 0; j < NT; j += 2) {
+                const u32 r = wn * (NT * 8) + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4(bs(st) + swz<MOE_BK>(r, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                mma_bf16(acc[j], af, b0, b1);
+                mma_bf16(acc[j + 1], af, b2, b3);
             }
         }
-    }
-    cp_async_wait<0>();
+    });
 
     moe_store<NT>(acc, out, r0, rows, n, wm * 16, n0 + wn * (NT * 8), lane);
 }
