@@ -40,6 +40,28 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// A cp.async pipeline over `k_tiles` tiles in STAGES buffers (the grouped GEMMs', LoRA's):
+// `load(kt, stage)` requests tile kt into a buffer, `step(kt, stage)` consumes it. Each
+// step's barrier lets the buffer read one tile ago be refilled. Ends with every copy landed.
+template <int STAGES, typename Load, typename Step>
+__device__ __forceinline__ void cp_async_pipeline(u32 k_tiles, Load&& load, Step&& step) {
+#pragma unroll
+    for (u32 st = 0; st < STAGES - 1; ++st) {
+        if (st < k_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 st = kt % STAGES;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 next = kt + STAGES - 1;
+        if (next < k_tiles) load(next, next % STAGES);
+        cp_async_commit();
+        step(kt, st);
+    }
+    cp_async_wait<0>();
+}
+
 __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

@@ -463,7 +463,7 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    moe_pipeline<STAGES>(k_tiles, load, [&](u32 kt, u32 st) {
+    cp_async_pipeline<STAGES>(k_tiles, load, [&](u32 kt, u32 st) {
         if (wm * 16 >= rows) return;
         // The scale of each of this lane's weight rows in this tile's 128-column chunk.
         float s[NT];

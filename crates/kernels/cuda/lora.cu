@@ -263,18 +263,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-    for (u32 st = 0; st < LORA_GROUP_STAGES - 1; ++st) {
-        if (st < k_tiles) load(st, st);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
-        const u32 st = kt % LORA_GROUP_STAGES;
-        cp_async_wait<LORA_GROUP_STAGES - 2>();
-        __syncthreads();
-        const u32 next = kt + LORA_GROUP_STAGES - 1;
-        if (next < k_tiles) load(next, next % LORA_GROUP_STAGES);
-        cp_async_commit();
+    cp_async_pipeline<LORA_GROUP_STAGES>(k_tiles, load, [&](u32, u32 st) {
         const u32 s0 = base + st * stage;
         u32 af[4];
         ldmatrix_x4(s0 + swz<BK>(lane & 15, warp * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
@@ -288,8 +277,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
                 mma_bf16(acc[j + 1], af, b2, b3);
             }
         }
-    }
-    cp_async_wait<0>();
+    });
     __syncthreads();
 
     // The warps' sums, then the block's (in warp order), in shared memory.

@@ -224,28 +224,6 @@ __device__ __forceinline__ bool moe_tile(u32 y, const u32* offsets, const u32* t
     return true;
 }
 
-// The grouped GEMMs' cp.async pipeline over `k_tiles` tiles of MOE_BK columns in STAGES
-// buffers: `load(kt, stage)` requests tile kt into a buffer, `step(kt, stage)` consumes it.
-// Each step's barrier lets the buffer read one tile ago be refilled.
-template <int STAGES, typename Load, typename Step>
-__device__ __forceinline__ void moe_pipeline(u32 k_tiles, Load&& load, Step&& step) {
-#pragma unroll
-    for (u32 st = 0; st < STAGES - 1; ++st) {
-        if (st < k_tiles) load(st, st);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
-        const u32 st = kt % STAGES;
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const u32 next = kt + STAGES - 1;
-        if (next < k_tiles) load(next, next % STAGES);
-        cp_async_commit();
-        step(kt, st);
-    }
-    cp_async_wait<0>();
-}
-
 // A warp's mma accumulators (rows row0 .. row0 + 15 of the tile, NT n8 tiles from column
 // col0) rounded to bf16 into `out [.., n]` at grouped row r0 + row, rows past `rows` and
 // columns past `n` left out; pairs of columns in one store where rows stay 4-byte aligned.
@@ -349,7 +327,7 @@ __device__ void moe_gemm(const bf16_t* a, const u32* a_rows, const bf16_t* w, bf
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    moe_pipeline<STAGES>(k_tiles, load, [&](u32, u32 st) {
+    cp_async_pipeline<STAGES>(k_tiles, load, [&](u32, u32 st) {
         if (wm * 16 >= rows) return;
 #pragma unroll
         for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
