@@ -363,13 +363,6 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// On mismatched shapes or an expert index past `e`.
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor>;
 
-    /// Whether [`Self::moe_experts`] computes with experts stored as `dtype` (a quantised
-    /// format [`Self::upload`] kept); a loader casts them to [`Self::float_dtype`] when not.
-    fn computes_moe_in(&self, dtype: DType) -> bool {
-        let _ = dtype;
-        true
-    }
-
     // --- sampling -----------------------------------------------------------------------
 
     /// Draws one token per row from `logits [rows, vocab]`, f32 or the backend's float

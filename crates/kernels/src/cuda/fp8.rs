@@ -92,15 +92,19 @@ pub(super) struct Fp8Scales {
     pub(super) grid: Grid,
 }
 
+/// The scale of `F8_E4M3` block `g` of row `i` (as bits) in the blocks of a matrix of
+/// `per_row` blocks a row.
+fn block_scale(blocks: &[u8], per_row: usize, i: usize, g: usize) -> u32 {
+    let at = (i * per_row + g) * QuantFormat::F8_E4M3.block_bytes();
+    u32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
+}
+
 /// The scale grid of `F8_E4M3` blocks of an `[n, k]` matrix (`k` a multiple of 128), or
 /// `None` when the scales are neither constant along rows nor over 128 x 128 blocks.
 fn grid_of(blocks: &[u8], n: usize, k: usize) -> Option<Grid> {
-    let (bytes, per_row) = (QuantFormat::F8_E4M3.block_bytes(), k / QuantFormat::F8_E4M3.block_elems());
+    let per_row = k / QuantFormat::F8_E4M3.block_elems();
     let groups = CHUNK / QuantFormat::F8_E4M3.block_elems();
-    let scale = |i: usize, g: usize| {
-        let at = (i * per_row + g) * bytes;
-        u32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
-    };
+    let scale = |i, g| block_scale(blocks, per_row, i, g);
     if (0..n).into_par_iter().all(|i| (1..per_row).all(|g| scale(i, g) == scale(i, 0))) {
         return Some(Grid::Row);
     }
@@ -125,11 +129,7 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
             dst.copy_from_slice(&src[4..]);
         }
     });
-    let per_row = k / block;
-    let scale = |i: usize, g: usize| {
-        let at = (i * per_row + g) * block_bytes;
-        f32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
-    };
+    let scale = |i, g| f32::from_bits(block_scale(blocks, k / block, i, g));
     let scales: Vec<f32> = match grid {
         Grid::Row => (0..n).map(|i| scale(i, 0)).collect(),
         Grid::Block { stride } => {
@@ -273,6 +273,12 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     Ok(())
 }
 
+/// Whether a product of `m` rows runs on the GEMV alone: decode batches, every batch under
+/// `--batch-invariant`, and every batch where there is no cuBLASLt.
+pub(super) fn gemv_only(b: &CudaBackend, m: usize) -> bool {
+    b.batch_invariant || m <= GEMV_MAX_M || b.lt.is_none()
+}
+
 /// `out [m, n] = x · wᵀ (+ bias)` for an e4m3 `w` (shapes and dtypes checked by the caller).
 pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {
     const OP: &str = "matmul";
@@ -282,7 +288,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
     let (xp, wp, op) = (ptr(OP, x)?, ptr(OP, w)?, ptr(OP, out)?);
     let bias = bias.map(|t| ptr(OP, t)).transpose()?.unwrap_or(0);
     let lt = match &b.lt {
-        Some(lt) if !b.batch_invariant && m > GEMV_MAX_M => lt,
+        Some(lt) if !gemv_only(b, m) => lt,
         _ => return gemv(b, s, &Gemv { x: xp, w: wp, bias, out: op, m, n, k, silu: false }),
     };
     let main = m / 8 * 8;
@@ -317,17 +323,13 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
 }
 
 /// `silu(x · gateᵀ) · (x · upᵀ)` for an e4m3 `w [2i, k]` (gate rows, then up), into
-/// `out [m, i]`: the GEMV's fused form where the GEMV runs, else `None` (the caller takes
-/// the product and the activation apart).
-pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
+/// `out [m, i]`, on the GEMV's fused form (for batches [`gemv_only`] takes; the caller takes
+/// the product and the activation apart for the others).
+pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
     const OP: &str = "matmul_silu_mul";
     let (m, k, n) = (x.dims()[0], x.dims()[1], w.dims()[0]);
-    if b.lt.is_some() && !b.batch_invariant && m > GEMV_MAX_M {
-        return Ok(false);
-    }
     let g = Gemv { x: ptr(OP, x)?, w: ptr(OP, w)?, bias: 0, out: ptr(OP, out)?, m, n, k, silu: true };
-    gemv(b, scales_of(OP, w)?, &g)?;
-    Ok(true)
+    gemv(b, scales_of(OP, w)?, &g)
 }
 
 /// Rows of the e4m3 `w` widened to bf16: rows `ids` (an index tensor, checked by the

@@ -202,11 +202,6 @@ impl CudaBackend {
 }
 
 impl GpuBackend for CudaBackend {
-    /// The grouped GEMMs take bf16 and e4m3 experts.
-    fn computes_moe_in(&self, dtype: DType) -> bool {
-        dtype == DType::BF16 || dtype == fp8::FP8
-    }
-
     fn batch_invariant(&self) -> bool {
         self.batch_invariant
     }

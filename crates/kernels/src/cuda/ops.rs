@@ -182,11 +182,10 @@ pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result
     expect_dtype("matmul_silu_mul", x, BF16)?;
     expect_dtype("matmul_silu_mul", w, &[DType::BF16, fp8::FP8])?;
     ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
-    if w.dtype() == fp8::FP8 && m > 0 {
+    if w.dtype() == fp8::FP8 && m > 0 && fp8::gemv_only(b, m) {
         let out = b.alloc(&[m, n / 2], DType::BF16)?;
-        if fp8::matmul_silu_mul(b, x, w, &out)? {
-            return Ok(out);
-        }
+        fp8::matmul_silu_mul(b, x, w, &out)?;
+        return Ok(out);
     }
     if b.batch_invariant || !gemv::applies(m, n, k) {
         return silu_mul(b, &matmul(b, x, w, None)?);

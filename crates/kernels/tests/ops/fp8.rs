@@ -112,8 +112,8 @@ pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Res
             let unfused = b.download_f32(&b.silu_mul(&b.matmul(&xt, &w, None)?)?)?;
             assert_eq!(fused, unfused, "{}", what(&format!("matmul_silu_mul m={m} equals silu_mul of the product")));
         }
-        if !b.computes_moe_in(w.dtype()) {
-            // Stacked experts the MoE kernels do not take are cast to the float dtype at load.
+        if b.float_dtype() == DType::BF16 {
+            // A cast of stacked e4m3 experts to bf16 (the CPU casts to f32 only).
             let experts = b.cast(&w.reshape(&[2, n / 2, k])?, b.float_dtype())?;
             assert_eq!(experts.dims(), [2, n / 2, k], "{}", what("experts cast"));
             assert_eq!(b.download_f32(&experts)?, got, "{}", what("experts cast = download"));
@@ -217,8 +217,7 @@ pub fn kept(w: &met_kernels::Tensor) -> bool {
 
 /// MoE experts stacked in e4m3 give the bits of the same experts uploaded as their decoded
 /// values (the float dtype's rounding of `e4m3(q) · scale`), from one token (the deep
-/// 16-row pipeline on CUDA) to 200 (64-row tiles), under either scale grid; where the
-/// backend's MoE kernels take no e4m3, the experts are cast first, as the loader does.
+/// 16-row pipeline on CUDA) to 200 (64-row tiles), under either scale grid.
 pub fn fp8_experts_compute_as_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(1212);
     let (e, h, i, k) = (4, 256, 128, 2);
@@ -227,7 +226,6 @@ pub fn fp8_experts_compute_as_their_decoded_values(b: &dyn GpuBackend) -> Result
         let (gate_up, down) = (fp8_host(e * 2 * i, h, grid, &mut rng)?, fp8_host(e * h, i, grid, &mut rng)?);
         let experts = |host: &HostTensor<'_>, dims: &[usize]| -> Result<(met_kernels::Tensor, met_kernels::Tensor)> {
             let kept = b.upload(host, dtype)?.reshape(dims)?;
-            let kept = if b.computes_moe_in(kept.dtype()) { kept } else { b.cast(&kept, dtype)? };
             let decoded = upload_f32(b, &host.to_f32_vec()?, &[dims[0] * dims[1], dims[2]])?.reshape(dims)?;
             Ok((kept, decoded))
         };

@@ -132,12 +132,7 @@ impl Mlp {
         let names = |parts: &[Param]| -> Vec<(String, Sharding)> {
             (0..e).flat_map(|x| parts.iter().map(move |p| (expert(prefix, x, p), p.sharding))).collect()
         };
-        // Experts in a format the backend's MoE kernels do not take (e4m3 on CUDA) are
-        // widened to its float dtype.
-        let stacked = |parts: &[Param]| -> Result<Tensor> {
-            let t = l.shard.load_fused(l.store, l.backend, &names(parts))?;
-            if l.backend.computes_moe_in(t.dtype()) { Ok(t) } else { Ok(l.backend.cast(&t, l.backend.float_dtype())?) }
-        };
+        let stacked = |parts: &[Param]| l.shard.load_fused(l.store, l.backend, &names(parts));
         Ok(Self::Moe {
             router: l.shard.load(l.store, l.backend, &ROUTER.at(prefix, ""), ROUTER.sharding)?,
             // Rows [gate_0; up_0; gate_1; up_1; ...] viewed as [e, 2i, h].
