@@ -10,8 +10,8 @@
 //! width is a multiple of 32, as the 128-wide ones of real checkpoints), as f32 otherwise.
 //! Either way its values are what transformers computes when it dequantizes: `w = fp8(q) · s`
 //! with `s` the scale of the weight's tensor, row or block. The CPU keeps the blocks and
-//! computes with those values; the GPU, until it has FP8 kernels, widens them to its float
-//! dtype at upload.
+//! computes with those values; CUDA keeps them e4m3 where its FP8 kernels take their grid of
+//! scales and widens them to bf16 otherwise.
 //!
 //! A quantized weight without a scale, a scale whose shape does not cover its weight, or
 //! an FP8 tensor that is not a 2-D weight is an error naming the tensor.
