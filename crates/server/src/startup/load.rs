@@ -209,7 +209,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let model = model.with_context(|| format!("loading {}", store.describe()))?;
     if let Some(q) = &config.quantization {
         // Said at every start. The CPU (the backend that computes in f32) keeps quantised
-        // blocks; the GPU widens them, and then the memory and speed are the float model's.
+        // blocks; CUDA keeps e4m3 matrices whose scales and shape its FP8 kernels take.
         if backend.float_dtype() == DType::F32 {
             tracing::info!(
                 "{} weights stay e4m3 blocks on the CPU (1.125 bytes a weight) where each 32 columns of a row \
