@@ -403,23 +403,34 @@ extern "C" __global__ void fp8_rows_bf16(const u32* ids, const u8* w, const floa
 // --- the grouped GEMM of MoE layers with e4m3 experts --------------------------------------
 //
 // `moe_gemm` of `moe.cu` with expert weights `w [e, n, kd]` in e4m3 (kd a multiple of 128),
-// their scales laid out over the stacked rows (row x·n + r of expert x) as above. The weight
-// tile is copied as bytes (half the traffic of bf16) and each weight widened in registers
-// to `e4m3(q) · scale` rounded once to bf16: the value the widened experts would hold, taken
-// by the same mma.sync steps in the same order, so a row's results are moe_gemm's on the
-// widened weights bit for bit.
+// their scales laid out over the stacked rows (row x·n + r of expert x) as above. A tile is
+// one 128-column chunk deep (`MOE_BK8`), so it moves the bytes of bf16's 64-column tile in
+// half the steps and carries one scale a weight row: the weights go into the mma unscaled
+// (e4m3 is exact in bf16), each chunk's sums are taken in f32 and multiplied by their row's
+// scale into the accumulators, as the GEMV does. A row's sums depend on kd alone (chunks in
+// order, each in the same k16 steps), never on the rows tiled with it.
+//
+// The weight tile is read with ldmatrix as if its bytes were bf16 pairs: lane (g, q) gets
+// bytes 4q .. 4q + 3 of row g in a 16-column step, which become its two B registers. The
+// step's columns are thereby taken in a permuted order inside the mma, so the activations
+// are read in the same order: the 4 bf16 at columns 4q .. 4q + 3 of rows g and g + 8, as
+// two 8-byte loads (`ld_shared_u64`), rather than ldmatrix's pairs.
 
-// Two e4m3 (the low 16 bits of `v`) times `s`, rounded to a bf16 pair.
-__device__ __forceinline__ u32 e4m3x2_scaled_bf16(u32 v, float s) {
-    u32 h = 0;
-#if __CUDA_ARCH__ >= 900
-    asm("{\n\t.reg .b16 a;\n\tcvt.u16.u32 a, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\t}" : "=r"(h) : "r"(v));
-#endif
-    float lo, hi;
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h));
-    return pack_bf16(lo * s, hi * s);
+#define MOE_BK8 128
+
+// Byte offset of 16-byte chunk `c` of row `r` in the activation tile (rows of MOE_BK8 bf16,
+// 16 chunks): the chunks XORed with twice the row, so the 8-byte reads of 4 rows x 2 chunks
+// by a half warp hit distinct banks, and a row's 16-byte writes stay a permutation.
+__device__ __forceinline__ u32 moe8_a_off(u32 r, u32 c) { return r * (MOE_BK8 * 2) + ((c ^ ((r & 7) << 1)) << 4); }
+
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ uint2 ld_shared_u64(u32 addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+    return v;
 }
 
 template <int BM, int STAGES>
@@ -427,33 +438,40 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
                               u32 scale_stride, u32 chunk_step, bf16_t* out, const u32* offsets, const u32* tiles,
                               u32 e, u32 n, u32 kd) {
     constexpr int WM = BM / 16, WN = 4 / WM, NT = MOE_BN / WN / 8;  // n8 tiles per warp
-    constexpr u32 CH = MOE_BK / 8;                                     // 16-byte chunks of an A row
-    constexpr u32 A_BYTES = BM * MOE_BK * 2, STAGE = A_BYTES + MOE_BN * MOE_BK;
+    static_assert(NT % 2 == 0, "a warp takes its n8 tiles in pairs");
+    constexpr u32 CH = MOE_BK8 / 8;  // 16-byte chunks of an activation row
+    constexpr u32 A_BYTES = BM * MOE_BK8 * 2, W_BYTES = MOE_BN * MOE_BK8, STAGE = A_BYTES + W_BYTES + MOE_BN * 4;
     extern __shared__ __align__(128) unsigned char moe_smem[];
     const u32 base = smem_addr(moe_smem);
     auto as = [&](u32 st) { return base + st * STAGE; };
-    auto bs = [&](u32 st) { return st * STAGE + A_BYTES; };  // byte offset of the weight tile
+    auto bs = [&](u32 st) { return base + st * STAGE + A_BYTES; };
+    auto ss = [&](u32 st) { return st * STAGE + A_BYTES + W_BYTES; };  // byte offset of the row scales
 
     u32 x, r0, rows;
     if (!moe_tile<BM>(blockIdx.y, offsets, tiles, e, x, r0, rows)) return;
     const u32 n0 = blockIdx.x * MOE_BN;
     const u8* wx = w + (u64)x * n * kd;
-    const u32 k_tiles = kd / MOE_BK;
+    const u32 k_tiles = kd / MOE_BK8;
 
     auto load = [&](u32 kt, u32 st) {
-        const u32 k0 = kt * MOE_BK;
+        const u32 k0 = kt * MOE_BK8;
         for (u32 c = threadIdx.x; c < BM * CH; c += MOE_THREADS) {
             const u32 r = c / CH, ch = c % CH;
             const bool valid = r < rows;
             const u32 row = r0 + (valid ? r : 0);
             const bf16_t* src = a + (u64)(a_rows ? a_rows[row] : row) * kd + k0 + ch * 8;
-            cp_async16(as(st) + swz<MOE_BK>(r, ch), src, valid);
+            cp_async16(as(st) + moe8_a_off(r, ch), src, valid);
         }
-        for (u32 c = threadIdx.x; c < MOE_BN * (MOE_BK / 16); c += MOE_THREADS) {
-            const u32 r = c / (MOE_BK / 16), ch = c % (MOE_BK / 16);
+        for (u32 c = threadIdx.x; c < MOE_BN * (MOE_BK8 / 16); c += MOE_THREADS) {
+            const u32 r = c / (MOE_BK8 / 16), ch = c % (MOE_BK8 / 16);
             const bool valid = n0 + r < n;
             const u8* src = wx + (u64)(n0 + (valid ? r : 0)) * kd + k0 + ch * 16;
-            cp_async16(base + bs(st) + r * MOE_BK + ch * 16, src, valid);
+            cp_async16(bs(st) + swz<MOE_BK8 / 2>(r, ch), src, valid);
+        }
+        if (threadIdx.x < MOE_BN) {
+            const u32 r = min(n0 + threadIdx.x, n - 1);
+            const float* src = scales + (u64)((x * n + r) / scale_rows) * scale_stride + (u64)kt * chunk_step;
+            cp_async4(base + ss(st) + threadIdx.x * 4, src);
         }
     };
 
@@ -463,26 +481,49 @@ __device__ void moe_gemm_e4m3(const bf16_t* a, const u32* a_rows, const u8* w, c
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    cp_async_pipeline<STAGES>(k_tiles, load, [&](u32 kt, u32 st) {
+    cp_async_pipeline<STAGES>(k_tiles, load, [&](u32, u32 st) {
         if (wm * 16 >= rows) return;
-        // The scale of each of this lane's weight rows in this tile's 128-column chunk.
-        float s[NT];
+        float part[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+        for (u32 kp = 0; kp < MOE_BK8 / 32; ++kp) {
+            // The activations of 16-column steps 2 kp and 2 kp + 1.
+            u32 af[2][4];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                const u32 ch = (2 * kp + s) * 2 + (tq >> 1), half = (tq & 1) * 8;
+                const uint2 lo = ld_shared_u64(as(st) + moe8_a_off(wm * 16 + g, ch) + half);
+                const uint2 hi = ld_shared_u64(as(st) + moe8_a_off(wm * 16 + g + 8, ch) + half);
+                af[s][0] = lo.x;
+                af[s][1] = hi.x;
+                af[s][2] = lo.y;
+                af[s][3] = hi.y;
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                // Matrices: (tile j, step 2 kp), (j, 2 kp + 1), (j + 1, 2 kp), (j + 1, 2 kp + 1).
+                const u32 mat = lane >> 3;
+                const u32 r = wn * (NT * 8) + (j + (mat >> 1)) * 8 + (lane & 7);
+                u32 wq[4];
+                ldmatrix_x4(bs(st) + swz<MOE_BK8 / 2>(r, 2 * kp + (mat & 1)), wq[0], wq[1], wq[2], wq[3]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    u32 b0, b1;
+                    e4m3x4_to_bf16(wq[i], b0, b1);
+                    mma_bf16(part[j + (i >> 1)], af[i & 1], b0, b1);
+                }
+            }
+        }
+        const float* sc = reinterpret_cast<const float*>(moe_smem + ss(st));
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const u32 r = min(n0 + wn * (NT * 8) + j * 8 + g, n - 1);
-            s[j] = fp8_scale(scales, x * n + r, kt * MOE_BK / FP8_CHUNK, scale_rows, scale_stride, chunk_step);
-        }
-#pragma unroll
-        for (u32 kk = 0; kk < MOE_BK / 16; ++kk) {
-            u32 af[4];
-            ldmatrix_x4(as(st) + swz<MOE_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned char* row = moe_smem + bs(st) + (wn * (NT * 8) + j * 8 + g) * MOE_BK + kk * 16 + 2 * tq;
-                const u32 b0 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row), s[j]);
-                const u32 b1 = e4m3x2_scaled_bf16(*reinterpret_cast<const unsigned short*>(row + 8), s[j]);
-                mma_bf16(acc[j], af, b0, b1);
-            }
+            const u32 col = wn * (NT * 8) + j * 8 + 2 * tq;
+            const float s0 = sc[col], s1 = sc[col + 1];
+            acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+            acc[j][1] = fmaf(part[j][1], s1, acc[j][1]);
+            acc[j][2] = fmaf(part[j][2], s0, acc[j][2]);
+            acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
         }
     });
     moe_store<NT>(acc, out, r0, rows, n, wm * 16, n0 + wn * (NT * 8), lane);

@@ -85,7 +85,7 @@ macro_rules! backend_tests {
                 attention::fp8_pools_attend_as_their_dequantized_values,
                 quant::quantized_weights_compute_with_their_decoded_values,
                 fp8::fp8_matrices_compute_with_their_decoded_values,
-                fp8::fp8_experts_compute_as_their_decoded_values,
+                fp8::fp8_experts_compute_with_their_decoded_values,
                 props::matmul_property,
                 props::paged_attention_property,
                 sampling::greedy_sample_is_argmax,

@@ -15,8 +15,8 @@
 //! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
 //! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
 //! `m % 8` rows, which cuBLASLt's 1-D scales do not take, go through the GEMV. MoE experts
-//! stacked in e4m3 run the grouped GEMM's e4m3 form (`moe_gemm_e4m3_*`), which widens each
-//! weight in registers to the bf16 value widened experts would hold.
+//! stacked in e4m3 run the grouped GEMM's e4m3 form (`moe_gemm_e4m3_*`): tiles one scale
+//! chunk deep, e4m3 fed to the mma unscaled, each chunk's f32 sums times their row's scale.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

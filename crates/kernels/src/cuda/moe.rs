@@ -137,9 +137,11 @@ fn tile_rows(tk: usize, e: usize) -> usize {
     }
 }
 
-/// `MOE_BN` and `MOE_BK` of `moe.cu`: the grouped GEMM's column tile and depth step.
+/// `MOE_BN` and `MOE_BK` of `moe.cu`: the grouped GEMM's column tile and depth step (bf16
+/// experts; e4m3 experts step one 128-column scale chunk, `MOE_BK8` of `fp8.cu`).
 const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 64;
+const GEMM_BK8: usize = 128;
 
 /// A grouped GEMM kernel of `moe.cu` (bf16 experts) or `fp8.cu` (e4m3 experts): rows per
 /// tile, pipeline depth (`STAGES`) and bytes a weight.
@@ -152,9 +154,13 @@ struct GemmKernel {
 
 impl GemmKernel {
     /// Dynamic shared memory: the stages of a row tile (bf16) and a column tile of
-    /// weights, `MOE_BK` deep.
+    /// weights one depth step deep, with the weight rows' scales for e4m3.
     fn shared_bytes(&self) -> u32 {
-        (self.stages * (self.bm * 2 + GEMM_BN * self.weight_bytes) * GEMM_BK) as u32
+        let stage = match self.weight_bytes {
+            1 => (self.bm * 2 + GEMM_BN) * GEMM_BK8 + GEMM_BN * 4,
+            _ => (self.bm * 2 + GEMM_BN * self.weight_bytes) * GEMM_BK,
+        };
+        (self.stages * stage) as u32
     }
 }
 

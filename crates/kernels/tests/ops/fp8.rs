@@ -18,6 +18,7 @@ use met_kernels::quant::QuantFormat;
 use met_kernels::{DType, GpuBackend, HostTensor, Result};
 
 use crate::harness::{Rng, Tol, assert_close_within, compare, stored, tolerance, upload_f32, upload_u32, widen};
+use crate::moe::{Experts, moe_reference};
 
 /// How a test matrix's scales cover it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,28 +216,28 @@ pub fn kept(w: &met_kernels::Tensor) -> bool {
     w.dtype() == DType::Quant(QuantFormat::F8_E4M3)
 }
 
-/// MoE experts stacked in e4m3 give the bits of the same experts uploaded as their decoded
-/// values (the float dtype's rounding of `e4m3(q) · scale`), from one token (the deep
-/// 16-row pipeline on CUDA) to 200 (64-row tiles), under either scale grid.
-pub fn fp8_experts_compute_as_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+/// MoE experts stacked in e4m3 compute with the values their blocks decode to (f64
+/// reference, the routing taken from the backend), from one token (the deep 16-row
+/// pipeline on CUDA) to 200 (64-row tiles), under either scale grid, with inner sizes of
+/// one and of several 128-column scale chunks.
+pub fn fp8_experts_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(1212);
-    let (e, h, i, k) = (4, 256, 128, 2);
+    let (e, h, i, k) = (4, 384, 128, 2);
     let dtype = b.float_dtype();
     for grid in [Grid::Row, Grid::Block] {
         let (gate_up, down) = (fp8_host(e * 2 * i, h, grid, &mut rng)?, fp8_host(e * h, i, grid, &mut rng)?);
-        let experts = |host: &HostTensor<'_>, dims: &[usize]| -> Result<(met_kernels::Tensor, met_kernels::Tensor)> {
-            let kept = b.upload(host, dtype)?.reshape(dims)?;
-            let decoded = upload_f32(b, &host.to_f32_vec()?, &[dims[0] * dims[1], dims[2]])?.reshape(dims)?;
-            Ok((kept, decoded))
-        };
-        let (gu, gu_ref) = experts(&gate_up, &[e, 2 * i, h])?;
-        let (dn, dn_ref) = experts(&down, &[e, h, i])?;
+        let ex = Experts { h, i, gate_up: gate_up.to_f32_vec()?, down: down.to_f32_vec()? };
+        let gu = b.upload(&gate_up, dtype)?.reshape(&[e, 2 * i, h])?;
+        let dn = b.upload(&down, dtype)?.reshape(&[e, h, i])?;
         for t in [1, 5, 40, 200] {
-            let x = upload_f32(b, &stored(b, rng.vec(t * h)), &[t, h])?;
+            let x = stored(b, rng.vec(t * h));
             let routing = b.topk_routing(&upload_f32(b, &rng.vec(t * e), &[t, e])?, k, true)?;
-            let got = b.download_f32(&b.moe_experts(&x, &routing, &gu, &dn)?)?;
-            let want = b.download_f32(&b.moe_experts(&x, &routing, &gu_ref, &dn_ref)?)?;
-            assert_eq!(got, want, "e4m3 {grid:?} experts, {t} tokens: not the decoded experts' bits");
+            let got = b.moe_experts(&upload_f32(b, &x, &[t, h])?, &routing, &gu, &dn)?;
+            let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
+            let want = moe_reference(&ex, &x, &ids, &weights, k);
+            // As `moe_experts`' own check: four chained roundings to the float dtype.
+            let what = format!("e4m3 {grid:?} experts, {t} tokens");
+            assert_close_within(b, &got, &[t, h], &want, tolerance(dtype).chained(4), &what)?;
         }
     }
     Ok(())

@@ -99,11 +99,11 @@ pub fn topk_routing_rejects_bad_k(b: &dyn GpuBackend) -> Result<()> {
 }
 
 /// Expert weights: `gate_up [e, 2i, h]` (gate rows first) and `down [e, h, i]`.
-struct Experts {
-    h: usize,
-    i: usize,
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
+pub struct Experts {
+    pub h: usize,
+    pub i: usize,
+    pub gate_up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 /// One expert's MLP on one token: `down · (silu(gate · x) * (up · x))`, in f64.
@@ -151,6 +151,22 @@ struct Case {
     starved: Option<usize>,
 }
 
+/// The routed expert MLPs of tokens `x [t, h]` in f64: each token's `k` chosen experts
+/// (`ids`) weighted by the routing's `weights`.
+pub fn moe_reference(ex: &Experts, x: &[f32], ids: &[u32], weights: &[f32], k: usize) -> Vec<f64> {
+    let h = ex.h;
+    let mut want = vec![0f64; x.len()];
+    for (tok, out) in want.chunks_mut(h).enumerate() {
+        for j in 0..k {
+            let y = expert_reference(ex, ids[tok * k + j] as usize, &x[tok * h..(tok + 1) * h]);
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += f64::from(weights[tok * k + j]) * v;
+            }
+        }
+    }
+    want
+}
+
 fn check_moe(b: &dyn GpuBackend, c: Case) -> Result<()> {
     let Case { t, e, h, i, k, seed, starved } = c;
     let mut rng = Rng::new(seed);
@@ -171,15 +187,7 @@ fn check_moe(b: &dyn GpuBackend, c: Case) -> Result<()> {
     if let Some(s) = starved {
         assert!(!ids.contains(&(s as u32)), "expert {s} was meant to get no tokens");
     }
-    let mut want = vec![0f64; t * h];
-    for tok in 0..t {
-        for j in 0..k {
-            let y = expert_reference(&ex, ids[tok * k + j] as usize, &x[tok * h..(tok + 1) * h]);
-            for (o, v) in want[tok * h..(tok + 1) * h].iter_mut().zip(y) {
-                *o += f64::from(weights[tok * k + j]) * v;
-            }
-        }
-    }
+    let want = moe_reference(&ex, &x, &ids, &weights, k);
     // The gate/up projection, the SiLU, its product with up, and the down projection are
     // each rounded to the float dtype before the weighted sum: four chained roundings.
     let what = format!("moe_experts t={t} e={e} h={h} i={i} k={k}");
