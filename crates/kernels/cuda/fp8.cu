@@ -103,30 +103,29 @@ __device__ __forceinline__ void fp8_gemv_dots(const bf16_t* __restrict__ x, cons
         live[nt] = tok < m;
         xt[nt] = x + (u64)(live[nt] ? tok : 0) * k;
     }
-    // wv[t][h][kh]: row h of tile t, bytes kh * 64 + q * 16 .. + 15 of a chunk; the next
-    // chunk's are requested before the current one's products (the first before waiting
-    // for the kernel that writes x: weights are constant for the step).
-    uint4 wv[2][2][2], next[2][2][2];
-    auto fetch = [&](u32 c, uint4 (&buf)[2][2][2]) {
+    // A chunk's operands: w[t][h][kh], row h of tile t, bytes kh * 64 + q * 16 .. + 15 of the
+    // chunk, and s[t][h], that row's scale in the chunk. Two sets, taken in turns: a warp
+    // requests its first two chunks at once (before waiting for the kernel that writes x:
+    // weights and scales are constant for the step), and each set is refilled with the
+    // chunk after next as soon as its products are done, so two chunks are in flight while
+    // one is multiplied and no register copy waits on a load.
+    struct Operands {
+        uint4 w[2][2][2];
+        float s[2][2];
+    };
+    auto fetch = [&](u32 c, Operands& o) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h) {
 #pragma unroll
                 for (int kh = 0; kh < 2; ++kh)
-                    buf[t][h][kh] = __ldcs(reinterpret_cast<const uint4*>(w + (u64)rows[t][h] * k +
+                    o.w[t][h][kh] = __ldcs(reinterpret_cast<const uint4*>(w + (u64)rows[t][h] * k +
                                                                           (u64)c * FP8_CHUNK + kh * 64 + q * 16));
+                o.s[t][h] = fp8_scale(scales, rows[t][h], c, scale_rows, scale_stride, chunk_step);
+            }
     };
-    if (c_begin + warp < c_end) fetch(c_begin + warp, next);
-    pdl_wait_prev();
-    for (u32 c = c_begin + warp; c < c_end; c += FP8_WARPS) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int kh = 0; kh < 2; ++kh) wv[t][h][kh] = next[t][h][kh];
-        if (c + FP8_WARPS < c_end) fetch(c + FP8_WARPS, next);
+    auto dots = [&](u32 c, const Operands& o) {
         float part[2][NT][4];
 #pragma unroll
         for (int t = 0; t < 2; ++t)
@@ -145,7 +144,7 @@ __device__ __forceinline__ void fp8_gemv_dots(const bf16_t* __restrict__ x, cons
                     xb[nt] = live[nt] ? __ldg(reinterpret_cast<const uint2*>(xt[nt] + p)) : make_uint2(0, 0);
 #pragma unroll
                 for (int t = 0; t < 2; ++t) {
-                    const uint4 r0 = wv[t][0][kh], r1 = wv[t][1][kh];
+                    const uint4 r0 = o.w[t][0][kh], r1 = o.w[t][1][kh];
                     const u32 w0 = sub == 0 ? r0.x : sub == 1 ? r0.y : sub == 2 ? r0.z : r0.w;
                     const u32 w1 = sub == 0 ? r1.x : sub == 1 ? r1.y : sub == 2 ? r1.z : r1.w;
                     u32 a[4];
@@ -156,17 +155,26 @@ __device__ __forceinline__ void fp8_gemv_dots(const bf16_t* __restrict__ x, cons
                 }
             }
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const float s0 = fp8_scale(scales, rows[t][0], c, scale_rows, scale_stride, chunk_step);
-            const float s1 = fp8_scale(scales, rows[t][1], c, scale_rows, scale_stride, chunk_step);
+        for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                acc[t][nt][0] = fmaf(part[t][nt][0], s0, acc[t][nt][0]);
-                acc[t][nt][1] = fmaf(part[t][nt][1], s0, acc[t][nt][1]);
-                acc[t][nt][2] = fmaf(part[t][nt][2], s1, acc[t][nt][2]);
-                acc[t][nt][3] = fmaf(part[t][nt][3], s1, acc[t][nt][3]);
+                acc[t][nt][0] = fmaf(part[t][nt][0], o.s[t][0], acc[t][nt][0]);
+                acc[t][nt][1] = fmaf(part[t][nt][1], o.s[t][0], acc[t][nt][1]);
+                acc[t][nt][2] = fmaf(part[t][nt][2], o.s[t][1], acc[t][nt][2]);
+                acc[t][nt][3] = fmaf(part[t][nt][3], o.s[t][1], acc[t][nt][3]);
             }
-        }
+    };
+    Operands a_set, b_set;
+    u32 c = c_begin + warp;
+    if (c < c_end) fetch(c, a_set);
+    if (c + FP8_WARPS < c_end) fetch(c + FP8_WARPS, b_set);
+    pdl_wait_prev();
+    for (; c < c_end; c += 2 * FP8_WARPS) {
+        dots(c, a_set);
+        if (c + 2 * FP8_WARPS < c_end) fetch(c + 2 * FP8_WARPS, a_set);
+        if (c + FP8_WARPS >= c_end) break;
+        dots(c + FP8_WARPS, b_set);
+        if (c + 3 * FP8_WARPS < c_end) fetch(c + 3 * FP8_WARPS, b_set);
     }
 }
 

@@ -183,12 +183,24 @@ pub(super) fn scale_args(op: &'static str, w: &Tensor) -> Result<(u64, u32, u32,
 }
 
 /// Split count of the GEMV over a matrix of `col_blocks` blocks of columns and `chunks`
-/// 128-column chunks: blocks enough for four a multiprocessor (16 warps), each warp two
-/// chunks at least (its loads of the next overlap the products of the current). It
-/// depends on the matrix only, never on the batch.
+/// 128-column chunks: the count whose waves of blocks take the least time, with four blocks
+/// resident a multiprocessor (their registers allow that many), a last wave that only part
+/// fills costing a whole one, and a block's time its warps' share of the chunks plus two
+/// chunks' worth for its first loads and its sums; the fewest splits among equals, each warp
+/// two chunks at least. It depends on the matrix only, never on the batch.
 fn splits(b: &CudaBackend, col_blocks: usize, chunks: usize) -> usize {
-    let want = 4 * usize::try_from(b.dev.multiprocessors).unwrap_or(1).max(1);
-    want.div_ceil(col_blocks).min(chunks / (2 * WARPS)).max(1)
+    split_count(col_blocks, chunks, usize::try_from(b.dev.multiprocessors).unwrap_or(1))
+}
+
+/// [`splits`] on `sms` multiprocessors.
+fn split_count(col_blocks: usize, chunks: usize, sms: usize) -> usize {
+    let slots = 4 * sms.max(1);
+    // A split count's time in chunks a warp, times s · WARPS to stay whole:
+    // waves · (2 + chunks / (s · WARPS)).
+    let scaled = |s: usize| (col_blocks * s).div_ceil(slots) * (2 * s * WARPS + chunks);
+    (1..=(chunks / (2 * WARPS)).max(1))
+        .min_by(|&s1, &s2| (scaled(s1) * s2).cmp(&(scaled(s2) * s1)).then(s1.cmp(&s2)))
+        .unwrap_or(1)
 }
 
 /// One GEMV launch: `out [m, cols]` from `x [m, k]` (row addresses) and the e4m3 `w`.
@@ -616,7 +628,7 @@ impl Lt {
 
 #[cfg(test)]
 mod tests {
-    use super::{CHUNK, Grid, grid_of};
+    use super::{CHUNK, Grid, grid_of, split_count};
 
     /// `F8_E4M3` blocks of an `[n, k]` matrix whose scale at (row, 32-column group) is
     /// `scale(row, group)`; the bytes do not matter here.
@@ -643,5 +655,20 @@ mod tests {
         // A scale that changes inside a block, or within 128 columns of a row: neither.
         assert_eq!(grid_of(&blocks(n, k, |i, g| block(i, g) + f32::from(u8::from(i == 5 && g == 1))), n, k), None);
         assert_eq!(grid_of(&blocks(n, k, |i, g| (i * 100 + g) as f32), n, k), None);
+    }
+
+    #[test]
+    fn splits_fill_whole_waves() {
+        // The Llama-3.1-8B projections on an H200 (132 SMs, 528 resident blocks): qkv's 192
+        // column blocks take 2 splits (one wave) rather than 3 (1.09 waves); o and down 4
+        // (512 blocks; down not 5, 1.2 waves); the SwiGLU gate/up (896 blocks, 1.7 waves)
+        // stays whole, as 4 splits would make 7 waves of short blocks.
+        assert_eq!(split_count(192, 32, 132), 2);
+        assert_eq!(split_count(128, 32, 132), 4);
+        assert_eq!(split_count(128, 112, 132), 4);
+        assert_eq!(split_count(896, 32, 132), 1);
+        // Too few chunks for two a warp: one split; a small matrix splits as far as it may.
+        assert_eq!(split_count(3, 3, 132), 1);
+        assert_eq!(split_count(3, 18, 132), 2);
     }
 }
