@@ -92,9 +92,29 @@ impl Cells {
     }
 
     /// The cell of element `e` of a `[_, k]` weight.
+    #[cfg(test)]
     fn of(&self, e: usize, k: usize) -> usize {
         (e / k / self.rows) * self.grid_cols + (e % k) / self.cols
     }
+}
+
+/// The e4m3 codes of a `[len / k, k]` dummy float8 weight: element e is the draw
+/// `weight_uniform(key, e)` times [`E4M3_MAX`] over its cell's factor, rounded to e4m3. Made
+/// row by row with each cell's factor once for its run of columns (the index arithmetic of
+/// [`Cells::of`] per element cost more than the draws).
+fn float8_codes(cells: &Cells, key: u64, len: usize, k: usize) -> Vec<u8> {
+    let mut codes = vec![0u8; len];
+    codes.par_chunks_mut(k).enumerate().for_each(|(i, row)| {
+        for (j, run) in row.chunks_mut(cells.cols).enumerate() {
+            let factor = cells.factor((i / cells.rows) * cells.grid_cols + j);
+            let first = i * k + j * cells.cols;
+            for (l, code) in run.iter_mut().enumerate() {
+                let value = E4M3_MAX * weight_uniform(key, (first + l) as u64) / factor;
+                *code = met_kernels::fp8::e4m3_from_f32(value);
+            }
+        }
+    });
+    codes
 }
 
 impl DummyStore {
@@ -229,14 +249,7 @@ impl WeightStore for DummyStore {
         let t = self.tensors.get(name)?;
         let Kind::Float8(cells) = t.kind else { return None };
         let (key, k) = (stream_key(self.seed, name), t.shape[1].max(1));
-        let mut codes = vec![0u8; t.shape.iter().product()];
-        codes.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
-            for (j, code) in out.iter_mut().enumerate() {
-                let e = c * CHUNK + j;
-                let value = E4M3_MAX * weight_uniform(key, e as u64) / cells.factor(cells.of(e, k));
-                *code = met_kernels::fp8::e4m3_from_f32(value);
-            }
-        });
+        let codes = float8_codes(&cells, key, t.shape.iter().product(), k);
         Some(Cow::Owned(codes))
     }
 }
@@ -342,5 +355,23 @@ mod tests {
         assert_eq!(fill_for("q_proj.bias", &[8]), Fill::Uniform(BIAS_RANGE));
         assert_eq!(fill_for("x.norm.weight", &[2, 3]), Fill::Uniform(1.0));
         assert_eq!(fill_for("experts", &[4, 5, 12]), Fill::Uniform(0.5));
+    }
+
+    #[test]
+    fn float8_codes_follow_each_elements_cell() {
+        // Blocks that end mid-row and mid-column, rows of one cell, one cell for the tensor.
+        for (n, k, rows, cols) in
+            [(300usize, 200usize, 128usize, 128usize), (7, 96, 1, 96), (20, 50, 20, 50), (33, 130, 16, 32)]
+        {
+            let cells = Cells { rows, cols, grid_cols: k.div_ceil(cols), key: 99, base: 0.01 };
+            let key = stream_key(5, "w");
+            let want: Vec<u8> = (0..n * k)
+                .map(|e| {
+                    let value = E4M3_MAX * weight_uniform(key, e as u64) / cells.factor(cells.of(e, k));
+                    met_kernels::fp8::e4m3_from_f32(value)
+                })
+                .collect();
+            assert_eq!(float8_codes(&cells, key, n * k, k), want, "{n} x {k} in cells of {rows} x {cols}");
+        }
     }
 }
