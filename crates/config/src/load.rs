@@ -75,6 +75,11 @@ named_enum! {
         /// Seeded random weights shaped by `config.json` alone (for benchmarks): under a
         /// `quantization_config`, float8 with their scales where a checkpoint has them.
         Dummy = "dummy",
+        /// Seeded random weights in the blocks a Q4_K_M GGUF file holds (Q4_K, with half
+        /// the attention v and MLP down projections and the head in Q6_K).
+        DummyQ4KM = "dummy-q4_k_m",
+        /// Seeded random weights in the blocks of a Q8_0 GGUF file.
+        DummyQ80 = "dummy-q8_0",
     }
 }
 

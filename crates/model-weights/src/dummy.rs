@@ -16,7 +16,10 @@
 //! generates in place, with no host memory or copies; the values are the same. Float8
 //! weights and their scales have no run: they go through the host and the view.
 
+mod gguf_blocks;
 mod quantized;
+
+pub use gguf_blocks::GgufRecipe;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -68,6 +71,8 @@ enum Kind {
     Scales(Cells),
     /// F32, every element this value: a static input scale.
     Constant(f32),
+    /// The blocks of a GGUF file in this format ([`DummyStore::gguf_blocks`]).
+    Blocks(met_kernels::quant::QuantFormat),
 }
 
 /// The scale grid of a dummy float8 weight: cells of `rows` x `cols` elements, `grid_cols`
@@ -182,6 +187,21 @@ impl DummyStore {
         self
     }
 
+    /// The store as a GGUF file quantized by `recipe` holds it: the projections of the
+    /// decoder layers, the embedding and the head in the recipe's block formats (see
+    /// [`GgufRecipe`]; rows of whole blocks only), every other tensor unchanged. A block's
+    /// values are random within the float weight's bound.
+    #[must_use]
+    pub fn gguf_blocks(mut self, recipe: GgufRecipe) -> Self {
+        for (name, t) in &mut self.tensors {
+            if let (Kind::Float, Some(format)) = (t.kind, recipe.format(name, &t.shape)) {
+                t.kind = Kind::Blocks(format);
+            }
+        }
+        self.quantization = Some(recipe.describe().to_string());
+        self
+    }
+
     /// The listed tensor `name`, or the error that names it.
     fn get(&self, name: &str) -> Result<&Dummy, WeightError> {
         self.tensors.get(name).ok_or_else(|| WeightError::Missing { name: name.to_string(), store: self.describe() })
@@ -195,7 +215,15 @@ impl WeightStore for DummyStore {
             None => format!("dummy {} weights ({made})", self.dtype),
             Some(q) => {
                 let float8 = self.tensors.values().filter(|t| matches!(t.kind, Kind::Float8(_))).count();
-                format!("dummy {q} weights: {float8} float8 e4m3 beside their scales, the rest {} ({made})", self.dtype)
+                let blocks = self.tensors.values().filter(|t| matches!(t.kind, Kind::Blocks(_))).count();
+                if blocks > 0 {
+                    format!("dummy {q} weights: {blocks} in GGUF blocks, the rest {} ({made})", self.dtype)
+                } else {
+                    format!(
+                        "dummy {q} weights: {float8} float8 e4m3 beside their scales, the rest {} ({made})",
+                        self.dtype
+                    )
+                }
             }
         }
     }
@@ -211,6 +239,7 @@ impl WeightStore for DummyStore {
             // As a checkpoint's: listed, read through `float8`, not loadable as it is.
             Kind::Float8(_) => return None,
             Kind::Scales(_) | Kind::Constant(_) => DType::F32,
+            Kind::Blocks(format) => DType::Quant(format),
         };
         Some(TensorInfo { name: name.to_string(), dtype, shape: t.shape.clone() })
     }
@@ -228,6 +257,11 @@ impl WeightStore for DummyStore {
                 Ok(HostTensor::from_f32(&values, &t.shape))
             }
             Kind::Constant(value) => Ok(HostTensor::from_f32(&vec![value; t.shape.iter().product()], &t.shape)),
+            Kind::Blocks(format) => {
+                let Fill::Uniform(bound) = fill_for(name, &t.shape) else { unreachable!("blocks are 2-D weights") };
+                let bytes = gguf_blocks::blocks(format, t.shape[0], t.shape[1], bound, stream_key(self.seed, name));
+                Ok(HostTensor::from_bytes(DType::Quant(format), &t.shape, bytes)?)
+            }
         }
     }
 

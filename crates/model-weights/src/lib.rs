@@ -28,7 +28,7 @@ use std::borrow::Cow;
 
 use met_kernels::{DType, HostTensor};
 
-pub use dummy::DummyStore;
+pub use dummy::{DummyStore, GgufRecipe};
 pub use error::{PreflightReport, WeightError};
 pub use fp8::{Fp8View, dequantize as dequantize_fp8};
 pub use gguf::{

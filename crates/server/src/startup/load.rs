@@ -13,7 +13,7 @@ use met_config::{DeviceKind, GenerationConfig, LoadConfig, LoadFormat, ModelConf
 use met_kernels::{DType, HostTensor};
 use met_model_layers::parallel::load_tensor_parallel;
 use met_model_layers::{LoadOptions, Model, kv_pool_dtype, load_model, models, tensor_specs};
-use met_model_weights::{DummyStore, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
+use met_model_weights::{DummyStore, GgufRecipe, GgufStore, SafetensorsStore, TensorInfo, WeightError, WeightStore};
 use met_telemetry::{Phase, PhaseTimer};
 
 use crate::resolve::{ModelSource, SearchPaths, resolve};
@@ -189,6 +189,19 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     let store: &dyn WeightStore = match (args.format, &source, &gguf) {
         (LoadFormat::Dummy, ..) => {
             owned = Box::new(dummy_store(&config, args.dummy_seed, backend.float_dtype())?);
+            &*owned
+        }
+        (format @ (LoadFormat::DummyQ4KM | LoadFormat::DummyQ80), ..) => {
+            if let Some(q) = &config.quantization {
+                bail!(
+                    "--load-format {format} makes GGUF blocks, but the config's quantization_config is {}: \
+                     use --load-format dummy for it, or a config without one",
+                    q.method
+                );
+            }
+            let recipe = if format == LoadFormat::DummyQ4KM { GgufRecipe::Q4KM } else { GgufRecipe::Q80 };
+            let store = DummyStore::new(tensor_specs(&config)?, args.dummy_seed, backend.float_dtype());
+            owned = Box::new(store.gguf_blocks(recipe));
             &*owned
         }
         (LoadFormat::Auto, _, Some(g)) => g,
