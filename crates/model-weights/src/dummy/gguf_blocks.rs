@@ -3,8 +3,8 @@
 //!
 //! Which tensors, as llama.cpp's quantizer treats a Llama-family model:
 //! - the projections of the decoder layers (`q/k/v/o_proj`, `gate/up/down_proj` of
-//!   `model.layers.*`, not of MoE experts, which a GGUF file stacks in 3-D tensors that met
-//!   widens on CUDA), the embedding and the output head, where their rows are whole blocks;
+//!   `model.layers.*`, MoE experts' included), the embedding and the output head, where
+//!   their rows are whole blocks;
 //! - **Q4_K_M**: Q4_K, with `v_proj` and `down_proj` in Q6_K on every other layer (llama.cpp
 //!   raises about half of them) and the output head in Q6_K; **Q8_0**: Q8_0 throughout;
 //! - every other tensor (norms, routers, biases) stays float.
@@ -48,7 +48,7 @@ impl GgufRecipe {
         let head = name == "lm_head.weight";
         let quantized = head
             || name.ends_with("embed_tokens.weight")
-            || (layer.is_some() && projection && !name.contains(".experts."));
+            || (layer.is_some() && projection);
         if !quantized {
             return None;
         }
@@ -117,9 +117,11 @@ mod tests {
         assert_eq!(at("model.layers.3.mlp.gate_proj.weight"), Some(Q4_K));
         assert_eq!(at("lm_head.weight"), Some(Q6_K));
         assert_eq!(at("model.embed_tokens.weight"), Some(Q4_K));
-        // Experts, routers, norms and rows of partial blocks stay float.
-        assert_eq!(at("model.layers.0.mlp.experts.3.up_proj.weight"), None);
+        // Experts as the dense projections; routers, norms and rows of partial blocks float.
+        assert_eq!(at("model.layers.0.mlp.experts.3.up_proj.weight"), Some(Q4_K));
+        assert_eq!(at("model.layers.0.mlp.experts.3.down_proj.weight"), Some(Q6_K));
         assert_eq!(at("model.layers.0.mlp.gate.weight"), None);
+        assert_eq!(at("model.layers.0.mlp.shared_expert_gate.weight"), None);
         assert_eq!(m.format("model.layers.0.input_layernorm.weight", &[1024]), None);
         assert_eq!(m.format("model.layers.0.self_attn.q_proj.weight", &[512, 1000]), None);
         assert_eq!(GgufRecipe::Q80.format("model.layers.0.self_attn.v_proj.weight", &[512, 1024]), Some(Q8_0));
