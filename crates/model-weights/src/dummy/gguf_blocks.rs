@@ -46,9 +46,7 @@ impl GgufRecipe {
             .iter()
             .any(|p| name.ends_with(&format!(".{p}.weight")));
         let head = name == "lm_head.weight";
-        let quantized = head
-            || name.ends_with("embed_tokens.weight")
-            || (layer.is_some() && projection);
+        let quantized = head || name.ends_with("embed_tokens.weight") || (layer.is_some() && projection);
         if !quantized {
             return None;
         }
