@@ -388,7 +388,7 @@ impl GpuBackend for CpuBackend {
     }
 
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
-        moe::moe_experts(x, routing, gate_up, down)
+        moe::moe_experts(x, routing, gate_up, down, self.dots)
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

@@ -7,7 +7,8 @@ use crate::Tensor;
 use crate::backend::Routing;
 use crate::error::{Error, Result, ensure};
 
-use super::{f32_tensor, matmul_xwt, read_f32, read_u32, read_weight, u32_tensor};
+use super::qmatmul::matmul_packed_rows;
+use super::{CpuDots, WeightView, f32_tensor, matmul_xwt, read_f32, read_u32, read_weight, u32_tensor};
 
 pub(super) fn topk_routing(logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
     let d = logits.dims();
@@ -33,7 +34,13 @@ pub(super) fn topk_routing(logits: &Tensor, k: usize, renormalize: bool) -> Resu
     Ok(Routing { weights: f32_tensor(weights, &[t, k]), experts: u32_tensor(experts, &[t, k]) })
 }
 
-pub(super) fn moe_experts(x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
+pub(super) fn moe_experts(
+    x: &Tensor,
+    routing: &Routing,
+    gate_up: &Tensor,
+    down: &Tensor,
+    dots: CpuDots,
+) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     if t == 0 || h == 0 || i == 0 {
         return Ok(f32_tensor(vec![0.0; t * h], &[t, h]));
@@ -58,15 +65,12 @@ pub(super) fn moe_experts(x: &Tensor, routing: &Routing, gate_up: &Tensor, down:
         for &(tok, _) in group {
             rows.extend_from_slice(&xs[tok * h..(tok + 1) * h]);
         }
-        // Expert weights are dequantised per use when stored quantised.
-        let gu_w = gu.rows_f32(expert * 2 * i..(expert + 1) * 2 * i, h);
-        let hidden = matmul_xwt(&rows, &gu_w, None, n, h, 2 * i);
+        let hidden = expert_product(&gu, &rows, expert * 2 * i..(expert + 1) * 2 * i, n, h, dots);
         let act: Vec<f32> = hidden
             .chunks_exact(2 * i)
             .flat_map(|r| r[..i].iter().zip(&r[i..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u))
             .collect();
-        let dn_w = dn.rows_f32(expert * h..(expert + 1) * h, i);
-        let y = matmul_xwt(&act, &dn_w, None, n, i, h);
+        let y = expert_product(&dn, &act, expert * h..(expert + 1) * h, n, i, dots);
         for (&(tok, w), yr) in group.iter().zip(y.chunks_exact(h)) {
             for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(yr) {
                 *o += w * v;
@@ -74,4 +78,24 @@ pub(super) fn moe_experts(x: &Tensor, routing: &Routing, gate_up: &Tensor, down:
         }
     }
     Ok(f32_tensor(out, &[t, h]))
+}
+
+/// `x [m, k] · w[rows]ᵀ` for an expert's rows of a stack: on the packed blocks' own
+/// products where the stack is packed (as a dense projection's, with `dots`), else on the
+/// rows as f32 (dequantised per use when stored as plain blocks).
+fn expert_product(
+    w: &WeightView<'_>,
+    x: &[f32],
+    rows: std::ops::Range<usize>,
+    m: usize,
+    k: usize,
+    dots: CpuDots,
+) -> Vec<f32> {
+    match w {
+        WeightView::Packed(parts) => matmul_packed_rows(x, parts, rows, m, dots),
+        _ => {
+            let n = rows.len();
+            matmul_xwt(x, &w.rows_f32(rows, k), None, m, k, n)
+        }
+    }
 }

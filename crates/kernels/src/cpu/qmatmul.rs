@@ -93,9 +93,19 @@ pub fn matmul_packed_parts(
     m: usize,
     dots: CpuDots,
 ) -> Vec<f32> {
+    let n = parts.iter().map(PackedQuant::rows).sum();
+    add_bias(matmul_packed_rows(x, parts, 0..n, m, dots), bias, n)
+}
+
+/// [`matmul_packed_parts`] for weight rows `rows` of the matrix alone (an expert's rows of
+/// a stack of experts): `x [m, k] · w[rows]ᵀ`, each product as the whole matrix's would be.
+///
+/// # Panics
+/// If `x` is not `[m, k]`, the parts' `k` differ or `rows` runs past the matrix.
+pub fn matmul_packed_rows(x: &[f32], parts: &[PackedQuant], rows: Range<usize>, m: usize, dots: CpuDots) -> Vec<f32> {
     let k = parts.first().map_or(0, PackedQuant::k);
     assert!(parts.iter().all(|p| p.k() == k), "parts of different widths");
-    let n = parts.iter().map(PackedQuant::rows).sum();
+    assert!(rows.end <= parts.iter().map(PackedQuant::rows).sum(), "rows past the matrix");
     assert_eq!(x.len(), m * k, "x is not [m, k]");
     let q8 = matches!(dots, CpuDots::Int8).then(|| Q8Rows::quantize(x, k));
     let sums: Vec<f32> = if matches!(dots, CpuDots::Exact) && parts.iter().any(|p| p.format().block_elems() <= 32) {
@@ -113,8 +123,8 @@ pub fn matmul_packed_parts(
         }
         None => w.dot_rows_many(x, &sums, run, out),
     };
-    let out = products(n, m, &|run, out| for_parts(parts, run, out, &dot_part));
-    add_bias(out, bias, n)
+    let first = rows.start;
+    products(rows.len(), m, &|run, out| for_parts(parts, run.start + first..run.end + first, out, &dot_part))
 }
 
 /// `out [m, run.len()]` for weight rows `run` of a matrix stored as row blocks `parts`:
