@@ -156,10 +156,19 @@ mod cuda_mma {
     );
 }
 
+/// The same promise under the integer dots `met` runs the CPU with by default
+/// (`--cpu-dots int8`), for the packed products that take them.
+mod cpu_int8_invariant {
+    backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::CpuDots::Int8);
+        quant::gguf_expert_rows_are_batch_invariant,
+    );
+}
+
 /// The batch-invariance promise (`GpuBackend::batch_invariant`), on the CPU, which always
 /// keeps it.
 mod cpu_invariant {
     backend_tests!(@checks met_kernels::CpuBackend::new();
+        quant::gguf_expert_rows_are_batch_invariant,
         fp8::fp8_rows_are_batch_invariant,
         fp8::fp8_large_batches_match_the_decoded_values,
         dense::matmul_rows_are_batch_invariant,
@@ -171,6 +180,7 @@ mod cpu_invariant {
 #[cfg(feature = "cuda")]
 mod cuda_invariant {
     backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_batch_invariance();
+        quant::gguf_expert_rows_are_batch_invariant,
         fp8::fp8_rows_are_batch_invariant,
         fp8::fp8_large_batches_match_the_decoded_values,
         dense::matmul_rows_are_batch_invariant,

@@ -62,3 +62,33 @@ pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -
     }
     Ok(())
 }
+
+/// Each token's MoE output with experts in packed GGUF blocks is the same bits alone as in
+/// a batch of 24 tokens, however many other tokens share its experts (what the CPU promises
+/// by default, `--cpu-dots int8` included, and CUDA under `--batch-invariant`).
+pub fn gguf_expert_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(80);
+    let (e, h, i, k, t) = (4, 512, 256, 2, 24);
+    let stack = |rows: usize, cols: usize, rng: &mut Rng| -> Result<met_kernels::Tensor> {
+        let parts = (0..e)
+            .map(|_| {
+                let bytes = blocks(QuantFormat::Q4_K, rows, cols, rng);
+                HostTensor::from_bytes(DType::Quant(QuantFormat::Q4_K), &[rows, cols], Cow::Owned(bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        b.upload_rows(parts, b.float_dtype())?.reshape(&[e, rows, cols])
+    };
+    let (gate_up, down) = (stack(2 * i, h, &mut rng)?, stack(h, i, &mut rng)?);
+    let (x, logits) = (stored(b, rng.vec(t * h)), rng.vec(t * e));
+    let run = |rows: std::ops::Range<usize>| -> Result<Vec<f32>> {
+        let n = rows.len();
+        let xs = upload_f32(b, &x[rows.start * h..rows.end * h], &[n, h])?;
+        let routing = b.topk_routing(&upload_f32(b, &logits[rows.start * e..rows.end * e], &[n, e])?, k, true)?;
+        b.download_f32(&b.moe_experts(&xs, &routing, &gate_up, &down)?)
+    };
+    let batch = run(0..t)?;
+    for tok in [0, 5, 11, 23] {
+        assert_eq!(run(tok..tok + 1)?, batch[tok * h..(tok + 1) * h], "token {tok}: alone != in a batch of {t}");
+    }
+    Ok(())
+}
