@@ -577,30 +577,54 @@ pub trait GpuBackend: Send + Sync + Debug {
 
     // --- adapters (LoRA) ---------------------------------------------------------------
 
-    /// Whether this backend runs [`Self::lora_shrink_expand`] and
+    /// Whether this backend runs [`Self::lora_shrink`], [`Self::lora_expand`] and
     /// [`Self::lora_write_slot`]. Serving with adapters is refused at startup on a backend
     /// without them.
     fn supports_lora(&self) -> bool {
         false
     }
 
-    /// `out [t, N]` plus, for each row whose slot `s = lora.rows[row]` is an adapter's, and
-    /// each module of `lora.stacks`, `scales[s] · (x[row] · a[s]ᵀ) · b[s]ᵀ` added into
-    /// `out[row, column .. column + n]`, with `x [t, in]`, `a [slots, r, in]`,
-    /// `b [slots, n, r]`: the adapters' deltas of one projection over a mixed batch. Rows
-    /// at [`NO_LORA_SLOT`] (or at a slot past the stacks, which a device-written slot
-    /// tensor may hold) keep `out`'s values bit for bit. A row's result depends on that
-    /// row and its slot alone. `out` is consumed: a backend may add into its storage and
-    /// return it.
+    /// The first half of the adapters' deltas of one projection over a mixed batch:
+    /// `shrunk [t, parts, r]` (f32), for each row whose slot `s = lora.rows[row]` is an
+    /// adapter's and each module `p` of `lora.stacks`, `x[row] · a[s]ᵀ` with `x [t, in]`,
+    /// `a [slots, r, in]`; the rows of no adapter hold anything. Call it before the
+    /// projection's base product, then [`Self::lora_expand`] on that product: a backend may
+    /// run the shrink beside the base product (it reads only `x`), so `x` and the stacks
+    /// must stay alive and unchanged until the expansion is issued. A row's result depends
+    /// on that row and its slot alone.
     ///
     /// # Errors
     /// On mismatched shapes or dtypes, more than [`LORA_MAX_PARTS`] modules, a host-known
-    /// row slot past the stacks, columns past `N`;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) where the backend has no
-    /// LoRA ops ([`Self::supports_lora`]).
-    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
-        let _ = (x, out, lora);
+    /// row slot past the stacks; [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// where the backend has no LoRA ops ([`Self::supports_lora`]).
+    fn lora_shrink(&self, x: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        let _ = (x, lora);
         Err(self.no_lora_ops())
+    }
+
+    /// The second half: `out [t, N]` plus, for each adapted row (slot `s`) and each module
+    /// of `lora.stacks`, `scales[s] · shrunk[row, p] · b[s]ᵀ` added into
+    /// `out[row, column .. column + n]`, with `b [slots, n, r]` and `shrunk` what
+    /// [`Self::lora_shrink`] made for the same `lora`. Rows at [`NO_LORA_SLOT`] (or at a
+    /// slot past the stacks, which a device-written slot tensor may hold) keep `out`'s
+    /// values bit for bit. `out` is consumed: a backend may add into its storage and
+    /// return it.
+    ///
+    /// # Errors
+    /// As [`Self::lora_shrink`], and on columns past `N`.
+    fn lora_expand(&self, shrunk: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        let _ = (shrunk, out, lora);
+        Err(self.no_lora_ops())
+    }
+
+    /// Both halves at once: `out` plus the adapters' deltas of `x` ([`Self::lora_shrink`],
+    /// then [`Self::lora_expand`]).
+    ///
+    /// # Errors
+    /// As the two halves.
+    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        let shrunk = self.lora_shrink(x, lora)?;
+        self.lora_expand(&shrunk, out, lora)
     }
 
     /// Overwrites slot `slot` of `stack [slots, ..]` with `src` (as many elements as a slot
@@ -609,7 +633,7 @@ pub trait GpuBackend: Send + Sync + Debug {
     ///
     /// # Errors
     /// A slot past the stack or a `src` of another size or dtype; as
-    /// [`Self::lora_shrink_expand`] where the backend has no LoRA ops.
+    /// [`Self::lora_shrink`] where the backend has no LoRA ops.
     fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
         let _ = (stack, slot, src);
         Err(self.no_lora_ops())

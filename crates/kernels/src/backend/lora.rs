@@ -87,7 +87,8 @@ pub(crate) struct LoraDims {
     pub t: usize,
     /// Input columns.
     pub k: usize,
-    /// Output columns of the whole projection.
+    /// Output columns of the whole projection (an expansion's; 0 for a shrink, which has no
+    /// output columns).
     pub width: usize,
     /// Slots.
     pub slots: usize,
@@ -95,13 +96,41 @@ pub(crate) struct LoraDims {
     pub rank: usize,
 }
 
-/// Checks `x [t, in]`, `out [t, N]` and `lora`'s operands against each other: one float
-/// dtype for `x`, `out` and the stacks, equal slot counts and ranks, disjoint columns
-/// inside `out` (a backend may add the modules' deltas at once).
-pub(crate) fn check(op: &'static str, x: &Tensor, out: &Tensor, lora: &LoraSlots<'_>) -> Result<LoraDims> {
-    let (xd, od) = (x.dims(), out.dims());
-    ensure(xd.len() == 2 && od.len() == 2 && xd[0] == od[0], op, || format!("x {xd:?} and out {od:?}"))?;
-    let (t, k, width) = (xd[0], xd[1], od[1]);
+/// Checks a shrink's `x [t, in]` against `lora`'s operands: one float dtype for `x` and the
+/// stacks, equal slot counts and ranks.
+pub(crate) fn check_shrink(op: &'static str, x: &Tensor, lora: &LoraSlots<'_>) -> Result<LoraDims> {
+    let xd = x.dims();
+    ensure(xd.len() == 2, op, || format!("x {xd:?} must be [t, in]"))?;
+    check_operands(op, xd[0], xd[1], None, x.dtype(), lora)
+}
+
+/// Checks an expansion's `shrunk [t, parts, rank]` (f32, as [`GpuBackend::lora_shrink`]
+/// made it) and `out [t, N]` against `lora`'s operands: `out` in the stacks' float dtype,
+/// disjoint module columns inside `out` (a backend may add the modules' deltas at once).
+///
+/// [`GpuBackend::lora_shrink`]: crate::GpuBackend::lora_shrink
+pub(crate) fn check_expand(op: &'static str, shrunk: &Tensor, out: &Tensor, lora: &LoraSlots<'_>) -> Result<LoraDims> {
+    let od = out.dims();
+    ensure(od.len() == 2, op, || format!("out {od:?} must be [t, N]"))?;
+    let k = lora.stacks.first().and_then(|s| s.a.dims().get(2).copied()).unwrap_or(0);
+    let d = check_operands(op, od[0], k, Some(od[1]), out.dtype(), lora)?;
+    let want = [d.t, lora.stacks.len(), d.rank];
+    ensure(shrunk.dtype() == DType::F32 && shrunk.dims() == want, op, || {
+        format!("shrunk {:?} {:?}, expected F32 {want:?}", shrunk.dtype(), shrunk.dims())
+    })?;
+    Ok(d)
+}
+
+/// The checks both halves share, for `t` rows of `k` inputs in `dtype` and, for an
+/// expansion, `width` output columns.
+fn check_operands(
+    op: &'static str,
+    t: usize,
+    k: usize,
+    width: Option<usize>,
+    dtype: DType,
+    lora: &LoraSlots<'_>,
+) -> Result<LoraDims> {
     ensure(lora.rows.dtype() == DType::U32 && lora.rows.dims() == [t], op, || {
         format!("row slots {:?} {:?} for {t} rows", lora.rows.dtype(), lora.rows.dims())
     })?;
@@ -120,25 +149,24 @@ pub(crate) fn check(op: &'static str, x: &Tensor, out: &Tensor, lora: &LoraSlots
     let rank = lora.stacks[0].a.dims().get(1).copied().unwrap_or(0);
     for s in lora.stacks {
         check_stack(op, s, [slots, rank, k], width)?;
-        ensure(s.a.dtype() == x.dtype() && s.b.dtype() == x.dtype(), op, || "stacks in x's dtype".into())?;
+        ensure(s.a.dtype() == dtype && s.b.dtype() == dtype, op, || format!("stacks in the rows' dtype {dtype:?}"))?;
     }
     let mut spans: Vec<(usize, usize)> = lora.stacks.iter().map(|s| (s.column, s.column + s.b.dims()[1])).collect();
     spans.sort_unstable();
     ensure(spans.windows(2).all(|w| w[0].1 <= w[1].0), op, || format!("overlapping module columns {spans:?}"))?;
-    ensure(x.dtype() == out.dtype() && x.dtype().is_float(), op, || {
-        format!("x {:?} and out {:?} must share one float dtype", x.dtype(), out.dtype())
-    })?;
-    Ok(LoraDims { t, k, width, slots, rank })
+    ensure(dtype.is_float(), op, || format!("rows in {dtype:?}, not a float dtype"))?;
+    Ok(LoraDims { t, k, width: width.unwrap_or(0), slots, rank })
 }
 
 /// One stack: `a [slots, rank, k]`, `b [slots, n, rank]`, columns `column..column + n`
-/// inside `width`.
-fn check_stack(op: &'static str, s: &LoraStack<'_>, [slots, rank, k]: [usize; 3], width: usize) -> Result<()> {
+/// inside `width` where there is one.
+fn check_stack(op: &'static str, s: &LoraStack<'_>, [slots, rank, k]: [usize; 3], width: Option<usize>) -> Result<()> {
     let (ad, bd) = (s.a.dims(), s.b.dims());
     ensure(ad == [slots, rank, k], op, || format!("a {ad:?}, expected [{slots}, {rank}, {k}]"))?;
     ensure(bd.len() == 3 && bd[0] == slots && bd[2] == rank, op, || {
         format!("b {bd:?}, expected [{slots}, n, {rank}]")
     })?;
+    let Some(width) = width else { return Ok(()) };
     ensure(s.column + bd[1] <= width, op, || format!("columns {}..{} of {width}", s.column, s.column + bd[1]))
 }
 

@@ -7,60 +7,89 @@
 
 use super::matmul::matmul_xwt;
 use super::{f32_tensor, read_f32, read_u32, write_f32};
-use crate::backend::lora::{self as operands, LoraDims};
-use crate::backend::{LoraSlots, LoraStack, NO_LORA_SLOT};
+use crate::backend::lora as operands;
+use crate::backend::{LoraSlots, NO_LORA_SLOT};
 use crate::error::{Result, ensure};
 use crate::{DType, Tensor};
 
-const OP: &str = "lora_shrink_expand";
-
-pub(super) fn lora_shrink_expand(x: &Tensor, out: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
-    let dims = operands::check(OP, x, out, lora)?;
-    let rows = read_u32(OP, lora.rows)?;
-    operands::check_rows(OP, &rows, dims.slots)?;
-    if let Some(groups) = lora.groups {
-        operands::check_groups(OP, &rows, &read_u32(OP, groups)?, dims.slots)?;
-    }
-    let (xs, scales) = (read_f32(OP, x)?, read_f32(OP, lora.scales)?);
-    let mut result = read_f32(OP, out)?.to_vec();
-    let mut start = 0;
-    while start < dims.t {
-        let slot = rows[start];
-        let end = start + rows[start..].iter().take_while(|&&s| s == slot).count();
-        if slot != NO_LORA_SLOT {
-            for stack in lora.stacks {
-                let run = Run { rows: start..end, slot: slot as usize, scale: scales[slot as usize] };
-                add_delta(&xs, stack, &dims, &run, &mut result)?;
+pub(super) fn lora_shrink(x: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+    const OP: &str = "lora_shrink";
+    let d = operands::check_shrink(OP, x, lora)?;
+    let rows = checked_rows(OP, lora, d.slots)?;
+    let xs = read_f32(OP, x)?;
+    let (parts, r, k) = (lora.stacks.len(), d.rank, d.k);
+    let mut shrunk = vec![0.0f32; d.t * parts * r];
+    for run in runs(&rows) {
+        let m = run.rows.len();
+        for (p, stack) in lora.stacks.iter().enumerate() {
+            let a = read_f32(OP, stack.a)?;
+            let a = &a[run.slot * r * k..(run.slot + 1) * r * k];
+            let product = matmul_xwt(&xs[run.rows.start * k..run.rows.end * k], a, None, m, k, r);
+            for (i, row) in product.chunks_exact(r.max(1)).enumerate() {
+                let at = ((run.rows.start + i) * parts + p) * r;
+                shrunk[at..at + r].copy_from_slice(row);
             }
         }
-        start = end;
     }
-    Ok(f32_tensor(result, &[dims.t, dims.width]))
+    Ok(f32_tensor(shrunk, &[d.t, parts, r]))
+}
+
+pub(super) fn lora_expand(shrunk: &Tensor, out: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+    const OP: &str = "lora_expand";
+    let d = operands::check_expand(OP, shrunk, out, lora)?;
+    let rows = checked_rows(OP, lora, d.slots)?;
+    let (s, scales) = (read_f32(OP, shrunk)?, read_f32(OP, lora.scales)?);
+    let (parts, r) = (lora.stacks.len(), d.rank);
+    let mut result = read_f32(OP, out)?.to_vec();
+    for run in runs(&rows) {
+        let scale = scales[run.slot];
+        for (p, stack) in lora.stacks.iter().enumerate() {
+            let b = read_f32(OP, stack.b)?;
+            let n = stack.b.dims()[1];
+            let b = &b[run.slot * n * r..(run.slot + 1) * n * r];
+            let mine: Vec<f32> =
+                run.rows.clone().flat_map(|row| s[(row * parts + p) * r..][..r].iter().copied()).collect();
+            let delta = matmul_xwt(&mine, b, None, run.rows.len(), r, n);
+            for (i, row) in delta.chunks_exact(n.max(1)).enumerate() {
+                let at = (run.rows.start + i) * d.width + stack.column;
+                for (o, dv) in result[at..at + n].iter_mut().zip(row) {
+                    *o += dv * scale;
+                }
+            }
+        }
+    }
+    Ok(f32_tensor(result, &[d.t, d.width]))
+}
+
+/// The row slots of `lora`, checked against `slots` and against its row groups.
+fn checked_rows(op: &'static str, lora: &LoraSlots<'_>, slots: usize) -> Result<Vec<u32>> {
+    let rows = read_u32(op, lora.rows)?.to_vec();
+    operands::check_rows(op, &rows, slots)?;
+    if let Some(groups) = lora.groups {
+        operands::check_groups(op, &rows, &read_u32(op, groups)?, slots)?;
+    }
+    Ok(rows)
 }
 
 /// Consecutive rows through one slot.
 struct Run {
     rows: std::ops::Range<usize>,
     slot: usize,
-    scale: f32,
 }
 
-/// Adds `run`'s delta of one module into `result [t, width]`.
-fn add_delta(xs: &[f32], stack: &LoraStack<'_>, d: &LoraDims, run: &Run, result: &mut [f32]) -> Result<()> {
-    let (a, b) = (read_f32(OP, stack.a)?, read_f32(OP, stack.b)?);
-    let (k, r, m) = (d.k, d.rank, run.rows.len());
-    let n = stack.b.dims()[1];
-    let a = &a[run.slot * r * k..(run.slot + 1) * r * k];
-    let b = &b[run.slot * n * r..(run.slot + 1) * n * r];
-    let shrunk = matmul_xwt(&xs[run.rows.start * k..run.rows.end * k], a, None, m, k, r);
-    let delta = matmul_xwt(&shrunk, b, None, m, r, n);
-    for (i, row) in delta.chunks_exact(n.max(1)).enumerate() {
-        let at = (run.rows.start + i) * d.width + stack.column;
-        for (o, dv) in result[at..at + n].iter_mut().zip(row) {
-            *o += dv * run.scale;
+/// The runs of consecutive rows through one adapter's slot, base rows left out.
+fn runs(rows: &[u32]) -> Vec<Run> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < rows.len() {
+        let slot = rows[start];
+        let end = start + rows[start..].iter().take_while(|&&s| s == slot).count();
+        if slot != NO_LORA_SLOT {
+            runs.push(Run { rows: start..end, slot: slot as usize });
         }
+        start = end;
     }
-    Ok(())
+    runs
 }
 
 pub(super) fn lora_write_slot(stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
@@ -75,6 +104,7 @@ pub(super) fn lora_write_slot(stack: &Tensor, slot: usize, src: &Tensor) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::LoraStack;
     use crate::{CpuBackend, GpuBackend, HostTensor};
 
     fn upload(b: &CpuBackend, v: &[f32], dims: &[usize]) -> Tensor {

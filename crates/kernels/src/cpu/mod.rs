@@ -478,8 +478,12 @@ impl GpuBackend for CpuBackend {
         true
     }
 
-    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
-        lora::lora_shrink_expand(x, &out, lora)
+    fn lora_shrink(&self, x: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_shrink(x, lora)
+    }
+
+    fn lora_expand(&self, shrunk: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_expand(shrunk, &out, lora)
     }
 
     fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {

@@ -18,20 +18,26 @@
 //! batch-1 decode step, `bench/results/gpu-pinned-staging-2026-12-01`). The copies live in
 //! [`transfer`]; the staging state stays here, beside the teardown that frees it.
 //!
+//! A second stream, the side stream, runs work whose inputs are already made beside the
+//! compute stream's later work, forked off before it and joined before its results are read
+//! ([`Device::fork`], [`Device::join`]): a LoRA shrink beside the base product it will be
+//! added to. Memory it writes is freed only after the compute stream has waited for it
+//! ([`Device::alloc_side`]).
+//!
 //! Every entry point binds the context to the calling thread first, so the backend can be
 //! used from any thread (loading on one, the engine on another).
 
 mod transfer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{self, ThreadId};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result};
 
 use super::arena::Offsets;
 use super::drv;
@@ -42,6 +48,15 @@ use crate::error::{Error, Result};
 pub(crate) struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Work issued between a [`Self::fork`] and the [`Self::join`] after it runs here,
+    /// beside the compute stream's.
+    side: Arc<CudaStream>,
+    /// The compute stream's point the side stream waits for, and the side stream's point the
+    /// compute stream waits for (recorded anew at each fork and join).
+    forked: CudaEvent,
+    joined: CudaEvent,
+    /// Whether the side stream holds work the compute stream has not waited for.
+    side_pending: AtomicBool,
     pool: sys::CUmemoryPool,
     /// `cudaGetDeviceProperties().name`.
     pub(crate) name: String,
@@ -134,6 +149,8 @@ impl Device {
         // the one stream, so cudarc's per-slice events are never needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv)?;
+        let side = ctx.new_stream().map_err(drv)?;
+        let (forked, joined) = (ctx.new_event(None).map_err(drv)?, ctx.new_event(None).map_err(drv)?);
         let attr = |a| ctx.attribute(a).map_err(drv);
         let capability = (
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
@@ -159,6 +176,10 @@ impl Device {
         Ok(Arc::new(Self {
             ctx,
             stream,
+            side,
+            forked,
+            joined,
+            side_pending: AtomicBool::new(false),
             pool,
             name,
             capability,
@@ -181,6 +202,47 @@ impl Device {
         &self.stream
     }
 
+    /// The side stream ([`Self::fork`]).
+    pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
+        &self.side
+    }
+
+    /// Makes the side stream start after everything issued on the compute stream so far:
+    /// what is issued on it next runs beside the compute stream's later work, until
+    /// [`Self::join`]. Recorded into a graph, this forks the graph's branch.
+    pub(crate) fn fork(&self) -> Result<()> {
+        self.bind()?;
+        self.forked.record(&self.stream).map_err(drv)?;
+        self.side.wait(&self.forked).map_err(drv)?;
+        self.side_pending.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes the compute stream's later work wait for everything issued on the side
+    /// stream (nothing when nothing is pending there).
+    pub(crate) fn join(&self) -> Result<()> {
+        self.join_driver().map_err(drv)
+    }
+
+    fn join_driver(&self) -> std::result::Result<(), DriverError> {
+        if !self.side_pending.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        self.joined.record(&self.side)?;
+        self.stream.wait(&self.joined)
+    }
+
+    /// As [`Self::alloc`], for memory the side stream writes: before the buffer is freed,
+    /// the compute stream waits for the side stream, so no later work reuses the memory
+    /// while a side kernel may still write it (a step that fails between the fork and the
+    /// join drops its buffers unjoined).
+    pub(crate) fn alloc_side(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
+        let mut buffer = self.alloc(bytes)?;
+        buffer.side = true;
+        Ok(buffer)
+    }
+
     /// The context.
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -194,7 +256,14 @@ impl Device {
     /// while this thread records a graph).
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         if bytes == 0 {
-            return Ok(DeviceBuffer { ptr: 0, bytes, device: Arc::clone(self), range: None, pooled: false });
+            return Ok(DeviceBuffer {
+                ptr: 0,
+                bytes,
+                device: Arc::clone(self),
+                range: None,
+                pooled: false,
+                side: false,
+            });
         }
         self.bind()?;
         let mut range = None;
@@ -210,6 +279,7 @@ impl Device {
                         device: Arc::clone(self),
                         range: Some((start, len)),
                         pooled: false,
+                        side: false,
                     });
                 }
                 // Past the arena: pool memory (an allocation node of the graph), while the
@@ -245,7 +315,7 @@ impl Device {
             }
             Err(e) => return Err(drv(e)),
         };
-        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self), range: None, pooled: true })
+        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self), range: None, pooled: true, side: false })
     }
 
     /// Starts taking this thread's allocations from the graph arena, for a recording.
@@ -348,8 +418,9 @@ impl Device {
         .map_err(drv)
     }
 
-    /// Waits for everything issued on the stream.
+    /// Waits for everything issued on the stream (and on the side stream before it).
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.join()?;
         self.bind()?;
         let start = Instant::now();
         let mut s = self.staging.lock();
@@ -408,6 +479,8 @@ pub(crate) struct DeviceBuffer {
     range: Option<(usize, usize)>,
     /// Whether it is pool memory, to free.
     pooled: bool,
+    /// Whether the side stream may write it ([`Device::alloc_side`]).
+    side: bool,
 }
 
 impl DeviceBuffer {
@@ -419,6 +492,10 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if self.side {
+            // A failure is recorded by the context and reported as the free's below.
+            self.device.ctx.record_err(self.device.join_driver());
+        }
         if let Some((start, len)) = self.range {
             self.device.graph_memory.lock().offsets.give(start, len);
         }

@@ -63,6 +63,10 @@ fn record_once(b: &CudaBackend, record: &mut dyn FnMut() -> Result<()>) -> Resul
     b.dev.begin_graph_memory()?;
     let began = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(drv);
     let recorded = began.and_then(|()| record());
+    // Every side branch rejoins the compute stream before the capture ends (one that
+    // failed between a fork and its join left it open).
+    let joined = b.dev.join();
+    let recorded = recorded.and(joined);
     let ended = stream.end_capture(CUgraphInstantiate_flags(0));
     let fit = b.dev.end_graph_memory();
     recorded.map_err(|e| Error::Device(format!("while capturing a graph: {e}")))?;

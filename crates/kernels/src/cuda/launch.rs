@@ -117,6 +117,33 @@ impl CudaBackend {
     /// `params` must match the kernel's parameters in number, order and type, and every
     /// pointer among them must be a live allocation that holds what the kernel indexes.
     pub(super) unsafe fn launch_raw(&self, func: &CudaFunction, cfg: LaunchConfig, params: &mut Params) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_on(self.dev.stream(), func, cfg, params) }
+    }
+
+    /// As [`Self::launch_raw`], on the side stream ([`Device::fork`](super::device::Device::fork)).
+    ///
+    /// # Safety
+    /// As [`Self::launch_raw`], and the pointers stay live until the side stream is joined.
+    pub(super) unsafe fn launch_side_raw(
+        &self,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut Params,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_on(self.dev.side_stream(), func, cfg, params) }
+    }
+
+    /// # Safety
+    /// As [`Self::launch_raw`].
+    unsafe fn launch_on(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut Params,
+    ) -> Result<()> {
         use cudarc::driver::sys;
         self.dev.bind()?;
         let mut attr = sys::CUlaunchAttribute {
@@ -132,7 +159,7 @@ impl CudaBackend {
             blockDimY: cfg.block_dim.1,
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.dev.stream().cu_stream(),
+            hStream: stream.cu_stream(),
             attrs: &raw mut attr,
             numAttrs: u32::from(self.pdl),
         };
@@ -159,7 +186,17 @@ pub(super) fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
 
 /// Launches kernel `$name` with `$cfg` and the arguments in order. Each argument is bound
 /// to a local first, so the parameter list points at values that outlive the launch call.
+/// `launch!(side b, ...)` launches on the side stream.
 macro_rules! launch {
+    (side $be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let be = &$be;
+        let func = be.kernel($name)?;
+        let mut params = $crate::cuda::launch::Params::default();
+        launch!(@push params; $($arg),*);
+        // SAFETY: as below; the caller keeps every pointed-at allocation alive until the
+        // side stream is joined.
+        unsafe { be.launch_side_raw(func, $cfg, &mut params) }
+    }};
     ($be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
         let be = &$be;
         let func = be.kernel($name)?;

@@ -1,7 +1,9 @@
 //! The LoRA ops on the GPU: the kernels of `cuda/lora.cu` behind the operand checks the CPU
-//! backend shares (`backend::lora::check`).
+//! backend shares (`backend::lora::check_shrink`, `check_expand`).
 //!
-//! A projection's deltas are two launches whatever its rows hold: the shrink of every row
+//! A projection's deltas are two launches whatever its rows hold. The shrink runs on the
+//! side stream, forked before the base product and joined by the expansion after it, so
+//! the two overlap (a graph records the fork as a branch): the shrink of every row
 //! to its slot's rank (f32, `[t, parts, rank]`: for a few rows a block per row, module and
 //! rank index, so a decode step of one row still spreads over rank × modules blocks; for
 //! many rows grouped by slot, tensor-core tiles of one adapter's rows), then the expansion
@@ -81,40 +83,59 @@ fn as_u32(op: &'static str, what: &str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{op}: {n} {what} exceed the kernel's u32 indices")))
 }
 
-pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
-    const OP: &str = "lora_shrink_expand";
-    let d = operands::check(OP, x, &out, lora)?;
-    expect_dtype(OP, x, BF16)?;
-    let host_rows = storage(OP, lora.rows)?.host_u32.lock().clone();
+/// Whether a step's rows take the grouped kernels: many rows, grouped by slot on the host,
+/// shapes the tensor-core shrink takes, and no `--batch-invariant` (the grouped kernels
+/// sum a row's shrink in another order than the per-row ones, so that setting keeps every
+/// step on the per-row kernels).
+fn grouped(b: &CudaBackend, lora: &LoraSlots<'_>, d: &LoraDims) -> bool {
+    lora.groups.is_some()
+        && !b.batch_invariant
+        && d.t >= GROUPED_FROM
+        && d.rank.is_multiple_of(16)
+        && d.rank <= GROUP_MAX_RANK
+        && d.k.is_multiple_of(8)
+}
+
+/// Checks the row slots (and their groups) against the stacks where their host copy is at
+/// hand.
+fn check_host_rows(op: &'static str, lora: &LoraSlots<'_>, slots: usize) -> Result<()> {
+    let host_rows = storage(op, lora.rows)?.host_u32.lock().clone();
     if let Some(rows) = host_rows {
-        operands::check_rows(OP, &rows, d.slots)?;
+        operands::check_rows(op, &rows, slots)?;
         if let Some(groups) = lora.groups
-            && let Some(groups) = storage(OP, groups)?.host_u32.lock().as_ref()
+            && let Some(groups) = storage(op, groups)?.host_u32.lock().as_ref()
         {
-            operands::check_groups(OP, &rows, groups, d.slots)?;
+            operands::check_groups(op, &rows, groups, slots)?;
         }
     }
-    if d.t == 0 || d.rank == 0 || d.slots == 0 {
-        return Ok(out);
-    }
+    Ok(())
+}
+
+/// The shrink runs on the side stream, forked from the compute stream here, so it overlaps
+/// the base product the caller issues next; [`lora_expand`] joins it.
+pub(super) fn lora_shrink(b: &CudaBackend, x: &Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+    const OP: &str = "lora_shrink";
+    let d = operands::check_shrink(OP, x, lora)?;
+    expect_dtype(OP, x, BF16)?;
+    check_host_rows(OP, lora, d.slots)?;
     let parts = parts(OP, lora)?;
     let n_parts = lora.stacks.len() as u32;
-    let LoraDims { t, k, width, slots, rank } = d;
-    let (t32, k32, width32) = (as_u32(OP, "rows", t)?, as_u32(OP, "inputs", k)?, as_u32(OP, "columns", width)?);
+    let shrunk = b.alloc_side(&[d.t, lora.stacks.len(), d.rank], DType::F32)?;
+    if d.t == 0 || d.rank == 0 || d.slots == 0 {
+        return Ok(shrunk);
+    }
+    let LoraDims { t, k, slots, rank, .. } = d;
+    let (t32, k32) = (as_u32(OP, "rows", t)?, as_u32(OP, "inputs", k)?);
     let (slots32, rank32) = (as_u32(OP, "slots", slots)?, as_u32(OP, "ranks", rank)?);
     if rank > MAX_GRID_Z {
         return Err(Error::InvalidArgument(format!("{OP}: rank {rank} (the shrink's grid takes {MAX_GRID_Z})")));
     }
-    let shrunk = b.alloc(&[t, lora.stacks.len(), rank], DType::F32)?;
     let (xp, rows, sp) = (ptr(OP, x)?, ptr(OP, lora.rows)?, ptr(OP, &shrunk)?);
-    let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
-    let widest = parts.n.iter().copied().max().unwrap_or(0);
+    // `x`, the stacks and the row tensors stay alive past the join (`lora_shrink`'s
+    // contract); `shrunk` is joined before it is freed.
+    b.dev.fork()?;
     match lora.groups {
-        // The grouped kernels sum a row's shrink in another order than the per-row ones:
-        // `--batch-invariant` keeps every step on the per-row kernels.
-        Some(groups)
-            if !b.batch_invariant && t >= GROUPED_FROM && rank % 16 == 0 && rank <= GROUP_MAX_RANK && k % 8 == 0 =>
-        {
+        Some(groups) if grouped(b, lora, &d) => {
             let tiles = as_u32(OP, "row tiles", t.div_ceil(GROUP_ROWS) + slots)?;
             let shrink = LaunchConfig {
                 grid_dim: (tiles, n_parts, GROUP_SPLIT),
@@ -122,12 +143,47 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
                 shared_mem_bytes: (GROUP_STAGES * (GROUP_ROWS + rank) * GROUP_BK * 2) as u32,
             };
             let gp = ptr(OP, groups)?;
-            launch!(b, "lora_shrink_grouped_bf16", shrink, [xp, gp, parts, sp, t32, slots32, rank32, k32])?;
+            launch!(side b, "lora_shrink_grouped_bf16", shrink, [xp, gp, parts, sp, t32, slots32, rank32, k32])?;
+        }
+        _ => {
+            let shrink = LaunchConfig {
+                grid_dim: (t32, n_parts, rank32),
+                block_dim: (SHRINK_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(side b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
+        }
+    }
+    Ok(shrunk)
+}
+
+pub(super) fn lora_expand(b: &CudaBackend, shrunk: &Tensor, out: Tensor, lora: &LoraSlots<'_>) -> Result<Tensor> {
+    const OP: &str = "lora_expand";
+    let d = operands::check_expand(OP, shrunk, &out, lora)?;
+    expect_dtype(OP, &out, BF16)?;
+    check_host_rows(OP, lora, d.slots)?;
+    // The shrink (on the side stream) is done before anything after this reads `shrunk`.
+    b.dev.join()?;
+    if d.t == 0 || d.rank == 0 || d.slots == 0 {
+        return Ok(out);
+    }
+    let parts = parts(OP, lora)?;
+    let n_parts = lora.stacks.len() as u32;
+    let LoraDims { t, width, slots, rank, .. } = d;
+    let (t32, width32) = (as_u32(OP, "rows", t)?, as_u32(OP, "columns", width)?);
+    let (slots32, rank32) = (as_u32(OP, "slots", slots)?, as_u32(OP, "ranks", rank)?);
+    let (rows, sp) = (ptr(OP, lora.rows)?, ptr(OP, shrunk)?);
+    let (scales, op_) = (ptr(OP, lora.scales)?, ptr(OP, &out)?);
+    let widest = parts.n.iter().copied().max().unwrap_or(0);
+    match lora.groups {
+        Some(groups) if grouped(b, lora, &d) => {
+            let tiles = as_u32(OP, "row tiles", t.div_ceil(GROUP_ROWS) + slots)?;
             let expand = LaunchConfig {
                 grid_dim: (tiles, widest.div_ceil(GROUP_EXPAND_WARPS * 64).max(1), n_parts),
                 block_dim: (GROUP_EXPAND_WARPS * 32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let gp = ptr(OP, groups)?;
             launch!(
                 b,
                 "lora_expand_grouped_bf16",
@@ -136,12 +192,6 @@ pub(super) fn lora_shrink_expand(b: &CudaBackend, x: &Tensor, out: Tensor, lora:
             )?;
         }
         _ => {
-            let shrink = LaunchConfig {
-                grid_dim: (t32, n_parts, rank32),
-                block_dim: (SHRINK_WARPS * 32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(b, "lora_shrink_bf16", shrink, [xp, rows, parts, sp, slots32, rank32, k32])?;
             let tiles = as_u32(OP, "row tiles", t.div_ceil(TILE_ROWS))?;
             let expand = LaunchConfig {
                 grid_dim: (widest.div_ceil(EXPAND_COLUMNS).max(1), tiles, n_parts),

@@ -5,7 +5,8 @@
 //! no CUDA toolkit and a binary built without a GPU runs wherever CUDA is installed.
 //! Device memory comes from the driver's stream-ordered pool ([`device`]); every op runs on
 //! one compute stream, so ops are ordered without events and the host waits only when it
-//! downloads. Kernels are CUDA C (`crates/kernels/cuda/`) compiled at startup by NVRTC
+//! downloads (the one exception, a LoRA shrink beside its base product on a side stream,
+//! forks and joins with two events: [`lora`]). Kernels are CUDA C (`crates/kernels/cuda/`) compiled at startup by NVRTC
 //! and cached on disk ([`compile`]); GEMMs go through cuBLAS ([`gemm`]). The Gated DeltaNet
 //! ops ([`recurrent`]) keep the convolution windows in bf16 and the delta-rule states in
 //! f32 pools, updated in place by one block per (sequence, value head) walking its rows.
@@ -549,8 +550,12 @@ impl GpuBackend for CudaBackend {
         true
     }
 
-    fn lora_shrink_expand(&self, x: &Tensor, out: Tensor, lora: &crate::LoraSlots<'_>) -> Result<Tensor> {
-        lora::lora_shrink_expand(self, x, out, lora)
+    fn lora_shrink(&self, x: &Tensor, lora: &crate::LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_shrink(self, x, lora)
+    }
+
+    fn lora_expand(&self, shrunk: &Tensor, out: Tensor, lora: &crate::LoraSlots<'_>) -> Result<Tensor> {
+        lora::lora_expand(self, shrunk, out, lora)
     }
 
     fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {

@@ -28,6 +28,14 @@ impl CudaBackend {
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
+    /// As [`Self::alloc`], for a tensor the side stream writes ([`super::device::Device::alloc_side`]).
+    pub(super) fn alloc_side(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let buf = self.dev.alloc_side(shape.elem_count() * dtype.size_in_bytes())?;
+        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
+    }
+
     /// A `U32` tensor holding `data`, with its host copy.
     pub(super) fn upload_u32(&self, data: &[u32], dims: &[usize]) -> Result<Tensor> {
         let buf = self.dev.alloc(size_of_val(data))?;

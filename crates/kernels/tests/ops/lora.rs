@@ -114,23 +114,23 @@ impl Step {
         })
     }
 
-    /// The op on `out` (a fresh copy of the base output, which the op may add into), with
-    /// the rows' groups.
-    fn run(&self, b: &dyn GpuBackend, out: Tensor) -> Result<Tensor> {
-        self.run_grouped(b, out, true)
+    /// The op on a fresh copy of the base output (which the op may add into), with the
+    /// rows' groups.
+    fn run(&self, b: &dyn GpuBackend) -> Result<Tensor> {
+        self.run_grouped(b, true)
     }
 
     /// The op with or without the rows' groups (the CUDA shrink by tiles of an adapter's
-    /// rows, or a block per row).
-    fn run_grouped(&self, b: &dyn GpuBackend, out: Tensor, grouped: bool) -> Result<Tensor> {
+    /// rows, or a block per row), in a model's order: the shrink, then the base output's
+    /// copy (issued while a backend may still be shrinking beside it), then the expansion.
+    fn run_grouped(&self, b: &dyn GpuBackend, grouped: bool) -> Result<Tensor> {
         let stacks: Vec<LoraStack<'_>> =
             self.stacks.iter().map(|(a, bb, column)| LoraStack { a, b: bb, column: *column }).collect();
         let groups = grouped.then_some(&self.groups);
-        b.lora_shrink_expand(
-            &self.x,
-            out,
-            &LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks, groups },
-        )
+        let lora = LoraSlots { rows: &self.rows, scales: &self.scales, stacks: &stacks, groups };
+        let shrunk = b.lora_shrink(&self.x, &lora)?;
+        let out = b.scale(&self.out, 1.0)?;
+        b.lora_expand(&shrunk, out, &lora)
     }
 }
 
@@ -156,7 +156,7 @@ fn check_shaped(b: &dyn GpuBackend, t: usize, k: usize, seed: u64, parts: &[usiz
     let step = Step::upload(b, &x, &out, &rows, &modules, k)?;
     let want = reference(&x, &out, &rows, &modules, k, width);
     for grouped in [true, false] {
-        let got = step.run_grouped(b, b.scale(&step.out, 1.0)?, grouped)?;
+        let got = step.run_grouped(b, grouped)?;
         let what = format!("lora_shrink_expand of {t} rows of {k}, rank {rank}, grouped {grouped}");
         assert_close(b, &got, &[t, width], &want, &what)?;
         let values = b.download_f32(&got)?;
@@ -203,8 +203,8 @@ pub fn lora_rows_do_not_see_their_batch(b: &dyn GpuBackend) -> Result<()> {
     let rev_rows: Vec<u32> = rows.iter().rev().copied().collect();
     let forward = Step::upload(b, &x, &out, &rows, &modules, k)?;
     let backward = Step::upload(b, &reversed(&x, k), &reversed(&out, width), &rev_rows, &modules, k)?;
-    let got = b.download_f32(&forward.run(b, b.scale(&forward.out, 1.0)?)?)?;
-    let got_rev = b.download_f32(&backward.run(b, b.scale(&backward.out, 1.0)?)?)?;
+    let got = b.download_f32(&forward.run(b)?)?;
+    let got_rev = b.download_f32(&backward.run(b)?)?;
     assert_eq!(got, reversed(&got_rev, width), "rows in reverse order on {}", b.name());
     Ok(())
 }
@@ -299,14 +299,14 @@ pub fn lora_replays_in_a_graph_with_new_slots(b: &dyn GpuBackend) -> Result<()> 
         let (x, out) = (stored(b, rng.vec(t * k)), stored(b, rng.vec(t * width)));
         let step = Step::upload(b, &x, &out, &vec![NO_LORA_SLOT; t], &modules, k)?;
         let result = b.zeros(&[t, width], b.float_dtype())?;
-        let graph = b.capture(&mut || b.copy_into(&step.run(b, b.scale(&step.out, 1.0)?)?, &result))?;
+        let graph = b.capture(&mut || b.copy_into(&step.run(b)?, &result))?;
         for case in cases {
             let rows: Vec<u32> = (0..t).map(|i| case[(i * 7 / 3) % 4]).collect();
             b.write_u32(&step.rows, &rows)?;
             b.write_u32(&step.groups, &lora_row_groups(&rows, SLOTS))?;
             graph.replay()?;
             let eager = Step::upload(b, &x, &out, &rows, &modules, k)?;
-            let want = b.download_f32(&eager.run(b, b.scale(&eager.out, 1.0)?)?)?;
+            let want = b.download_f32(&eager.run(b)?)?;
             assert_eq!(b.download_f32(&result)?, want, "replay of {t} rows with slots {rows:?} on {}", b.name());
         }
     }
