@@ -171,7 +171,7 @@ impl Mlp {
                     (Activation::Silu, _) => backend.silu_mul(&Self::gate_up(backend, gate_up, x, lora)?)?,
                     (Activation::GeluTanh, _) => backend.gelu_tanh_mul(&Self::gate_up(backend, gate_up, x, lora)?)?,
                 };
-                lora.apply(backend, &act, down.forward(backend, &act)?, &[(LoraModule::Down, 0)])
+                lora.project(backend, &act, &[(LoraModule::Down, 0)], || down.forward(backend, &act))
             }
             Self::Moe { router, gate_up, down, top_k, renormalize, reduce, shared } => {
                 let logits = backend.matmul(x, router, None)?;
@@ -191,7 +191,6 @@ impl Mlp {
     /// halves.
     fn gate_up(backend: &dyn GpuBackend, gate_up: &Linear, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
         let half = gate_up.weight.dims()[0] / 2;
-        let out = gate_up.forward(backend, x)?;
-        lora.apply(backend, x, out, &[(LoraModule::Gate, 0), (LoraModule::Up, half)])
+        lora.project(backend, x, &[(LoraModule::Gate, 0), (LoraModule::Up, half)], || gate_up.forward(backend, x))
     }
 }

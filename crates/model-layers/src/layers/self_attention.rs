@@ -131,7 +131,7 @@ impl SelfAttention {
         let t = x.dims()[0];
         let (q_cols, kv_cols) = (h * d, hkv * d);
         let parts = [(LoraModule::Q, 0), (LoraModule::K, q_cols), (LoraModule::V, q_cols + kv_cols)];
-        let qkv = step.lora.apply(backend, x, self.qkv.forward(backend, x)?, &parts)?;
+        let qkv = step.lora.project(backend, x, &parts, || self.qkv.forward(backend, x))?;
         let prologue = QkvPrologue {
             num_heads: h,
             num_kv_heads: hkv,
@@ -151,7 +151,7 @@ impl SelfAttention {
             Some(gate) => backend.sigmoid_mul(&out, &gate.forward(backend, x)?)?,
             None => out,
         };
-        step.lora.apply(backend, &out, self.o.forward(backend, &out)?, &[(LoraModule::O, 0)])
+        step.lora.project(backend, &out, &[(LoraModule::O, 0)], || self.o.forward(backend, &out))
     }
 }
 

@@ -132,14 +132,22 @@ impl<'a> LayerLora<'a> {
         self.step.is_some_and(|s| modules.iter().any(|&m| s.pool.stack(self.layer, m).is_some()))
     }
 
-    /// `out [t, N]` of a projection of `x [t, in]` fused from `parts` (each module and its
-    /// first output column), plus each adapted row's deltas of those modules.
+    /// The product `base` issues (`out [t, N]`, a projection of `x [t, in]` fused from
+    /// `parts`: each module and its first output column), plus each adapted row's deltas
+    /// of those modules. The shrink of `x` is issued before `base`, so a backend may run it
+    /// beside the base product ([`GpuBackend::lora_shrink`]).
     ///
     /// # Errors
-    /// On device failure.
-    pub fn apply(&self, b: &dyn GpuBackend, x: &Tensor, out: Tensor, parts: &[(LoraModule, usize)]) -> Result<Tensor> {
-        let Some(step) = self.step else { return Ok(out) };
-        let Some((rows, groups)) = &step.rows else { return Ok(out) };
+    /// On device failure, and `base`'s.
+    pub fn project(
+        &self,
+        b: &dyn GpuBackend,
+        x: &Tensor,
+        parts: &[(LoraModule, usize)],
+        base: impl FnOnce() -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let Some(step) = self.step else { return base() };
+        let Some((rows, groups)) = &step.rows else { return base() };
         let stacks: Vec<LoraStack<'_>> = parts
             .iter()
             .filter_map(|&(module, column)| {
@@ -148,10 +156,12 @@ impl<'a> LayerLora<'a> {
             })
             .collect();
         if stacks.is_empty() {
-            return Ok(out);
+            return base();
         }
         let lora = LoraSlots { rows, scales: step.pool.scales(), stacks: &stacks, groups: Some(groups) };
-        Ok(b.lora_shrink_expand(x, out, &lora)?)
+        let shrunk = b.lora_shrink(x, &lora)?;
+        let out = base()?;
+        Ok(b.lora_expand(&shrunk, out, &lora)?)
     }
 }
 
