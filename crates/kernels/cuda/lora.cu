@@ -311,12 +311,52 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
     cluster_sync();  // no block leaves while block 0 reads its shared memory
 }
 
+// `lora_group_tile` by one warp, every lane taking a slot of each 32 at once (an inclusive
+// scan of the slots' tile counts) rather than walking the slots one load after another; the
+// same answer, in every lane.
+__device__ __forceinline__ bool lora_group_tile_warp(const u32* starts, u32 t, u32 slots, u32 tile, u32& slot,
+                                                     u32& first, u32& count) {
+    constexpr u32 TR = LORA_GROUP_ROWS;
+    const u32 lane = threadIdx.x & 31;
+    u32 before = 0;
+    for (u32 s0 = 0; s0 < slots; s0 += 32) {
+        const u32 s = s0 + lane;
+        u32 lo = 0, hi = 0, tiles = 0;
+        if (s < slots) {
+            lo = min(starts[s], t);
+            hi = min(max(starts[s + 1], lo), t);
+            tiles = (hi - lo + TR - 1) / TR;
+        }
+        u32 upto = tiles;  // tiles of this chunk's slots up to this lane's, inclusive
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 v = __shfl_up_sync(0xffffffffu, upto, o);
+            if (lane >= o) upto += v;
+        }
+        const u32 mine = __ballot_sync(0xffffffffu, tiles > 0 && tile >= before + upto - tiles && tile < before + upto);
+        if (mine) {
+            const u32 at = __ffs(mine) - 1;
+            slot = s0 + at;
+            const u32 start = __shfl_sync(0xffffffffu, lo, at), end = __shfl_sync(0xffffffffu, hi, at);
+            const u32 skipped = __shfl_sync(0xffffffffu, upto - tiles, at);
+            first = start + (tile - before - skipped) * TR;
+            count = min(TR, end - first);
+            return true;
+        }
+        before += __shfl_sync(0xffffffffu, upto, 31);
+    }
+    return false;
+}
+
 // The expansion of rows grouped by slot, for steps of many rows: block (tile, column chunk,
 // part) takes one slot-tile of the grouped shrink's tiling (LORA_GROUP_ROWS rows of one
-// adapter) by LORA_GROUP_EXPAND_WARPS · 64 columns of the part. A lane owns two columns; it
-// loads their `b` words eight ranks at a time and runs every row of the tile through them, so
-// `b` is read once per tile rather than once per row. Per (row, column) the terms and their
-// order are `lora_expand_bf16`'s, so the two kernels write the same bits. Needs `rank % 8 == 0`.
+// adapter) by LORA_GROUP_EXPAND_WARPS · 64 columns of the part. The first warp finds the
+// tile; the block stages its rows' shrunk values in shared memory; then a lane owns two
+// columns: it requests the tile's base values and its `b` words at once and runs every row
+// of the tile through them, so `b` is read once per tile rather than once per row, and the
+// block waits on few memory round trips one after another. Per (row, column) the terms and
+// their order are `lora_expand_bf16`'s, so the two kernels write the same bits. Needs
+// `rank % 8 == 0` and rank up to LORA_GROUP_MAX_RANK.
 #define LORA_GROUP_EXPAND_WARPS 4
 extern "C" __global__ void __launch_bounds__(LORA_GROUP_EXPAND_WARPS * 32)
     lora_expand_grouped_bf16(const float* __restrict__ shrunk, const u32* __restrict__ groups, LoraParts parts,
@@ -324,28 +364,51 @@ extern "C" __global__ void __launch_bounds__(LORA_GROUP_EXPAND_WARPS * 32)
                              u32 width) {
     pdl_enter();
     constexpr u32 TR = LORA_GROUP_ROWS;
-    u32 slot, first, count;
-    if (!lora_group_tile(groups, t, slots, blockIdx.x, slot, first, count)) return;
-    const u32 part = blockIdx.z, n = lora_pick(parts.n, part), column = lora_pick(parts.column, part);
+    __shared__ u32 tile_rows[TR];
+    __shared__ u32 tile_slot;
+    __shared__ __align__(16) float tile_shrunk[TR * LORA_GROUP_MAX_RANK];
+    const u32 part = blockIdx.z;
+    if (threadIdx.x < 32) {
+        u32 slot, first, count;
+        const bool found = lora_group_tile_warp(groups, t, slots, blockIdx.x, slot, first, count);
+        const u32* order = groups + slots + 1;
+        if (threadIdx.x == 0) tile_slot = found ? slot : LORA_NO_SLOT;
+        if (threadIdx.x < TR) tile_rows[threadIdx.x] = found && threadIdx.x < count ? min(order[first + threadIdx.x], t) : t;
+    }
+    __syncthreads();
+    const u32 slot = tile_slot;
+    if (slot == LORA_NO_SLOT) return;  // past the last tile: the whole block leaves
+    for (u32 i = threadIdx.x; i < TR * rank; i += LORA_GROUP_EXPAND_WARPS * 32) {
+        const u32 row = tile_rows[i / rank];
+        tile_shrunk[i] = row < t ? shrunk[((u64)row * gridDim.z + part) * rank + i % rank] : 0.0f;
+    }
+    __syncthreads();
+    const u32 n = lora_pick(parts.n, part), column = lora_pick(parts.column, part);
     const u32 j = (blockIdx.y * LORA_GROUP_EXPAND_WARPS + threadIdx.x / 32) * 64 + 2 * (threadIdx.x % 32);
     if (j >= n) return;
     const bool pair = j + 1 < n, packed = pair && ((width | column) & 1u) == 0;
     const bf16_t* b0 = (const bf16_t*)lora_pick(parts.b, part) + ((u64)slot * n + j) * rank;
-    const u32* order = groups + slots + 1;
-    u32 rows[TR];
     float acc0[TR], acc1[TR];
+    // The base values are read before any is written, so their reads all overlap (and the
+    // sums below): read and written row by row, each write would wait for its read, the
+    // compiler not knowing the rows apart.
+    u32 base[TR];
 #pragma unroll
     for (u32 i = 0; i < TR; ++i) {
-        rows[i] = i < count ? min(order[first + i], t) : t;
         acc0[i] = acc1[i] = 0.0f;
+        base[i] = 0;
+        if (tile_rows[i] < t) {
+            const bf16_t* o = out + (u64)tile_rows[i] * width + column + j;
+            base[i] = packed ? *reinterpret_cast<const u32*>(o) : (u32)o[0] | (pair ? (u32)o[1] << 16 : 0u);
+        }
     }
     for (u32 q = 0; q < rank; q += 8) {
         const uint4 w0 = *reinterpret_cast<const uint4*>(b0 + q);
         const uint4 w1 = pair ? *reinterpret_cast<const uint4*>(b0 + rank + q) : w0;
 #pragma unroll
         for (u32 i = 0; i < TR; ++i) {
-            if (rows[i] < t) {
-                const float* s = shrunk + ((u64)rows[i] * gridDim.z + part) * rank + q;
+            if (tile_rows[i] < t) {
+                const float* s = tile_shrunk + i * rank + q;
                 const float4 s0 = *reinterpret_cast<const float4*>(s);
                 const float4 s1 = *reinterpret_cast<const float4*>(s + 4);
                 acc0[i] = lora_fma8(acc0[i], s0, s1, w0);
@@ -356,16 +419,15 @@ extern "C" __global__ void __launch_bounds__(LORA_GROUP_EXPAND_WARPS * 32)
     const float scale = scales[slot];
 #pragma unroll
     for (u32 i = 0; i < TR; ++i) {
-        if (rows[i] >= t) continue;
-        bf16_t* o = out + (u64)rows[i] * width + column + j;
+        if (tile_rows[i] >= t) continue;
+        bf16_t* o = out + (u64)tile_rows[i] * width + column + j;
+        const u32 v = base[i];
+        const float lo = __uint_as_float(v << 16) + acc0[i] * scale, hi = __uint_as_float(v & 0xffff0000u) + acc1[i] * scale;
         if (packed) {
-            u32* o2 = reinterpret_cast<u32*>(o);
-            const u32 v = *o2;
-            *o2 = pack_bf16(__uint_as_float(v << 16) + acc0[i] * scale,
-                            __uint_as_float(v & 0xffff0000u) + acc1[i] * scale);
+            *reinterpret_cast<u32*>(o) = pack_bf16(lo, hi);
         } else {
-            o[0] = f2bf(bf2f(o[0]) + acc0[i] * scale);
-            if (pair) o[1] = f2bf(bf2f(o[1]) + acc1[i] * scale);
+            o[0] = f2bf(lo);
+            if (pair) o[1] = f2bf(hi);
         }
     }
 }
