@@ -230,21 +230,35 @@ step() {  # step KEY NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECON
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 step lib "kernels lib (NVRTC)" kernels-lib.log 120 "$HERE/tests/kernels-lib" --test-threads=4
 # The CPU checks in one process, each CUDA check in its own, so a kernel fault (which
-# poisons the whole CUDA context) is pinned on the check that caused it.
+# poisons the whole CUDA context) is pinned on the check that caused it; four at a time (the
+# GPU has room for them, and each process mostly waits on its own launches), each with its
+# own log, printed in full when it fails.
+op_one() {  # op_one TEST: runs one CUDA check into $LOGS/ops/TEST.log, prints ok/FAILED
+  local out="FAILED: $1" inv
+  if "$HERE/tests/kernels-ops" --exact "$1" --test-threads=1 --nocapture >"$LOGS/ops/$1.log" 2>&1; then
+    out="ok: $1"
+    inv=$(grep -h "BATCH-INVARIANCE" "$LOGS/ops/$1.log")
+    [ -n "$inv" ] && out="$out"$'\n'"$inv"
+  fi
+  printf '%s\n' "$out"  # one write, so parallel checks' lines do not interleave
+}
 ops_each() {
-  local bin="$HERE/tests/kernels-ops" pass=0 fail=0 t
+  local bin="$HERE/tests/kernels-ops" fail=0 pass t
   "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
-  for t in $("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma|_invariant)?::' | sed 's/: test$//'); do
-    if "$bin" --exact "$t" --test-threads=1 --nocapture >"$LOGS/op.tmp" 2>&1; then
-      pass=$((pass + 1)); echo "ok: $t"; grep -h "BATCH-INVARIANCE" "$LOGS/op.tmp" || true
-    else
-      fail=$((fail + 1)); echo "FAILED: $t"; cat "$LOGS/op.tmp"
-    fi
+  mkdir -p "$LOGS/ops"
+  # The first check alone: it fills the kernel cache the others then read.
+  local checks; checks=$("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma|_invariant)?::' | sed 's/: test$//')
+  { echo "$checks" | head -1 | xargs -r -I{} bash -c 'op_one "$1"' _ {}
+    echo "$checks" | tail -n +2 | xargs -r -P 4 -I{} bash -c 'op_one "$1"' _ {}; } > "$LOGS/ops/results.txt"
+  cat "$LOGS/ops/results.txt"
+  pass=$(grep -c '^ok: ' "$LOGS/ops/results.txt")
+  for t in $(sed -n 's/^FAILED: //p' "$LOGS/ops/results.txt"); do
+    fail=$((fail + 1)); echo "== $t"; cat "$LOGS/ops/$t.log"
   done
-  rm -f "$LOGS/op.tmp"
   echo "test result: cuda checks: $pass passed; $fail failed (cpu checks in one run before)"
   [ $fail -eq 0 ]
 }
+export -f op_one
 export -f ops_each
 export HERE LOGS
 step ops "kernels ops (cpu + cuda)" kernels-ops.log 360 bash -c ops_each
