@@ -185,6 +185,7 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
     }
 
     let timer = PhaseTimer::start(Phase::Weights);
+    let free_before = backend.memory_info().map(|m| m.free);
     let owned: Box<dyn WeightStore>;
     let store: &dyn WeightStore = match (args.format, &source, &gguf) {
         (LoadFormat::Dummy, ..) => {
@@ -239,9 +240,22 @@ pub fn load_weights(args: &LoadConfig, progress: &dyn WeightProgress) -> Result<
             );
         }
     }
-    timer.done(store.describe());
+    let free_after = backend.memory_info().map(|m| m.free);
+    timer.done(format!("{}{}", store.describe(), device_memory_taken(free_before, free_after)));
 
     Ok((Weights { topology, model, config }, TextSource { source, gguf, eos_token_ids }))
+}
+
+/// "; N GiB of device memory": what loading took of the first device's memory (its free
+/// memory before less after, the pool's cached blocks counted as taken), or nothing on a
+/// device without memory of its own.
+fn device_memory_taken(free_before: Option<usize>, free_after: Option<usize>) -> String {
+    match (free_before, free_after) {
+        (Some(before), Some(after)) => {
+            format!("; {:.2} GiB of device memory", before.saturating_sub(after) as f64 / f64::from(1u32 << 30))
+        }
+        _ => String::new(),
+    }
 }
 
 /// `--load-format dummy`: random weights for every tensor of `config`, in the float
@@ -324,6 +338,16 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+
+    #[test]
+    fn the_weights_phase_says_what_device_memory_loading_took() {
+        let gib = 1usize << 30;
+        assert_eq!(device_memory_taken(Some(20 * gib), Some(15 * gib + gib / 4)), "; 4.75 GiB of device memory");
+        // Memory freed while loading (a cache trimmed) reads as none taken, not as a wrap.
+        assert_eq!(device_memory_taken(Some(gib), Some(2 * gib)), "; 0.00 GiB of device memory");
+        assert_eq!(device_memory_taken(None, None), "");
+        assert_eq!(device_memory_taken(Some(gib), None), "");
+    }
 
     /// A tiny Llama whose config declares Qwen's block-wise FP8 (blocks wider than its
     /// weights, so each weight has one block of scales, cut short at both edges).
