@@ -11,7 +11,9 @@ mod recurrent;
 
 use std::fmt::Debug;
 
-pub use self::lora::{LORA_MAX_PARTS, LoraSlots, LoraStack, NO_LORA_SLOT, lora_row_groups};
+pub use self::lora::{
+    ExpertAdapter, ExpertDelta, LORA_MAX_PARTS, LoraSlots, LoraStack, MoeLora, NO_LORA_SLOT, lora_row_groups,
+};
 pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, KvScales, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow,
     Sampled, UniformRun,
@@ -637,6 +639,35 @@ pub trait GpuBackend: Send + Sync + Debug {
     fn lora_write_slot(&self, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
         let _ = (stack, slot, src);
         Err(self.no_lora_ops())
+    }
+
+    /// Whether this backend runs [`Self::moe_experts_lora`]. Adapters that change routed
+    /// experts are refused when they load on a backend without it.
+    fn supports_expert_lora(&self) -> bool {
+        false
+    }
+
+    /// [`Self::moe_experts`] with `lora`'s adapters on the experts: a (token, choice) row of
+    /// a token in slot `s` adds `scale · (x·aᵀ)·bᵀ` of its expert's `gate_up` delta to the
+    /// gate/up product before the activation, and its `down` delta of the activated row to
+    /// the down product before the router's weighting. A row's result depends on that row,
+    /// its expert and its slot alone; rows without a delta keep the base result bit for
+    /// bit.
+    ///
+    /// # Errors
+    /// As [`Self::moe_experts`]; on deltas of the wrong shapes or dtype, a token slot past
+    /// `lora.slots`; [`Error::InvalidArgument`](crate::Error::InvalidArgument) where the
+    /// backend has no such op ([`Self::supports_expert_lora`]).
+    fn moe_experts_lora(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        gate_up: &Tensor,
+        down: &Tensor,
+        lora: &MoeLora<'_>,
+    ) -> Result<Tensor> {
+        let _ = (x, routing, gate_up, down, lora);
+        Err(crate::Error::InvalidArgument(format!("the {} backend applies no adapters to experts yet", self.name())))
     }
 
     /// The error of a LoRA op on a backend without them.

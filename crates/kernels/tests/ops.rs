@@ -69,6 +69,7 @@ macro_rules! backend_tests {
                 moe::moe_experts_grouped_tiles_match_reference,
                 moe::moe_experts_rejects_bad_operands,
                 moe::moe_experts_zero_intermediate_does_not_panic,
+                moe::moe_experts_lora_matches_reference,
                 attention::write_kv_places_rows_at_slots,
                 attention::paged_attention_gqa_mixed_batch,
                 attention::paged_attention_mha_mixed_batch,

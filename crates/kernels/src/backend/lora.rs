@@ -80,6 +80,77 @@ pub fn lora_row_groups(rows: &[u32], slots: usize) -> Vec<u32> {
     out
 }
 
+/// One adapter's low-rank delta on one stacked expert weight `w [e, out, in]`: expert
+/// `x` runs `w[x] + scale · b[x]·a[x]`, with `a [e, r, in]` and `b [e, out, r]` (PEFT's
+/// per-expert `lora_A` and `lora_B`) in the weights' float dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertDelta<'a> {
+    /// `[e, r, in]`.
+    pub a: &'a Tensor,
+    /// `[e, out, r]`.
+    pub b: &'a Tensor,
+    /// PEFT's `scaling` of this weight.
+    pub scale: f32,
+}
+
+/// One adapter's deltas on one layer's routed experts: on the gate/up stack (its `2i`
+/// output columns gate first, as the stack's) and on the down stack; `None` where it
+/// leaves that stack as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExpertAdapter<'a> {
+    /// On `gate_up [e, 2i, h]`.
+    pub gate_up: Option<ExpertDelta<'a>>,
+    /// On `down [e, h, i]`.
+    pub down: Option<ExpertDelta<'a>>,
+}
+
+/// The adapters of one mixture-of-experts layer over one step
+/// ([`GpuBackend::moe_experts_lora`]): each token's slot, and by slot what its adapter
+/// does to these experts. A (token, choice) row runs its expert's delta of its token's
+/// adapter; tokens at [`NO_LORA_SLOT`], and slots whose adapter adapts no expert of the
+/// layer, keep the base experts' result bit for bit.
+///
+/// [`GpuBackend::moe_experts_lora`]: crate::GpuBackend::moe_experts_lora
+#[derive(Debug, Clone, Copy)]
+pub struct MoeLora<'a> {
+    /// `u32 [t]`: each token's slot, or [`NO_LORA_SLOT`].
+    pub rows: &'a Tensor,
+    /// By slot: its adapter's deltas on this layer, `None` where it has none.
+    pub slots: &'a [Option<ExpertAdapter<'a>>],
+}
+
+/// Checks `lora` against a mixture of `e` experts of hidden size `h` and intermediate
+/// size `i` over `t` tokens in `dtype`.
+pub(crate) fn check_moe_lora(
+    op: &'static str,
+    lora: &MoeLora<'_>,
+    (t, e, h, i): (usize, usize, usize, usize),
+    dtype: DType,
+) -> Result<()> {
+    ensure(lora.rows.dtype() == DType::U32 && lora.rows.dims() == [t], op, || {
+        format!("token slots {:?} {:?} for {t} tokens", lora.rows.dtype(), lora.rows.dims())
+    })?;
+    let check = |what: &str, d: &ExpertDelta<'_>, inputs: usize, outputs: usize| {
+        let (ad, bd) = (d.a.dims(), d.b.dims());
+        let r = ad.get(1).copied().unwrap_or(0);
+        ensure(ad == [e, r, inputs] && bd == [e, outputs, r], op, || {
+            format!("{what} deltas a {ad:?} and b {bd:?} for {e} experts of [{outputs}, {inputs}]")
+        })?;
+        ensure(d.a.dtype() == dtype && d.b.dtype() == dtype, op, || {
+            format!("{what} deltas are {:?} and {:?}, the experts {dtype:?}", d.a.dtype(), d.b.dtype())
+        })
+    };
+    for adapter in lora.slots.iter().flatten() {
+        if let Some(d) = &adapter.gate_up {
+            check("gate/up", d, h, 2 * i)?;
+        }
+        if let Some(d) = &adapter.down {
+            check("down", d, i, h)?;
+        }
+    }
+    Ok(())
+}
+
 /// The sizes of one checked LoRA op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LoraDims {

@@ -33,8 +33,8 @@ pub(crate) mod sample;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{
-    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, KvScales, LoraSlots, RecurrentBatch, Routing, SampleRow,
-    Sampled,
+    AttentionMeta, AttentionParams, DeltaRule, GpuBackend, KvScales, LoraSlots, MoeLora, RecurrentBatch, Routing,
+    SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
 use crate::quant::{PackedQuant, QuantFormat};
@@ -388,7 +388,22 @@ impl GpuBackend for CpuBackend {
     }
 
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
-        moe::moe_experts(x, routing, gate_up, down, self.dots)
+        moe::moe_experts(x, routing, gate_up, down, self.dots, None)
+    }
+
+    fn supports_expert_lora(&self) -> bool {
+        true
+    }
+
+    fn moe_experts_lora(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        gate_up: &Tensor,
+        down: &Tensor,
+        lora: &MoeLora<'_>,
+    ) -> Result<Tensor> {
+        moe::moe_experts(x, routing, gate_up, down, self.dots, Some(lora))
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

@@ -1,7 +1,8 @@
 //! Conformance checks of the mixture-of-experts ops: top-k routing (order, ties,
-//! renormalisation) and the routed expert MLPs against a naive per-token loop.
+//! renormalisation) and the routed expert MLPs against a naive per-token loop, with and
+//! without adapters on the experts.
 
-use met_kernels::{GpuBackend, Result, Routing};
+use met_kernels::{ExpertAdapter, ExpertDelta, GpuBackend, MoeLora, NO_LORA_SLOT, Result, Routing};
 
 use crate::harness::{
     Rng, assert_close, assert_close_within, assert_values, expect_err, stored, tolerance, upload_f32, upload_u32,
@@ -223,5 +224,116 @@ pub fn moe_experts_zero_intermediate_does_not_panic(b: &dyn GpuBackend) -> Resul
     if let Ok(out) = result {
         assert_close(b, &out, &[t, h], &[0.0; 8], "moe_experts with no intermediate")?;
     }
+    Ok(())
+}
+
+/// One adapter's delta on one expert stack, for the reference: `a [e, r, in]`,
+/// `b [e, out, r]`, as stored.
+struct Delta {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    r: usize,
+    scale: f32,
+}
+
+impl Delta {
+    fn random(
+        b: &dyn GpuBackend,
+        rng: &mut Rng,
+        (e, r, inputs, outputs): (usize, usize, usize, usize),
+        scale: f32,
+    ) -> Self {
+        Self { a: stored(b, rng.vec(e * r * inputs)), b: stored(b, rng.vec(e * outputs * r)), r, scale }
+    }
+
+    /// `y += scale · b[x] · (a[x] · v)` in f64, for expert `x`.
+    fn add(&self, x: usize, v: &[f64], y: &mut [f64]) {
+        let (k, n, r) = (v.len(), y.len(), self.r);
+        let a = &self.a[x * r * k..(x + 1) * r * k];
+        let b = &self.b[x * n * r..(x + 1) * n * r];
+        let s: Vec<f64> = (0..r).map(|j| (0..k).map(|c| f64::from(a[j * k + c]) * v[c]).sum()).collect();
+        for (o, out) in y.iter_mut().enumerate() {
+            *out += f64::from(self.scale) * (0..r).map(|j| f64::from(b[o * r + j]) * s[j]).sum::<f64>();
+        }
+    }
+}
+
+/// Routed experts with adapters on them against the f64 loop: tokens of the base model
+/// (bit for bit `moe_experts`), of an adapter on gate/up and down (rank 3), of one on down
+/// only (rank 2), and of a slot whose adapter leaves these experts alone.
+pub fn moe_experts_lora_matches_reference(b: &dyn GpuBackend) -> Result<()> {
+    if !b.supports_expert_lora() {
+        return Ok(());
+    }
+    let (t, e, h, i, k) = (9, 4, 24, 10, 2);
+    let mut rng = Rng::new(31);
+    let ex = Experts { h, i, gate_up: stored(b, rng.vec(e * 2 * i * h)), down: stored(b, rng.vec(e * h * i)) };
+    let x = stored(b, rng.vec(t * h));
+    let routing = b.topk_routing(&upload_f32(b, &router_logits(&mut rng, t * e), &[t, e])?, k, true)?;
+    let gu0 = Delta::random(b, &mut rng, (e, 3, h, 2 * i), 0.75);
+    let dn0 = Delta::random(b, &mut rng, (e, 3, i, h), 0.75);
+    let dn1 = Delta::random(b, &mut rng, (e, 2, i, h), 2.0);
+    let n = NO_LORA_SLOT;
+    let slots = [n, 0, 1, 0, n, 2, 1, 0, n];
+    let up = |v: &[f32], dims: &[usize]| upload_f32(b, v, dims);
+    let (gu0a, gu0b) = (up(&gu0.a, &[e, 3, h])?, up(&gu0.b, &[e, 2 * i, 3])?);
+    let (dn0a, dn0b) = (up(&dn0.a, &[e, 3, i])?, up(&dn0.b, &[e, h, 3])?);
+    let (dn1a, dn1b) = (up(&dn1.a, &[e, 2, i])?, up(&dn1.b, &[e, h, 2])?);
+    let delta = |a, b, scale| Some(ExpertDelta { a, b, scale });
+    let adapters = [
+        Some(ExpertAdapter { gate_up: delta(&gu0a, &gu0b, gu0.scale), down: delta(&dn0a, &dn0b, dn0.scale) }),
+        Some(ExpertAdapter { gate_up: None, down: delta(&dn1a, &dn1b, dn1.scale) }),
+        None,
+    ];
+    let (xt, gate_up, down) = (up(&x, &[t, h])?, up(&ex.gate_up, &[e, 2 * i, h])?, up(&ex.down, &[e, h, i])?);
+    let rows = upload_u32(b, &slots, &[t])?;
+    let out = b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &rows, slots: &adapters })?;
+    let base = b.download_f32(&b.moe_experts(&xt, &routing, &gate_up, &down)?)?;
+    let got = b.download_f32(&out)?;
+    for (tok, &s) in slots.iter().enumerate() {
+        let same = got[tok * h..(tok + 1) * h] == base[tok * h..(tok + 1) * h];
+        assert_eq!(same, s == n || s == 2, "token {tok} (slot {s}): adapted rows differ from the base, others not");
+    }
+
+    let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
+    let mut want = vec![0f64; t * h];
+    for (tok, out) in want.chunks_mut(h).enumerate() {
+        let xs: Vec<f64> = x[tok * h..(tok + 1) * h].iter().map(|&v| f64::from(v)).collect();
+        for j in 0..k {
+            let x_ = ids[tok * k + j] as usize;
+            let gu = &ex.gate_up[x_ * 2 * i * h..(x_ + 1) * 2 * i * h];
+            let mut hidden: Vec<f64> =
+                (0..2 * i).map(|r| (0..h).map(|c| f64::from(gu[r * h + c]) * xs[c]).sum()).collect();
+            if slots[tok] == 0 {
+                gu0.add(x_, &xs, &mut hidden);
+            }
+            let act: Vec<f64> = (0..i).map(|r| hidden[r] / (1.0 + (-hidden[r]).exp()) * hidden[i + r]).collect();
+            let dn = &ex.down[x_ * h * i..(x_ + 1) * h * i];
+            let mut y: Vec<f64> = (0..h).map(|r| (0..i).map(|c| f64::from(dn[r * i + c]) * act[c]).sum()).collect();
+            match slots[tok] {
+                0 => dn0.add(x_, &act, &mut y),
+                1 => dn1.add(x_, &act, &mut y),
+                _ => {}
+            }
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += f64::from(weights[tok * k + j]) * v;
+            }
+        }
+    }
+    // As `moe_experts`, with each delta's product and addition rounded too.
+    let what = format!("moe_experts_lora t={t} e={e} h={h} i={i} k={k}");
+    assert_close_within(b, &out, &[t, h], &want, tolerance(b.float_dtype()).chained(6), &what)?;
+
+    let bad = upload_u32(b, &[3; 9], &[t])?;
+    expect_err(
+        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &bad, slots: &adapters }),
+        "a token slot past the adapters",
+    );
+    let wrong = [Some(ExpertAdapter { gate_up: delta(&dn0a, &dn0b, 1.0), down: None })];
+    let rows0 = upload_u32(b, &[0; 9], &[t])?;
+    expect_err(
+        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &rows0, slots: &wrong }),
+        "down-shaped deltas on gate/up",
+    );
     Ok(())
 }
