@@ -181,7 +181,9 @@ impl DecodeGraphs {
             && batch.logit_rows.len() == n
             && batch.logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
         let fits = batch.sequences.iter().all(|s| s.blocks.len() <= self.max_blocks);
-        let adapters_fit = batch.adapter_runs.is_empty() || g.step.lora.is_some();
+        // A graph's adapters are its slots' stacks; deltas on experts are not among them.
+        let adapters_fit = batch.adapter_runs.is_empty()
+            || (g.step.lora.is_some() && batch.adapter_runs.iter().all(|r| !r.adapter.adapts_experts()));
         if !decode_only || !fits || !adapters_fit || !kv.layer(0).0.same_storage(&self.pool) {
             return Ok(None);
         }

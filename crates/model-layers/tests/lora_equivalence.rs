@@ -1,6 +1,9 @@
-//! LoRA adapters against transformers + peft: the llama fixture with two random PEFT
-//! adapters (`tests/fixtures/lora`, made by `scripts/lora_fixtures.py`: rank 8 on all seven
-//! projections; rank 16 rank-stabilised on five), float32 references.
+//! LoRA adapters against transformers + peft, float32 references: the llama fixture with
+//! two random PEFT adapters (`tests/fixtures/lora`, made by `scripts/lora_fixtures.py`:
+//! rank 8 on all seven projections; rank 16 rank-stabilised on five), and the qwen3_moe
+//! fixture with two on its routed experts (`tests/fixtures/lora_moe`, made by
+//! `scripts/lora_moe_fixtures.py`: PEFT's wrapped expert parameters beside q/k/v/o and the
+//! dense layer's MLP; the per-expert layout of transformers-4 adapters).
 //!
 //! One batch mixes rows of the base model and of both adapters. Every row's logits must be
 //! within [`LOGIT_TOLERANCE`] of its own reference, and bit for bit what the same sequence
@@ -22,7 +25,20 @@ use serde::Deserialize;
 /// As in `hf_equivalence.rs`: both sides compute in f32 and differ only in summation order.
 const LOGIT_TOLERANCE: f32 = 2e-4;
 const CHUNK: usize = 5;
-const ADAPTERS: [&str; 2] = ["r8", "r16_rslora"];
+
+/// A base fixture and the two adapters made for it.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    /// Under `fixtures/hf`.
+    base: &'static str,
+    /// Under `fixtures`: the adapters' directories and their references.
+    lora: &'static str,
+    adapters: [&'static str; 2],
+}
+
+const LLAMA: Spec = Spec { base: "llama", lora: "lora", adapters: ["r8", "r16_rslora"] };
+const QWEN3_MOE: Spec = Spec { base: "qwen3_moe", lora: "lora_moe", adapters: ["params", "modules"] };
+const SPECS: [Spec; 2] = [LLAMA, QWEN3_MOE];
 
 #[derive(Deserialize)]
 struct BaseReference {
@@ -42,6 +58,7 @@ struct LoraReference {
 }
 
 struct Fixture {
+    spec: Spec,
     model: Box<dyn Model>,
     backend: Arc<dyn GpuBackend>,
     cfg: met_config::ModelConfig,
@@ -58,8 +75,8 @@ fn limits() -> LoraLimits {
     LoraLimits { max_rank: 16 }
 }
 
-fn load() -> Fixture {
-    let dir = fixtures().join("hf/llama");
+fn load(spec: Spec) -> Fixture {
+    let dir = fixtures().join("hf").join(spec.base);
     let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
@@ -67,14 +84,15 @@ fn load() -> Fixture {
     // Three slots for two adapters: the free one is zero, and rows never read it.
     let pool = LoraPool::new(&cfg, Arc::clone(&backend), limits(), 3).unwrap();
     model.attach_lora(Arc::clone(&pool)).unwrap();
-    let adapters = ADAPTERS
+    let adapters = spec
+        .adapters
         .iter()
-        .map(|name| Arc::new(LoraAdapter::load(name, &fixtures().join("lora").join(name), &cfg, &pool).unwrap()))
+        .map(|name| Arc::new(LoraAdapter::load(name, &fixtures().join(spec.lora).join(name), &cfg, &pool).unwrap()))
         .collect();
     let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
     let base = serde_json::from_str(&read(dir.join("reference.json"))).unwrap();
-    let lora = serde_json::from_str(&read(fixtures().join("lora/reference.json"))).unwrap();
-    Fixture { model, backend, cfg, adapters, base, lora }
+    let lora = serde_json::from_str(&read(fixtures().join(spec.lora).join("reference.json"))).unwrap();
+    Fixture { spec, model, backend, cfg, adapters, base, lora }
 }
 
 /// One sequence of a test batch: a prompt and the adapter it runs through (`None`: base).
@@ -85,10 +103,13 @@ struct Row {
 }
 
 /// The reference logits of `row`, `[len, vocab]` flat.
-fn reference(row: Row) -> Vec<f32> {
+fn reference(spec: Spec, row: Row) -> Vec<f32> {
     let (file, name) = match row.adapter {
-        None => (fixtures().join("hf/llama/reference.safetensors"), format!("logits.{}", row.prompt)),
-        Some(a) => (fixtures().join("lora/reference.safetensors"), format!("{}.logits.{}", ADAPTERS[a], row.prompt)),
+        None => (fixtures().join("hf").join(spec.base).join("reference.safetensors"), format!("logits.{}", row.prompt)),
+        Some(a) => (
+            fixtures().join(spec.lora).join("reference.safetensors"),
+            format!("{}.logits.{}", spec.adapters[a], row.prompt),
+        ),
     };
     SafetensorsStore::open(&file).unwrap().host(&name).unwrap().to_f32_vec().unwrap()
 }
@@ -129,7 +150,7 @@ fn mismatches(f: &Fixture, rows: &[Row], got: &[Vec<f32>]) -> Vec<String> {
     let vocab = f.model.vocab_size();
     let mut bad = Vec::new();
     for (row, got) in rows.iter().zip(got) {
-        let want = reference(*row);
+        let want = reference(f.spec, *row);
         assert_eq!(got.len(), want.len(), "{row:?}: logits shape");
         for (pos, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
             let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -150,36 +171,46 @@ fn mixed_rows(f: &Fixture) -> Vec<Row> {
 
 #[test]
 fn a_mixed_batch_matches_transformers_and_peft_row_by_row() {
-    let f = load();
-    let rows = mixed_rows(&f);
-    let given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
-    let batched = teacher_forced(&f, &rows, &given, usize::MAX);
-    let bad = mismatches(&f, &rows, &batched);
-    assert!(bad.is_empty(), "rows off the reference:\n{}", bad.join("\n"));
-    let chunked = teacher_forced(&f, &rows, &given, CHUNK);
-    for (i, row) in rows.iter().enumerate() {
-        let alone = teacher_forced(&f, &rows[i..=i], &given[i..=i], usize::MAX);
-        assert!(alone[0] == batched[i], "{row:?}: alone and batched logits differ");
-        assert!(chunked[i] == batched[i], "{row:?}: chunked and batched logits differ");
+    for spec in SPECS {
+        let f = load(spec);
+        let rows = mixed_rows(&f);
+        let given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
+        let batched = teacher_forced(&f, &rows, &given, usize::MAX);
+        let bad = mismatches(&f, &rows, &batched);
+        assert!(bad.is_empty(), "{spec:?}: rows off the reference:\n{}", bad.join("\n"));
+        let chunked = teacher_forced(&f, &rows, &given, CHUNK);
+        for (i, row) in rows.iter().enumerate() {
+            let alone = teacher_forced(&f, &rows[i..=i], &given[i..=i], usize::MAX);
+            assert!(alone[0] == batched[i], "{spec:?} {row:?}: alone and batched logits differ");
+            assert!(chunked[i] == batched[i], "{spec:?} {row:?}: chunked and batched logits differ");
+        }
     }
 }
 
 #[test]
 fn the_wrong_adapter_on_one_row_fails_the_check() {
-    let f = load();
-    let rows = mixed_rows(&f);
-    let mut given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
-    // The r16 row of the first prompt runs through r8 instead.
-    given[2] = Some(0);
-    let bad = mismatches(&f, &rows, &teacher_forced(&f, &rows, &given, usize::MAX));
-    assert!(!bad.is_empty(), "a row through the wrong adapter matched its reference");
-    assert!(bad.iter().all(|m| m.contains("adapter: Some(1)")), "only the swapped row may fail: {bad:?}");
+    for spec in SPECS {
+        let f = load(spec);
+        let rows = mixed_rows(&f);
+        let mut given: Vec<_> = rows.iter().map(|r| r.adapter).collect();
+        // The second adapter's row of the first prompt runs through the first instead.
+        given[2] = Some(0);
+        let bad = mismatches(&f, &rows, &teacher_forced(&f, &rows, &given, usize::MAX));
+        assert!(!bad.is_empty(), "{spec:?}: a row through the wrong adapter matched its reference");
+        assert!(bad.iter().all(|m| m.contains("adapter: Some(1)")), "only the swapped row may fail: {bad:?}");
+    }
 }
 
 /// 16 greedy tokens of every prompt, base and both adapters, decoded in one mixed batch.
 #[test]
 fn greedy_continuations_in_one_mixed_batch_match_the_references() {
-    let f = load();
+    for spec in SPECS {
+        greedy_continuations(&load(spec));
+    }
+}
+
+/// [`greedy_continuations_in_one_mixed_batch_match_the_references`] for one fixture.
+fn greedy_continuations(f: &Fixture) {
     let rows: Vec<Row> = (0..f.base.prompts.len())
         .flat_map(|prompt| [None, Some(0), Some(1)].map(|adapter| Row { prompt, adapter }))
         .collect();
@@ -204,9 +235,9 @@ fn greedy_continuations_in_one_mixed_batch_match_the_references() {
     for ((tokens, _, _), row) in seqs.iter().zip(&rows) {
         let want = match row.adapter {
             None => &f.base.greedy[row.prompt],
-            Some(a) => &f.lora.adapters[ADAPTERS[a]].greedy[row.prompt],
+            Some(a) => &f.lora.adapters[f.spec.adapters[a]].greedy[row.prompt],
         };
-        assert_eq!(&tokens[tokens.len() - 16..], &want[..], "{row:?}: greedy continuation");
+        assert_eq!(&tokens[tokens.len() - 16..], &want[..], "{:?} {row:?}: greedy continuation", f.spec);
     }
 }
 
@@ -218,10 +249,11 @@ fn load_error(f: &Fixture, dir: &Path, max_rank: usize) -> String {
     }
 }
 
-/// Copies adapter `name` into a temporary directory, with its config edited by `edit`.
-fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+/// Copies adapter `name` of `spec` into a temporary directory, with its config edited by
+/// `edit`.
+fn edited(spec: Spec, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    let src = fixtures().join("lora").join(name);
+    let src = fixtures().join(spec.lora).join(name);
     std::fs::copy(src.join("adapter_model.safetensors"), tmp.path().join("adapter_model.safetensors")).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("adapter_config.json")).unwrap()).unwrap();
@@ -232,20 +264,52 @@ fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::Te
 
 #[test]
 fn bad_adapters_are_refused_naming_what_is_wrong() {
-    let f = load();
+    let f = load(LLAMA);
     let err = load_error(&f, &fixtures().join("lora/r16_rslora"), 8);
     assert!(err.contains("rank 16 is over --max-lora-rank 8"), "{err}");
     let err = load_error(&f, &fixtures().join("lora/missing"), 16);
     assert!(err.contains("adapter_config.json"), "{err}");
     // The tensors are rank 8; a config claiming 4 makes every shape wrong.
-    let err = load_error(&f, edited("r8", |c| c["r"] = 4.into()).path(), 16);
+    let err = load_error(&f, edited(LLAMA, "r8", |c| c["r"] = 4.into()).path(), 16);
     assert!(err.contains("lora_A.weight` has shape [8, 128], this model needs [4, 128]"), "{err}");
     let err = load_error(
         &f,
-        edited("r8", |c| c["target_modules"] = serde_json::json!(["q_proj", "embed_tokens"])).path(),
+        edited(LLAMA, "r8", |c| c["target_modules"] = serde_json::json!(["q_proj", "embed_tokens"])).path(),
         16,
     );
     assert!(err.contains("`embed_tokens`"), "{err}");
-    let err = load_error(&f, edited("r8", |c| c["target_modules"] = serde_json::json!(["q_proj"])).path(), 16);
+    let err = load_error(&f, edited(LLAMA, "r8", |c| c["target_modules"] = serde_json::json!(["q_proj"])).path(), 16);
     assert!(err.contains("which `target_modules` does not list"), "{err}");
+}
+
+/// Adapters on experts that do not fit the experts are refused naming the tensor or field.
+#[test]
+fn bad_expert_adapters_are_refused_naming_what_is_wrong() {
+    let f = load(QWEN3_MOE);
+    // Without the rank pattern the fused gate/up tensors (rank 16) do not fit r = 8.
+    let err = load_error(&f, edited(QWEN3_MOE, "params", |c| c["rank_pattern"] = serde_json::json!({})).path(), 16);
+    assert!(err.contains("8 experts at rank 8 need 64 rows of A and columns of B"), "{err}");
+    let err = load_error(
+        &f,
+        edited(QWEN3_MOE, "params", |c| c["target_parameters"] = serde_json::json!(["down_proj"])).path(),
+        16,
+    );
+    assert!(err.contains("gate_up_proj, which `target_parameters` does not list"), "{err}");
+    let err = load_error(
+        &f,
+        edited(QWEN3_MOE, "modules", |c| c["target_modules"] = serde_json::json!(["v_proj", "gate_proj"])).path(),
+        16,
+    );
+    assert!(err.contains("down_proj, which `target_modules` does not list"), "{err}");
+    // One expert's tensors gone.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("lora_moe/modules");
+    std::fs::copy(src.join("adapter_config.json"), tmp.path().join("adapter_config.json")).unwrap();
+    let bytes = std::fs::read(src.join("adapter_model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        file.tensors().into_iter().filter(|(n, _)| !n.contains("layers.2.mlp.experts.5.down_proj")).collect();
+    safetensors::serialize_to_file(kept, None, &tmp.path().join("adapter_model.safetensors")).unwrap();
+    let err = load_error(&f, tmp.path(), 16);
+    assert!(err.contains("layer 2: expert 5 has no down_proj adapter"), "{err}");
 }

@@ -12,7 +12,7 @@
 //! its partial outputs need only the all-reduce that ends every row-parallel product.
 
 use met_config::{Activation, ModelConfig, MoeConfig};
-use met_kernels::{GpuBackend, Tensor};
+use met_kernels::{GpuBackend, MoeLora, Tensor};
 use met_model_weights::TensorSpec;
 
 use super::linear::Linear;
@@ -160,8 +160,8 @@ impl Mlp {
     ///
     /// # Errors
     /// On device failure.
-    /// A dense MLP adds the deltas of `lora`'s adapters to its projections; experts take
-    /// none.
+    /// A dense MLP adds the deltas of `lora`'s adapters to its projections, routed experts
+    /// those of adapters on experts; a shared expert takes none.
     pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
         match self {
             Self::Dense { gate_up, down, activation } => {
@@ -176,7 +176,13 @@ impl Mlp {
             Self::Moe { router, gate_up, down, top_k, renormalize, reduce, shared } => {
                 let logits = backend.matmul(x, router, None)?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
-                let routed = reduce.apply(backend.moe_experts(x, &routing, gate_up, down)?)?;
+                let routed = match lora.experts() {
+                    Some((rows, slots)) => {
+                        backend.moe_experts_lora(x, &routing, gate_up, down, &MoeLora { rows, slots: &slots })?
+                    }
+                    None => backend.moe_experts(x, &routing, gate_up, down)?,
+                };
+                let routed = reduce.apply(routed)?;
                 let Some(shared) = shared else { return Ok(routed) };
                 let (expert, gate) = &**shared;
                 // `[t, 1]` gates, one per token, broadcast over the expert's output.

@@ -17,8 +17,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use met_kernels::{DType, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor, lora_row_groups};
+use met_kernels::{
+    DType, ExpertAdapter, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor, lora_row_groups,
+};
 
+use super::pool::SlotExperts;
 use super::{Adapter, LoraModule, LoraPool};
 use crate::{ForwardBatch, ModelError, Result};
 
@@ -37,6 +40,9 @@ pub(crate) struct StepLora {
     /// `u32 [t]`: each row's slot, and `u32 [slots + 1 + t]`: the rows grouped by slot
     /// ([`lora_row_groups`]); `None` when no row has an adapter (nothing to add).
     rows: Option<(Tensor, Tensor)>,
+    /// By slot, the deltas on routed experts of its adapter, as the step began; empty
+    /// when no slot has any.
+    experts: Vec<Option<Arc<SlotExperts>>>,
 }
 
 impl StepLora {
@@ -55,7 +61,11 @@ impl StepLora {
             let slots = row_slots(runs, batch.num_tokens(), pool)?;
             Some(upload_rows(b, &slots, pool)?)
         };
-        Ok(Some(Self { pool: Arc::clone(pool), rows }))
+        let mut experts = if rows.is_some() { pool.slot_experts() } else { Vec::new() };
+        if experts.iter().all(Option::is_none) {
+            experts.clear();
+        }
+        Ok(Some(Self { pool: Arc::clone(pool), rows, experts }))
     }
 
     /// A graph's adapters over `size` rows, every row at [`NO_LORA_SLOT`] until
@@ -65,7 +75,9 @@ impl StepLora {
     /// On device failure.
     pub fn for_graph(b: &dyn GpuBackend, pool: &Arc<LoraPool>, size: usize) -> Result<Self> {
         let rows = upload_rows(b, &vec![NO_LORA_SLOT; size], pool)?;
-        Ok(Self { pool: Arc::clone(pool), rows: Some(rows) })
+        // Expert deltas live in a host-side table, which a recording cannot follow; their
+        // backends run them eagerly only.
+        Ok(Self { pool: Arc::clone(pool), rows: Some(rows), experts: Vec::new() })
     }
 
     /// Writes the slots of `batch`'s rows into a graph's row slots, padding rows at
@@ -130,6 +142,19 @@ impl<'a> LayerLora<'a> {
     /// must leave room to add deltas.
     pub fn adapts(&self, modules: &[LoraModule]) -> bool {
         self.step.is_some_and(|s| modules.iter().any(|&m| s.pool.stack(self.layer, m).is_some()))
+    }
+
+    /// The step's adapters on this layer's routed experts, where any slot has some: each
+    /// token's slot (`u32 [t]`) and each slot's deltas.
+    pub fn experts(&self) -> Option<(&'a Tensor, Vec<Option<ExpertAdapter<'a>>>)> {
+        let step = self.step?;
+        let (rows, _) = step.rows.as_ref()?;
+        let slots: Vec<Option<ExpertAdapter<'a>>> = step
+            .experts
+            .iter()
+            .map(|s| s.as_ref().and_then(|layers| layers.get(self.layer)?.as_ref()).map(|l| l.adapter()))
+            .collect();
+        slots.iter().any(Option::is_some).then_some((rows, slots))
     }
 
     /// The product `base` issues (`out [t, N]`, a projection of `x [t, in]` fused from

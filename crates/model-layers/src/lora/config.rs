@@ -1,16 +1,38 @@
 //! `adapter_config.json` as PEFT writes it, read into what met applies: the rank, the
-//! scale and the target modules. Anything that would change the math met does not do
-//! (DoRA, biases, per-module ranks, extra trained modules, transposed weights) is refused
-//! by name rather than ignored, so an adapter either runs as PEFT runs it or not at all.
+//! scale, the target modules and expert parameters, and the per-module ranks and alphas
+//! of `rank_pattern` / `alpha_pattern`. Anything that would change the math met does not
+//! do (DoRA, biases, extra trained modules, transposed weights) is refused by name rather
+//! than ignored, so an adapter either runs as PEFT runs it or not at all.
 
 use std::path::Path;
 
+use regex::Regex;
 use serde_json::Value;
 
 use super::LoraModule;
 
+/// A stacked expert weight an adapter can target as PEFT's `target_parameters` names it
+/// (transformers' fused experts: `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExpertParam {
+    /// `gate_up_proj [e, 2i, h]`.
+    GateUp,
+    /// `down_proj [e, h, i]`.
+    Down,
+}
+
+impl ExpertParam {
+    /// PEFT's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GateUp => "gate_up_proj",
+            Self::Down => "down_proj",
+        }
+    }
+}
+
 /// The settings of one adapter that shape its computation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct AdapterConfig {
     /// `r`.
     pub rank: usize,
@@ -18,6 +40,12 @@ pub(crate) struct AdapterConfig {
     pub scale: f32,
     /// The modules it adapts.
     pub targets: Vec<LoraModule>,
+    /// The expert parameters it adapts (`target_parameters`).
+    pub expert_targets: Vec<ExpertParam>,
+    alpha: f64,
+    rslora: bool,
+    rank_pattern: Vec<(Regex, usize)>,
+    alpha_pattern: Vec<(Regex, f64)>,
 }
 
 impl AdapterConfig {
@@ -41,9 +69,82 @@ impl AdapterConfig {
         let alpha = json.get("lora_alpha").and_then(Value::as_f64).ok_or("`lora_alpha` must be a number")?;
         let rslora = json.get("use_rslora").and_then(Value::as_bool).unwrap_or(false);
         let rank = rank as usize;
-        let scale = if rslora { alpha / (rank as f64).sqrt() } else { alpha / rank as f64 } as f32;
-        Ok(Self { rank, scale, targets: targets(json)? })
+        let scale = scaling(alpha, rank, rslora);
+        let rank_pattern = pattern(json, "rank_pattern", |v| v.as_u64().filter(|&r| r > 0).map(|r| r as usize))?;
+        let alpha_pattern = pattern(json, "alpha_pattern", Value::as_f64)?;
+        let expert_targets = expert_targets(json)?;
+        let targets = targets(json)?;
+        if targets.is_empty() && expert_targets.is_empty() {
+            return Err("neither `target_modules` nor `target_parameters` names anything to adapt".into());
+        }
+        Ok(Self { rank, scale, targets, expert_targets, alpha, rslora, rank_pattern, alpha_pattern })
     }
+
+    /// The rank of the module or parameter PEFT names `name` (`model.layers.0.self_attn.q_proj`,
+    /// `model.layers.0.mlp.experts.gate_up_proj`): its `rank_pattern` entry, else `r`.
+    ///
+    /// # Errors
+    /// When keys with different values match it.
+    pub fn rank_of(&self, name: &str) -> Result<usize, String> {
+        Ok(matching(&self.rank_pattern, name, "rank_pattern")?.unwrap_or(self.rank))
+    }
+
+    /// PEFT's `scaling` of the module or parameter `name`, from its rank and its
+    /// `alpha_pattern` entry (else `lora_alpha`).
+    ///
+    /// # Errors
+    /// As [`Self::rank_of`].
+    pub fn scale_of(&self, name: &str) -> Result<f32, String> {
+        let alpha = matching(&self.alpha_pattern, name, "alpha_pattern")?.unwrap_or(self.alpha);
+        Ok(scaling(alpha, self.rank_of(name)?, self.rslora))
+    }
+}
+
+/// PEFT's `scaling`: `alpha / r`, or `alpha / √r` for rank-stabilised adapters.
+fn scaling(alpha: f64, rank: usize, rslora: bool) -> f32 {
+    (if rslora { alpha / (rank as f64).sqrt() } else { alpha / rank as f64 }) as f32
+}
+
+/// The value of the one key of `patterns` that matches `name` as PEFT matches them (the key
+/// a regular expression for a suffix of `name` after a dot, or all of it), if any.
+fn matching<T: Copy + PartialEq>(patterns: &[(Regex, T)], name: &str, field: &str) -> Result<Option<T>, String> {
+    let mut found: Option<T> = None;
+    for (re, v) in patterns.iter().filter(|(re, _)| re.is_match(name)) {
+        if found.is_some_and(|f| f != *v) {
+            return Err(format!("`{field}` has keys with different values matching `{name}` (`{}`)", re.as_str()));
+        }
+        found = Some(*v);
+    }
+    Ok(found)
+}
+
+/// A `rank_pattern` or `alpha_pattern` object: each key compiled as PEFT matches it, each
+/// value read by `value`.
+fn pattern<T>(json: &Value, field: &str, value: impl Fn(&Value) -> Option<T>) -> Result<Vec<(Regex, T)>, String> {
+    let Some(map) = json.get(field).and_then(Value::as_object) else { return Ok(Vec::new()) };
+    map.iter()
+        .map(|(key, v)| {
+            let re = Regex::new(&format!("^(?:.*\\.)?(?:{key})$"))
+                .map_err(|e| format!("`{field}` key `{key}` is not a regular expression met reads: {e}"))?;
+            let v = value(v).ok_or_else(|| format!("`{field}` value of `{key}` is not a positive number"))?;
+            Ok((re, v))
+        })
+        .collect()
+}
+
+/// `target_parameters`: the stacked expert weights it adapts, by their last name.
+fn expert_targets(json: &Value) -> Result<Vec<ExpertParam>, String> {
+    let Some(list) = json.get("target_parameters").filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let list = list.as_array().ok_or("`target_parameters` must be a list of parameter names")?;
+    list.iter()
+        .map(|v| {
+            let name = v.as_str().unwrap_or_default();
+            let last = name.rsplit('.').next().unwrap_or_default();
+            [ExpertParam::GateUp, ExpertParam::Down].into_iter().find(|p| p.name() == last).ok_or_else(|| {
+                format!("target parameter `{name}` is not one met applies adapters to (gate_up_proj, down_proj of the experts)")
+            })
+        })
+        .collect()
 }
 
 /// The fields whose non-default values met does not implement.
@@ -55,8 +156,7 @@ fn refuse_unsupported(json: &Value) -> Result<(), String> {
         Some(Value::Array(a)) => !a.is_empty(),
         Some(_) => true,
     };
-    let unsupported =
-        ["use_dora", "fan_in_fan_out", "bias", "lora_bias", "rank_pattern", "alpha_pattern", "modules_to_save"];
+    let unsupported = ["use_dora", "fan_in_fan_out", "bias", "lora_bias", "modules_to_save", "layers_to_transform"];
     match unsupported.iter().find(|k| set(k)) {
         Some(key) => Err(format!("`{key}` is set, which met does not support for LoRA adapters")),
         None => Ok(()),
@@ -65,10 +165,11 @@ fn refuse_unsupported(json: &Value) -> Result<(), String> {
 
 /// `target_modules`: a list of module names, each one met adapts.
 fn targets(json: &Value) -> Result<Vec<LoraModule>, String> {
-    let list = json
-        .get("target_modules")
-        .and_then(Value::as_array)
-        .ok_or("`target_modules` must be a list of module names")?;
+    let list = match json.get("target_modules") {
+        Some(Value::Array(list)) => list,
+        None | Some(Value::Null) if json.get("target_parameters").is_some_and(Value::is_array) => return Ok(Vec::new()),
+        _ => return Err("`target_modules` must be a list of module names".into()),
+    };
     list.iter()
         .map(|v| {
             let name = v.as_str().unwrap_or_default();
@@ -103,5 +204,34 @@ mod tests {
         let err = parse(r#"{"r": 8, "lora_alpha": 16, "use_dora": true, "target_modules": ["q_proj"]}"#).unwrap_err();
         assert!(err.contains("use_dora"), "{err}");
         assert!(parse(r#"{"r": 0, "lora_alpha": 16, "target_modules": ["q_proj"]}"#).unwrap_err().contains("`r`"));
+        let err =
+            parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": [], "target_parameters": ["mlp.gate.weight"]}"#)
+                .unwrap_err();
+        assert!(err.contains("`mlp.gate.weight`"), "{err}");
+        let err = parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": []}"#).unwrap_err();
+        assert!(err.contains("names anything to adapt"), "{err}");
+        let err =
+            parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "rank_pattern": {"(": 4}}"#).unwrap_err();
+        assert!(err.contains("rank_pattern"), "{err}");
+    }
+
+    /// PEFT's conversion of `target_modules` gate/up/down on fused experts: the fused
+    /// gate/up parameter at twice the rank and alpha, so the same scale.
+    #[test]
+    fn reads_expert_parameters_and_patterns() {
+        let c = parse(
+            r#"{"r": 4, "lora_alpha": 8, "target_modules": [], "target_parameters": ["gate_up_proj", "down_proj"],
+               "rank_pattern": {".*\\.gate_up_proj": 8}, "alpha_pattern": {".*\\.gate_up_proj": 16, "q_proj": 2}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.expert_targets, [ExpertParam::GateUp, ExpertParam::Down]);
+        assert!(c.targets.is_empty());
+        let gate_up = "model.layers.3.mlp.experts.gate_up_proj";
+        assert_eq!((c.rank_of(gate_up).unwrap(), c.scale_of(gate_up).unwrap()), (8, 2.0));
+        let down = "model.layers.3.mlp.experts.down_proj";
+        assert_eq!((c.rank_of(down).unwrap(), c.scale_of(down).unwrap()), (4, 2.0));
+        // A key matches a whole name or a suffix after a dot, never part of a word.
+        assert_eq!(c.scale_of("model.layers.0.self_attn.q_proj").unwrap(), 0.5);
+        assert_eq!(c.scale_of("model.layers.0.self_attn.xq_proj").unwrap(), 2.0);
     }
 }

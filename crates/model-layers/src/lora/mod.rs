@@ -5,8 +5,9 @@
 //! An adapter is read from a PEFT directory (`adapter_config.json` and
 //! `adapter_model.safetensors`) and checked against the model's recipe before it exists:
 //! every tensor must name a projection this model has (`q/k/v/o_proj` of an attention
-//! layer, `gate/up/down_proj` of a dense MLP; not experts, not hybrid layers), with the
-//! shapes that projection and the adapter's rank give. Its weights are written once into a
+//! layer, `gate/up/down_proj` of a dense MLP, the routed experts' weights in either of
+//! PEFT's layouts ([`experts`]); not hybrid layers), with the shapes that projection and
+//! the adapter's rank give. Its weights are written once into a
 //! free slot of the model's [`LoraPool`]; a loaded [`Adapter`] is immutable and shared
 //! (`Arc`) and holds its slot, so a request that holds one keeps it resident and unchanged
 //! until it finishes, whatever is unloaded meanwhile.
@@ -20,6 +21,7 @@
 
 mod apply;
 mod config;
+mod experts;
 mod pool;
 mod random;
 
@@ -33,13 +35,14 @@ use met_model_weights::{SafetensorsStore, WeightStore};
 pub(crate) use apply::StepLora;
 pub use apply::{AdapterRun, LayerLora};
 use config::AdapterConfig;
+use experts::{ExpertName, ExpertTensors};
 pub use pool::LoraPool;
 use pool::{HostPair, HostWeights, SlotLease};
 
 use crate::{ModelError, Result};
 
 /// A projection an adapter can target, by PEFT's module name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LoraModule {
     /// `self_attn.q_proj`.
     Q,
@@ -100,7 +103,12 @@ impl LoraModule {
             Self::Q => Ok((h, q)),
             Self::K | Self::V => Ok((h, kv)),
             Self::O => Ok((q, h)),
-            _ if sparse => Err(format!("layer {layer} routes experts, and met applies no adapters to experts")),
+            _ if sparse => Err(format!(
+                "layer {layer} routes experts: it has no dense {}; adapters on its experts name \
+                 `mlp.experts.{{e}}.{}` or the `mlp.experts` parameters",
+                self.name(),
+                self.name()
+            )),
             Self::Gate | Self::Up => Ok((h, cfg.intermediate_size)),
             Self::Down => Ok((cfg.intermediate_size, h)),
         }
@@ -129,6 +137,8 @@ pub struct LoraAdapter {
     rank: usize,
     /// Per layer, which modules ([`LoraModule::ALL`] order) it adapts.
     adapted: Vec<[bool; 7]>,
+    /// Whether it adapts routed experts.
+    experts: bool,
     lease: SlotLease,
 }
 
@@ -171,7 +181,10 @@ impl LoraAdapter {
             return Err(fail(format!("{} does not exist", file.display())));
         }
         let store = SafetensorsStore::open(&file).map_err(|e| fail(e.to_string()))?;
-        let weights = read_layers(&store, &config, cfg).map_err(fail)?;
+        let weights = read_layers(&store, &config, cfg, pool.max_rank()).map_err(fail)?;
+        if weights.experts.iter().any(Option::is_some) && !pool.takes_expert_adapters() {
+            return Err(fail("it adapts routed experts, which this backend does not apply adapters to yet".into()));
+        }
         Self::install(name, weights, config.scale, pool)
     }
 
@@ -187,8 +200,9 @@ impl LoraAdapter {
         })?;
         pool.write(&lease, &weights, scale)?;
         let adapted = weights.layers.iter().map(|l| l.each_ref().map(Option::is_some)).collect();
+        let experts = weights.experts.iter().any(Option::is_some);
         let id = AdapterId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        Ok(Self { id, name: name.to_owned(), rank: weights.rank, adapted, lease })
+        Ok(Self { id, name: name.to_owned(), rank: weights.rank, adapted, experts, lease })
     }
 
     /// This load's id.
@@ -209,6 +223,11 @@ impl LoraAdapter {
     /// Whether it adapts `module` in layer `layer`.
     pub fn adapts(&self, layer: usize, module: LoraModule) -> bool {
         self.adapted.get(layer).is_some_and(|l| l[module.index()])
+    }
+
+    /// Whether it adapts routed experts, whose deltas run in eager steps only.
+    pub fn adapts_experts(&self) -> bool {
+        self.experts
     }
 
     /// Its slot in [`Self::pool`].
@@ -243,22 +262,44 @@ fn read_layers(
     store: &SafetensorsStore,
     config: &AdapterConfig,
     cfg: &ModelConfig,
+    max_rank: usize,
 ) -> std::result::Result<HostWeights, String> {
     let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+    let mut experts = ExpertTensors::default();
     let mut found = 0;
     for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
-        let (layer, module) = place(a_name, cfg)?;
+        let (layer, module) = match place(a_name, cfg)? {
+            Place::Dense(layer, module) => (layer, module),
+            Place::Experts(layer, name) => {
+                experts.insert(layer, name, a_name);
+                continue;
+            }
+        };
         if !config.targets.contains(&module) {
             return Err(format!("`{a_name}` adapts {}, which `target_modules` does not list", module.name()));
         }
+        let peft_name = format!("model.layers.{layer}.{}.{}", module.block(), module.name());
+        let rank = config.rank_of(&peft_name)?;
+        if rank > max_rank {
+            return Err(format!("`{a_name}` has rank {rank}, over --max-lora-rank {max_rank}"));
+        }
         let b_name = a_name.replace(".lora_A.weight", ".lora_B.weight");
         let (inputs, outputs) = module.shape(cfg, layer)?;
-        check_shape(store, a_name, [config.rank, inputs])?;
-        check_shape(store, &b_name, [outputs, config.rank])?;
+        check_shape(store, a_name, [rank, inputs])?;
+        check_shape(store, &b_name, [outputs, rank])?;
         let read = |n: &str| store.host(n).and_then(|h| Ok(h.to_f32_vec()?)).map_err(|e| format!("`{n}`: {e}"));
-        layers[layer][module.index()] = Some((read(a_name)?, read(&b_name)?));
+        // The slot holds one scale, the adapter's; a module's own (`alpha_pattern`,
+        // `rank_pattern`) is folded into its B where it differs.
+        let ratio = config.scale_of(&peft_name)? / config.scale;
+        let mut b = read(&b_name)?;
+        if ratio != 1.0 {
+            b.iter_mut().for_each(|v| *v *= ratio);
+        }
+        layers[layer][module.index()] = Some(HostPair { a: read(a_name)?, b, rank });
         found += 2;
     }
+    found += experts.tensors();
+    let experts = experts.assemble(store, config, cfg, max_rank)?;
     if let Some(extra) =
         store.names().into_iter().find(|n| !n.ends_with(".lora_A.weight") && !n.ends_with(".lora_B.weight"))
     {
@@ -267,22 +308,35 @@ fn read_layers(
     if found != store.names().len() {
         return Err("a `lora_B` weight has no `lora_A` beside it".into());
     }
-    Ok(HostWeights { rank: config.rank, layers })
+    Ok(HostWeights { rank: config.rank, layers, experts })
 }
 
-/// The layer and module of a PEFT tensor name such as
-/// `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`.
-fn place(name: &str, cfg: &ModelConfig) -> std::result::Result<(usize, LoraModule), String> {
-    let unknown = || format!("`{name}` is not a LoRA weight of a decoder layer's projection");
+/// Where a PEFT tensor belongs.
+enum Place {
+    /// A projection of a layer.
+    Dense(usize, LoraModule),
+    /// The routed experts of a layer.
+    Experts(usize, ExpertName),
+}
+
+/// The place of a PEFT tensor name such as
+/// `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` or
+/// `base_model.model.model.layers.3.mlp.experts.7.up_proj.lora_A.weight`.
+fn place(name: &str, cfg: &ModelConfig) -> std::result::Result<Place, String> {
+    let unknown = || format!("`{name}` is not a LoRA weight of a decoder layer's projection or experts");
     let rest = name.strip_prefix("base_model.model.model.layers.").ok_or_else(unknown)?;
+    let rest = rest.strip_suffix(".lora_A.weight").ok_or_else(unknown)?;
     let parts: Vec<&str> = rest.split('.').collect();
-    let [layer, block, module, "lora_A", "weight"] = parts[..] else { return Err(unknown()) };
-    let module = LoraModule::from_name(module).filter(|m| m.block() == block).ok_or_else(unknown)?;
-    let layer: usize = layer.parse().map_err(|_| unknown())?;
+    let layer: usize = parts[0].parse().map_err(|_| unknown())?;
     if layer >= cfg.num_layers {
         return Err(format!("`{name}`: the model has {} layers", cfg.num_layers));
     }
-    Ok((layer, module))
+    if let Some(experts) = ExpertName::parse(&parts[1..]) {
+        return Ok(Place::Experts(layer, experts));
+    }
+    let [_, block, module] = parts[..] else { return Err(unknown()) };
+    let module = LoraModule::from_name(module).filter(|m| m.block() == block).ok_or_else(unknown)?;
+    Ok(Place::Dense(layer, module))
 }
 
 fn check_shape(store: &SafetensorsStore, name: &str, want: [usize; 2]) -> std::result::Result<(), String> {

@@ -9,6 +9,11 @@
 //! graph reads whichever adapters occupy the slots when it is replayed; a step says which
 //! by the slot of each row ([`met_kernels::LoraSlots::rows`]).
 //!
+//! Adapters on routed experts are too large to keep a stack for in every slot (each
+//! expert its own `A` and `B`): an adapter that has them uploads its own ([`LayerExperts`])
+//! into its slot's entry of the pool's expert table when it loads, dropped with the slot.
+//! Steps read that table on the host, so expert deltas run in eager steps only.
+//!
 //! **Invariant:** a slot is written only while free, and is free only when no [`SlotLease`]
 //! holds it. A loaded adapter owns its lease, and every request running through the
 //! adapter holds the adapter (an `Arc`), so an unloaded adapter's slot is taken again only
@@ -20,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use met_config::ModelConfig;
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 
+use super::experts::{HostExperts, LayerExperts};
 use super::{LoraLimits, LoraModule};
 use crate::Result;
 
@@ -33,13 +39,23 @@ pub(crate) struct Stack {
 }
 
 /// One module's weights on the host: `A [rank, in]` and `B [out, rank]`, row-major.
-pub(crate) type HostPair = (Vec<f32>, Vec<f32>);
+pub(crate) struct HostPair {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub rank: usize,
+}
 
-/// An adapter's weights on the host, by layer and module ([`LoraModule::ALL`] order).
+/// An adapter's weights on the host, by layer and module ([`LoraModule::ALL`] order), and
+/// by layer on its routed experts.
 pub(crate) struct HostWeights {
+    /// `r`, as the adapter reports it.
     pub rank: usize,
     pub layers: Vec<[Option<HostPair>; 7]>,
+    pub experts: Vec<Option<HostExperts>>,
 }
+
+/// One slot's adapter on the routed experts, by layer.
+pub(crate) type SlotExperts = Vec<Option<LayerExperts>>;
 
 /// The slots of one model's adapters on its device.
 pub struct LoraPool {
@@ -52,6 +68,10 @@ pub struct LoraPool {
     /// Slots no adapter holds.
     free: Mutex<Vec<u32>>,
     slots: usize,
+    /// By slot, its adapter's deltas on routed experts, where it has any.
+    experts: Mutex<Vec<Option<Arc<SlotExperts>>>>,
+    /// Per layer, `(experts, hidden, intermediate)` where it routes experts.
+    expert_dims: Vec<Option<(usize, usize, usize)>>,
 }
 
 impl std::fmt::Debug for LoraPool {
@@ -90,7 +110,18 @@ impl LoraPool {
             .collect::<Result<Vec<_>>>()?;
         let scales = backend.zeros(&[max_loras], DType::F32)?;
         let free = Mutex::new((0..max_loras as u32).rev().collect());
-        Ok(Arc::new(Self { backend, max_rank: r, layers, scales, free, slots: max_loras }))
+        let experts = Mutex::new(vec![None; max_loras]);
+        let expert_dims = (0..cfg.num_layers)
+            .map(|layer| {
+                let moe = cfg.moe.as_ref()?;
+                moe.sparse_layers.get(layer).copied().unwrap_or(false).then_some((
+                    moe.num_experts,
+                    cfg.hidden_size,
+                    moe.expert_intermediate_size,
+                ))
+            })
+            .collect();
+        Ok(Arc::new(Self { backend, max_rank: r, layers, scales, free, slots: max_loras, experts, expert_dims }))
     }
 
     /// How many adapters the slots hold at most.
@@ -127,6 +158,16 @@ impl LoraPool {
         Err(crate::ModelError::Unsupported(why))
     }
 
+    /// Whether adapters on routed experts can load: the backend runs their op.
+    pub(crate) fn takes_expert_adapters(&self) -> bool {
+        self.backend.supports_expert_lora()
+    }
+
+    /// By slot, the deltas on routed experts of the adapter there.
+    pub(crate) fn slot_experts(&self) -> Vec<Option<Arc<SlotExperts>>> {
+        self.experts.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// The free list; a panic elsewhere while it was held leaves it whole (a push or a pop).
     fn free(&self) -> MutexGuard<'_, Vec<u32>> {
         self.free.lock().unwrap_or_else(PoisonError::into_inner)
@@ -160,10 +201,10 @@ impl LoraPool {
                 let Some(stack) = stack else { continue };
                 let (inputs, outputs) = (stack.a.dims()[2], stack.b.dims()[1]);
                 let (mut a, mut bb) = (vec![0f32; r_max * inputs], vec![0f32; outputs * r_max]);
-                if let Some((wa, wb)) = weights.layers.get(layer).and_then(|l| l[m].as_ref()) {
-                    let r = weights.rank;
-                    a[..r * inputs].copy_from_slice(wa);
-                    for (row, src) in bb.chunks_exact_mut(r_max).zip(wb.chunks_exact(r)) {
+                if let Some(pair) = weights.layers.get(layer).and_then(|l| l[m].as_ref()) {
+                    let r = pair.rank;
+                    a[..r * inputs].copy_from_slice(&pair.a);
+                    for (row, src) in bb.chunks_exact_mut(r_max).zip(pair.b.chunks_exact(r)) {
                         row[..r].copy_from_slice(src);
                     }
                 }
@@ -173,7 +214,23 @@ impl LoraPool {
             }
         }
         let scale = b.upload(&HostTensor::from_f32(&[scale], &[1]), DType::F32)?;
-        Ok(b.lora_write_slot(&self.scales, slot, &scale)?)
+        b.lora_write_slot(&self.scales, slot, &scale)?;
+        let experts = if weights.experts.iter().any(Option::is_some) {
+            let layers = weights
+                .experts
+                .iter()
+                .zip(&self.expert_dims)
+                .map(|(host, dims)| match (host, dims) {
+                    (Some(host), Some(dims)) => LayerExperts::upload(b, host, *dims).map(Some),
+                    _ => Ok(None),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Arc::new(layers))
+        } else {
+            None
+        };
+        self.experts.lock().unwrap_or_else(PoisonError::into_inner)[slot] = experts;
+        Ok(())
     }
 }
 
@@ -197,6 +254,7 @@ impl SlotLease {
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
+        self.pool.experts.lock().unwrap_or_else(PoisonError::into_inner)[self.slot as usize] = None;
         self.pool.free().push(self.slot);
     }
 }
@@ -245,9 +303,9 @@ mod tests {
         let (inputs, outputs) = LoraModule::O.shape(&cfg, 0).unwrap();
         let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
         let (a, bb) = (vec![1.5; 2 * inputs], vec![2.5; outputs * 2]);
-        layers[0][LoraModule::O.index()] = Some((a, bb));
+        layers[0][LoraModule::O.index()] = Some(HostPair { a, b: bb, rank: 2 });
         let lease = pool.take().unwrap();
-        pool.write(&lease, &HostWeights { rank: 2, layers }, 0.75).unwrap();
+        pool.write(&lease, &HostWeights { rank: 2, layers, experts: Vec::new() }, 0.75).unwrap();
         let slot = lease.slot() as usize;
         let o = pool.stack(0, LoraModule::O).unwrap();
         let (sa, sb) = (b.download_f32(&o.a).unwrap(), b.download_f32(&o.b).unwrap());

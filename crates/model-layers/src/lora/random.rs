@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use met_config::ModelConfig;
 
-use super::pool::HostWeights;
+use super::pool::{HostPair, HostWeights};
 use super::{LoraAdapter, LoraModule, LoraPool, supports};
 use crate::{ModelError, Result};
 
@@ -50,10 +50,10 @@ impl LoraAdapter {
                 LoraModule::ALL.map(|m| {
                     let (inputs, outputs) = m.shape(cfg, layer).ok()?;
                     let a = rng.fill(rank * inputs, 1.0 / (inputs as f32).sqrt());
-                    Some((a, rng.fill(outputs * rank, 0.01)))
+                    Some(HostPair { a, b: rng.fill(outputs * rank, 0.01), rank })
                 })
             })
             .collect();
-        Self::install(name, HostWeights { rank, layers }, 1.0, pool)
+        Self::install(name, HostWeights { rank, layers, experts: Vec::new() }, 1.0, pool)
     }
 }
