@@ -16,7 +16,8 @@
 //! run a few rows per sequence and whose rejections return the state to a rollback copy.
 //!
 //! On the llama fixture each prompt also runs through two LoRA adapters
-//! (`model-layers/tests/fixtures/lora`), in the same batches as the base model's requests:
+//! (`model-layers/tests/fixtures/lora`), and on qwen3_moe through two on its routed experts
+//! (`fixtures/lora_moe`), in the same batches as the base model's requests:
 //! adapter rows must neither disturb their batch-mates nor be disturbed, and the prefix
 //! cache must never hand one adapter's blocks to another or to the base model.
 
@@ -61,7 +62,7 @@ struct Case {
     load: Box<dyn Fn() -> Box<dyn Model>>,
     backend: Arc<dyn GpuBackend>,
     prompts: Vec<Vec<u32>>,
-    /// Adapters every prompt also runs through (none but on the llama fixture).
+    /// Adapters every prompt also runs through (on the llama and qwen3_moe fixtures).
     adapters: Vec<Adapter>,
     /// Whether the requests also run with speculation (the hybrids).
     speculate: bool,
@@ -134,14 +135,17 @@ fn fixture_with(name: &str, options: LoadOptions) -> Case {
     let backend = backend();
     let cfg = read_config(&dir.join("config.json")).unwrap();
     let adapters = match name {
-        "llama" => {
-            let pool = LoraPool::new(&cfg, Arc::clone(&backend), LoraLimits { max_rank: 16 }, 2).unwrap();
-            ["r8", "r16_rslora"]
-                .iter()
-                .map(|a| Arc::new(LoraAdapter::load(a, &dir.join("../../lora").join(a), &cfg, &pool).unwrap()))
-                .collect()
-        }
-        _ => Vec::new(),
+        "llama" => ("lora", ["r8", "r16_rslora"]),
+        // Adapters on routed experts, where the backend runs them.
+        "qwen3_moe" if backend.supports_expert_lora() => ("lora_moe", ["params", "modules"]),
+        _ => ("", [""; 2]),
+    };
+    let adapters = if adapters.0.is_empty() {
+        Vec::new()
+    } else {
+        let pool = LoraPool::new(&cfg, Arc::clone(&backend), LoraLimits { max_rank: 16 }, 2).unwrap();
+        let root = dir.join("../..").join(adapters.0);
+        adapters.1.iter().map(|a| Arc::new(LoraAdapter::load(a, &root.join(a), &cfg, &pool).unwrap())).collect()
     };
     let b = Arc::clone(&backend);
     let load = move || load_model(&cfg, &SafetensorsStore::open(&dir).unwrap(), Arc::clone(&b), &options).unwrap();
