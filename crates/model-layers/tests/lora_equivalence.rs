@@ -2,8 +2,11 @@
 //! two random PEFT adapters (`tests/fixtures/lora`, made by `scripts/lora_fixtures.py`:
 //! rank 8 on all seven projections; rank 16 rank-stabilised on five), and the qwen3_moe
 //! fixture with two on its routed experts (`tests/fixtures/lora_moe`, made by
-//! `scripts/lora_moe_fixtures.py`: PEFT's wrapped expert parameters beside q/k/v/o and the
-//! dense layer's MLP; the per-expert layout of transformers-4 adapters).
+//! `scripts/lora_moe_hybrid_fixtures.py`: PEFT's wrapped expert parameters beside q/k/v/o
+//! and the dense layer's MLP; the per-expert layout of transformers-4 adapters), and the
+//! hybrid fixtures (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) with two each from the same script:
+//! PEFT's output for all seven projections (gated attention's doubled `q_proj`, the dense
+//! MLP, the shared expert or the routed experts) and a rank-stabilised one on three.
 //!
 //! One batch mixes rows of the base model and of both adapters. Every row's logits must be
 //! within [`LOGIT_TOLERANCE`] of its own reference, and bit for bit what the same sequence
@@ -14,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
+use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache, StateSizing};
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
 use met_model_layers::runner::argmax;
@@ -38,7 +41,13 @@ struct Spec {
 
 const LLAMA: Spec = Spec { base: "llama", lora: "lora", adapters: ["r8", "r16_rslora"] };
 const QWEN3_MOE: Spec = Spec { base: "qwen3_moe", lora: "lora_moe", adapters: ["params", "modules"] };
-const SPECS: [Spec; 2] = [LLAMA, QWEN3_MOE];
+const SPECS: [Spec; 5] = [
+    LLAMA,
+    QWEN3_MOE,
+    Spec { base: "qwen3_5", lora: "lora_qwen3_5", adapters: ["all", "attn"] },
+    Spec { base: "qwen3_5_moe", lora: "lora_qwen3_5_moe", adapters: ["all", "attn"] },
+    Spec { base: "qwen3_next", lora: "lora_qwen3_next", adapters: ["all", "attn"] },
+];
 
 #[derive(Deserialize)]
 struct BaseReference {
@@ -95,6 +104,13 @@ fn load(spec: Spec) -> Fixture {
     Fixture { spec, model, backend, cfg, adapters, base, lora }
 }
 
+/// A cache of `blocks` blocks, with state slots for a hybrid model's sequences.
+fn cache(f: &Fixture, blocks: usize) -> PagedKvCache {
+    let layout = f.model.kv_layout();
+    let states = layout.state.map(|_| StateSizing { sequences: 32, snapshots: 0, interval: 0, rollback: 0 });
+    PagedKvCache::with_states(&[&*f.backend], layout, DEFAULT_BLOCK_SIZE, blocks, false, states).unwrap()
+}
+
 /// One sequence of a test batch: a prompt and the adapter it runs through (`None`: base).
 #[derive(Clone, Copy, Debug)]
 struct Row {
@@ -117,7 +133,7 @@ fn reference(spec: Spec, row: Row) -> Vec<f32> {
 /// Logits at every position of each row's prompt, the rows batched together in prefill
 /// chunks of `chunk` tokens; `given[i]` is the adapter row `i` actually runs through.
 fn teacher_forced(f: &Fixture, rows: &[Row], given: &[Option<usize>], chunk: usize) -> Vec<Vec<f32>> {
-    let mut kv = PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 64, false).unwrap();
+    let mut kv = cache(f, 64);
     let prompts: Vec<&[u32]> = rows.iter().map(|r| &f.base.prompts[r.prompt][..]).collect();
     let mut seqs: Vec<_> = rows.iter().map(|_| (0usize, kv.new_sequence())).collect();
     let mut out = vec![Vec::new(); rows.len()];
@@ -214,7 +230,7 @@ fn greedy_continuations(f: &Fixture) {
     let rows: Vec<Row> = (0..f.base.prompts.len())
         .flat_map(|prompt| [None, Some(0), Some(1)].map(|adapter| Row { prompt, adapter }))
         .collect();
-    let mut kv = PagedKvCache::new(&*f.backend, f.model.kv_layout(), DEFAULT_BLOCK_SIZE, 128, false).unwrap();
+    let mut kv = cache(f, 512);
     let mut seqs: Vec<(Vec<u32>, usize, _)> =
         rows.iter().map(|r| (f.base.prompts[r.prompt].clone(), 0, kv.new_sequence())).collect();
     for _ in 0..16 {

@@ -160,8 +160,8 @@ impl Mlp {
     ///
     /// # Errors
     /// On device failure.
-    /// A dense MLP adds the deltas of `lora`'s adapters to its projections, routed experts
-    /// those of adapters on experts; a shared expert takes none.
+    /// A dense MLP (a shared expert too) adds the deltas of `lora`'s adapters to its
+    /// projections, routed experts those of adapters on experts.
     pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor, lora: LayerLora<'_>) -> Result<Tensor> {
         match self {
             Self::Dense { gate_up, down, activation } => {
@@ -186,7 +186,7 @@ impl Mlp {
                 let Some(shared) = shared else { return Ok(routed) };
                 let (expert, gate) = &**shared;
                 // `[t, 1]` gates, one per token, broadcast over the expert's output.
-                let shared = expert.forward(backend, x, LayerLora::none())?;
+                let shared = expert.forward(backend, x, lora)?;
                 let gated = backend.sigmoid_mul(&shared, &gate.forward(backend, x)?)?;
                 Ok(backend.add(&routed, &gated)?)
             }

@@ -148,7 +148,10 @@ impl SelfAttention {
         // [t, h, d] -> [t, h * d]
         let out = out.reshape(&[t, h * d])?;
         let out = match &self.gate {
-            Some(gate) => backend.sigmoid_mul(&out, &gate.forward(backend, x)?)?,
+            Some(gate) => {
+                let gate = step.lora.project(backend, x, &[(LoraModule::QGate, 0)], || gate.forward(backend, x))?;
+                backend.sigmoid_mul(&out, &gate)?
+            }
             None => out,
         };
         step.lora.project(backend, &out, &[(LoraModule::O, 0)], || self.o.forward(backend, &out))

@@ -44,7 +44,8 @@ use crate::{ModelError, Result};
 /// A projection an adapter can target, by PEFT's module name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LoraModule {
-    /// `self_attn.q_proj`.
+    /// `self_attn.q_proj`: the queries (gated attention's doubled `q_proj` holds its
+    /// output gate too, [`Self::QGate`]).
     Q,
     /// `self_attn.k_proj`.
     K,
@@ -52,22 +53,31 @@ pub enum LoraModule {
     V,
     /// `self_attn.o_proj`.
     O,
-    /// `mlp.gate_proj`.
+    /// `mlp.gate_proj`, or the shared expert's beside routed experts.
     Gate,
-    /// `mlp.up_proj`.
+    /// `mlp.up_proj`, or the shared expert's.
     Up,
-    /// `mlp.down_proj`.
+    /// `mlp.down_proj`, or the shared expert's.
     Down,
+    /// The output-gate half of gated attention's `q_proj`, which met computes as a
+    /// projection of its own: an adapter's `q_proj` delta is split between it and `Q`.
+    QGate,
 }
 
+/// How many modules there are.
+pub(crate) const MODULES: usize = LoraModule::ALL.len();
+
 impl LoraModule {
-    /// Every module, in the order of [`LayerWeights`].
-    pub const ALL: [Self; 7] = [Self::Q, Self::K, Self::V, Self::O, Self::Gate, Self::Up, Self::Down];
+    /// Every module, in the order of the per-layer arrays.
+    pub const ALL: [Self; 8] = [Self::Q, Self::K, Self::V, Self::O, Self::Gate, Self::Up, Self::Down, Self::QGate];
+
+    /// The modules PEFT names (all but the gate half of a doubled `q_proj`).
+    pub const NAMED: [Self; 7] = [Self::Q, Self::K, Self::V, Self::O, Self::Gate, Self::Up, Self::Down];
 
     /// PEFT's name for it.
     pub fn name(self) -> &'static str {
         match self {
-            Self::Q => "q_proj",
+            Self::Q | Self::QGate => "q_proj",
             Self::K => "k_proj",
             Self::V => "v_proj",
             Self::O => "o_proj",
@@ -84,13 +94,15 @@ impl LoraModule {
 
     /// The module PEFT calls `name`.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|m| m.name() == name)
+        Self::NAMED.into_iter().find(|m| m.name() == name)
     }
 
-    /// The block holding it in a layer's checkpoint names.
-    fn block(self) -> &'static str {
+    /// The block holding it in layer `layer`'s checkpoint names: a layer routing experts
+    /// has its MLP modules in its shared expert.
+    fn block(self, cfg: &ModelConfig, layer: usize) -> &'static str {
         match self {
-            Self::Q | Self::K | Self::V | Self::O => "self_attn",
+            Self::Q | Self::K | Self::V | Self::O | Self::QGate => "self_attn",
+            _ if sparse(cfg, layer) => "mlp.shared_expert",
             _ => "mlp",
         }
     }
@@ -98,21 +110,37 @@ impl LoraModule {
     /// `(in, out)` of this projection in layer `layer` of `cfg`, or why it has none.
     fn shape(self, cfg: &ModelConfig, layer: usize) -> std::result::Result<(usize, usize), String> {
         let (h, q, kv) = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-        let sparse = cfg.moe.as_ref().is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false));
+        let linear = cfg.linear_attention.as_ref().is_some_and(|l| l.is_linear(layer));
+        let shared = cfg.moe.as_ref().and_then(|m| m.shared_expert_intermediate_size);
         match self {
+            Self::Q | Self::K | Self::V | Self::O | Self::QGate if linear => Err(format!(
+                "layer {layer} is a linear-attention layer, without {}; met applies no adapters to its projections",
+                self.name()
+            )),
             Self::Q => Ok((h, q)),
             Self::K | Self::V => Ok((h, kv)),
             Self::O => Ok((q, h)),
-            _ if sparse => Err(format!(
-                "layer {layer} routes experts: it has no dense {}; adapters on its experts name \
-                 `mlp.experts.{{e}}.{}` or the `mlp.experts` parameters",
-                self.name(),
-                self.name()
-            )),
+            Self::QGate if cfg.attn_output_gate => Ok((h, q)),
+            Self::QGate => Err(format!("layer {layer}'s attention has no output gate")),
+            _ if sparse(cfg, layer) => match shared {
+                Some(s) if self == Self::Down => Ok((s, h)),
+                Some(s) => Ok((h, s)),
+                None => Err(format!(
+                    "layer {layer} routes experts: it has no dense {}; adapters on its experts name \
+                     `mlp.experts.{{e}}.{}` or the `mlp.experts` parameters",
+                    self.name(),
+                    self.name()
+                )),
+            },
             Self::Gate | Self::Up => Ok((h, cfg.intermediate_size)),
             Self::Down => Ok((cfg.intermediate_size, h)),
         }
     }
+}
+
+/// Whether layer `layer` of `cfg` routes experts.
+fn sparse(cfg: &ModelConfig, layer: usize) -> bool {
+    cfg.moe.as_ref().is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false))
 }
 
 /// Identifies one load of an adapter: a name loaded again gets a new id, so nothing keyed
@@ -136,7 +164,7 @@ pub struct LoraAdapter {
     name: String,
     rank: usize,
     /// Per layer, which modules ([`LoraModule::ALL`] order) it adapts.
-    adapted: Vec<[bool; 7]>,
+    adapted: Vec<[bool; MODULES]>,
     /// Whether it adapts routed experts.
     experts: bool,
     lease: SlotLease,
@@ -166,12 +194,11 @@ impl LoraAdapter {
     /// # Errors
     /// [`ModelError::Adapter`] naming what is wrong: a missing or unreadable file, a
     /// setting met does not implement, a rank over the pool's, a tensor of a module this
-    /// model lacks or of the wrong shape, a model whose layers take no adapters, or no free
-    /// slot (every one held by a loaded adapter, or by an unloaded one whose requests are
+    /// model lacks or of the wrong shape, a backend that cannot apply one of its deltas, or
+    /// no free slot (every one held by a loaded adapter, or by an unloaded one whose requests are
     /// still running).
     pub fn load(name: &str, dir: &Path, cfg: &ModelConfig, pool: &Arc<LoraPool>) -> Result<Self> {
         let fail = |msg: String| ModelError::Adapter { name: name.to_owned(), msg };
-        supports(cfg).map_err(fail)?;
         let config = AdapterConfig::read(dir).map_err(fail)?;
         if config.rank > pool.max_rank() {
             return Err(fail(format!("rank {} is over --max-lora-rank {}", config.rank, pool.max_rank())));
@@ -241,21 +268,6 @@ impl LoraAdapter {
     }
 }
 
-/// Whether a model of `cfg` takes adapters at all, and why not when it does not, so a
-/// server can refuse `--enable-lora` before any adapter is named.
-///
-/// # Errors
-/// What about the model keeps adapters off it.
-pub fn supports(cfg: &ModelConfig) -> std::result::Result<(), String> {
-    if cfg.linear_attention.is_some() || cfg.attn_output_gate {
-        return Err(format!(
-            "`{}` has hybrid or gated-attention layers, which met applies no adapters to",
-            cfg.model_type
-        ));
-    }
-    Ok(())
-}
-
 /// Every tensor of `store` read to the host and placed in its layer and module, after
 /// checking its name and shape.
 fn read_layers(
@@ -264,7 +276,7 @@ fn read_layers(
     cfg: &ModelConfig,
     max_rank: usize,
 ) -> std::result::Result<HostWeights, String> {
-    let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+    let mut layers: Vec<[Option<HostPair>; MODULES]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
     let mut experts = ExpertTensors::default();
     let mut found = 0;
     for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
@@ -278,15 +290,17 @@ fn read_layers(
         if !config.targets.contains(&module) {
             return Err(format!("`{a_name}` adapts {}, which `target_modules` does not list", module.name()));
         }
-        let peft_name = format!("model.layers.{layer}.{}.{}", module.block(), module.name());
+        let peft_name = format!("model.layers.{layer}.{}.{}", module.block(cfg, layer), module.name());
         let rank = config.rank_of(&peft_name)?;
         if rank > max_rank {
             return Err(format!("`{a_name}` has rank {rank}, over --max-lora-rank {max_rank}"));
         }
         let b_name = a_name.replace(".lora_A.weight", ".lora_B.weight");
         let (inputs, outputs) = module.shape(cfg, layer)?;
+        // Gated attention's `q_proj` holds each head's queries, then its gate.
+        let gated = module == LoraModule::Q && cfg.attn_output_gate;
         check_shape(store, a_name, [rank, inputs])?;
-        check_shape(store, &b_name, [outputs, rank])?;
+        check_shape(store, &b_name, [if gated { 2 * outputs } else { outputs }, rank])?;
         let read = |n: &str| store.host(n).and_then(|h| Ok(h.to_f32_vec()?)).map_err(|e| format!("`{n}`: {e}"));
         // The slot holds one scale, the adapter's; a module's own (`alpha_pattern`,
         // `rank_pattern`) is folded into its B where it differs.
@@ -295,7 +309,13 @@ fn read_layers(
         if ratio != 1.0 {
             b.iter_mut().for_each(|v| *v *= ratio);
         }
-        layers[layer][module.index()] = Some(HostPair { a: read(a_name)?, b, rank });
+        let a = read(a_name)?;
+        if gated {
+            let (queries, gates) = split_heads(&b, cfg.head_dim * rank);
+            layers[layer][LoraModule::QGate.index()] = Some(HostPair { a: a.clone(), b: gates, rank });
+            b = queries;
+        }
+        layers[layer][module.index()] = Some(HostPair { a, b, rank });
         found += 2;
     }
     found += experts.tensors();
@@ -309,6 +329,17 @@ fn read_layers(
         return Err("a `lora_B` weight has no `lora_A` beside it".into());
     }
     Ok(HostWeights { rank: config.rank, layers, experts })
+}
+
+/// Rows of `b` in alternating runs of `run` values, the first of each pair of runs one
+/// half and the second the other: gated attention's `q_proj` rows per head, `[q; gate]`.
+fn split_heads(b: &[f32], run: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut first, mut second) = (Vec::with_capacity(b.len() / 2), Vec::with_capacity(b.len() / 2));
+    for pair in b.chunks(2 * run) {
+        first.extend_from_slice(&pair[..run]);
+        second.extend_from_slice(&pair[run..]);
+    }
+    (first, second)
 }
 
 /// Where a PEFT tensor belongs.
@@ -334,8 +365,9 @@ fn place(name: &str, cfg: &ModelConfig) -> std::result::Result<Place, String> {
     if let Some(experts) = ExpertName::parse(&parts[1..]) {
         return Ok(Place::Experts(layer, experts));
     }
-    let [_, block, module] = parts[..] else { return Err(unknown()) };
-    let module = LoraModule::from_name(module).filter(|m| m.block() == block).ok_or_else(unknown)?;
+    let [_, block @ .., module] = &parts[..] else { return Err(unknown()) };
+    let module =
+        LoraModule::from_name(module).filter(|m| m.block(cfg, layer) == block.join(".")).ok_or_else(unknown)?;
     Ok(Place::Dense(layer, module))
 }
 

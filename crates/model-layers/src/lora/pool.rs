@@ -26,7 +26,7 @@ use met_config::ModelConfig;
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 
 use super::experts::{HostExperts, LayerExperts};
-use super::{LoraLimits, LoraModule};
+use super::{LoraLimits, LoraModule, MODULES};
 use crate::Result;
 
 /// One module's stacks in one layer.
@@ -50,7 +50,7 @@ pub(crate) struct HostPair {
 pub(crate) struct HostWeights {
     /// `r`, as the adapter reports it.
     pub rank: usize,
-    pub layers: Vec<[Option<HostPair>; 7]>,
+    pub layers: Vec<[Option<HostPair>; MODULES]>,
     pub experts: Vec<Option<HostExperts>>,
 }
 
@@ -62,7 +62,7 @@ pub struct LoraPool {
     backend: Arc<dyn GpuBackend>,
     max_rank: usize,
     /// Per layer, per module: `None` where the layer has no such projection (experts).
-    layers: Vec<[Option<Stack>; 7]>,
+    layers: Vec<[Option<Stack>; MODULES]>,
     /// `f32 [slots]`.
     scales: Tensor,
     /// Slots no adapter holds.
@@ -84,15 +84,14 @@ impl LoraPool {
     /// `max_loras` empty slots of rank `limits.max_rank` for a model of `cfg` on `backend`.
     ///
     /// # Errors
-    /// [`crate::ModelError::Unsupported`] for a model whose layers take no adapters, or
-    /// zero slots; device failures allocating the stacks.
+    /// [`crate::ModelError::Unsupported`] for zero slots; device failures allocating the
+    /// stacks.
     pub fn new(
         cfg: &ModelConfig,
         backend: Arc<dyn GpuBackend>,
         limits: LoraLimits,
         max_loras: usize,
     ) -> Result<Arc<Self>> {
-        super::supports(cfg).map_err(crate::ModelError::Unsupported)?;
         if max_loras == 0 || limits.max_rank == 0 {
             return Err(crate::ModelError::Unsupported("LoRA slots need --max-loras and a rank of at least 1".into()));
         }
@@ -104,8 +103,11 @@ impl LoraPool {
                     let a = backend.zeros(&[max_loras, r, inputs], dtype)?;
                     Ok(Some(Stack { a, b: backend.zeros(&[max_loras, outputs, r], dtype)? }))
                 };
-                let [q, k, v, o, g, u, d] = LoraModule::ALL.map(stack);
-                Ok([q?, k?, v?, o?, g?, u?, d?])
+                let mut stacks: [Option<Stack>; MODULES] = Default::default();
+                for (slot, m) in stacks.iter_mut().zip(LoraModule::ALL) {
+                    *slot = stack(m)?;
+                }
+                Ok(stacks)
             })
             .collect::<Result<Vec<_>>>()?;
         let scales = backend.zeros(&[max_loras], DType::F32)?;
@@ -301,7 +303,7 @@ mod tests {
         let b: Arc<dyn GpuBackend> = Arc::new(CpuBackend::new());
         let pool = LoraPool::new(&cfg, Arc::clone(&b), LoraLimits { max_rank: 4 }, 2).unwrap();
         let (inputs, outputs) = LoraModule::O.shape(&cfg, 0).unwrap();
-        let mut layers: Vec<[Option<HostPair>; 7]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
+        let mut layers: Vec<[Option<HostPair>; MODULES]> = (0..cfg.num_layers).map(|_| Default::default()).collect();
         let (a, bb) = (vec![1.5; 2 * inputs], vec![2.5; outputs * 2]);
         layers[0][LoraModule::O.index()] = Some(HostPair { a, b: bb, rank: 2 });
         let lease = pool.take().unwrap();

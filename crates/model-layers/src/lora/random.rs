@@ -9,7 +9,7 @@ use std::sync::Arc;
 use met_config::ModelConfig;
 
 use super::pool::{HostPair, HostWeights};
-use super::{LoraAdapter, LoraModule, LoraPool, supports};
+use super::{LoraAdapter, LoraModule, LoraPool};
 use crate::{ModelError, Result};
 
 /// A SplitMix64 stream of uniform floats.
@@ -36,11 +36,9 @@ impl LoraAdapter {
     /// `cfg` that takes one, with scale 1, written into a free slot of `pool`.
     ///
     /// # Errors
-    /// As [`Self::load`]: a model that takes no adapters, a rank over the pool's, no free
-    /// slot, or a device failure.
+    /// As [`Self::load`]: a rank over the pool's, no free slot, or a device failure.
     pub fn random(name: &str, cfg: &ModelConfig, pool: &Arc<LoraPool>, rank: usize, seed: u64) -> Result<Self> {
         let fail = |msg: String| ModelError::Adapter { name: name.to_owned(), msg };
-        supports(cfg).map_err(fail)?;
         if rank == 0 || rank > pool.max_rank() {
             return Err(fail(format!("rank {rank} is not in 1..={} (--max-lora-rank)", pool.max_rank())));
         }

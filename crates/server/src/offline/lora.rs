@@ -47,7 +47,7 @@ impl FromStr for LoraDummy {
 /// it serves from (none without `dummy`).
 ///
 /// # Errors
-/// A model that does not load or takes no adapters; a device that cannot hold the slots.
+/// A model that does not load; a device that cannot hold the slots.
 pub(super) fn load(
     load_config: &LoadConfig,
     dummy: Option<LoraDummy>,
