@@ -16,8 +16,10 @@
 //! run a few rows per sequence and whose rejections return the state to a rollback copy.
 //!
 //! On the llama fixture each prompt also runs through two LoRA adapters
-//! (`model-layers/tests/fixtures/lora`), and on qwen3_moe through two on its routed experts
-//! (`fixtures/lora_moe`), in the same batches as the base model's requests:
+//! (`model-layers/tests/fixtures/lora`), on qwen3_moe through two on its routed experts
+//! (`fixtures/lora_moe`), and on the hybrids through theirs (`fixtures/lora_qwen3_*`: gated
+//! attention, shared and routed experts), in the same batches as the base model's requests
+//! (and, on the hybrids, speculating):
 //! adapter rows must neither disturb their batch-mates nor be disturbed, and the prefix
 //! cache must never hand one adapter's blocks to another or to the base model.
 
@@ -62,7 +64,7 @@ struct Case {
     load: Box<dyn Fn() -> Box<dyn Model>>,
     backend: Arc<dyn GpuBackend>,
     prompts: Vec<Vec<u32>>,
-    /// Adapters every prompt also runs through (on the llama and qwen3_moe fixtures).
+    /// Adapters every prompt also runs through (on the llama, qwen3_moe and hybrid fixtures).
     adapters: Vec<Adapter>,
     /// Whether the requests also run with speculation (the hybrids).
     speculate: bool,
@@ -138,6 +140,10 @@ fn fixture_with(name: &str, options: LoadOptions) -> Case {
         "llama" => ("lora", ["r8", "r16_rslora"]),
         // Adapters on routed experts, where the backend runs them.
         "qwen3_moe" if backend.supports_expert_lora() => ("lora_moe", ["params", "modules"]),
+        "qwen3_5" => ("lora_qwen3_5", ["all", "attn"]),
+        "qwen3_5_moe" => ("lora_qwen3_5_moe", ["all", "attn"]),
+        // Its adapters change routed experts.
+        "qwen3_next" if backend.supports_expert_lora() => ("lora_qwen3_next", ["all", "attn"]),
         _ => ("", [""; 2]),
     };
     let adapters = if adapters.0.is_empty() {
