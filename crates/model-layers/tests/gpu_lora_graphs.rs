@@ -3,7 +3,9 @@
 //!
 //! Compiled with the `cuda` feature and run on the GPU machine. The llama fixture is
 //! loaded twice on the GPU, each copy with its own adapter slots and the fixture's two
-//! PEFT adapters (`tests/fixtures/lora`: rank 8, and rank 16 rank-stabilised); graphs are
+//! PEFT adapters (`tests/fixtures/lora`: rank 8, and rank 16 rank-stabilised), and so are
+//! the Qwen3.5 and Qwen3.5-MoE hybrids with theirs (gated attention's split `q_proj`, the
+//! dense MLP or shared expert; their state pools end equal too); graphs are
 //! captured on one copy only, after its slots are attached. Both run the same greedy steps,
 //! in which every sequence moves to another adapter (or the base model) at every step, and
 //! halfway one adapter is unloaded and another loaded into the slot it freed, so replays
@@ -16,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use met_cache::{KvCache, PagedKvCache, SequenceBlocks};
+use met_cache::{KvCache, PagedKvCache, SequenceBlocks, StateSizing};
 use met_config::ModelConfig;
 use met_kernels::{CudaBackend, GpuBackend};
 use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
@@ -35,8 +37,19 @@ fn fixtures() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
+/// A base fixture (under `hf/`), the folder of its adapters and their names.
+#[derive(Clone, Copy)]
+struct Fixture {
+    base: &'static str,
+    lora: &'static str,
+    adapters: [&'static str; 2],
+}
+
+const LLAMA: Fixture = Fixture { base: "llama", lora: "lora", adapters: ["r8", "r16_rslora"] };
+
 /// One copy of the model with its slots, cache and adapters (`None` once unloaded).
 struct Side {
+    fixture: Fixture,
     backend: Arc<dyn GpuBackend>,
     model: Box<dyn Model>,
     cfg: ModelConfig,
@@ -49,27 +62,30 @@ struct Side {
 type Seq = (Vec<u32>, usize, SequenceBlocks);
 
 impl Side {
-    fn new(backend: &Arc<dyn GpuBackend>, graphs: bool) -> Self {
-        let dir = fixtures().join("hf/llama");
+    fn new(fixture: Fixture, backend: &Arc<dyn GpuBackend>, graphs: bool) -> Self {
+        let dir = fixtures().join("hf").join(fixture.base);
         let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
         let store = SafetensorsStore::open(&dir).unwrap();
         let model = load_model(&cfg, &store, Arc::clone(backend), &LoadOptions::default()).unwrap();
         let pool = LoraPool::new(&cfg, Arc::clone(backend), LoraLimits { max_rank: 16 }, 3).unwrap();
         model.attach_lora(Arc::clone(&pool)).unwrap();
-        let kv = PagedKvCache::new(&**backend, model.kv_layout(), 4, 512, false).unwrap();
+        let layout = model.kv_layout();
+        let states = layout.state.map(|_| StateSizing { sequences: 8, snapshots: 0, interval: 0, rollback: 0 });
+        let kv = PagedKvCache::with_states(&[&**backend], layout, 4, 512, false, states).unwrap();
         if graphs {
             let settings = GraphSettings { batch_sizes: vec![1, 2, 4, 8], max_context: 4096 };
             let capture = model.capture_graphs(&kv, &settings).unwrap();
             assert!(matches!(capture, GraphCapture::Captured { .. }), "{capture}");
         }
-        let mut side = Self { backend: Arc::clone(backend), model, cfg, kv, pool, adapters: Vec::new() };
-        side.load("r8");
-        side.load("r16_rslora");
+        let mut side = Self { fixture, backend: Arc::clone(backend), model, cfg, kv, pool, adapters: Vec::new() };
+        for name in fixture.adapters {
+            side.load(name);
+        }
         side
     }
 
     fn load(&mut self, name: &str) {
-        let dir = fixtures().join("lora").join(name);
+        let dir = fixtures().join(self.fixture.lora).join(name);
         self.adapters.push(Some(Arc::new(LoraAdapter::load(name, &dir, &self.cfg, &self.pool).unwrap())));
     }
 
@@ -101,7 +117,7 @@ impl Side {
         let free = self.pool.free_slots();
         self.adapters[0] = None;
         assert_eq!(self.pool.free_slots(), free + 1, "an adapter no step holds frees its slot");
-        self.load("r8");
+        self.load(self.fixture.adapters[0]);
     }
 }
 
@@ -120,9 +136,9 @@ fn pick(step: usize, i: usize) -> Option<usize> {
     choices[(i + step) % 3]
 }
 
-fn check(lengths: &[usize]) -> u64 {
+fn check(fixture: Fixture, lengths: &[usize]) -> u64 {
     let backend: Arc<dyn GpuBackend> = Arc::new(CudaBackend::new().expect("these tests need a CUDA GPU"));
-    let (mut eager, mut graphed) = (Side::new(&backend, false), Side::new(&backend, true));
+    let (mut eager, mut graphed) = (Side::new(fixture, &backend, false), Side::new(fixture, &backend, true));
     let prompts = prompts(lengths, eager.cfg.vocab_size);
     let (mut eager_seqs, mut graphed_seqs) = (eager.sequences(&prompts), graphed.sequences(&prompts));
     let before = graphed.model.graph_replays();
@@ -133,10 +149,17 @@ fn check(lengths: &[usize]) -> u64 {
         }
         let want = eager.step(&mut eager_seqs, |i| pick(step, i));
         let got = graphed.step(&mut graphed_seqs, |i| pick(step, i));
-        assert!(got == want, "lengths {lengths:?}, step {step}: graphed logits differ from eager");
+        assert!(got == want, "{} lengths {lengths:?}, step {step}: graphed logits differ from eager", fixture.base);
     }
+    let states = |side: &Side| -> Vec<Vec<f32>> {
+        side.kv.pools(0).state_pools().iter().map(|p| side.backend.download_f32(p).unwrap()).collect()
+    };
+    assert!(states(&eager) == states(&graphed), "{}: the state pools differ", fixture.base);
     let replays = graphed.model.graph_replays() - before;
-    eprintln!("GPU-LORA-GRAPHS lengths {lengths:?}: {replays} of {STEPS} steps replayed; equal to eager");
+    eprintln!(
+        "GPU-LORA-GRAPHS {} lengths {lengths:?}: {replays} of {STEPS} steps replayed; equal to eager",
+        fixture.base
+    );
     replays
 }
 
@@ -144,6 +167,15 @@ fn check(lengths: &[usize]) -> u64 {
 /// slot.
 #[test]
 fn lora_decode_graphs_equal_eager_as_adapters_change() {
-    assert_eq!(check(&[10, 37, 90, 5]), STEPS as u64 - 1);
-    assert_eq!(check(&[12, 61, 3]), STEPS as u64 - 1);
+    assert_eq!(check(LLAMA, &[10, 37, 90, 5]), STEPS as u64 - 1);
+    assert_eq!(check(LLAMA, &[12, 61, 3]), STEPS as u64 - 1);
+}
+
+/// The hybrids' adapters (no routed experts among them) replay too.
+#[test]
+fn hybrid_lora_decode_graphs_equal_eager_as_adapters_change() {
+    for (base, lora) in [("qwen3_5", "lora_qwen3_5"), ("qwen3_5_moe", "lora_qwen3_5_moe")] {
+        let fixture = Fixture { base, lora, adapters: ["all", "attn"] };
+        assert_eq!(check(fixture, &[12, 61, 3]), STEPS as u64 - 1);
+    }
 }
