@@ -1,6 +1,7 @@
 //! Random adapters, for measuring: `met bench --lora-dummy N:R` serves N of them with no
 //! PEFT directory at hand. Each adapts every projection the model lets adapters touch (all
-//! seven of a dense layer), with `A` uniform in `±1/√in` (the scale of PEFT's Kaiming
+//! seven of a dense layer), and the routed experts' gate/up and down where the backend
+//! applies adapters to experts, with `A` uniform in `±1/√in` (the scale of PEFT's Kaiming
 //! initialisation) and a non-zero `B` uniform in `±0.01`, so its deltas are real work of
 //! the size a trained adapter's are, drawn from a seed so runs repeat.
 
@@ -8,6 +9,7 @@ use std::sync::Arc;
 
 use met_config::ModelConfig;
 
+use super::experts::{HostDelta, HostExperts};
 use super::pool::{HostPair, HostWeights};
 use super::{LoraAdapter, LoraModule, LoraPool};
 use crate::{ModelError, Result};
@@ -52,6 +54,20 @@ impl LoraAdapter {
                 })
             })
             .collect();
-        Self::install(name, HostWeights { rank, layers, experts: Vec::new() }, 1.0, pool)
+        let experts = (0..cfg.num_layers)
+            .map(|layer| {
+                let moe = cfg.moe.as_ref().filter(|m| m.sparse_layers.get(layer) == Some(&true))?;
+                pool.takes_expert_adapters().then_some(())?;
+                let (e, h, i) = (moe.num_experts, cfg.hidden_size, moe.expert_intermediate_size);
+                let mut delta = |inputs: usize, outputs: usize| HostDelta {
+                    a: rng.fill(e * rank * inputs, 1.0 / (inputs as f32).sqrt()),
+                    b: rng.fill(e * outputs * rank, 0.01),
+                    rank,
+                    scale: 1.0,
+                };
+                Some(HostExperts { gate_up: Some(delta(h, 2 * i)), down: Some(delta(i, h)) })
+            })
+            .collect();
+        Self::install(name, HostWeights { rank, layers, experts }, 1.0, pool)
     }
 }
