@@ -17,8 +17,8 @@ pub const DEFAULT_MAX_LORA_RANK: usize = 16;
 /// Adapters resident at once unless `--max-loras` says otherwise.
 pub const DEFAULT_MAX_LORAS: usize = 4;
 
-/// One `--lora-modules NAME=PATH`: the name requests use as their `model`, and the PEFT
-/// directory the adapter is read from.
+/// One `--lora-modules NAME=PATH` (or vLLM's JSON form of it): the name requests use as
+/// their `model`, and the PEFT directory the adapter is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraModulePath {
     /// The model id requests name the adapter by.
@@ -31,11 +31,32 @@ impl FromStr for LoraModulePath {
     type Err = InvalidSetting;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim_start().starts_with('{') {
+            return Self::from_json(s);
+        }
         match s.split_once('=') {
             Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
                 Ok(Self { name: name.trim().to_owned(), path: PathBuf::from(path) })
             }
             _ => Err(InvalidSetting::new("lora-modules", format!("`{s}` is not NAME=PATH"))),
+        }
+    }
+}
+
+impl LoraModulePath {
+    /// vLLM's JSON form, `{"name": NAME, "path": PATH, "base_model_name": BASE}`: the base
+    /// model is optional (met serves one), any other key is refused.
+    fn from_json(s: &str) -> Result<Self, InvalidSetting> {
+        let bad = |msg: String| InvalidSetting::new("lora-modules", msg);
+        let value: serde_json::Value = serde_json::from_str(s).map_err(|e| bad(format!("`{s}` is not JSON: {e}")))?;
+        let object = value.as_object().ok_or_else(|| bad(format!("`{s}` is not a JSON object")))?;
+        if let Some(key) = object.keys().find(|k| !["name", "path", "base_model_name"].contains(&k.as_str())) {
+            return Err(bad(format!("`{s}` has `{key}`; an adapter takes `name`, `path` and `base_model_name`")));
+        }
+        let field = |key: &str| object.get(key).and_then(serde_json::Value::as_str).filter(|v| !v.trim().is_empty());
+        match (field("name"), field("path")) {
+            (Some(name), Some(path)) => Ok(Self { name: name.trim().to_owned(), path: PathBuf::from(path) }),
+            _ => Err(bad(format!("`{s}` needs a non-empty `name` and `path`"))),
         }
     }
 }
@@ -105,6 +126,22 @@ mod tests {
             let err = bad.parse::<LoraModulePath>().unwrap_err();
             assert_eq!(err.flag, "lora-modules", "{bad}");
             assert!(err.msg.contains("NAME=PATH"), "{err:?}");
+        }
+    }
+
+    /// vLLM's JSON form reads as NAME=PATH does; a missing field or an unknown key is an
+    /// error naming the flag.
+    #[test]
+    fn modules_parse_as_vllm_json() {
+        let want = LoraModulePath { name: "sql".into(), path: "/a/b".into() };
+        assert_eq!(module(r#"{"name": "sql", "path": "/a/b"}"#), want);
+        assert_eq!(module(r#"{"name": "sql", "path": "/a/b", "base_model_name": "meta-llama/x"}"#), want);
+        for bad in
+            [r#"{"name": "sql"}"#, r#"{"name": "", "path": "/a"}"#, r#"{"name": "a", "path": "/a", "rank": 8}"#, "{"]
+        {
+            let err = bad.parse::<LoraModulePath>().unwrap_err();
+            assert_eq!(err.flag, "lora-modules", "{bad}");
+            assert!(err.msg.contains(bad), "{err:?}");
         }
     }
 

@@ -88,7 +88,8 @@ pub struct ServeArgs {
     /// CPU only for now, on one device.
     #[arg(long)]
     pub enable_lora: bool,
-    /// Adapters to load at startup, as NAME=PATH (a PEFT directory); needs --enable-lora.
+    /// Adapters to load at startup, as NAME=PATH (a PEFT directory) or vLLM's JSON form
+    /// `{"name": NAME, "path": PATH}`; needs --enable-lora.
     #[arg(long, value_name = "NAME=PATH", num_args = 1.., value_parser = parse_lora_module)]
     pub lora_modules: Vec<LoraModulePath>,
     /// Adapters resident at once; loading one more is answered 400 (default 4; needs
