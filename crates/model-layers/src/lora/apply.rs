@@ -21,8 +21,10 @@ use met_kernels::{
     DType, ExpertAdapter, GpuBackend, HostTensor, LoraSlots, LoraStack, NO_LORA_SLOT, Tensor, lora_row_groups,
 };
 
+use super::Adapter;
+use super::module::LoraModule;
+use super::pool::LoraPool;
 use super::pool::SlotExperts;
-use super::{Adapter, LoraModule, LoraPool};
 use crate::{ForwardBatch, ModelError, Result};
 
 /// Consecutive rows of a batch that run through one adapter.

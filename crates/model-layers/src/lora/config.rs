@@ -9,7 +9,7 @@ use std::path::Path;
 use regex::Regex;
 use serde_json::Value;
 
-use super::LoraModule;
+use super::module::LoraModule;
 
 /// A stacked expert weight an adapter can target as PEFT's `target_parameters` names it
 /// (transformers' fused experts: `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).

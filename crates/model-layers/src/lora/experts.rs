@@ -24,8 +24,8 @@ use met_config::ModelConfig;
 use met_kernels::{ExpertAdapter, ExpertDelta, GpuBackend, HostTensor, Tensor};
 use met_model_weights::{SafetensorsStore, WeightStore};
 
-use super::LoraModule;
 use super::config::{AdapterConfig, ExpertParam};
+use super::module::LoraModule;
 use crate::Result;
 
 /// One delta on one expert stack, on the host: `a [e, r, in]`, `b [e, out, r]`.

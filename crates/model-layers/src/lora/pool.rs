@@ -26,7 +26,7 @@ use met_config::ModelConfig;
 use met_kernels::{DType, GpuBackend, HostTensor, Tensor};
 
 use super::experts::{HostExperts, LayerExperts};
-use super::{LoraLimits, LoraModule, MODULES};
+use super::module::{LoraModule, MODULES};
 use crate::Result;
 
 /// One module's stacks in one layer.
@@ -56,6 +56,13 @@ pub(crate) struct HostWeights {
 
 /// One slot's adapter on the routed experts, by layer.
 pub(crate) type SlotExperts = Vec<Option<LayerExperts>>;
+
+/// Limits an adapter is checked against when it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraLimits {
+    /// The highest rank accepted (`--max-lora-rank`).
+    pub max_rank: usize,
+}
 
 /// The slots of one model's adapters on its device.
 pub struct LoraPool {

@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use met_config::ModelConfig;
 
+use super::LoraAdapter;
 use super::experts::{HostDelta, HostExperts};
+use super::module::LoraModule;
+use super::pool::LoraPool;
 use super::pool::{HostPair, HostWeights};
-use super::{LoraAdapter, LoraModule, LoraPool};
 use crate::{ModelError, Result};
 
 /// A SplitMix64 stream of uniform floats.
