@@ -87,6 +87,30 @@ async fn adapters_load_list_serve_and_unload() {
     assert_eq!(load(&server, "sql", "r8").await.0, StatusCode::OK);
 }
 
+/// vLLM's `load_inplace` replaces the adapter of a name (its path and weights), where a
+/// plain load of a taken name is refused naming the way.
+#[tokio::test]
+async fn load_inplace_replaces_an_adapter() {
+    let server = server(1, 16);
+    assert_eq!(load(&server, "sql", "r8").await.0, StatusCode::OK);
+    let again = load(&server, "sql", "r16_rslora").await;
+    assert_eq!(expect_error(again, StatusCode::BAD_REQUEST, "load_inplace").as_deref(), Some("lora_name"));
+    let path = adapter_dir("r16_rslora").display().to_string();
+    let body = json!({"lora_name": "sql", "lora_path": path, "load_inplace": true});
+    let (status, text) = send(&server, "/v1/load_lora_adapter", body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(loaded_gauge(&server), 1, "replaced, not added");
+    let models: Value = serde_json::from_str(&server.get("/v1/models").await.1).unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 2, "{models}");
+    assert_eq!(models["data"][1]["root"], path, "{models}");
+    // In place of nothing, it loads as a plain load does, within --max-loras.
+    let body = json!({"lora_name": "chat", "lora_path": path, "load_inplace": true});
+    expect_error(send(&server, "/v1/load_lora_adapter", body).await, StatusCode::BAD_REQUEST, "--max-loras");
+    let (status, answer) =
+        server.post("/v1/completions", completion(json!("hi"), json!({"model": "sql", "max_tokens": 3}))).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
 #[tokio::test]
 async fn bad_loads_and_unloads_name_what_is_wrong() {
     let server = server(2, 8);

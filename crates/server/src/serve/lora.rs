@@ -123,7 +123,7 @@ impl LoraRegistry {
         let registry = Self::in_slots(target, pool, config.max_loras, base, metrics);
         for m in &config.modules {
             registry
-                .load(&m.name, &m.path)
+                .load(&m.name, &m.path, false)
                 .map_err(|e| anyhow::anyhow!("--lora-modules {}={}: {}", m.name, m.path.display(), e.message))?;
         }
         Ok(registry)
@@ -139,20 +139,30 @@ impl LoraRegistry {
         self.lock().clone()
     }
 
-    /// Loads the PEFT adapter in `path` as `name`. Blocking: it reads and uploads weights.
+    /// Loads the PEFT adapter in `path` as `name`; with `inplace`, in place of the adapter
+    /// loaded under that name, if any (new requests get the new weights, running ones
+    /// finish on the old, and the two loads share no prefix-cache blocks). Blocking: it
+    /// reads and uploads weights.
     ///
     /// # Errors
-    /// 400 naming what is wrong: an empty name or one already taken, the `--max-loras`
-    /// limit reached, or an adapter that does not load (the file or field at fault).
-    pub fn load(&self, name: &str, path: &Path) -> Result<(), ApiError> {
-        self.check_room(name)?;
+    /// 400 naming what is wrong: an empty name or (without `inplace`) one already taken,
+    /// the `--max-loras` limit reached, or an adapter that does not load (the file or field
+    /// at fault).
+    pub fn load(&self, name: &str, path: &Path, inplace: bool) -> Result<(), ApiError> {
+        self.check_room(name, inplace)?;
         let adapter = LoraAdapter::load(name, path, &self.target.model, &self.pool)
             .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
+        let loaded = LoadedAdapter { adapter: Arc::new(adapter), path: path.to_path_buf() };
         let mut adapters = self.lock();
         // Another load of the same name, or one filling the last slot, may have finished
         // while this one read its files.
-        Self::refuse(&adapters, name, self.max_loras)?;
-        adapters.push(LoadedAdapter { adapter: Arc::new(adapter), path: path.to_path_buf() });
+        match adapters.iter().position(|l| l.adapter.name() == name).filter(|_| inplace) {
+            Some(at) => adapters[at] = loaded,
+            None => {
+                Self::refuse(&adapters, name, self.max_loras)?;
+                adapters.push(loaded);
+            }
+        }
         self.metrics.set_lora_adapters(adapters.len());
         tracing::info!("loaded LoRA adapter `{name}` from {}", path.display());
         Ok(())
@@ -174,20 +184,27 @@ impl LoraRegistry {
         Ok(())
     }
 
-    /// Refuses `name` before any file is read, when it could not be added anyway.
-    fn check_room(&self, name: &str) -> Result<(), ApiError> {
+    /// Refuses `name` before any file is read, when it could not be added (or, `inplace`,
+    /// replace the adapter of that name) anyway.
+    fn check_room(&self, name: &str, inplace: bool) -> Result<(), ApiError> {
         if name.trim().is_empty() {
             return Err(ApiError::invalid("lora_name", "`lora_name` is empty"));
         }
         if name == self.base {
             return Err(ApiError::invalid("lora_name", format!("`{name}` is the base model's name")));
         }
-        Self::refuse(&self.lock(), name, self.max_loras)
+        let adapters = self.lock();
+        if inplace && adapters.iter().any(|l| l.adapter.name() == name) {
+            return Ok(());
+        }
+        Self::refuse(&adapters, name, self.max_loras)
     }
 
     fn refuse(adapters: &[LoadedAdapter], name: &str, max_loras: usize) -> Result<(), ApiError> {
         if adapters.iter().any(|l| l.adapter.name() == name) {
-            let msg = format!("a LoRA adapter named `{name}` is already loaded; unload it first");
+            let msg = format!(
+                "a LoRA adapter named `{name}` is already loaded; unload it first, or load with `load_inplace`"
+            );
             return Err(ApiError::invalid("lora_name", msg));
         }
         if adapters.len() >= max_loras {
@@ -227,9 +244,11 @@ pub(super) async fn load_adapter(
     ApiJson(req): ApiJson<LoadLoraRequest>,
 ) -> Result<Response, ApiError> {
     let name = req.lora_name.clone();
-    tokio::task::spawn_blocking(move || registry(&state)?.load(&req.lora_name, Path::new(&req.lora_path)))
-        .await
-        .map_err(|e| ApiError::internal(format!("loading the adapter failed: {e}")))??;
+    tokio::task::spawn_blocking(move || {
+        registry(&state)?.load(&req.lora_name, Path::new(&req.lora_path), req.load_inplace)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("loading the adapter failed: {e}")))??;
     Ok(success(format!("Success: LoRA adapter '{name}' added successfully.")))
 }
 

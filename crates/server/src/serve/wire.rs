@@ -486,6 +486,10 @@ pub struct LoadLoraRequest {
     pub lora_name: String,
     /// The PEFT directory to read it from, on the server's file system.
     pub lora_path: String,
+    /// Replace an adapter already loaded under this name (vLLM's `load_inplace`): new
+    /// requests get the new weights, running ones finish on the old.
+    #[serde(default)]
+    pub load_inplace: bool,
 }
 
 /// `POST /v1/unload_lora_adapter` (vLLM's body).
