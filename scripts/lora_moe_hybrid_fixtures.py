@@ -29,8 +29,10 @@ seed and library versions):
       all/      PEFT's output for all seven projections, rank 8, lora_alpha 16: the
                 attention layers' doubled (gated) q_proj and k/v/o, the dense MLP or
                 the shared expert, and the routed experts as wrapped parameters
-      attn/     rank 4, lora_alpha 8, use_rslora, on q_proj, o_proj and down_proj
-                only
+      linear/   rank 4, lora_alpha 8, use_rslora, PEFT's "all-linear": every linear
+                layer, the Gated DeltaNet projections (Qwen3-Next's grouped
+                in_proj_qkvz and in_proj_ba), the shared expert's gate and Qwen3-Next's
+                router included
 
 Both A and B are random and large enough that each adapter moves the logits by far
 more than the tests' tolerance. Seeds are searched until every greedy argmax has a
@@ -158,13 +160,13 @@ def make_modules(base: Path, out: Path, gen: torch.Generator, scratch: Path) -> 
 
 
 EVERY = peft_adapter(r=8, lora_alpha=16, target_modules=ALL)
-FEW = peft_adapter(r=4, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "o_proj", "down_proj"])
+LINEAR = peft_adapter(r=4, lora_alpha=8, use_rslora=True, target_modules="all-linear")
 # Per base: the directory its adapters go to, and how each is made, by name.
 FAMILIES = {
     "qwen3_moe": ("lora_moe", {"params": EVERY, "modules": make_modules}),
-    "qwen3_5": ("lora_qwen3_5", {"all": EVERY, "attn": FEW}),
-    "qwen3_5_moe": ("lora_qwen3_5_moe", {"all": EVERY, "attn": FEW}),
-    "qwen3_next": ("lora_qwen3_next", {"all": EVERY, "attn": FEW}),
+    "qwen3_5": ("lora_qwen3_5", {"all": EVERY, "linear": LINEAR}),
+    "qwen3_5_moe": ("lora_qwen3_5_moe", {"all": EVERY, "linear": LINEAR}),
+    "qwen3_next": ("lora_qwen3_next", {"all": EVERY, "linear": LINEAR}),
 }
 
 

@@ -175,7 +175,7 @@ fn lora_decode_graphs_equal_eager_as_adapters_change() {
 #[test]
 fn hybrid_lora_decode_graphs_equal_eager_as_adapters_change() {
     for (base, lora) in [("qwen3_5", "lora_qwen3_5"), ("qwen3_5_moe", "lora_qwen3_5_moe")] {
-        let fixture = Fixture { base, lora, adapters: ["all", "attn"] };
+        let fixture = Fixture { base, lora, adapters: ["all", "linear"] };
         assert_eq!(check(fixture, &[12, 61, 3]), STEPS as u64 - 1);
     }
 }

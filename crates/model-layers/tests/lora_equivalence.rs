@@ -44,9 +44,9 @@ const QWEN3_MOE: Spec = Spec { base: "qwen3_moe", lora: "lora_moe", adapters: ["
 const SPECS: [Spec; 5] = [
     LLAMA,
     QWEN3_MOE,
-    Spec { base: "qwen3_5", lora: "lora_qwen3_5", adapters: ["all", "attn"] },
-    Spec { base: "qwen3_5_moe", lora: "lora_qwen3_5_moe", adapters: ["all", "attn"] },
-    Spec { base: "qwen3_next", lora: "lora_qwen3_next", adapters: ["all", "attn"] },
+    Spec { base: "qwen3_5", lora: "lora_qwen3_5", adapters: ["all", "linear"] },
+    Spec { base: "qwen3_5_moe", lora: "lora_qwen3_5_moe", adapters: ["all", "linear"] },
+    Spec { base: "qwen3_next", lora: "lora_qwen3_next", adapters: ["all", "linear"] },
 ];
 
 #[derive(Deserialize)]

@@ -140,10 +140,10 @@ fn fixture_with(name: &str, options: LoadOptions) -> Case {
         "llama" => ("lora", ["r8", "r16_rslora"]),
         // Adapters on routed experts, where the backend runs them.
         "qwen3_moe" if backend.supports_expert_lora() => ("lora_moe", ["params", "modules"]),
-        "qwen3_5" => ("lora_qwen3_5", ["all", "attn"]),
-        "qwen3_5_moe" => ("lora_qwen3_5_moe", ["all", "attn"]),
+        "qwen3_5" => ("lora_qwen3_5", ["all", "linear"]),
+        "qwen3_5_moe" => ("lora_qwen3_5_moe", ["all", "linear"]),
         // Its adapters change routed experts.
-        "qwen3_next" if backend.supports_expert_lora() => ("lora_qwen3_next", ["all", "attn"]),
+        "qwen3_next" if backend.supports_expert_lora() => ("lora_qwen3_next", ["all", "linear"]),
         _ => ("", [""; 2]),
     };
     let adapters = if adapters.0.is_empty() {

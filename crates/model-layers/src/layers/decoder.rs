@@ -127,7 +127,7 @@ impl DecoderLayer {
             }
             Mixer::Linear(gdn, r) => {
                 let recurrent = step.recurrent.as_ref().expect("hybrid steps carry recurrent metadata");
-                gdn.forward(b, x, &recurrent.batch(), kv.state(*r))?
+                gdn.forward(b, x, &recurrent.batch(), kv.state(*r), lora)?
             }
         };
         match &self.branch_norms {

@@ -20,6 +20,7 @@ use met_model_weights::{TensorSpec, WeightStore};
 use super::linear::Linear;
 use super::{Loader, spec};
 use crate::Result;
+use crate::lora::{LayerLora, LoraModule};
 use crate::parallel::Param;
 
 /// Queries, keys and values (the convolution's input), then the output gate `z`.
@@ -88,7 +89,8 @@ impl GatedDeltaNet {
     }
 
     /// `x [t, hidden] -> [t, hidden]`, carrying each sequence's state in `state` (this
-    /// layer's convolution-window and delta-rule pools).
+    /// layer's convolution-window and delta-rule pools), each projection with the deltas
+    /// of `lora`'s adapters.
     ///
     /// # Errors
     /// On device failure.
@@ -98,13 +100,16 @@ impl GatedDeltaNet {
         x: &Tensor,
         batch: &RecurrentBatch<'_>,
         state: (&Tensor, &Tensor),
+        lora: LayerLora<'_>,
     ) -> Result<Tensor> {
         let la = &self.shape;
         let t = x.dims()[0];
-        let [qkv, z]: [Tensor; 2] =
-            split2(b.split_columns(&self.in_qkv_z.forward(b, x)?, &[la.conv_dim(), la.value_dim()])?);
-        let hv = la.num_value_heads;
-        let [beta, decay]: [Tensor; 2] = split2(b.split_columns(&self.in_b_a.forward(b, x)?, &[hv, hv])?);
+        let (c, hv) = (la.conv_dim(), la.num_value_heads);
+        let qkv_z =
+            lora.project(b, x, &[(LoraModule::LinQkv, 0), (LoraModule::LinZ, c)], || self.in_qkv_z.forward(b, x))?;
+        let [qkv, z]: [Tensor; 2] = split2(b.split_columns(&qkv_z, &[c, la.value_dim()])?);
+        let b_a = lora.project(b, x, &[(LoraModule::LinB, 0), (LoraModule::LinA, hv)], || self.in_b_a.forward(b, x))?;
+        let [beta, decay]: [Tensor; 2] = split2(b.split_columns(&b_a, &[hv, hv])?);
         let mixed = b.causal_conv1d(&qkv, &self.conv, state.0, batch)?;
         let rule = DeltaRule {
             num_key_heads: la.num_key_heads,
@@ -117,7 +122,8 @@ impl GatedDeltaNet {
         let o = b.gated_delta_rule(&mixed, &decay, &beta, &rule, state.1, batch)?;
         let dv = la.value_head_dim;
         let normed = b.rms_norm_gated(&o.reshape(&[t * hv, dv])?, &z.reshape(&[t * hv, dv])?, &self.norm, self.eps)?;
-        self.out.forward(b, &normed.reshape(&[t, hv * dv])?)
+        let normed = normed.reshape(&[t, hv * dv])?;
+        lora.project(b, &normed, &[(LoraModule::LinOut, 0)], || self.out.forward(b, &normed))
     }
 }
 

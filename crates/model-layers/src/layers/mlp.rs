@@ -174,7 +174,8 @@ impl Mlp {
                 lora.project(backend, &act, &[(LoraModule::Down, 0)], || down.forward(backend, &act))
             }
             Self::Moe { router, gate_up, down, top_k, renormalize, reduce, shared } => {
-                let logits = backend.matmul(x, router, None)?;
+                let logits =
+                    lora.project(backend, x, &[(LoraModule::Router, 0)], || Ok(backend.matmul(x, router, None)?))?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
                 let routed = match lora.experts() {
                     Some((rows, slots)) => {
@@ -187,7 +188,8 @@ impl Mlp {
                 let (expert, gate) = &**shared;
                 // `[t, 1]` gates, one per token, broadcast over the expert's output.
                 let shared = expert.forward(backend, x, lora)?;
-                let gated = backend.sigmoid_mul(&shared, &gate.forward(backend, x)?)?;
+                let gate = lora.project(backend, x, &[(LoraModule::SharedGate, 0)], || gate.forward(backend, x))?;
+                let gated = backend.sigmoid_mul(&shared, &gate)?;
                 Ok(backend.add(&routed, &gated)?)
             }
         }

@@ -38,8 +38,9 @@ pub(crate) struct AdapterConfig {
     pub rank: usize,
     /// `lora_alpha / r`, or `lora_alpha / √r` with `use_rslora` (PEFT's `scaling`).
     pub scale: f32,
-    /// The modules it adapts.
-    pub targets: Vec<LoraModule>,
+    /// The PEFT modules it adapts, by name (`target_modules`, and the router where
+    /// `target_parameters` names `gate.weight`).
+    targets: Vec<String>,
     /// The expert parameters it adapts (`target_parameters`).
     pub expert_targets: Vec<ExpertParam>,
     alpha: f64,
@@ -72,12 +73,20 @@ impl AdapterConfig {
         let scale = scaling(alpha, rank, rslora);
         let rank_pattern = pattern(json, "rank_pattern", |v| v.as_u64().filter(|&r| r > 0).map(|r| r as usize))?;
         let alpha_pattern = pattern(json, "alpha_pattern", Value::as_f64)?;
-        let expert_targets = expert_targets(json)?;
-        let targets = targets(json)?;
+        let (expert_targets, router) = expert_targets(json)?;
+        let mut targets = targets(json)?;
+        if router {
+            targets.push(LoraModule::Router.name().to_owned());
+        }
         if targets.is_empty() && expert_targets.is_empty() {
             return Err("neither `target_modules` nor `target_parameters` names anything to adapt".into());
         }
         Ok(Self { rank, scale, targets, expert_targets, alpha, rslora, rank_pattern, alpha_pattern })
+    }
+
+    /// Whether it adapts the PEFT module named `name` (its last name: `q_proj`).
+    pub fn targets(&self, name: &str) -> bool {
+        self.targets.iter().any(|t| t == name)
     }
 
     /// The rank of the module or parameter PEFT names `name` (`model.layers.0.self_attn.q_proj`,
@@ -132,19 +141,40 @@ fn pattern<T>(json: &Value, field: &str, value: impl Fn(&Value) -> Option<T>) ->
         .collect()
 }
 
-/// `target_parameters`: the stacked expert weights it adapts, by their last name.
-fn expert_targets(json: &Value) -> Result<Vec<ExpertParam>, String> {
-    let Some(list) = json.get("target_parameters").filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+/// `target_parameters`: the stacked expert weights it adapts, by their last name, and
+/// whether it names the router's weight (`gate.weight`).
+fn expert_targets(json: &Value) -> Result<(Vec<ExpertParam>, bool), String> {
+    let Some(list) = json.get("target_parameters").filter(|v| !v.is_null()) else { return Ok((Vec::new(), false)) };
     let list = list.as_array().ok_or("`target_parameters` must be a list of parameter names")?;
-    list.iter()
-        .map(|v| {
-            let name = v.as_str().unwrap_or_default();
-            let last = name.rsplit('.').next().unwrap_or_default();
+    let (mut params, mut router) = (Vec::new(), false);
+    for v in list {
+        let name = v.as_str().unwrap_or_default();
+        if name == "gate.weight" || name.ends_with(".gate.weight") {
+            router = true;
+            continue;
+        }
+        let last = name.rsplit('.').next().unwrap_or_default();
+        let param =
             [ExpertParam::GateUp, ExpertParam::Down].into_iter().find(|p| p.name() == last).ok_or_else(|| {
-                format!("target parameter `{name}` is not one met applies adapters to (gate_up_proj, down_proj of the experts)")
-            })
-        })
-        .collect()
+                format!(
+                    "target parameter `{name}` is not one met applies adapters to (the experts' gate_up_proj and \
+                 down_proj, the router's gate.weight)"
+                )
+            })?;
+        params.push(param);
+    }
+    Ok((params, router))
+}
+
+/// PEFT's names of the modules met adapts: each of its projections' (but the gate half of
+/// gated attention's `q_proj`, which PEFT's `q_proj` holds), and Qwen3-Next's grouped
+/// Gated DeltaNet projections.
+fn peft_names() -> impl Iterator<Item = &'static str> {
+    LoraModule::ALL
+        .into_iter()
+        .filter(|&m| m != LoraModule::QGate)
+        .map(LoraModule::name)
+        .chain(["in_proj_qkvz", "in_proj_ba"])
 }
 
 /// The fields whose non-default values met does not implement.
@@ -164,7 +194,7 @@ fn refuse_unsupported(json: &Value) -> Result<(), String> {
 }
 
 /// `target_modules`: a list of module names, each one met adapts.
-fn targets(json: &Value) -> Result<Vec<LoraModule>, String> {
+fn targets(json: &Value) -> Result<Vec<String>, String> {
     let list = match json.get("target_modules") {
         Some(Value::Array(list)) => list,
         None | Some(Value::Null) if json.get("target_parameters").is_some_and(Value::is_array) => return Ok(Vec::new()),
@@ -173,10 +203,12 @@ fn targets(json: &Value) -> Result<Vec<LoraModule>, String> {
     list.iter()
         .map(|v| {
             let name = v.as_str().unwrap_or_default();
-            LoraModule::from_name(name).ok_or_else(|| {
-                let known = LoraModule::ALL.map(LoraModule::name).join(", ");
-                format!("target module `{name}` is not one met applies adapters to ({known})")
-            })
+            if peft_names().any(|n| n == name) {
+                Ok(name.to_owned())
+            } else {
+                let known: Vec<&str> = peft_names().collect();
+                Err(format!("target module `{name}` is not one met applies adapters to ({})", known.join(", ")))
+            }
         })
         .collect()
 }
@@ -193,7 +225,7 @@ mod tests {
     fn reads_rank_scale_and_targets() {
         let c = parse(r#"{"r": 16, "lora_alpha": 8, "use_rslora": true, "target_modules": ["q_proj", "down_proj"], "bias": "none"}"#).unwrap();
         assert_eq!((c.rank, c.scale), (16, 2.0));
-        assert_eq!(c.targets, [LoraModule::Q, LoraModule::Down]);
+        assert!(c.targets("q_proj") && c.targets("down_proj") && !c.targets("k_proj"));
         assert_eq!(parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": ["v_proj"]}"#).unwrap().scale, 2.0);
     }
 
@@ -205,9 +237,9 @@ mod tests {
         assert!(err.contains("use_dora"), "{err}");
         assert!(parse(r#"{"r": 0, "lora_alpha": 16, "target_modules": ["q_proj"]}"#).unwrap_err().contains("`r`"));
         let err =
-            parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": [], "target_parameters": ["mlp.gate.weight"]}"#)
+            parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": [], "target_parameters": ["embed_tokens.weight"]}"#)
                 .unwrap_err();
-        assert!(err.contains("`mlp.gate.weight`"), "{err}");
+        assert!(err.contains("`embed_tokens.weight`"), "{err}");
         let err = parse(r#"{"r": 8, "lora_alpha": 16, "target_modules": []}"#).unwrap_err();
         assert!(err.contains("names anything to adapt"), "{err}");
         let err =
@@ -226,6 +258,12 @@ mod tests {
         .unwrap();
         assert_eq!(c.expert_targets, [ExpertParam::GateUp, ExpertParam::Down]);
         assert!(c.targets.is_empty());
+        let router = parse(
+            r#"{"r": 4, "lora_alpha": 8, "target_modules": ["in_proj_qkvz"], "target_parameters": ["gate.weight"]}"#,
+        )
+        .unwrap();
+        assert!(router.targets("gate") && router.targets("in_proj_qkvz") && router.expert_targets.is_empty());
+        assert!(parse(r#"{"r": 4, "lora_alpha": 8, "target_modules": ["q_gate"]}"#).unwrap_err().contains("`q_gate`"));
         let gate_up = "model.layers.3.mlp.experts.gate_up_proj";
         assert_eq!((c.rank_of(gate_up).unwrap(), c.scale_of(gate_up).unwrap()), (8, 2.0));
         let down = "model.layers.3.mlp.experts.down_proj";

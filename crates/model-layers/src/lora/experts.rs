@@ -266,7 +266,7 @@ fn read_modules(
     found: &[(usize, &str)],
     d: &Dims,
 ) -> std::result::Result<HostDelta, String> {
-    if !config.targets.contains(&module) {
+    if !config.targets(module.name()) {
         return Err(format!("`{}` adapts {}, which `target_modules` does not list", found[0].1, module.name()));
     }
     let (inputs, outputs) = if module == LoraModule::Down { (d.i, d.h) } else { (d.h, d.i) };

@@ -26,6 +26,7 @@ mod module;
 mod pool;
 mod random;
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use met_config::ModelConfig;
 use met_model_weights::{SafetensorsStore, WeightStore};
 
+use crate::models::checkpoint_view::split_rows;
 pub(crate) use apply::StepLora;
 pub use apply::{AdapterRun, LayerLora};
 use config::AdapterConfig;
@@ -174,27 +176,27 @@ fn read_layers(
     let mut experts = ExpertTensors::default();
     let mut found = 0;
     for a_name in store.names().iter().filter(|n| n.ends_with(".lora_A.weight")) {
-        let (layer, module) = match place(a_name, cfg)? {
-            Place::Dense(layer, module) => (layer, module),
+        let (layer, block, module) = match place(a_name, cfg)? {
+            Place::Dense { layer, block, module } => (layer, block, module),
             Place::Experts(layer, name) => {
                 experts.insert(layer, name, a_name);
                 continue;
             }
         };
-        if !config.targets.contains(&module) {
-            return Err(format!("`{a_name}` adapts {}, which `target_modules` does not list", module.name()));
+        if !config.targets(&module) {
+            return Err(format!("`{a_name}` adapts {module}, which `target_modules` does not list"));
         }
-        let peft_name = format!("model.layers.{layer}.{}.{}", module.block(cfg, layer), module.name());
+        let peft_name = format!("model.layers.{layer}.{block}.{module}");
         let rank = config.rank_of(&peft_name)?;
         if rank > max_rank {
             return Err(format!("`{a_name}` has rank {rank}, over --max-lora-rank {max_rank}"));
         }
         let b_name = a_name.replace(".lora_A.weight", ".lora_B.weight");
-        let (inputs, outputs) = module.shape(cfg, layer)?;
-        // Gated attention's `q_proj` holds each head's queries, then its gate.
-        let gated = module == LoraModule::Q && cfg.attn_output_gate;
+        let parts = projections(cfg, layer, &block, &module, rank)
+            .map_err(|why| format!("`{a_name}` adapts a projection this model lacks: {why}"))?;
+        let (inputs, outputs) = (parts[0].shape.0, parts.iter().map(|p| p.shape.1).sum());
         check_shape(store, a_name, [rank, inputs])?;
-        check_shape(store, &b_name, [if gated { 2 * outputs } else { outputs }, rank])?;
+        check_shape(store, &b_name, [outputs, rank])?;
         let read = |n: &str| store.host(n).and_then(|h| Ok(h.to_f32_vec()?)).map_err(|e| format!("`{n}`: {e}"));
         // The slot holds one scale, the adapter's; a module's own (`alpha_pattern`,
         // `rank_pattern`) is folded into its B where it differs.
@@ -204,12 +206,10 @@ fn read_layers(
             b.iter_mut().for_each(|v| *v *= ratio);
         }
         let a = read(a_name)?;
-        if gated {
-            let (queries, gates) = split_heads(&b, cfg.head_dim * rank);
-            layers[layer][LoraModule::QGate.index()] = Some(HostPair { a: a.clone(), b: gates, rank });
-            b = queries;
+        for part in parts {
+            let b: Vec<f32> = part.rows.iter().flat_map(|r| &b[r.start * rank..r.end * rank]).copied().collect();
+            layers[layer][part.module.index()] = Some(HostPair { a: a.clone(), b, rank });
         }
-        layers[layer][module.index()] = Some(HostPair { a, b, rank });
         found += 2;
     }
     found += experts.tensors();
@@ -225,21 +225,58 @@ fn read_layers(
     Ok(HostWeights { rank: config.rank, layers, experts })
 }
 
-/// Rows of `b` in alternating runs of `run` values, the first of each pair of runs one
-/// half and the second the other: gated attention's `q_proj` rows per head, `[q; gate]`.
-fn split_heads(b: &[f32], run: usize) -> (Vec<f32>, Vec<f32>) {
-    let (mut first, mut second) = (Vec::with_capacity(b.len() / 2), Vec::with_capacity(b.len() / 2));
-    for pair in b.chunks(2 * run) {
-        first.extend_from_slice(&pair[..run]);
-        second.extend_from_slice(&pair[run..]);
+/// One projection of met a PEFT module's delta goes to.
+struct Projection {
+    module: LoraModule,
+    /// `(in, out)`.
+    shape: (usize, usize),
+    /// Its rows among the PEFT module's output rows.
+    rows: Vec<Range<usize>>,
+}
+
+/// The projections of met that PEFT's module `module` of layer `layer` (in `block`) is:
+/// one for most modules, several where met splits the module's rows as it splits the
+/// checkpoint's (gated attention's `q_proj`, Qwen3-Next's grouped `in_proj_qkvz` and
+/// `in_proj_ba`: [`split_rows`]).
+fn projections(
+    cfg: &ModelConfig,
+    layer: usize,
+    block: &str,
+    module: &str,
+    rank: usize,
+) -> std::result::Result<Vec<Projection>, String> {
+    let part = |name: &str| -> std::result::Result<(LoraModule, (usize, usize)), String> {
+        let m = LoraModule::from_name(name)
+            .filter(|m| m.block(cfg, layer) == block)
+            .ok_or_else(|| format!("layer {layer} has no {block}.{name}"))?;
+        Ok((m, m.shape(cfg, layer)?))
+    };
+    // The split needs the module's whole row count: its projections' together.
+    let rows = match module {
+        "in_proj_qkvz" => part("in_proj_qkv")?.1.1 + part("in_proj_z")?.1.1,
+        "in_proj_ba" => part("in_proj_b")?.1.1 + part("in_proj_a")?.1.1,
+        "q_proj" if cfg.attn_output_gate => 2 * part(module)?.1.1,
+        _ => part(module)?.1.1,
+    };
+    let pieces = split_rows(cfg, &format!("model.layers.{layer}.{block}.{module}.weight"), &[rows, rank]);
+    if pieces.is_empty() {
+        let (module, shape) = part(module)?;
+        return Ok(vec![Projection { module, shape, rows: std::iter::once(0..shape.1).collect() }]);
     }
-    (first, second)
+    pieces
+        .into_iter()
+        .map(|(name, rows, _)| {
+            let last = name.strip_suffix(".weight").and_then(|n| n.rsplit('.').next()).unwrap_or_default();
+            let (module, shape) = part(last)?;
+            Ok(Projection { module, shape, rows })
+        })
+        .collect()
 }
 
 /// Where a PEFT tensor belongs.
 enum Place {
-    /// A projection of a layer.
-    Dense(usize, LoraModule),
+    /// A projection of a layer: PEFT's module `module` in `block` (`self_attn`).
+    Dense { layer: usize, block: String, module: String },
     /// The routed experts of a layer.
     Experts(usize, ExpertName),
 }
@@ -260,9 +297,10 @@ fn place(name: &str, cfg: &ModelConfig) -> std::result::Result<Place, String> {
         return Ok(Place::Experts(layer, experts));
     }
     let [_, block @ .., module] = &parts[..] else { return Err(unknown()) };
-    let module =
-        LoraModule::from_name(module).filter(|m| m.block(cfg, layer) == block.join(".")).ok_or_else(unknown)?;
-    Ok(Place::Dense(layer, module))
+    if block.is_empty() {
+        return Err(unknown());
+    }
+    Ok(Place::Dense { layer, block: block.join("."), module: (*module).to_owned() })
 }
 
 fn check_shape(store: &SafetensorsStore, name: &str, want: [usize; 2]) -> std::result::Result<(), String> {

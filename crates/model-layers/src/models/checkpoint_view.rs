@@ -77,11 +77,11 @@ pub(crate) fn canonical<'a>(cfg: &ModelConfig, store: &'a dyn WeightStore) -> Op
     Some(view)
 }
 
-type Split = Vec<(String, Vec<Range<usize>>, Vec<usize>)>;
+pub(crate) type Split = Vec<(String, Vec<Range<usize>>, Vec<usize>)>;
 
 /// The canonical tensors one stored tensor (already under its canonical prefix) splits
 /// into; empty when it is canonical as stored.
-fn split_rows(cfg: &ModelConfig, name: &str, shape: &[usize]) -> Split {
+pub(crate) fn split_rows(cfg: &ModelConfig, name: &str, shape: &[usize]) -> Split {
     let runs = |start: usize, len: usize, groups: usize, stride: usize| -> Vec<Range<usize>> {
         (0..groups).map(|g| g * stride + start..g * stride + start + len).collect()
     };

@@ -19,7 +19,7 @@
 //! An op the recipe cannot yet express goes into `met-kernels` (CPU and CUDA) and a field
 //! of [`ModelConfig`] that the decoder reads.
 
-mod checkpoint_view;
+pub(crate) mod checkpoint_view;
 mod gemma2;
 mod gemma3;
 mod llama;
