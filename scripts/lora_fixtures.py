@@ -107,6 +107,14 @@ def references(path: Path, prompts: list[list[int]]):
     """Logits of LOGIT_PROMPTS and greedy continuations of every prompt through the
     adapter saved at `path`, loaded back the way a user would load it."""
     model = PeftModel.from_pretrained(load_base(), path).eval()
+    return adapted_references(model, load_base(), prompts)
+
+
+@torch.no_grad()
+def adapted_references(model, base, prompts: list[list[int]]):
+    """Through PEFT `model`: the logits of LOGIT_PROMPTS, GREEDY_STEPS greedy tokens of
+    every prompt, the smallest top-1/top-2 margin seen, and the least the adapter moved
+    a logit from `base`'s."""
     logits = {i: last_logits(model, prompts[i]).contiguous() for i in LOGIT_PROMPTS}
     margins = [margin(l) for l in logits.values()]
     greedy = []
@@ -118,7 +126,6 @@ def references(path: Path, prompts: list[list[int]]):
             gen.append(int(torch.argmax(last)))
             seq.append(gen[-1])
         greedy.append(gen)
-    base = load_base()
     moved = min(float((logits[i] - last_logits(base, prompts[i])).abs().max()) for i in LOGIT_PROMPTS)
     return logits, greedy, min(margins), moved
 

@@ -61,12 +61,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from lora_fixtures import last_logits, margin
+from lora_fixtures import LOGIT_PROMPTS, adapted_references
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "crates/model-layers/tests/fixtures"
-GREEDY_STEPS = 16
-LOGIT_PROMPTS = [1, 2]
 MIN_MARGIN = 1e-3
 MIN_ROUTER_MARGIN = 1e-3
 STD = 0.08
@@ -191,20 +189,8 @@ class RouterMargins:
 def references(base: Path, path: Path, prompts: list[list[int]], k: int):
     model = PeftModel.from_pretrained(load_base(base), path).eval()
     router = RouterMargins(model, k)
-    logits = {i: last_logits(model, prompts[i]).contiguous() for i in LOGIT_PROMPTS}
-    margins = [margin(l) for l in logits.values()]
-    greedy = []
-    for ids in prompts:
-        seq, gen = list(ids), []
-        for _ in range(GREEDY_STEPS):
-            last = last_logits(model, seq)[-1]
-            margins.append(margin(last))
-            gen.append(int(torch.argmax(last)))
-            seq.append(gen[-1])
-        greedy.append(gen)
-    plain = load_base(base)
-    moved = min(float((logits[i] - last_logits(plain, prompts[i])).abs().max()) for i in LOGIT_PROMPTS)
-    return logits, greedy, min(margins), router.min, moved
+    logits, greedy, least, moved = adapted_references(model, load_base(base), prompts)
+    return logits, greedy, least, router.min, moved
 
 
 def family(name: str) -> None:
