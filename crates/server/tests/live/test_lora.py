@@ -1,8 +1,9 @@
 """Live tests of LoRA adapters on `met serve` (started with `--enable-lora --max-loras 2`),
 with the official `openai` client: an adapter loaded at run time is listed under the base
 model, answers differently from it and deterministically at temperature 0, streamed or not,
-keeps a running stream unchanged when it is unloaded, and every bad load or unload is an
-OpenAI-shaped 400 or 404 naming what is wrong.
+keeps a running stream unchanged when it is unloaded, takes new weights under its name with
+`load_inplace`, and every bad load or unload is an OpenAI-shaped 400 or 404 naming what is
+wrong.
 
 The adapters are written here, in PEFT's format (`adapter_config.json` and
 `adapter_model.safetensors`, the safetensors file by hand: a length, a JSON header, raw
@@ -159,6 +160,20 @@ class TestAdapters(LoraTest):
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
         self.assertEqual(text, want)
+
+    def test_load_inplace_swaps_the_weights_behind_a_name(self):
+        first, second = write_adapter(self.dir / "v1", seed=2), write_adapter(self.dir / "v2", seed=3)
+        self.loaded("policy", first)
+        before = self.answer("policy")
+        self.loaded("fresh", second)
+        want = self.answer("fresh")
+        self.assertNotEqual(before, want, "the two weights answer apart")
+        body = {"lora_name": "policy", "lora_path": str(second), "load_inplace": True}
+        resp = raw("POST", "/v1/load_lora_adapter", body)
+        self.assertEqual(resp.status, 200, resp)
+        self.assertEqual(self.answer("policy"), want, "the name now answers with the new weights")
+        self.assertEqual(metrics().get("met_lora_adapters_loaded"), 2, "replaced, not added")
+        self.assert_serving()
 
 
 class TestAdapterErrors(LoraTest):
