@@ -302,6 +302,23 @@ mod tests {
         assert!(LoraAdapter::random("d", &cfg, &pool, 16, 4).unwrap_err().to_string().contains("rank 16"));
     }
 
+    /// A random adapter (`--lora-dummy`) adapts a mixture's routed experts where the
+    /// backend applies adapters to them, and its slot's expert entry lives and dies with it.
+    #[test]
+    fn random_adapters_adapt_routed_experts() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
+        let cfg = crate::models::read_config(&dir.join("config.json")).unwrap();
+        let pool = LoraPool::new(&cfg, Arc::new(CpuBackend::new()), LoraLimits { max_rank: 8 }, 2).unwrap();
+        let adapter = LoraAdapter::random("r", &cfg, &pool, 4, 7).unwrap();
+        assert!(adapter.adapts_experts());
+        let slot = adapter.slot() as usize;
+        let layers = pool.slot_experts()[slot].clone().expect("the slot holds expert deltas");
+        let routed = cfg.moe.as_ref().unwrap().sparse_layers.iter().filter(|&&s| s).count();
+        assert_eq!(layers.iter().filter(|l| l.is_some()).count(), routed, "every routed layer, no other");
+        drop(adapter);
+        assert!(pool.slot_experts()[slot].is_none(), "a freed slot forgets its expert deltas");
+    }
+
     /// A slot holds its adapter's weights zero-padded to the pool's rank, and zeros where
     /// the adapter adapts nothing; the scale sits at the slot.
     #[test]
