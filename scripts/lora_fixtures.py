@@ -88,6 +88,8 @@ def make_adapter(name: str, spec: dict, gen: torch.Generator) -> Path:
     # The absolute path of this checkout means nothing elsewhere.
     config = json.loads((out / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = "../hf/llama"
+    # PEFT keeps the modules as a set; a sorted list makes the file repeat.
+    config["target_modules"] = sorted(config["target_modules"])
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
