@@ -4,18 +4,20 @@
 //!
 //! An adapter is read from a PEFT directory (`adapter_config.json` and
 //! `adapter_model.safetensors`) and checked against the model's recipe before it exists:
-//! every tensor must name a projection this model has (`q/k/v/o_proj` of an attention
-//! layer, `gate/up/down_proj` of a dense MLP, the routed experts' weights in either of
-//! PEFT's layouts ([`experts`]); not hybrid layers), with the shapes that projection and
-//! the adapter's rank give. Its weights are written once into a
-//! free slot of the model's [`LoraPool`]; a loaded [`Adapter`] is immutable and shared
-//! (`Arc`) and holds its slot, so a request that holds one keeps it resident and unchanged
-//! until it finishes, whatever is unloaded meanwhile.
+//! every tensor must name a linear layer this model has ([`LoraModule`]: attention, MLP,
+//! shared expert and router, a hybrid's Gated DeltaNet projections; a PEFT module met
+//! splits into several projections, such as gated attention's doubled `q_proj`, has its
+//! rows split as the checkpoint's are) or its routed experts' weights, in either of PEFT's
+//! layouts (`experts.rs`), with the shapes that projection and the adapter's rank give.
+//! Its weights are written once into a free slot of the model's [`LoraPool`]; a loaded
+//! [`Adapter`] is immutable and shared (`Arc`) and holds its slot, so a request that holds
+//! one keeps it resident and unchanged until it finishes, whatever is unloaded meanwhile.
 //!
 //! A batch names its adapters as runs of rows ([`AdapterRun`]); a step turns them into
-//! the slot of each row, and each projection adds the deltas through one backend op
-//! ([`GpuBackend::lora_shrink_expand`]) that reads those slots on the device, so the same
-//! step runs eagerly or replayed from a decode graph.
+//! the slot of each row, and each projection adds the deltas through two backend ops
+//! around its base product (`GpuBackend::lora_shrink`, `GpuBackend::lora_expand`) that
+//! read those slots on the device, so the same step runs eagerly or replayed from a
+//! decode graph.
 //!
 //! Follows PEFT's `LoraLayer.forward`: `base(x) + lora_B(lora_A(x)) · scaling`.
 
