@@ -85,6 +85,8 @@ macro_rules! backend_tests {
                 attention::attention_rejects_bad_operands,
                 attention::fp8_pools_attend_as_their_dequantized_values,
                 quant::quantized_weights_compute_with_their_decoded_values,
+                quant::gguf_parts_of_mixed_formats_compute_with_their_decoded_values,
+                quant::gguf_expert_pairs_compute_with_their_decoded_values,
                 fp8::fp8_matrices_compute_with_their_decoded_values,
                 fp8::fp8_experts_compute_with_their_decoded_values,
                 props::matmul_property,

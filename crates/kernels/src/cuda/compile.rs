@@ -19,7 +19,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use crate::error::{Error, Result};
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 12] = [
+const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("dense.cu", include_str!("../../cuda/dense.cu")),
     ("gemv.cu", include_str!("../../cuda/gemv.cu")),
@@ -32,6 +32,7 @@ const SOURCES: [(&str, &str); 12] = [
     ("recurrent.cu", include_str!("../../cuda/recurrent.cu")),
     ("lora.cu", include_str!("../../cuda/lora.cu")),
     ("fp8.cu", include_str!("../../cuda/fp8.cu")),
+    ("gguf.cu", include_str!("../../cuda/gguf.cu")),
 ];
 
 /// Options every compile uses, besides the architecture.

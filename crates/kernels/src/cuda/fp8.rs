@@ -153,6 +153,7 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
         host_u32: Mutex::new(None),
         drawn: AtomicBool::new(false),
         fp8: Some(Fp8Scales { buf: scale_buf, grid }),
+        gguf: None,
     };
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
 }

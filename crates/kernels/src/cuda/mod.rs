@@ -23,6 +23,7 @@ mod device;
 mod fp8;
 mod gemm;
 mod gemv;
+mod gguf;
 mod graph;
 mod launch;
 mod lora;
@@ -68,6 +69,8 @@ pub struct CudaStorage {
     drawn: AtomicBool,
     /// For an e4m3 matrix ([`fp8`]): its scales.
     fp8: Option<fp8::Fp8Scales>,
+    /// For a matrix kept in GGUF blocks ([`gguf`]): its parts (`buf` is then empty).
+    gguf: Option<Arc<gguf::GgufMatrix>>,
 }
 
 /// The CUDA backend on one GPU.
@@ -152,6 +155,7 @@ impl CudaBackend {
             .chain(&chunked_delta::KERNELS)
             .chain(&lora::KERNELS)
             .chain(&fp8::KERNELS)
+            .chain(&gguf::KERNELS)
             .map(|&name| Ok((name, module.load_function(name).map_err(drv)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         attention::raise_shared_memory(&kernels, dev.capability)?;
@@ -235,6 +239,11 @@ impl GpuBackend for CudaBackend {
         {
             return Ok(t);
         }
+        if dtype == DType::BF16
+            && let Some(t) = gguf::upload(self, host)?
+        {
+            return Ok(t);
+        }
         match (host.dtype(), dtype) {
             (DType::U32, DType::U32) => self.upload_u32(&host.to_u32_vec()?, dims),
             (DType::U32, _) => Err(Error::DType { op: "upload", expected: DType::U32, got: dtype }),
@@ -257,6 +266,19 @@ impl GpuBackend for CudaBackend {
             }
             (_, other) => Err(Error::DType { op: "upload", expected: DType::BF16, got: other }),
         }
+    }
+
+    fn upload_rows(&self, parts: Vec<HostTensor<'_>>, dtype: DType) -> Result<Tensor> {
+        // A fused projection (q/k/v, gate/up) stays in its parts' GGUF blocks; a join of more
+        // parts is a stack of experts, which the grouped GEMM reads widened (as GGUF files'
+        // own 3-D expert tensors are at upload).
+        if dtype == DType::BF16
+            && (2..=gguf::FUSED_PARTS).contains(&parts.len())
+            && let Some(t) = gguf::upload_rows(self, &parts)?
+        {
+            return Ok(t);
+        }
+        self.upload(&HostTensor::concat_rows(parts)?, dtype)
     }
 
     fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
@@ -289,6 +311,9 @@ impl GpuBackend for CudaBackend {
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         if t.dtype() == fp8::FP8 {
             return self.download_f32(&fp8::rows_bf16(self, t, None)?);
+        }
+        if let Some(w) = gguf::of("download_f32", t)? {
+            return self.download_f32(&gguf::widen(self, &w, gguf::row_len(t), None)?);
         }
         let buf = &storage("download_f32", t)?.buf;
         let n = t.elem_count();

@@ -45,6 +45,17 @@ pub(super) fn moe_experts(
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     expect_dtype("moe_experts", x, &[DType::BF16])?;
+    // A stack kept in GGUF blocks (experts joined from matrices of one format) is widened
+    // for the call: the grouped GEMM reads bf16 or e4m3.
+    let widened = |w: &Tensor| -> Result<Option<Tensor>> {
+        let Some(blocks) = super::gguf::of("moe_experts", w)? else { return Ok(None) };
+        Ok(Some(super::gguf::widen(b, &blocks, super::gguf::row_len(w), None)?.reshape(w.dims())?))
+    };
+    let (g, d) = (widened(gate_up)?, widened(down)?);
+    if g.is_some() || d.is_some() {
+        let (g, d) = (g.unwrap_or_else(|| gate_up.clone()), d.unwrap_or_else(|| down.clone()));
+        return moe_experts(b, x, routing, &g, &d);
+    }
     for w in [gate_up, down] {
         expect_dtype("moe_experts", w, &[DType::BF16, super::fp8::FP8])?;
     }

@@ -4,10 +4,10 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::fp8;
 use super::gemm::Gemm;
 use super::gemv::{self, Gemv};
 use super::{CudaBackend, elementwise, expect_dtype, launch, per_row, ptr, storage};
+use super::{fp8, gguf};
 use crate::error::{Error, Result, ensure};
 use crate::{DType, Tensor};
 
@@ -16,6 +16,11 @@ const BF16: &[DType] = &[DType::BF16];
 pub(super) fn cast(b: &CudaBackend, t: &Tensor, dtype: DType) -> Result<Tensor> {
     if t.dtype() == fp8::FP8 && dtype == DType::BF16 {
         return fp8::rows_bf16(b, t, None)?.reshape(t.dims());
+    }
+    if dtype == DType::BF16
+        && let Some(w) = gguf::of("cast", t)?
+    {
+        return gguf::widen(b, &w, gguf::row_len(t), None)?.reshape(t.dims());
     }
     expect_dtype("cast", t, &[DType::BF16, DType::F32])?;
     if !matches!(dtype, DType::BF16 | DType::F32) {
@@ -44,6 +49,9 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         expect_dtype("matmul", bias, BF16)?;
     }
     expect_dtype("matmul", x, BF16)?;
+    if let Some(blocks) = gguf::of("matmul", w)? {
+        return gguf::matmul(b, x, &blocks, bias);
+    }
     expect_dtype("matmul", w, &[DType::BF16, fp8::FP8])?;
     let out = b.alloc(&[m, n], DType::BF16)?;
     if m == 0 || n == 0 {
@@ -83,7 +91,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
 }
 
 /// `out [m, n] += bias [n]` in place, for a product that could not add it in its sum.
-fn add_bias(b: &CudaBackend, out: &Tensor, bias: &Tensor, m: usize, n: usize) -> Result<Tensor> {
+pub(super) fn add_bias(b: &CudaBackend, out: &Tensor, bias: &Tensor, m: usize, n: usize) -> Result<Tensor> {
     let total = (m * n) as u64;
     launch!(b, "add_rows_bf16", elementwise(m * n), [ptr("matmul", bias)?, ptr("matmul", out)?, n as u32, total])?;
     Ok(out.clone())
@@ -180,6 +188,10 @@ pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: 
 pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (m, k, n) = crate::check::matmul(x, w, None)?;
     expect_dtype("matmul_silu_mul", x, BF16)?;
+    if gguf::of("matmul_silu_mul", w)?.is_some() {
+        ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
+        return silu_mul(b, &matmul(b, x, w, None)?);
+    }
     expect_dtype("matmul_silu_mul", w, &[DType::BF16, fp8::FP8])?;
     ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
     if w.dtype() == fp8::FP8 && m > 0 && fp8::gemv_only(b, m) {
@@ -306,9 +318,12 @@ pub(super) fn gather_u32(b: &CudaBackend, src: &Tensor, rows: &[u32]) -> Result<
     Ok(out)
 }
 
-fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
+pub(super) fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Result<Tensor> {
     let (v, h) = (table.dims()[0], table.dims()[1]);
-    expect_dtype(op, table, &[DType::BF16, DType::F32, fp8::FP8])?;
+    let blocks = gguf::of(op, table)?;
+    if blocks.is_none() {
+        expect_dtype(op, table, &[DType::BF16, DType::F32, fp8::FP8])?;
+    }
     expect_dtype(op, idx, &[DType::U32])?;
     // Drawn tokens are not brought back to be checked (`CudaStorage::drawn`): a step fed
     // from the draws before it would wait for them. The kernel reads zeros for an id past
@@ -321,6 +336,9 @@ fn gather(b: &CudaBackend, idx: &Tensor, table: &Tensor, op: &'static str) -> Re
     }
     if table.dtype() == fp8::FP8 {
         return fp8::rows_bf16(b, table, Some(idx));
+    }
+    if let Some(blocks) = blocks {
+        return gguf::widen(b, &blocks, h, Some(idx));
     }
     let rows = idx.elem_count();
     let out = b.alloc(&[rows, h], table.dtype())?;

@@ -24,7 +24,8 @@ impl CudaBackend {
     pub(super) fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None };
+        let storage =
+            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
@@ -32,7 +33,8 @@ impl CudaBackend {
     pub(super) fn alloc_side(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc_side(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage = CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None };
+        let storage =
+            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
@@ -41,7 +43,7 @@ impl CudaBackend {
         let buf = self.dev.alloc(size_of_val(data))?;
         self.dev.upload(&buf, data)?;
         let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
-        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false), fp8: None };
+        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false), fp8: None, gguf: None };
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
     }
 

@@ -8,7 +8,9 @@ use half::f16;
 use met_kernels::quant::QuantFormat;
 use met_kernels::{DType, GpuBackend, HostTensor, Result};
 
-use crate::harness::{Rng, assert_close, assert_values, stored, upload_f32, upload_u32, widen};
+use crate::harness::{
+    Rng, assert_close, assert_close_within, assert_values, stored, tolerance, upload_f32, upload_u32, widen,
+};
 
 /// Random blocks of `format` for a `[n, k]` matrix, with small finite scales.
 fn blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
@@ -59,6 +61,105 @@ pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -
         let rows = b.embedding(&upload_u32(b, &ids, &[4])?, &w)?;
         let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * k..(i as usize + 1) * k])).collect();
         assert_close(b, &rows, &[4, k], &want, &format!("{format} embedding"))?;
+    }
+    Ok(())
+}
+
+/// A matrix joined from parts of different formats (a Q4_K_M file's fused q/k/v, whose v is
+/// Q6_K in some layers) computes with each part's decoded values: products at every batch
+/// size around the CUDA GEMV's largest (8 rows) and past it, with a bias, the fused SwiGLU,
+/// embedding rows of each part, and its download and cast.
+pub fn gguf_parts_of_mixed_formats_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(91);
+    let k = 512;
+    let layout = [(QuantFormat::Q4_K, 24), (QuantFormat::Q6_K, 8), (QuantFormat::Q4_K, 8), (QuantFormat::Q8_0, 6)];
+    let n: usize = layout.iter().map(|&(_, rows)| rows).sum();
+    let mut decoded = Vec::with_capacity(n * k);
+    let parts = layout
+        .iter()
+        .map(|&(format, rows)| {
+            let host = HostTensor::from_bytes(
+                DType::Quant(format),
+                &[rows, k],
+                Cow::Owned(blocks(format, rows, k, &mut rng)),
+            )?;
+            decoded.extend(host.to_f32_vec()?);
+            Ok(host)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let w = b.upload_rows(parts, b.float_dtype())?;
+    assert_eq!(w.dims(), [n, k], "joined shape");
+    let got = b.download_f32(&w)?;
+    assert_values(b, &got, &widen(&decoded), "mixed download");
+    if b.float_dtype() == DType::BF16 {
+        assert_eq!(b.download_f32(&b.cast(&w, DType::BF16)?)?, got, "mixed cast = download");
+    }
+    let values = stored(b, decoded.clone());
+    let bias = stored(b, rng.vec(n));
+    for m in [1, 2, 3, 5, 8, 9, 33] {
+        let x = stored(b, rng.vec(m * k));
+        let with_bias = m % 2 == 1;
+        let want: Vec<f64> = (0..m)
+            .flat_map(|i| {
+                let (x, values, bias) = (&x, &values, &bias);
+                (0..n).map(move |j| {
+                    let dot: f64 = (0..k).map(|l| f64::from(x[i * k + l]) * f64::from(values[j * k + l])).sum();
+                    dot + if with_bias { f64::from(bias[j]) } else { 0.0 }
+                })
+            })
+            .collect();
+        let xt = upload_f32(b, &x, &[m, k])?;
+        let bias_t = with_bias.then(|| upload_f32(b, &bias, &[n])).transpose()?;
+        let y = b.matmul(&xt, &w, bias_t.as_ref())?;
+        assert_close(b, &y, &[m, n], &want, &format!("mixed matmul m={m} bias {with_bias}"))?;
+        let fused = b.download_f32(&b.matmul_silu_mul(&xt, &w)?)?;
+        let unfused = b.download_f32(&b.silu_mul(&b.matmul(&xt, &w, None)?)?)?;
+        assert_eq!(fused, unfused, "mixed matmul_silu_mul m={m} equals silu_mul of the product");
+    }
+    let ids = [0u32, 23, 24, 31, 32, 40, 45, 5];
+    let rows = b.embedding(&upload_u32(b, &ids, &[ids.len()])?, &w)?;
+    let want: Vec<f64> = ids.iter().flat_map(|&i| widen(&decoded[i as usize * k..(i as usize + 1) * k])).collect();
+    assert_close(b, &rows, &[ids.len(), k], &want, "mixed embedding")?;
+    Ok(())
+}
+
+/// Two experts joined from GGUF matrices (a join short enough to look like a fused
+/// projection, so a backend may keep it in blocks) compute with their decoded values, from
+/// one token to forty.
+pub fn gguf_expert_pairs_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(93);
+    let (e, h, i, k) = (2, 256, 256, 2);
+    let dtype = b.float_dtype();
+    let mut stack = |rows: usize, cols: usize, format: QuantFormat| -> Result<(met_kernels::Tensor, Vec<f32>)> {
+        let mut decoded = Vec::new();
+        let parts = (0..e)
+            .map(|_| {
+                let bytes = blocks(format, rows, cols, &mut rng);
+                let host = HostTensor::from_bytes(DType::Quant(format), &[rows, cols], Cow::Owned(bytes))?;
+                decoded.extend(host.to_f32_vec()?);
+                Ok(host)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((b.upload_rows(parts, dtype)?.reshape(&[e, rows, cols])?, decoded))
+    };
+    let (gu, gate_up) = stack(2 * i, h, QuantFormat::Q4_K)?;
+    let (dn, down) = stack(h, i, QuantFormat::Q6_K)?;
+    let ex = crate::moe::Experts { h, i, gate_up: stored(b, gate_up), down: stored(b, down) };
+    for t in [1, 5, 40] {
+        let x = stored(b, rng.vec(t * h));
+        let routing = b.topk_routing(&upload_f32(b, &rng.vec(t * e), &[t, e])?, k, true)?;
+        let got = b.moe_experts(&upload_f32(b, &x, &[t, h])?, &routing, &gu, &dn)?;
+        let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
+        let want = crate::moe::moe_reference(&ex, &x, &ids, &weights, k);
+        // As `moe_experts`' own check: four chained roundings to the float dtype.
+        assert_close_within(
+            b,
+            &got,
+            &[t, h],
+            &want,
+            tolerance(dtype).chained(4),
+            &format!("GGUF experts, {t} tokens"),
+        )?;
     }
     Ok(())
 }

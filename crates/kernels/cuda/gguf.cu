@@ -1,0 +1,417 @@
+// gguf.cu: matrices in GGUF's block formats (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) kept in their
+// blocks on the device. Host side and layout: `src/cuda/gguf.rs`.
+//
+// Each block's fields are split at upload into regions, one row after another in each, so
+// every load is an aligned 16-byte word: `qs` the 4- or 8-bit quants (Q6_K's low four bits),
+// `qh` the high bits (Q5_K, Q6_K), `sc` the scales (Q4_K and Q5_K: per 256 weights a 16-byte
+// record of the 12 packed 6-bit scales and mins, then d and dmin as f16; Q6_K: the 16 int8
+// scales), `d` the f16 block scales (Q4_0, Q8_0: per 32 weights; Q6_K: per 256). The bytes
+// are the file's, reordered; a weight decodes to what ggml's dequantisation gives, in f32
+// (the K formats' `d·sc · q − dmin·mn` as one fused multiply-add, so within an ulp of the
+// host's `dequantize_row`).
+//
+// A row is cut into units of 64 weights and a unit into four chunks of 16 consecutive weights
+// (for Q6_K the four chunks of a unit lie 32 apart, as its blocks interleave them). A lane
+// loads a unit's words at once, then decodes it chunk by chunk.
+//
+// `gguf_gemv_<format>_m*`: out [m, N] columns `column..column + rows` = x [m, k] · wᵀ for m <= M, one
+// warp a row: lane i takes units i, i + 32, ... (the next unit's words requested before the
+// current one's arithmetic), then a fixed shuffle tree; the order depends on k alone.
+// `gguf_widen_bf16`: rows of the matrix (or of a row list) as bf16, one thread a unit.
+
+#define GGUF_Q4_0 0u
+#define GGUF_Q8_0 1u
+#define GGUF_Q4_K 2u
+#define GGUF_Q5_K 3u
+#define GGUF_Q6_K 4u
+#define GGUF_WARPS 4
+
+// One matrix part's regions (device addresses) and its format and row length. Mirrors
+// `GgufArgs` of `src/cuda/gguf.rs`.
+struct GgufMat {
+    u64 qs, qh, sc, d;
+    u32 format, k;
+};
+
+// IEEE half bits -> f32 (finite values exactly, infinities and NaNs as such).
+__device__ __forceinline__ float gguf_h2f(u32 h) {
+    float v = __uint_as_float((h & 0x7fffu) << 13) * 5.192296858534828e33f;  // 2^112
+    if ((h & 0x7c00u) == 0x7c00u) v = __uint_as_float(0x7f800000u | ((h & 0x3ffu) << 13));
+    return (h & 0x8000u) ? -v : v;
+}
+
+__device__ __forceinline__ uint4 gguf_ld(u64 addr) { return *reinterpret_cast<const uint4*>(addr); }
+
+__device__ __forceinline__ u32 gguf_byte(const uint4& v, u32 i) {
+    const u32 w = i < 4 ? v.x : (i < 8 ? v.y : (i < 12 ? v.z : v.w));
+    return (w >> (8 * (i & 3))) & 0xffu;
+}
+
+// Sub-block j's 6-bit scale and min of a K-quant's packed twelve bytes (`rec`'s first 12).
+__device__ __forceinline__ void gguf_scale_min(const uint4& rec, u32 j, float& sc, float& mn) {
+    if (j < 4) {
+        sc = (float)(gguf_byte(rec, j) & 63u);
+        mn = (float)(gguf_byte(rec, j + 4) & 63u);
+    } else {
+        sc = (float)((gguf_byte(rec, j + 4) & 0xfu) | ((gguf_byte(rec, j - 4) >> 6) << 4));
+        mn = (float)((gguf_byte(rec, j + 4) >> 4) | ((gguf_byte(rec, j) >> 6) << 4));
+    }
+}
+
+// The words of one unit, as loaded before any is decoded.
+struct GgufUnit {
+    uint4 q[4];   // quants: Q8_0 64 bytes; Q4_0, Q4_K, Q5_K 32 bytes; Q6_K 32 bytes of ql
+    uint4 h[2];   // Q5_K: 32 bytes of qh; Q6_K: 16
+    uint4 rec;    // Q4_K, Q5_K: the scale record
+    u32 s0, s1;   // Q4_0, Q8_0: the two blocks' d bits; Q6_K: four int8 scales, and d bits
+};
+
+template <u32 F>
+__device__ __forceinline__ GgufUnit gguf_load(const GgufMat& m, u64 row, u32 u) {
+    GgufUnit g;
+    const u64 k = m.k;
+    if constexpr (F == GGUF_Q8_0) {
+        const u64 at = m.qs + row * k + 64ull * u;
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) g.q[i] = gguf_ld(at + 16 * i);
+        const unsigned short* d = reinterpret_cast<const unsigned short*>(m.d) + row * (k / 32) + 2 * u;
+        g.s0 = d[0];
+        g.s1 = d[1];
+    } else if constexpr (F == GGUF_Q4_0) {
+        const u64 at = m.qs + row * (k / 2) + 32ull * u;
+        g.q[0] = gguf_ld(at);
+        g.q[1] = gguf_ld(at + 16);
+        const unsigned short* d = reinterpret_cast<const unsigned short*>(m.d) + row * (k / 32) + 2 * u;
+        g.s0 = d[0];
+        g.s1 = d[1];
+    } else if constexpr (F == GGUF_Q6_K) {
+        // Unit u: super-block u / 4, half n = (u / 2) % 2, l from 16 (u % 2).
+        const u32 s = u / 4, n = (u / 2) & 1u, h = u & 1u;
+        const u64 ql = m.qs + row * (k / 2) + 128ull * s + 64 * n + 16 * h;
+        g.q[0] = gguf_ld(ql);       // ql[l]
+        g.q[1] = gguf_ld(ql + 32);  // ql[l + 32]
+        g.h[0] = gguf_ld(m.qh + row * (k / 4) + 64ull * s + 32 * n + 16 * h);
+        const signed char* sc = reinterpret_cast<const signed char*>(m.sc) + row * (k / 16) + 16ull * s + 8 * n + h;
+        g.s0 = (u32)(unsigned char)sc[0] | ((u32)(unsigned char)sc[2] << 8) | ((u32)(unsigned char)sc[4] << 16) |
+               ((u32)(unsigned char)sc[6] << 24);
+        g.s1 = reinterpret_cast<const unsigned short*>(m.d)[row * (k / 256) + s];
+    } else {  // Q4_K, Q5_K: unit u is sub-blocks 2p and 2p + 1 of super-block u / 4
+        const u32 s = u / 4, p = u & 3u;
+        const u64 at = m.qs + row * (k / 2) + 128ull * s + 32 * p;
+        g.q[0] = gguf_ld(at);
+        g.q[1] = gguf_ld(at + 16);
+        g.rec = gguf_ld(m.sc + row * (k / 256) * 16 + 16ull * s);
+        if constexpr (F == GGUF_Q5_K) {
+            const u64 qh = m.qh + row * (k / 8) + 32ull * s;
+            g.h[0] = gguf_ld(qh);
+            g.h[1] = gguf_ld(qh + 16);
+        }
+    }
+    return g;
+}
+
+// The first k of chunk c of unit u.
+template <u32 F>
+__device__ __forceinline__ u32 gguf_chunk_k(u32 u, u32 c) {
+    if constexpr (F == GGUF_Q6_K) return 256 * (u / 4) + 128 * ((u / 2) & 1u) + 32 * c + 16 * (u & 1u);
+    return 64 * u + 16 * c;
+}
+
+// The four bytes of `word` as floats minus `bias`: each byte placed under the exponent of
+// 2^23 (one byte permute) and 2^23 + `bias` subtracted, exact for bytes and small biases.
+__device__ __forceinline__ void gguf_bytes_f(u32 word, float bias, float* f) {
+    const float off = 8388608.0f + bias;
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) {
+        u32 v;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(v) : "r"(word), "r"(0x4b000000u), "r"(0x7440u + i));
+        f[i] = __uint_as_float(v) - off;
+    }
+}
+
+__device__ __forceinline__ u32 gguf_word(const uint4& v, u32 i) { return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w)); }
+
+// The 16 weights of chunk c of a loaded unit: the quants of a 16-byte word, four at a time,
+// times their scale (less their min), one fused multiply-add each.
+template <u32 F>
+__device__ __forceinline__ void gguf_decode(const GgufUnit& g, u32 u, u32 c, float (&w)[16]) {
+    if constexpr (F == GGUF_Q8_0) {
+        const float d = gguf_h2f(c < 2 ? g.s0 : g.s1);
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) {
+            gguf_bytes_f(gguf_word(g.q[c], i) ^ 0x80808080u, 128.0f, w + 4 * i);  // int8 as q + 128
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) w[4 * i + j] *= d;
+        }
+    } else if constexpr (F == GGUF_Q4_0) {
+        const float d = gguf_h2f(c < 2 ? g.s0 : g.s1);
+        const u32 shift = 4 * (c & 1u);
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) {
+            gguf_bytes_f((gguf_word(g.q[c >> 1], i) >> shift) & 0x0f0f0f0fu, 8.0f, w + 4 * i);
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) w[4 * i + j] *= d;
+        }
+    } else if constexpr (F == GGUF_Q6_K) {
+        const float d = gguf_h2f(g.s1);
+        const float ds = d * (float)(signed char)((g.s0 >> (8 * c)) & 0xffu);
+        const u32 shift = c < 2 ? 0 : 4;
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) {
+            const u32 lo = (gguf_word(g.q[c & 1u], i) >> shift) & 0x0f0f0f0fu;
+            const u32 hi = ((gguf_word(g.h[0], i) >> (2 * c)) & 0x03030303u) << 4;
+            gguf_bytes_f(lo | hi, 32.0f, w + 4 * i);
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) w[4 * i + j] *= ds;
+        }
+    } else {
+        const u32 p = u & 3u, j = 2 * p + (c >> 1);
+        float sc, mn;
+        gguf_scale_min(g.rec, j, sc, mn);
+        const float d = gguf_h2f(g.rec.w & 0xffffu), dmin = gguf_h2f(g.rec.w >> 16);
+        const float d1 = d * sc, m1 = dmin * mn;
+        const u32 shift = c < 2 ? 0 : 4;
+#pragma unroll
+        for (u32 i = 0; i < 4; ++i) {
+            u32 q = (gguf_word(g.q[c & 1u], i) >> shift) & 0x0f0f0f0fu;
+            if constexpr (F == GGUF_Q5_K) q |= ((gguf_word(g.h[c & 1u], i) >> j) & 0x01010101u) << 4;
+            gguf_bytes_f(q, 0.0f, w + 4 * i);
+#pragma unroll
+            for (u32 k = 0; k < 4; ++k) w[4 * i + k] = fmaf(w[4 * i + k], d1, -m1);
+        }
+    }
+}
+
+// 16 weights dotted with 16 bf16 of x, added in order.
+__device__ __forceinline__ float gguf_dot16(const float (&w)[16], const bf16_t* x, float acc) {
+    const uint4 a = *reinterpret_cast<const uint4*>(x), b = *reinterpret_cast<const uint4*>(x + 8);
+    const u32 xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (u32 i = 0; i < 8; ++i) {
+        acc = fmaf(w[2 * i], __uint_as_float(xs[i] << 16), acc);
+        acc = fmaf(w[2 * i + 1], __uint_as_float(xs[i] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+// Lane `lane`'s share of weight row `row` dotted with x rows 0 .. m - 1 (m <= M): units
+// lane, lane + 32, ..., the next unit's words requested before the current one's sums.
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_gemv_lane(const bf16_t* __restrict__ x, const GgufMat& mat, u32 m, u32 row,
+                                               u32 lane, float (&acc)[M]) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
+    const u32 units = mat.k / 64;
+    GgufUnit next;
+    if (lane < units) next = gguf_load<F>(mat, row, lane);
+    for (u32 u = lane; u < units; u += 32) {
+        const GgufUnit g = next;
+        if (u + 32 < units) next = gguf_load<F>(mat, row, u + 32);
+#pragma unroll
+        for (u32 c = 0; c < 4; ++c) {
+            float w[16];
+            gguf_decode<F>(g, u, c, w);
+            const u32 k0 = gguf_chunk_k<F>(u, c);
+#pragma unroll
+            for (int t = 0; t < M; ++t) {
+                if (t < (int)m) acc[t] = gguf_dot16(w, x + (u64)t * mat.k + k0, acc[t]);
+            }
+        }
+    }
+}
+
+// Unit u of a row (`src`) as bf16 into `o`, the row's first column.
+template <u32 F>
+__device__ __forceinline__ void gguf_widen_unit(const GgufMat& mat, u64 src, u32 u, bf16_t* o) {
+    const GgufUnit g = gguf_load<F>(mat, src, u);
+#pragma unroll
+    for (u32 c = 0; c < 4; ++c) {
+        float w[16];
+        gguf_decode<F>(g, u, c, w);
+        uint4* d = reinterpret_cast<uint4*>(o + gguf_chunk_k<F>(u, c));
+        d[0] = make_uint4(pack_bf16(w[0], w[1]), pack_bf16(w[2], w[3]), pack_bf16(w[4], w[5]), pack_bf16(w[6], w[7]));
+        d[1] = make_uint4(pack_bf16(w[8], w[9]), pack_bf16(w[10], w[11]), pack_bf16(w[12], w[13]),
+                          pack_bf16(w[14], w[15]));
+    }
+}
+
+// Block of GGUF_WARPS warps, warp w owning matrix row blockIdx.x * GGUF_WARPS + w (after the
+// kernel's `pdl_enter`): the lanes' shares, then a fixed shuffle tree. Needs k % 256 == 0
+// for the K formats and k % 64 == 0 otherwise (checked on the host).
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_gemv(const bf16_t* __restrict__ x, GgufMat mat, bf16_t* __restrict__ out,
+                                          u32 m, u32 rows, u32 width, u32 column) {
+    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;  // the whole warp: a warp shares its row
+    float acc[M];
+    gguf_gemv_lane<F, M>(x, mat, m, row, lane, acc);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float total = warp_sum(acc[t]);
+        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
+    }
+}
+
+#define GGUF_GEMV(NAME, F, M)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32)                                              \
+        gguf_gemv_##NAME##_m##M(const bf16_t* x, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width, u32 column) { \
+        pdl_enter();                                                                                           \
+        gguf_gemv<F, M>(x, mat, out, m, rows, width, column);                                                  \
+    }
+#define GGUF_GEMVS(NAME, F) GGUF_GEMV(NAME, F, 1) GGUF_GEMV(NAME, F, 2) GGUF_GEMV(NAME, F, 4) GGUF_GEMV(NAME, F, 8)
+GGUF_GEMVS(q4_0, GGUF_Q4_0)
+GGUF_GEMVS(q8_0, GGUF_Q8_0)
+GGUF_GEMVS(q4_k, GGUF_Q4_K)
+GGUF_GEMVS(q5_k, GGUF_Q5_K)
+GGUF_GEMVS(q6_k, GGUF_Q6_K)
+
+// The tiled product for 9 to 256 activation rows: out [m, N] columns `column..column + rows`
+// = x [m, k] · wᵀ, block (weight-row tile, token tile) of GGUF_BN weight rows by BM tokens,
+// four warps. Per GGUF_BK = 128 columns (two units a weight row: for every format, units
+// 2kt and 2kt + 1 cover columns 128kt .. 128kt + 127), each thread decodes one unit into
+// the weight tile in shared memory as bf16 while the token tile arrives by cp.async (two
+// buffers), then the warps run the tile through `mma.sync` m16n8k16 with f32 sums, as the
+// grouped GEMM of `moe.cu` does. The next tile's unit is requested before this tile's
+// products, so its loads overlap them. Shared memory: 2 BM · 256 + GGUF_BN · 256 bytes (48
+// KiB at BM = 64). Needs k % 128 == 0 and 16-byte x rows (checked on the host).
+#define GGUF_BN 64
+#define GGUF_BK 128
+#define GGUF_GEMM_THREADS 128
+template <u32 F, int BM>
+__device__ __forceinline__ void gguf_gemm(const bf16_t* __restrict__ x, GgufMat mat, bf16_t* __restrict__ out,
+                                          u32 m, u32 rows, u32 width, u32 column) {
+    constexpr int WM = BM / 16, WN = 4 / WM, NT = GGUF_BN / WN / 8;  // n8 tiles a warp
+    constexpr u32 CH = GGUF_BK / 8;                                   // 16-byte chunks a row
+    constexpr u32 XS = BM * GGUF_BK * 2;                              // bytes of a token tile
+    __shared__ __align__(128) unsigned char gg_smem[2 * XS + GGUF_BN * GGUF_BK * 2];
+    const u32 base = smem_addr(gg_smem);
+    auto xs = [&](u32 b) { return base + b * XS; };
+    const u32 ws = base + 2 * XS;
+    const u32 n0 = blockIdx.x * GGUF_BN, t0 = blockIdx.y * BM;
+    if (t0 >= m) return;
+    const u32 tokens = min((u32)BM, m - t0), k = mat.k, k_tiles = k / GGUF_BK;
+    // This thread's unit of each tile: weight row n0 + my_row, unit 2 kt + my_half.
+    const u32 my_row = threadIdx.x >> 1, my_half = threadIdx.x & 1;
+    const bool row_ok = n0 + my_row < rows;
+    const u64 src_row = row_ok ? n0 + my_row : 0;
+    auto load_x = [&](u32 kt, u32 b) {
+        for (u32 c = threadIdx.x; c < BM * CH; c += GGUF_GEMM_THREADS) {
+            const u32 r = c / CH, ch = c % CH;
+            const bool valid = r < tokens;
+            cp_async16(xs(b) + swz<GGUF_BK>(r, ch), x + (u64)(t0 + (valid ? r : 0)) * k + kt * GGUF_BK + ch * 8, valid);
+        }
+    };
+    auto store_w = [&](const GgufUnit& g, u32 kt) {
+        const u32 u = 2 * kt + my_half;
+#pragma unroll
+        for (u32 c = 0; c < 4; ++c) {
+            float w[16];
+            gguf_decode<F>(g, u, c, w);
+            const u32 at = (gguf_chunk_k<F>(u, c) - kt * GGUF_BK) / 8;  // 16-byte chunk of the row
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+            if (row_ok) {
+                lo = make_uint4(pack_bf16(w[0], w[1]), pack_bf16(w[2], w[3]), pack_bf16(w[4], w[5]), pack_bf16(w[6], w[7]));
+                hi = make_uint4(pack_bf16(w[8], w[9]), pack_bf16(w[10], w[11]), pack_bf16(w[12], w[13]),
+                                pack_bf16(w[14], w[15]));
+            }
+            *reinterpret_cast<uint4*>(gg_smem + (ws - base) + swz<GGUF_BK>(my_row, at)) = lo;
+            *reinterpret_cast<uint4*>(gg_smem + (ws - base) + swz<GGUF_BK>(my_row, at + 1)) = hi;
+        }
+    };
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 wm = warp % WM, wn = warp / WM;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    load_x(0, 0);
+    cp_async_commit();
+    GgufUnit raw = gguf_load<F>(mat, src_row, my_half);
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 b = kt & 1;
+        // The weight tile's one buffer was last read before the barrier ending the step before.
+        store_w(raw, kt);
+        if (kt + 1 < k_tiles) {
+            load_x(kt + 1, b ^ 1);
+            raw = gguf_load<F>(mat, src_row, 2 * (kt + 1) + my_half);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (wm * 16 < tokens) {
+#pragma unroll
+            for (u32 kk = 0; kk < GGUF_BK / 16; ++kk) {
+                u32 af[4];
+                ldmatrix_x4(xs(b) + swz<GGUF_BK>(wm * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    const u32 r = wn * (NT * 8) + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4(ws + swz<GGUF_BK>(r, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                    mma_bf16(acc[j], af, b0, b1);
+                    mma_bf16(acc[j + 1], af, b2, b3);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Warp (wm, wn): tokens t0 + wm·16 + g (+ 8), weight rows n0 + wn·NT·8 + 8j + 2tq (+ 1).
+    const u32 g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 t = wm * 16 + g + 8 * i;
+        if (t >= tokens) continue;
+        bf16_t* dst = out + (u64)(t0 + t) * width + column;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const u32 col = n0 + wn * (NT * 8) + j * 8 + 2 * tq;
+            if (col < rows) dst[col] = f2bf(acc[j][2 * i]);
+            if (col + 1 < rows) dst[col + 1] = f2bf(acc[j][2 * i + 1]);
+        }
+    }
+}
+
+#define GGUF_GEMM(NAME, F, BM)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GGUF_GEMM_THREADS)                                            \
+        gguf_gemm_##NAME##_m##BM(const bf16_t* x, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width, u32 column) { \
+        pdl_enter();                                                                                           \
+        gguf_gemm<F, BM>(x, mat, out, m, rows, width, column);                                                 \
+    }
+#define GGUF_GEMMS(NAME, F) GGUF_GEMM(NAME, F, 16) GGUF_GEMM(NAME, F, 64)
+GGUF_GEMMS(q4_0, GGUF_Q4_0)
+GGUF_GEMMS(q8_0, GGUF_Q8_0)
+GGUF_GEMMS(q4_k, GGUF_Q4_K)
+GGUF_GEMMS(q5_k, GGUF_Q5_K)
+GGUF_GEMMS(q6_k, GGUF_Q6_K)
+
+// Thread (r, u): unit u of row `index ? index[r] : r` of the matrix, as bf16, into
+// `out [count, k]` row r. Indices past `rows` write zeros (a checked id never is).
+template <u32 F>
+__device__ __forceinline__ void gguf_widen(const GgufMat& mat, const u32* index, u32 rows, bf16_t* out, u32 count) {
+    const u32 units = mat.k / 64;
+    const u64 id = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (u64)count * units) return;
+    const u32 r = (u32)(id / units), u = (u32)(id % units);
+    const u32 src = index ? index[r] : r;
+    bf16_t* o = out + (u64)r * mat.k;
+    if (src >= rows) {
+#pragma unroll
+        for (u32 c = 0; c < 4; ++c) {
+            uint4* d = reinterpret_cast<uint4*>(o + gguf_chunk_k<F>(u, c));
+            d[0] = d[1] = make_uint4(0, 0, 0, 0);
+        }
+        return;
+    }
+    gguf_widen_unit<F>(mat, src, u, o);
+}
+
+extern "C" __global__ void gguf_widen_bf16(GgufMat mat, const u32* index, u32 rows, bf16_t* out, u32 count) {
+    pdl_enter();
+    switch (mat.format) {
+        case GGUF_Q4_0: gguf_widen<GGUF_Q4_0>(mat, index, rows, out, count); break;
+        case GGUF_Q8_0: gguf_widen<GGUF_Q8_0>(mat, index, rows, out, count); break;
+        case GGUF_Q4_K: gguf_widen<GGUF_Q4_K>(mat, index, rows, out, count); break;
+        case GGUF_Q5_K: gguf_widen<GGUF_Q5_K>(mat, index, rows, out, count); break;
+        default: gguf_widen<GGUF_Q6_K>(mat, index, rows, out, count); break;
+    }
+}

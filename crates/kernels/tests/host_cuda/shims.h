@@ -1,0 +1,44 @@
+// The few CUDA names `cuda/gguf.cu`'s decoders use, for compiling them on the host
+// (`tests/gguf_host_decode.rs`).
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short bf16_t;
+struct uint4 {
+    u32 x, y, z, w;
+};
+#define __device__
+#define __forceinline__ inline
+static inline float __uint_as_float(u32 u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+// PTX `prmt.b32 d, a, b, s` (default mode): byte i of d is byte s[4i..4i+3] of {b, a}.
+static inline u32 prmt(u32 a, u32 b, u32 s) {
+    unsigned char pool[8];
+    memcpy(pool, &a, 4);
+    memcpy(pool + 4, &b, 4);
+    u32 r = 0;
+    for (int i = 0; i < 4; ++i) r |= (u32)pool[(s >> (4 * i)) & 7] << (8 * i);
+    return r;
+}
+static inline u32 __float_as_uint(float f) {
+    u32 u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline uint4 make_uint4(u32 x, u32 y, u32 z, u32 w) { return uint4{x, y, z, w}; }
+// f32 -> bf16 bits, round to nearest even (NaN kept quiet), as `common.cuh` rounds.
+static inline bf16_t f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+static inline u32 pack_bf16(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
