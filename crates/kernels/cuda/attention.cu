@@ -15,17 +15,59 @@
 #define ATTN_MAX_DIM 256
 #define ATTN_PER_LANE (ATTN_MAX_DIM / 32)
 
-// k, v [t, h_kv * d] -> the pools at slots[t]. One block per token.
-extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_t* kc, bf16_t* vc, const u32* slots,
-                                         u32 row, u64 capacity) {
-    pdl_enter();
+// The element types of a KV pool. `Kv16` holds bf16 values; `Kv8` holds e4m3 bytes, each
+// the value divided by its layer's scale (k or v), rounded to nearest even and saturated at
+// ±448, as vLLM's fp8 cache stores them. e4m3 is a subset of bf16, so a read widens a byte
+// exactly and leaves the scale out: the kernels fold the keys' scale into the score scale
+// (`AttnArgs::scale`) and multiply outputs by the values' (`AttnArgs::v_scale`), which is
+// the same sum as over the dequantized values, one rounding fewer.
+struct Kv16 {
+    typedef bf16_t T;
+    static constexpr bool FP8 = false;
+    __device__ static float at(const T* p, u64 i) { return bf2f(p[i]); }
+    // Eight elements from `p`, and as f32: a 16-byte vector here, 8 bytes (in x and y)
+    // for e4m3. (A ring of 8-byte vectors spilled in the decode kernel; these do not.)
+    __device__ static uint4 load8(const T* p) { return *reinterpret_cast<const uint4*>(p); }
+    __device__ static void unpack(uint4 v, float* f) { unpack8(v, f); }
+    // `x` as the pool stores it (`x` is a bf16 value already; the scale is unused).
+    __device__ static T from(float x, float) { return f2bf(x); }
+};
+struct Kv8 {
+    typedef u8 T;
+    static constexpr bool FP8 = true;
+    __device__ static float at(const T* p, u64 i) { return e4m3_to_f(p[i]); }
+    __device__ static uint4 load8(const T* p) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        return make_uint4(w.x, w.y, 0, 0);
+    }
+    __device__ static void unpack(uint4 v, float* f) { unpack8(e4m3x8_to_bf16(make_uint2(v.x, v.y)), f); }
+    __device__ static T from(float x, float scale) { return e4m3_from(x / scale); }
+};
+
+// k, v [t, h_kv * d] -> the pools at slots[t], keys over `k_scale` and values over
+// `v_scale` where the pool is e4m3. One block per token.
+template <typename KV>
+__device__ void write_kv(const bf16_t* k, const bf16_t* v, typename KV::T* kc, typename KV::T* vc, const u32* slots,
+                         u32 row, u64 capacity, float k_scale, float v_scale) {
     const u64 slot = slots[blockIdx.x];
     if (slot >= capacity) return;
     const u64 src = (u64)blockIdx.x * row, dst = slot * row;
     for (u32 i = threadIdx.x; i < row; i += blockDim.x) {
-        kc[dst + i] = k[src + i];
-        vc[dst + i] = v[src + i];
+        kc[dst + i] = KV::from(bf2f(k[src + i]), k_scale);
+        vc[dst + i] = KV::from(bf2f(v[src + i]), v_scale);
     }
+}
+
+extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_t* kc, bf16_t* vc, const u32* slots,
+                                         u32 row, u64 capacity, float k_scale, float v_scale) {
+    pdl_enter();
+    write_kv<Kv16>(k, v, kc, vc, slots, row, capacity, k_scale, v_scale);
+}
+
+extern "C" __global__ void write_kv_e4m3(const bf16_t* k, const bf16_t* v, u8* kc, u8* vc, const u32* slots, u32 row,
+                                         u64 capacity, float k_scale, float v_scale) {
+    pdl_enter();
+    write_kv<Kv8>(k, v, kc, vc, slots, row, capacity, k_scale, v_scale);
 }
 
 // The attention prologue of one layer, fused: qkv [t, (h + 2 h_kv) d] is split into heads;
@@ -40,15 +82,15 @@ extern "C" __global__ void write_kv_bf16(const bf16_t* k, const bf16_t* v, bf16_
 
 struct QkvArgs {
     u32 h, h_kv, d, half;
-    float eps;
+    float eps, k_scale, v_scale;  // the scales divide what an e4m3 pool stores
     u64 capacity;
 };
 
 
-template <typename W>
+template <typename W, typename KV>
 __device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_norm, const u32* positions,
-                                 const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots,
-                                 const QkvArgs& a) {
+                                 const float* inv_freq, bf16_t* q_out, typename KV::T* kc, typename KV::T* vc,
+                                 const u32* slots, const QkvArgs& a) {
     __shared__ float head[QKV_WARPS][ATTN_MAX_DIM];
     __shared__ float cos_sin[2][ATTN_MAX_DIM / 2];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -70,8 +112,8 @@ __device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_
     const u64 kv_row = (u64)a.h_kv * a.d;
     if (hh >= a.h + a.h_kv) {  // a v head: straight into the cache
         if (slot >= a.capacity) return;
-        bf16_t* dst = vc + slot * kv_row + (u64)(hh - a.h - a.h_kv) * a.d;
-        for (u32 e = lane; e < a.d; e += 32) dst[e] = src[e];
+        typename KV::T* dst = vc + slot * kv_row + (u64)(hh - a.h - a.h_kv) * a.d;
+        for (u32 e = lane; e < a.d; e += 32) dst[e] = KV::from(bf2f(src[e]), a.v_scale);
         return;
     }
     const bool is_q = hh < a.h;
@@ -89,46 +131,41 @@ __device__ void qkv_rotary_write(const bf16_t* qkv, const W* q_norm, const W* k_
         for (u32 e = lane; e < a.d; e += 32) sh[e] = bf2f(src[e]);
     }
     __syncwarp();
-    bf16_t* dst;
+    // Rotary of element e of the head, rounded to bf16.
+    auto rotated = [&](u32 e) {
+        if (e >= 2 * a.half) return sh[e];
+        const u32 i = e < a.half ? e : e - a.half;
+        const float c = cos_sin[0][i], s = cos_sin[1][i];
+        const float x0 = sh[i], x1 = sh[i + a.half];
+        return round_bf(e < a.half ? round_bf(x0 * c) - round_bf(x1 * s) : round_bf(x1 * c) + round_bf(x0 * s));
+    };
     if (is_q) {
-        dst = q_out + ((u64)tok * a.h + hh) * a.d;
+        bf16_t* dst = q_out + ((u64)tok * a.h + hh) * a.d;
+        for (u32 e = lane; e < a.d; e += 32) dst[e] = f2bf(rotated(e));
     } else {
         if (slot >= a.capacity) return;
-        dst = kc + slot * kv_row + (u64)(hh - a.h) * a.d;
-    }
-    for (u32 e = lane; e < a.d; e += 32) {
-        float r;
-        if (e < 2 * a.half) {
-            const u32 i = e < a.half ? e : e - a.half;
-            const float c = cos_sin[0][i], s = cos_sin[1][i];
-            const float x0 = sh[i], x1 = sh[i + a.half];
-            r = e < a.half ? round_bf(x0 * c) - round_bf(x1 * s) : round_bf(x1 * c) + round_bf(x0 * s);
-        } else {
-            r = sh[e];
-        }
-        dst[e] = f2bf(r);
+        typename KV::T* dst = kc + slot * kv_row + (u64)(hh - a.h) * a.d;
+        for (u32 e = lane; e < a.d; e += 32) dst[e] = KV::from(rotated(e), a.k_scale);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
-qkv_rotary_write_bf16(const bf16_t* qkv, const bf16_t* q_norm, const bf16_t* k_norm, const u32* positions,
-                      const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots, QkvArgs a) {
-    pdl_enter();
-    qkv_rotary_write(qkv, q_norm, k_norm, positions, inv_freq, q_out, kc, vc, slots, a);
-}
-
-extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)
-qkv_rotary_write_bf16_nf32(const bf16_t* qkv, const float* q_norm, const float* k_norm, const u32* positions,
-                           const float* inv_freq, bf16_t* q_out, bf16_t* kc, bf16_t* vc, const u32* slots,
-                           QkvArgs a) {
-    pdl_enter();
-    qkv_rotary_write(qkv, q_norm, k_norm, positions, inv_freq, q_out, kc, vc, slots, a);
-}
+#define MET_QKV_ROTARY_WRITE(NAME, W, KV)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32)                                               \
+        NAME(const bf16_t* qkv, const W* q_norm, const W* k_norm, const u32* positions, const float* inv_freq, \
+             bf16_t* q_out, KV::T* kc, KV::T* vc, const u32* slots, QkvArgs a) {                              \
+        pdl_enter();                                                                                           \
+        qkv_rotary_write<W, KV>(qkv, q_norm, k_norm, positions, inv_freq, q_out, kc, vc, slots, a);            \
+    }
+MET_QKV_ROTARY_WRITE(qkv_rotary_write_bf16, bf16_t, Kv16)
+MET_QKV_ROTARY_WRITE(qkv_rotary_write_bf16_nf32, float, Kv16)
+MET_QKV_ROTARY_WRITE(qkv_rotary_write_e4m3, bf16_t, Kv8)
+MET_QKV_ROTARY_WRITE(qkv_rotary_write_e4m3_nf32, float, Kv8)
 
 struct AttnArgs {
     u32 num_seqs, max_blocks, block_size, h, h_kv, d, window;
-    float scale, softcap;
-    u32 split_min;  // decode kernel only
+    float scale, softcap;  // `scale` times the keys' scale for an e4m3 pool
+    u32 split_min;         // decode kernel only
+    float v_scale;         // the values' scale for an e4m3 pool, else 1
 };
 
 // The pool slot of key j of a sequence with block table `table`: shifts when the block size
@@ -153,10 +190,9 @@ __device__ u32 seq_of_row(const u32* cu, u32 num_seqs, u32 i) {
 }
 
 // grid (t, h), block ATTN_WARPS * 32 threads. out, q [t, h, d].
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
-                     const u32* seq_lens, const u32* tables, AttnArgs a) {
-    pdl_enter();
+template <typename KV>
+__device__ void paged_attention(bf16_t* out, const bf16_t* q, const typename KV::T* kc, const typename KV::T* vc,
+                                const u32* cu_q, const u32* seq_lens, const u32* tables, const AttnArgs& a) {
     const u32 i = blockIdx.x, hq = blockIdx.y;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 s = seq_of_row(cu_q, a.num_seqs, i);
@@ -190,7 +226,7 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
 #pragma unroll
         for (int r = 0; r < ATTN_PER_LANE; ++r) {
             const u32 e = lane + 32 * r;
-            if (e < a.d) dot += qr[r] * bf2f(kc[at + e]);
+            if (e < a.d) dot += qr[r] * KV::at(kc, at + e);
         }
         float score = warp_sum(dot) * a.scale;
         if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
@@ -201,7 +237,7 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
 #pragma unroll
         for (int r = 0; r < ATTN_PER_LANE; ++r) {
             const u32 e = lane + 32 * r;
-            acc[r] = acc[r] * corr + (e < a.d ? p * bf2f(vc[at + e]) : 0.0f);
+            acc[r] = acc[r] * corr + (e < a.d ? p * KV::at(vc, at + e) : 0.0f);
         }
         m = m_new;
     }
@@ -227,7 +263,7 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
         factor[w] = sm_m[w] == -MET_INF ? 0.0f : expf(sm_m[w] - big);
         total += sm_l[w] * factor[w];
     }
-    const float inv = 1.0f / total;
+    const float inv = a.v_scale / total;
     bf16_t* orow = out + ((u64)i * a.h + hq) * a.d;
     for (u32 e = threadIdx.x; e < a.d; e += blockDim.x) {
         float o = 0.0f;
@@ -236,6 +272,16 @@ paged_attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_
         orow[e] = f2bf(o * inv);
     }
 }
+
+#define MET_PAGED_ATTENTION(NAME, KV)                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                                                 \
+        NAME(bf16_t* out, const bf16_t* q, const KV::T* kc, const KV::T* vc, const u32* cu_q, const u32* seq_lens, \
+             const u32* tables, AttnArgs a) {                                                                     \
+        pdl_enter();                                                                                              \
+        paged_attention<KV>(out, q, kc, vc, cu_q, seq_lens, tables, a);                                           \
+    }
+MET_PAGED_ATTENTION(paged_attention_bf16, Kv16)
+MET_PAGED_ATTENTION(paged_attention_e4m3, Kv8)
 
 // ---- decode attention ----------------------------------------------------------------------
 //
@@ -331,7 +377,7 @@ __device__ void dec_merge(bf16_t* out, const float* part_acc, const float* part_
 #pragma unroll
         for (u32 i = 0; i < DEC_SPLITS; ++i)
             if (i < splits) num += v[i] * sm_m[g][i];
-        out[(head0 + g) * a.d + e] = f2bf(num / sm_den[g]);
+        out[(head0 + g) * a.d + e] = f2bf(num / sm_den[g] * a.v_scale);
     }
 }
 
@@ -366,9 +412,9 @@ __device__ bool dec_merge_if_last(bf16_t* out, const float* part_acc, const floa
 // over 8 warps, which halves the serial work of each; larger batches fill the SMs better
 // with 4-warp blocks. W only changes which warp sums which keys, and the host picks it by the
 // same batch class as `split_min`, so a padded graph replay still equals the eager step.
-template <int GM, int W>
-__device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,
-                                 const bf16_t* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
+template <int GM, int W, typename KV>
+__device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* q, const typename KV::T* kc,
+                                 const typename KV::T* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
                                  bf16_t* out, u32* counters) {
     const u32 s = blockIdx.x, kvh = blockIdx.y;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -410,8 +456,8 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
             const u32 jj = j < end ? j : begin;
             const u64 slot = kv_slot(table, jj, a.block_size);
             const u64 at = (slot * a.h_kv + kvh) * a.d + lig * 8;
-            kv = *reinterpret_cast<const uint4*>(kc + at);
-            vv = *reinterpret_cast<const uint4*>(vc + at);
+            kv = KV::load8(kc + at);
+            vv = KV::load8(vc + at);
         };
         const u32 j_first = begin + warp * per_step;
         uint4 k_ring[DEC_DEPTH], v_ring[DEC_DEPTH];
@@ -425,8 +471,8 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
                 if (j0 >= end) break;
                 const bool live = j0 + sub < end;
                 float kf[8], vf[8];
-                unpack8(k_ring[r], kf);
-                unpack8(v_ring[r], vf);
+                KV::unpack(k_ring[r], kf);
+                KV::unpack(v_ring[r], vf);
                 if (j0 + DEC_DEPTH * stride < end) fetch(j0 + DEC_DEPTH * stride, k_ring[r], v_ring[r]);
 #pragma unroll
                 for (int g = 0; g < GM; ++g) {
@@ -493,7 +539,7 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
             }
             const u64 head = (u64)s * a.h + kvh * group + g;
             if (splits_used == 1) {  // nothing to merge: the merge would compute exactly this
-                out[head * a.d + e] = f2bf(num / den);
+                out[head * a.d + e] = f2bf(num / den * a.v_scale);
                 continue;
             }
             part_acc[(head * DEC_SPLITS + split) * a.d + e] = num;
@@ -508,18 +554,24 @@ __device__ void decode_attention(float* part_acc, float* part_ml, const bf16_t* 
     }
 }
 
-#define MET_DECODE_ATTENTION(GM, W)                                                                           \
+#define MET_DECODE_ATTENTION(NAME, GM, W, KV)                                                                  \
     extern "C" __global__ void __launch_bounds__(W * 32)                                                       \
-        decode_attention_bf16_g##GM##_w##W(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, \
-                                           const bf16_t* vc, const u32* seq_lens, const u32* tables,           \
-                                           AttnArgs a, bf16_t* out, u32* counters) {                           \
+        NAME(float* part_acc, float* part_ml, const bf16_t* q, const KV::T* kc, const KV::T* vc,               \
+             const u32* seq_lens, const u32* tables, AttnArgs a, bf16_t* out, u32* counters) {                 \
         pdl_enter();                                                                                           \
-        decode_attention<GM, W>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);             \
+        decode_attention<GM, W, KV>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);         \
     }
-MET_DECODE_ATTENTION(1, 4)
-MET_DECODE_ATTENTION(2, 4)
-MET_DECODE_ATTENTION(4, 4)
-MET_DECODE_ATTENTION(8, 4)
-MET_DECODE_ATTENTION(1, 8)
-MET_DECODE_ATTENTION(2, 8)
-MET_DECODE_ATTENTION(4, 8)
+MET_DECODE_ATTENTION(decode_attention_bf16_g1_w4, 1, 4, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g2_w4, 2, 4, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g4_w4, 4, 4, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g8_w4, 8, 4, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g1_w8, 1, 8, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g2_w8, 2, 8, Kv16)
+MET_DECODE_ATTENTION(decode_attention_bf16_g4_w8, 4, 8, Kv16)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g1_w4, 1, 4, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g2_w4, 2, 4, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g4_w4, 4, 4, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g8_w4, 8, 4, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g1_w8, 1, 8, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g2_w8, 2, 8, Kv8)
+MET_DECODE_ATTENTION(decode_attention_e4m3_g4_w8, 4, 8, Kv8)

@@ -46,6 +46,65 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
 }
 
+// ---- float8_e4m3fn (FP8 weights and KV caches): conversions need sm_89 on (cvt.*e4m3x2);
+// the host keeps e4m3 tensors only on sm_90 devices, and on older ones these compile to
+// nothing.
+
+typedef unsigned char u8;
+
+// f16x2 holding two e4m3 values (each a normal f16 or zero) -> the same values as bf16x2:
+// exponent and mantissa moved to bf16's places give the value times 2^-112 (still a
+// normal bf16), and one exact multiply by 2^112 puts it back.
+__device__ __forceinline__ u32 f16x2_e4m3_to_bf16x2(u32 h) {
+    const u32 t = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+    u32 r = t;
+#if __CUDA_ARCH__ >= 900
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x77807780u));
+#endif
+    return r;
+}
+
+// Four e4m3 bytes (byte 0 lowest) -> bf16 pairs: `lo` holds bytes 0 and 1, `hi` 2 and 3.
+__device__ __forceinline__ void e4m3x4_to_bf16(u32 w, u32& lo, u32& hi) {
+    u32 h0 = 0, h1 = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(w));
+#endif
+    lo = f16x2_e4m3_to_bf16x2(h0);
+    hi = f16x2_e4m3_to_bf16x2(h1);
+}
+
+// Two f32 -> two e4m3 (round to nearest even, saturating at ±448) in the low 16 bits, `a`
+// in the low byte.
+__device__ __forceinline__ u32 e4m3x2_from(float a, float b) {
+    unsigned short r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+#endif
+    return r;
+}
+
+// Eight e4m3 bytes (an 8-byte load, byte 0 lowest) -> eight bf16 as one 16-byte vector:
+// the values exactly (e4m3 is a subset of bf16).
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint2 w) {
+    u32 a, b, c, d;
+    e4m3x4_to_bf16(w.x, a, b);
+    e4m3x4_to_bf16(w.y, c, d);
+    return make_uint4(a, b, c, d);
+}
+
+// One e4m3 byte -> its value.
+__device__ __forceinline__ float e4m3_to_f(u8 b) {
+    u32 lo, hi;
+    e4m3x4_to_bf16(b, lo, hi);
+    return __uint_as_float(lo << 16);
+}
+
+// One f32 -> e4m3, rounded to nearest even and saturated at ±448.
+__device__ __forceinline__ u8 e4m3_from(float f) { return (u8)(e4m3x2_from(f, 0.0f) & 0xffu); }
+
 // Rounds an f32 to the nearest bf16 value, kept as f32 (where transformers rounds an
 // intermediate to bf16, the kernels do the same so their results stay close to it).
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }

@@ -21,6 +21,11 @@
 //
 // Shared rows are stored with their 16-byte chunks XOR-swizzled by the row index, so the
 // eight rows an ldmatrix reads at one column fall in eight different banks.
+//
+// An e4m3 pool (`Kv8`, attention.cu) fills the same bf16 tiles: cp.async cannot widen, so
+// each thread loads its share of the next tile's bytes into registers before this tile's
+// products and widens them into the other buffer after, which keeps the loads in flight
+// while the tensor cores run. The keys' scale is in `a.scale`, the values' in `a.v_scale`.
 
 #define FL_WARPS 4
 #define FL_BM (16 * FL_WARPS)
@@ -35,6 +40,11 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // Copies 16 bytes global -> shared; with `valid` false it writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// Stores 16 bytes at shared address `dst`.
+__device__ __forceinline__ void st_shared16(u32 dst, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -97,9 +107,10 @@ __device__ __forceinline__ u32 swz(u32 r, u32 c) {
 
 // grid (total tiles, h_kv), block FL_WARPS * 32, dynamic shared memory (FL_BM + 4 FL_BN) D * 2
 // bytes. D is 64 or 128 (head dim 256 prefills on Hopper's warpgroup kernel, `flash_wgmma.cu`).
-template <int D>
-__device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
-                              const u32* seq_lens, const u32* tables, const u32* tiles, const AttnArgs& a) {
+template <int D, typename KV>
+__device__ void flash_prefill(bf16_t* out, const bf16_t* q, const typename KV::T* kc, const typename KV::T* vc,
+                              const u32* cu_q, const u32* seq_lens, const u32* tables, const u32* tiles,
+                              const AttnArgs& a) {
     extern __shared__ __align__(128) unsigned char fl_smem[];
     constexpr u32 CH = D / 8;  // 16-byte chunks per row
     const u32 qs = smem_addr(fl_smem);
@@ -135,19 +146,51 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
         const bf16_t* src = q + row_of(valid ? r : 0) * D + ch * 8;
         cp_async16(qs + swz<D>(r, ch), src, valid);
     }
+    // Chunk c of a K/V tile (8 elements): the pool element of its first, or false for keys
+    // past the tile's rows (zeros).
+    auto chunk_at = [&](u32 kt, u32 c, u64& at) {
+        const u32 r = c / CH, ch = c % CH;
+        const u32 j = kt * FL_BN + r;
+        const bool valid = j <= pos_last;
+        const u64 slot = kv_slot(table, valid ? j : pos_last, a.block_size);
+        at = (slot * a.h_kv + kvh) * D + ch * 8;
+        return valid;
+    };
+    // bf16 pools: tile kt straight into buffer `buf`.
     auto load_kv = [&](u32 kt, u32 buf) {
         for (u32 c = threadIdx.x; c < FL_BN * CH; c += blockDim.x) {
-            const u32 r = c / CH, ch = c % CH;
-            const u32 j = kt * FL_BN + r;
-            const bool valid = j <= pos_last;
-            const u32 jj = valid ? j : pos_last;
-            const u64 slot = kv_slot(table, jj, a.block_size);
-            const u64 at = (slot * a.h_kv + kvh) * D + ch * 8;
-            cp_async16(ks(buf) + swz<D>(r, ch), kc + at, valid);
-            cp_async16(vs(buf) + swz<D>(r, ch), vc + at, valid);
+            u64 at;
+            const bool valid = chunk_at(kt, c, at);
+            cp_async16(ks(buf) + swz<D>(c / CH, c % CH), kc + at, valid);
+            cp_async16(vs(buf) + swz<D>(c / CH, c % CH), vc + at, valid);
         }
     };
-    load_kv(kt_begin, 0);
+    // e4m3 pools: this thread's chunks of tile kt into registers, then widened into `buf`.
+    constexpr u32 PER = KV::FP8 ? FL_BN * CH / (FL_WARPS * 32) : 1;
+    uint2 k8[PER], v8[PER];
+    auto fetch_kv8 = [&](u32 kt) {
+#pragma unroll
+        for (u32 i = 0; i < PER; ++i) {
+            u64 at;
+            const bool valid = chunk_at(kt, threadIdx.x + i * FL_WARPS * 32, at);
+            k8[i] = valid ? *reinterpret_cast<const uint2*>(kc + at) : make_uint2(0, 0);
+            v8[i] = valid ? *reinterpret_cast<const uint2*>(vc + at) : make_uint2(0, 0);
+        }
+    };
+    auto stash_kv8 = [&](u32 buf) {
+#pragma unroll
+        for (u32 i = 0; i < PER; ++i) {
+            const u32 c = threadIdx.x + i * FL_WARPS * 32;
+            st_shared16(ks(buf) + swz<D>(c / CH, c % CH), e4m3x8_to_bf16(k8[i]));
+            st_shared16(vs(buf) + swz<D>(c / CH, c % CH), e4m3x8_to_bf16(v8[i]));
+        }
+    };
+    if constexpr (KV::FP8) {
+        fetch_kv8(kt_begin);
+        stash_kv8(0);
+    } else {
+        load_kv(kt_begin, 0);
+    }
     cp_async_commit();
 
     // This thread's rows: g and g + 8 of the warp's 16.
@@ -169,7 +212,10 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
 
     for (u32 kt = kt_begin; kt < kt_end; ++kt) {
         const u32 buf = (kt - kt_begin) & 1;
-        if (kt + 1 < kt_end) load_kv(kt + 1, buf ^ 1);
+        if (kt + 1 < kt_end) {
+            if constexpr (KV::FP8) fetch_kv8(kt + 1);
+            else load_kv(kt + 1, buf ^ 1);
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -272,6 +318,9 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
                 }
             }
         }
+        if constexpr (KV::FP8) {
+            if (kt + 1 < kt_end) stash_kv8(buf ^ 1);  // read last in the tile before this one
+        }
         __syncthreads();  // the buffer is refilled two tiles on
     }
     cp_async_wait<0>();
@@ -286,20 +335,21 @@ __device__ void flash_prefill(bf16_t* out, const bf16_t* q, const bf16_t* kc, co
     for (int i = 0; i < 2; ++i) {
         const u32 r = warp * 16 + g + 8 * i;
         if (r >= rows) continue;
-        const float inv = 1.0f / l[i];
+        const float inv = a.v_scale / l[i];
         u32* dst = reinterpret_cast<u32*>(out + row_of(r) * D);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) dst[n * 4 + tq] = pack_bf16(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
     }
 }
 
-#define MET_FLASH_PREFILL(D)                                                                                    \
+#define MET_FLASH_PREFILL(NAME, D, KV)                                                                          \
     extern "C" __global__ void __launch_bounds__(FL_WARPS * 32)                                                 \
-        flash_prefill_bf16_d##D(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,              \
-                                const u32* cu_q, const u32* seq_lens, const u32* tables, const u32* tiles,    \
-                                AttnArgs a) {                                                                   \
+        NAME(bf16_t* out, const bf16_t* q, const KV::T* kc, const KV::T* vc, const u32* cu_q, const u32* seq_lens, \
+             const u32* tables, const u32* tiles, AttnArgs a) {                                                 \
         pdl_enter();                                                                                            \
-        flash_prefill<D>(out, q, kc, vc, cu_q, seq_lens, tables, tiles, a);                                     \
+        flash_prefill<D, KV>(out, q, kc, vc, cu_q, seq_lens, tables, tiles, a);                                 \
     }
-MET_FLASH_PREFILL(64)
-MET_FLASH_PREFILL(128)
+MET_FLASH_PREFILL(flash_prefill_bf16_d64, 64, Kv16)
+MET_FLASH_PREFILL(flash_prefill_bf16_d128, 128, Kv16)
+MET_FLASH_PREFILL(flash_prefill_e4m3_d64, 64, Kv8)
+MET_FLASH_PREFILL(flash_prefill_e4m3_d128, 128, Kv8)

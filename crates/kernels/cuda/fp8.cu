@@ -35,42 +35,6 @@
 #define FP8_WARPS (FP8_THREADS / 32)
 #define FP8_CHUNK 128
 
-typedef unsigned char u8;
-
-// f16x2 holding two e4m3 values (each a normal f16 or zero) -> the same values as bf16x2:
-// exponent and mantissa moved to bf16's places give the value times 2^-112 (still a
-// normal bf16), and one exact multiply by 2^112 puts it back.
-__device__ __forceinline__ u32 f16x2_e4m3_to_bf16x2(u32 h) {
-    const u32 t = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
-    u32 r = t;
-#if __CUDA_ARCH__ >= 900
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x77807780u));
-#endif
-    return r;
-}
-
-// Four e4m3 bytes (byte 0 lowest) -> bf16 pairs: `lo` holds bytes 0 and 1, `hi` 2 and 3.
-__device__ __forceinline__ void e4m3x4_to_bf16(u32 w, u32& lo, u32& hi) {
-    u32 h0 = 0, h1 = 0;
-#if __CUDA_ARCH__ >= 900
-    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
-        : "=r"(h0), "=r"(h1)
-        : "r"(w));
-#endif
-    lo = f16x2_e4m3_to_bf16x2(h0);
-    hi = f16x2_e4m3_to_bf16x2(h1);
-}
-
-// Two f32 -> two e4m3 (round to nearest even, saturating at ±448) in the low 16 bits, `a`
-// in the low byte.
-__device__ __forceinline__ u32 e4m3x2_from(float a, float b) {
-    unsigned short r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-#endif
-    return r;
-}
-
 __device__ __forceinline__ float fp8_scale(const float* scales, u32 row, u32 chunk, u32 scale_rows, u32 scale_stride,
                                            u32 chunk_step) {
     return scales[(u64)(row / scale_rows) * scale_stride + (u64)chunk * chunk_step];

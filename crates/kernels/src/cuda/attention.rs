@@ -11,11 +11,18 @@
 //!   (`cuda/flash_wgmma.cu` on Hopper, warpgroup MMA fed by a producer warpgroup;
 //!   `cuda/flash.cu`, `mma.sync`, before it); the scalar split-KV decode kernel
 //!   (`attention.cu`) for other head dims' decode steps, and the reference for the rest.
+//!
+//! Pools are bf16, or e4m3 on sm_90 (`--kv-cache-dtype fp8`): each element the value over
+//! its layer's scale. Every kernel but the tensor-core decode and the warpgroup prefill has
+//! an e4m3 form that widens the bytes exactly and folds the scales into the score scale and
+//! the output (`AttnArgs::scale`, `v_scale`); for e4m3 pools decode steps take the scalar
+//! split-KV kernel and other steps the `mma.sync` tiles (head dims 64 and 128) or the
+//! reference.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::{CudaBackend, expect_dtype, launch, ptr};
-use crate::backend::{AttentionMeta, AttentionParams, QkvPrologue};
+use crate::backend::{AttentionMeta, AttentionParams, KvScales, QkvPrologue};
 use crate::cpu::attention::{MetaView, check_meta};
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
@@ -39,25 +46,26 @@ struct AttnArgs {
     scale: f32,
     softcap: f32,
     split_min: u32,
+    v_scale: f32,
 }
 
 // SAFETY: `AttnArgs` is `repr(C)` plain data with the field order and types of the CUDA
-// struct of the same name (seven u32, two f32, a u32: no padding).
+// struct of the same name (seven u32, two f32, a u32, an f32: no padding).
 unsafe impl DeviceRepr for AttnArgs {}
 
 pub(super) fn write_kv(
     b: &CudaBackend,
-    k: &Tensor,
-    v: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    (k, v): (&Tensor, &Tensor),
+    (k_cache, v_cache): (&Tensor, &Tensor),
     slots: &Tensor,
+    scales: KvScales,
 ) -> Result<()> {
     let crate::check::WriteKv { row, capacity } = crate::check::write_kv(k, v, k_cache, v_cache, slots)?;
     let t = slots.elem_count();
-    for x in [k, v, k_cache, v_cache] {
+    for x in [k, v] {
         expect_dtype("write_kv", x, &[DType::BF16])?;
     }
+    let pool = pool_dtype(b, "write_kv", k_cache, v_cache)?;
     crate::check::slots_in_pool(&b.host_u32("write_kv", slots)?, capacity)?;
     if t == 0 || row == 0 {
         return Ok(());
@@ -69,7 +77,21 @@ pub(super) fn write_kv(
         block_dim: ((row.div_ceil(32) * 32).min(256) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(b, "write_kv_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, row as u32, capacity as u64])
+    let kernel = if pool == DType::F8E4M3 { "write_kv_e4m3" } else { "write_kv_bf16" };
+    let scaled = (row as u32, capacity as u64, scales.k, scales.v);
+    launch!(b, kernel, cfg, [args.0, args.1, args.2, args.3, args.4, scaled.0, scaled.1, scaled.2, scaled.3])
+}
+
+/// The element type of the pools `k_cache, v_cache`: both bf16, or both e4m3 on a device
+/// with kernels for them.
+fn pool_dtype(b: &CudaBackend, op: &'static str, k_cache: &Tensor, v_cache: &Tensor) -> Result<DType> {
+    let dtype = k_cache.dtype();
+    expect_dtype(op, k_cache, &[DType::BF16, DType::F8E4M3])?;
+    expect_dtype(op, v_cache, &[dtype])?;
+    if dtype == DType::F8E4M3 && !b.fp8_kv() {
+        return Err(Error::InvalidArgument(format!("{op}: e4m3 KV pools need an sm_90 device")));
+    }
+    Ok(dtype)
 }
 
 /// `QkvArgs` of `attention.cu`, passed by value.
@@ -81,11 +103,13 @@ struct QkvArgs {
     d: u32,
     half: u32,
     eps: f32,
+    k_scale: f32,
+    v_scale: f32,
     capacity: u64,
 }
 
-// SAFETY: `repr(C)` plain data laid out as the CUDA struct of the same name (four u32, an f32,
-// four bytes of padding, a u64: both sides pad the same way).
+// SAFETY: `repr(C)` plain data laid out as the CUDA struct of the same name (four u32, three
+// f32, four bytes of padding, a u64: both sides pad the same way).
 unsafe impl DeviceRepr for QkvArgs {}
 
 /// `QKV_WARPS` of `attention.cu`.
@@ -121,19 +145,16 @@ pub(super) fn qkv_rotary_write(
             msg: format!("pools {cd:?} / {:?} and slots {:?} for {t} rows of {hkv}x{d}", v_cache.dims(), slots.dims()),
         });
     }
-    for x in [qkv, k_cache, v_cache] {
-        expect_dtype(op, x, &[DType::BF16])?;
-    }
+    expect_dtype(op, qkv, &[DType::BF16])?;
+    let fp8 = pool_dtype(b, op, k_cache, v_cache)? == DType::F8E4M3;
     expect_dtype(op, p.positions, &[DType::U32])?;
     expect_dtype(op, p.inv_freq, &[DType::F32])?;
-    let mut kernel = "qkv_rotary_write_bf16";
+    let mut f32_norms = false;
     if let Some((qn, kn)) = p.qk_norm {
         if qn.dtype() != kn.dtype() {
             return Err(Error::InvalidArgument(format!("{op}: q and k norm weights differ in dtype")));
         }
-        if qn.dtype() == DType::F32 {
-            kernel = "qkv_rotary_write_bf16_nf32";
-        }
+        f32_norms = qn.dtype() == DType::F32;
         for w in [qn, kn] {
             expect_dtype(op, w, &[DType::BF16, DType::F32])?;
             if w.dims() != [d] {
@@ -141,6 +162,12 @@ pub(super) fn qkv_rotary_write(
             }
         }
     }
+    let kernel = match (fp8, f32_norms) {
+        (false, false) => "qkv_rotary_write_bf16",
+        (false, true) => "qkv_rotary_write_bf16_nf32",
+        (true, false) => "qkv_rotary_write_e4m3",
+        (true, true) => "qkv_rotary_write_e4m3_nf32",
+    };
     let capacity = cd[0] * cd[1];
     crate::check::slots_in_pool(&b.host_u32(op, slots)?, capacity)?;
     let out = b.alloc(&[t, h, d], DType::BF16)?;
@@ -153,6 +180,8 @@ pub(super) fn qkv_rotary_write(
         d: d as u32,
         half: half as u32,
         eps: p.eps,
+        k_scale: p.kv_scales.k,
+        v_scale: p.kv_scales.v,
         capacity: capacity as u64,
     };
     let (qn, kn) = match p.qk_norm {
@@ -179,6 +208,8 @@ struct Call {
     lens: std::sync::Arc<[u32]>,
     /// Whether there is anything to compute.
     empty: bool,
+    /// Whether the pools are e4m3.
+    fp8: bool,
 }
 
 fn checked_call(
@@ -194,9 +225,9 @@ fn checked_call(
     if d > MAX_HEAD_DIM {
         return Err(Error::InvalidArgument(format!("{op}: head dim {d} exceeds {MAX_HEAD_DIM}")));
     }
-    for x in [q, k_cache, v_cache] {
-        expect_dtype(op, x, &[DType::BF16])?;
-    }
+    expect_dtype(op, q, &[DType::BF16])?;
+    let fp8 = pool_dtype(b, op, k_cache, v_cache)? == DType::F8E4M3;
+    let scales = if fp8 { p.kv_scales } else { KvScales::UNIT };
     let (cu, lens, tables) =
         (b.host_u32(op, &meta.cu_seqlens_q)?, b.host_u32(op, &meta.seq_lens)?, b.host_u32(op, &meta.block_tables)?);
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);
@@ -210,11 +241,13 @@ fn checked_call(
         h_kv: hkv as u32,
         d: d as u32,
         window: p.sliding_window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
-        scale: p.scale,
+        // An e4m3 pool's keys are read unscaled: their scale multiplies the scores.
+        scale: if fp8 { p.scale * scales.k } else { p.scale },
         softcap: p.softcap.unwrap_or(0.0),
         split_min: decode_split_min(lens.len()),
+        v_scale: scales.v,
     };
-    Ok(Call { out, args, cu, lens, empty: t == 0 || h == 0 || d == 0 })
+    Ok(Call { out, args, cu, lens, empty: t == 0 || h == 0 || d == 0, fp8 })
 }
 
 /// The reference: one block per (query row, query head), scalar f32 (`paged_attention_bf16`).
@@ -248,7 +281,7 @@ fn reference(
     let meta_ptrs = (ptr(op, &meta.cu_seqlens_q)?, ptr(op, &meta.seq_lens)?, ptr(op, &meta.block_tables)?);
     launch!(
         b,
-        "paged_attention_bf16",
+        if call.fp8 { "paged_attention_e4m3" } else { "paged_attention_bf16" },
         cfg,
         [ptrs.0, ptrs.1, ptrs.2, ptrs.3, meta_ptrs.0, meta_ptrs.1, meta_ptrs.2, call.args]
     )
@@ -256,7 +289,8 @@ fn reference(
 
 /// The `flash` backend: for head dims 64, 128 and 256 the tensor-core kernels, split-KV decode
 /// for decode steps and tiles for any other batch; for other head dims the scalar split-KV
-/// kernel for decode steps and the reference for the rest.
+/// kernel for decode steps and the reference for the rest. e4m3 pools: the scalar split-KV
+/// kernel for decode steps, the `mma.sync` tiles (head dims 64, 128) or the reference else.
 pub(super) fn flash_attention(
     b: &CudaBackend,
     q: &Tensor,
@@ -271,11 +305,14 @@ pub(super) fn flash_attention(
         return Ok(call.out);
     }
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+    // The tiled family for this call's pools: e4m3 tiles are `mma.sync` ones.
+    let family = if call.fp8 { TiledPrefill::MmaSync } else { b.tiled_prefill };
+    let tiled = prefill_kernel(d, family).and_then(|t| if call.fp8 { t.e4m3() } else { Some(t) });
     if b.batch_invariant {
         // Decode rows through the prefill tiles too: a row reads its keys in the same tiles,
         // in the same order, whether it is a decode row, a prompt's or a recomputed one, and
         // whatever the batch (no split of its keys chosen by the batch's size).
-        match prefill_kernel(d, b.tiled_prefill) {
+        match tiled {
             Some(tiled) => prefill(b, &call, tiled, q, (k_cache, v_cache), meta)?,
             None => reference(b, &call, q, (k_cache, v_cache), meta)?,
         }
@@ -284,7 +321,7 @@ pub(super) fn flash_attention(
     let decode_step = decode_applies(&call.cu, h, hkv, d);
     let shape = FlashDecode::for_batch(call.lens.len());
     // Head dim 256's decode kernels need Hopper's shared memory, as its tiles do.
-    let served = d != 256 || b.tiled_prefill == TiledPrefill::Warpgroup;
+    let served = (d != 256 || b.tiled_prefill == TiledPrefill::Warpgroup) && !call.fp8;
     if let (true, true, Some(kernel)) = (decode_step, served, shape.kernel(d)) {
         let args = AttnArgs { split_min: flash_decode_split_min(call.lens.len()), ..call.args };
         let z = decode_grid_z(&call.lens, args, b.dev.recording_here());
@@ -293,10 +330,10 @@ pub(super) fn flash_attention(
     } else if decode_step {
         let z = decode_grid_z(&call.lens, call.args, b.dev.recording_here());
         let (seqs, bucket) = (call.lens.len(), (h / hkv).next_power_of_two());
-        let launch =
-            DecodeLaunch { kernel: decode_kernel(bucket, seqs), warps: decode_warps(bucket, seqs), shared: 0, z };
+        let kernel = decode_kernel(bucket, seqs, call.fp8);
+        let launch = DecodeLaunch { kernel, warps: decode_warps(bucket, seqs), shared: 0, z };
         decode(b, &call.out, (q, k_cache, v_cache), meta, call.args, launch)?;
-    } else if let Some(tiled) = prefill_kernel(d, b.tiled_prefill) {
+    } else if let Some(tiled) = tiled {
         prefill(b, &call, tiled, q, (k_cache, v_cache), meta)?;
     } else {
         reference(b, &call, q, (k_cache, v_cache), meta)?;
@@ -363,6 +400,19 @@ fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
         }
         TiledPrefill::MmaSync => Tiled { kernel, rows: 64, threads: 128, shared: ((64 + 4 * FL_BN) * d * 2) as u32 },
     })
+}
+
+impl Tiled {
+    /// The same tiles over e4m3 pools (`mma.sync` ones only; their shared memory is the
+    /// same: the bytes are widened into bf16 tiles).
+    fn e4m3(self) -> Option<Self> {
+        let kernel = match self.kernel {
+            "flash_prefill_bf16_d64" => "flash_prefill_e4m3_d64",
+            "flash_prefill_bf16_d128" => "flash_prefill_e4m3_d128",
+            _ => return None,
+        };
+        Some(Self { kernel, ..self })
+    }
 }
 
 /// A shape of the tensor-core decode kernel (`flash_decode.cu`): warps per block, each
@@ -442,7 +492,9 @@ pub(super) fn raise_shared_memory(
         let mut sized: Vec<(&str, u32)> =
             FLASH_DECODE_SHAPES.iter().map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d))).collect();
         for &family in &families {
-            sized.extend(prefill_kernel(d, family).map(|tiled| (tiled.kernel, tiled.shared)));
+            let tiled = prefill_kernel(d, family);
+            sized.extend(tiled.map(|tiled| (tiled.kernel, tiled.shared)));
+            sized.extend(tiled.and_then(Tiled::e4m3).map(|tiled| (tiled.kernel, tiled.shared)));
         }
         for (name, bytes) in sized {
             let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
@@ -524,17 +576,19 @@ fn decode_warps(group_bucket: usize, seqs: usize) -> u32 {
     if seqs <= 2 && group_bucket <= 4 { 8 } else { 4 }
 }
 
-/// The decode kernel for groups of up to `group_bucket` query heads.
-fn decode_kernel(group_bucket: usize, seqs: usize) -> &'static str {
-    match (group_bucket, decode_warps(group_bucket, seqs)) {
-        (1, 8) => "decode_attention_bf16_g1_w8",
-        (2, 8) => "decode_attention_bf16_g2_w8",
-        (4, 8) => "decode_attention_bf16_g4_w8",
-        (1, _) => "decode_attention_bf16_g1_w4",
-        (2, _) => "decode_attention_bf16_g2_w4",
-        (4, _) => "decode_attention_bf16_g4_w4",
-        _ => "decode_attention_bf16_g8_w4",
-    }
+/// The decode kernel for groups of up to `group_bucket` query heads over bf16 or e4m3
+/// pools.
+fn decode_kernel(group_bucket: usize, seqs: usize, fp8: bool) -> &'static str {
+    let names = match (group_bucket, decode_warps(group_bucket, seqs)) {
+        (1, 8) => ["decode_attention_bf16_g1_w8", "decode_attention_e4m3_g1_w8"],
+        (2, 8) => ["decode_attention_bf16_g2_w8", "decode_attention_e4m3_g2_w8"],
+        (4, 8) => ["decode_attention_bf16_g4_w8", "decode_attention_e4m3_g4_w8"],
+        (1, _) => ["decode_attention_bf16_g1_w4", "decode_attention_e4m3_g1_w4"],
+        (2, _) => ["decode_attention_bf16_g2_w4", "decode_attention_e4m3_g2_w4"],
+        (4, _) => ["decode_attention_bf16_g4_w4", "decode_attention_e4m3_g4_w4"],
+        _ => ["decode_attention_bf16_g8_w4", "decode_attention_e4m3_g8_w4"],
+    };
+    names[usize::from(fp8)]
 }
 
 /// Split blocks per (sequence, KV head) of a decode launch: each takes every `z`-th split of

@@ -184,6 +184,12 @@ impl CudaBackend {
         })
     }
 
+    /// Whether attention reads e4m3 KV pools here: on sm_90, whose e4m3 conversions the
+    /// kernels use.
+    pub(crate) fn fp8_kv(&self) -> bool {
+        self.dev.capability.0 >= 9
+    }
+
     /// This backend with the `flash` op's prefill steps on the `mma.sync` tiles, the kernels
     /// GPUs before Hopper run, whatever the device: for testing and measuring them on Hopper.
     #[must_use]
@@ -220,7 +226,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::U32) {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::U32 | DType::F8E4M3) {
             return Err(Error::DType { op: "zeros", expected: DType::BF16, got: dtype });
         }
         let n: usize = dims.iter().product();
@@ -309,13 +315,19 @@ impl GpuBackend for CudaBackend {
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
-        if t.dtype() == fp8::FP8 {
-            return self.download_f32(&fp8::rows_bf16(self, t, None)?);
-        }
         if let Some(w) = gguf::of("download_f32", t)? {
             return self.download_f32(&gguf::widen(self, &w, gguf::row_len(t), None)?);
         }
         let buf = &storage("download_f32", t)?.buf;
+        if t.dtype() == fp8::FP8 {
+            if storage("download_f32", t)?.fp8.is_some() {
+                return self.download_f32(&fp8::rows_bf16(self, t, None)?);
+            }
+            // An e4m3 KV pool: its bytes as they are (the scales are its layer's, not its own).
+            let mut bytes = vec![0u8; t.elem_count()];
+            self.dev.download(buf, &mut bytes)?;
+            return Ok(bytes.into_iter().map(crate::fp8::e4m3_to_f32).collect());
+        }
         let n = t.elem_count();
         match t.dtype() {
             DType::F32 => {
@@ -500,7 +512,11 @@ impl GpuBackend for CudaBackend {
         sample::mask_logits(self, logits, rows, masks)
     }
 
-    /// bf16 pools only (the FP8 pools the scales are for have no CUDA kernels yet).
+    /// bf16 pools, and e4m3 ones on sm_90 ([`CudaBackend::fp8_kv`]).
+    fn supports_kv_dtype(&self, dtype: DType) -> bool {
+        dtype == DType::BF16 || (dtype == DType::F8E4M3 && self.fp8_kv())
+    }
+
     fn write_kv(
         &self,
         k: &Tensor,
@@ -508,9 +524,9 @@ impl GpuBackend for CudaBackend {
         k_cache: &Tensor,
         v_cache: &Tensor,
         slots: &Tensor,
-        _scales: KvScales,
+        scales: KvScales,
     ) -> Result<()> {
-        attention::write_kv(self, k, v, k_cache, v_cache, slots)
+        attention::write_kv(self, (k, v), (k_cache, v_cache), slots, scales)
     }
 
     fn paged_attention(
