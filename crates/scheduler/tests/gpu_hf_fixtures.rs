@@ -40,8 +40,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use met_cache::{KvCache, KvLayout, PagedKvCache, StateSizing};
-use met_config::{AsyncScheduling, EngineConfig, ModelConfig, SamplingParams};
-use met_kernels::{CudaBackend, GpuBackend};
+use met_config::{AsyncScheduling, EngineConfig, KvCacheDtype, ModelConfig, SamplingParams};
+use met_kernels::{CudaBackend, DType, GpuBackend};
 use met_model_layers::attention::AttentionBackendKind;
 use met_model_layers::{ForwardBatch, GraphCapture, GraphSettings, LoadOptions, LogitRows, Model, load_model};
 use met_model_weights::{SafetensorsStore, WeightStore};
@@ -116,9 +116,12 @@ fn fixture(name: &'static str) -> Fixture {
 }
 
 fn model(f: &Fixture, backend: &Arc<dyn GpuBackend>, attention: AttentionBackendKind) -> Box<dyn Model> {
+    model_with(f, backend, &LoadOptions { attention_backend: attention, ..LoadOptions::default() })
+}
+
+fn model_with(f: &Fixture, backend: &Arc<dyn GpuBackend>, options: &LoadOptions) -> Box<dyn Model> {
     let store = SafetensorsStore::open(&f.dir).unwrap();
-    let options = LoadOptions { attention_backend: attention, ..LoadOptions::default() };
-    load_model(&f.cfg, &store, Arc::clone(backend), &options).unwrap()
+    load_model(&f.cfg, &store, Arc::clone(backend), options).unwrap()
 }
 
 fn cuda() -> Arc<dyn GpuBackend> {
@@ -389,6 +392,60 @@ fn run(name: &'static str) {
         failures.len(),
         &failures[..failures.len().min(8)]
     );
+}
+
+/// `--kv-cache-dtype fp8` (unit scales) on the GPU: e4m3 pools of half bf16's bytes, the
+/// prompts teacher-forced through every attention backend, in one batch and in chunks of 5,
+/// against float32 transformers whose attention layers see the keys and values an e4m3
+/// cache holds (`scripts/fp8_kv_reference.py`), under the fixture's bf16 bound: met rounds
+/// keys to bf16 before e4m3, which can move a value at an e4m3 rounding midpoint by one
+/// e4m3 step, as bf16 moves any other intermediate.
+fn run_fp8_kv(name: &'static str) {
+    let mut f = fixture(name);
+    let refs = SafetensorsStore::open(&f.dir.join("fp8_kv.safetensors")).unwrap();
+    f.logits =
+        (0..f.prompts.len()).map(|i| refs.host(&format!("unit.logits.{i}")).unwrap().to_f32_vec().unwrap()).collect();
+    let gpu = cuda();
+    let bf16_bytes = model(&f, &gpu, AttentionBackendKind::default()).kv_layout().bytes_per_block(16);
+    let mut failures = Vec::new();
+    for &attention in AttentionBackendKind::ALL {
+        let options = LoadOptions { attention_backend: attention, kv_cache_dtype: KvCacheDtype::Fp8 };
+        let m = model_with(&f, &gpu, &options);
+        assert_eq!(m.kv_layout().dtype, DType::F8E4M3, "{name}: the fp8 cache's pools");
+        assert_eq!(2 * m.kv_layout().bytes_per_block(16), bf16_bytes, "{name}: fp8 bytes per block");
+        for (mode, chunk) in [("one batch", usize::MAX), ("chunks of 5", 5)] {
+            let got = teacher_forced(&*m, &*gpu, &f.prompts, chunk);
+            failures.extend(check_logits(&f, &got, &format!("fp8 KV, {mode}, {attention}")));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{name} fp8 KV: {} failures, the first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(8)]
+    );
+}
+
+mod fp8_kv {
+    #[test]
+    fn llama() {
+        super::run_fp8_kv("llama");
+    }
+
+    #[test]
+    fn qwen3() {
+        super::run_fp8_kv("qwen3");
+    }
+
+    #[test]
+    fn gemma2() {
+        super::run_fp8_kv("gemma2");
+    }
+
+    #[test]
+    fn qwen3_next() {
+        super::run_fp8_kv("qwen3_next");
+    }
 }
 
 macro_rules! fixture_tests {
