@@ -55,6 +55,13 @@ transformers-bf16 on the dequantized weights is recorded beside it (`dequant_bf1
 same bound holds; the broken variant for them is `fp8-wrong-scale` (every other scale
 doubled on upload). `--seeds N` runs the first N draws only, to check the script on a CPU.
 
+FP8 KV cache (`--kv-cache-dtype fp8`, any shapes): met runs with e4m3 KV pools (unit scales:
+the checkpoints carry none), and both references see what such a cache holds: every attention
+layer's keys and values, after rotary and q/k norms and for the current tokens too, rounded
+to e4m3 (`kv_fp8_patch`, eager attention), in float32 and in bf16, so the floor is bf16's
+distance with the same cache. met's startup line must name the e4m3 pools. The same bound and
+broken variants hold (`drop-last-kv-block` is compiled into the e4m3 kernels too).
+
 `--broken FAULT` also runs met with `MET_TEST_FAULT=FAULT` (a deliberately wrong kernel,
 compiled in only when that variable is set) on the first seed of every shape, and requires
 that variant to FAIL the gate: the test of the test. The exit status is 0 only when met
@@ -67,6 +74,7 @@ runs the same on the CPU (met's f32 backend, float32 transformers), to check the
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -246,6 +254,31 @@ def build_fp8(name, raw, layout, work, seed):
     return out, out + "-dequant"
 
 
+# Model types whose eager attention `kv_fp8_patch` has wrapped.
+KV_FP8_PATCHED = set()
+
+
+def e4m3(x):
+    """`x` as an e4m3 cache with a unit scale holds it, in x's dtype (e4m3 is exact in bf16)."""
+    return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def kv_fp8_patch(model_type):
+    """Makes the eager attention of `model_type`'s modeling module see e4m3-rounded keys and
+    values (its arguments come after rotary and q/k norms, before the heads repeat)."""
+    module = model_type.removesuffix("_text")
+    if module in KV_FP8_PATCHED:
+        return
+    mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    original = mod.eager_attention_forward
+
+    def attention(layer, query, key, value, *args, **kwargs):
+        return original(layer, query, e4m3(key), e4m3(value), *args, **kwargs)
+
+    mod.eager_attention_forward = attention
+    KV_FP8_PATCHED.add(module)
+
+
 def load(path, dtype, device, attn=None):
     kw = {"dtype": dtype}
     if attn:
@@ -386,10 +419,17 @@ def checkpoint(name, raw, layout, args, seed):
     return build_fp8(name, raw, layout, args.work, seed)
 
 
-def references(name, path, ref_path, layout, device, floors):
+def references(name, path, ref_path, layout, device, floors, kv_fp8=False):
     """float32, the noise floor's model, and for FP8 transformers-bf16 on the dequantized
     weights. An FP8 floor is transformers' own FP8 model while it runs here, else the emulated
-    one; `floors[name]` records which, and why."""
+    one; `floors[name]` records which, and why. With `kv_fp8` both attend over e4m3 keys and
+    values (eager attention, patched)."""
+    if kv_fp8:
+        if layout is not None:
+            raise SystemExit(f"{name}: --kv-cache-dtype fp8 takes the bf16 shapes")
+        with open(os.path.join(path, "config.json")) as f:
+            kv_fp8_patch(json.load(f)["model_type"])
+        return load(path, torch.float32, device, attn="eager"), load(path, torch.bfloat16, device, attn="eager"), None
     m32 = load(ref_path, torch.float32, device)
     if layout is None:
         return m32, load(path, torch.bfloat16, device), None
@@ -414,6 +454,14 @@ def check_fp8_log(stderr, name, results):
     results.setdefault("met_fp8_log", {})[name] = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
 
 
+def check_kv_log(stderr, name, results):
+    """met's KV-cache startup line, kept in the report: it must name e4m3 pools."""
+    line = next((l for l in stderr.splitlines() if "blocks of" in l), None)
+    if line is None or "f8_e4m3" not in line:
+        raise SystemExit(f"{name}: met did not log an e4m3 KV cache:\n{stderr[-2000:]}")
+    results.setdefault("met_kv_log", {})[name] = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+
+
 def gate_shape(name, raw, long, layout, args, results, broken_results):
     device = args.device
     torch_device = "cuda" if device == "cuda" else "cpu"
@@ -425,8 +473,10 @@ def gate_shape(name, raw, long, layout, args, results, broken_results):
             results.setdefault("sharpness", {})[name] = {"mean_max_weight": top, "mean_effective_keys": eff}
         batch, hits = prompts_for(seed, long)
         runs = [(batch, ["--max-prefill-chunk", str(CHUNK)]), (hits, ["--max-num-seqs", "1"])]
-        m32, mb, mi = references(name, path, ref_path, layout, torch_device, results.setdefault("noise_floor", {}))
-        log = {"MET_LOG": "info"} if layout else {}
+        kv_fp8 = args.kv_cache_dtype == "fp8"
+        floors = results.setdefault("noise_floor", {})
+        m32, mb, mi = references(name, path, ref_path, layout, torch_device, floors, kv_fp8)
+        log = {"MET_LOG": "info"} if layout or kv_fp8 else {}
         variants = [("met", log, results)]
         if args.broken and i == 0:
             variants.append(("broken", {**log, "MET_TEST_FAULT": args.broken}, broken_results))
@@ -434,9 +484,12 @@ def gate_shape(name, raw, long, layout, args, results, broken_results):
             cases = into.setdefault("cases", {}).setdefault(name, {})
             for prompts, extra in runs:
                 backend = ["--attention-backend", args.attention_backend] if args.attention_backend else []
-                outs, stderr = run_met(args.met, path, prompts, args.work, device, extra + backend, env)
+                kv = ["--kv-cache-dtype", args.kv_cache_dtype] if args.kv_cache_dtype else []
+                outs, stderr = run_met(args.met, path, prompts, args.work, device, extra + backend + kv, env)
                 if layout:
                     check_fp8_log(stderr, name, results)
+                if kv_fp8:
+                    check_kv_log(stderr, name, results)
                 check_hits(prompts, outs, f"{label} {name} seed {seed}")
                 forced = lambda m: [teacher_forced(m, p, o["generated_ids"], torch_device)  # noqa: E731
                                     for (_, p), o in zip(prompts, outs)]
@@ -489,6 +542,8 @@ def main():
     ap.add_argument("--shapes", help="comma-separated shape names (default: every shape but the FP8 ones)")
     ap.add_argument("--seeds", type=int, default=len(SEEDS), help="the first N draws only (to check the script)")
     ap.add_argument("--attention-backend", help="met's --attention-backend (default: met's own default)")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"],
+                    help="met's --kv-cache-dtype; fp8 also rounds the references' keys and values to e4m3")
     args = ap.parse_args()
     if not 1 <= args.seeds <= len(SEEDS):
         raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}")
@@ -511,9 +566,11 @@ def main():
     report = {"settings": {"seeds": SEEDS[: args.seeds], "lens": LENS, "long": LONG, "new_tokens": NEW_TOKENS,
                            "top": TOP, "chunk": CHUNK, "block": BLOCK, "ratio": RATIO, "score_std": SCORE_STD,
                            "qk_norm_gain": QK_NORM_GAIN, "device": args.device, "broken": args.broken,
+                           "kv_cache_dtype": args.kv_cache_dtype or "auto",
                            "fp8": {name: fp8.LAYOUTS[layout] for name, _, _, layout in FP8_SHAPES if name in wanted}},
               "sharpness": results.get("sharpness", {}), "noise_floor": results.get("noise_floor", {}),
-              "met_fp8_log": results.get("met_fp8_log", {}), "met": met_s, "broken": broken_s,
+              "met_fp8_log": results.get("met_fp8_log", {}), "met_kv_log": results.get("met_kv_log", {}),
+              "met": met_s, "broken": broken_s,
               "pass": passed, "broken_failed": broken_failed if args.broken else None}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
