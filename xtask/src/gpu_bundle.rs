@@ -194,7 +194,7 @@ done
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test of met and the comparison with transformers, then prints a summary.
 # Usage: run.sh [LOG_DIR [STEP...]]   (default: ./logs, every step). A STEP is one of lib,
-# ops, fixtures, graphs, invariance, generate, gate, gatestate, gatefp8, compare, bench, kbench,
+# ops, fixtures, graphs, invariance, generate, gate, gatestate, gatefp8, gatekv, compare, bench, kbench,
 # profile, profilebatch. Made by
 # `cargo xtask gpu-bundle`.
 set -u
@@ -202,7 +202,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 bash "$HERE/unpack.sh" || { echo "unpacking the binaries failed"; exit 1; }
 LOGS="${1:-$HERE/logs}"
 shift || true
-STEPS="${*:-lib ops fixtures graphs invariance generate gate gatestate gatefp8 compare bench kbench}"
+STEPS="${*:-lib ops fixtures graphs invariance generate gate gatestate gatefp8 gatekv compare bench kbench}"
 mkdir -p "$LOGS"
 CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
@@ -292,6 +292,12 @@ step gatestate "precision gate, lost conv state" gpu-gate-state.log 300 python3 
 step gatefp8 "precision gate, fp8 weights" gpu-gate-fp8.log 420 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
   --work /tmp/met-gpu-gate-fp8 --out "$LOGS/gpu_gate_fp8.json" --broken fp8-wrong-scale \
   --shapes qwen3-fp8-block,llama-fp8-tensor
+# The FP8 KV cache (e4m3 pools, unit scales) on an attention shape of each head dim the e4m3
+# kernels take (32: the reference and decode; 128: the tiles) and a hybrid, judged against
+# transformers attending over e4m3 keys and values; the dropped-block kernel must fail.
+step gatekv "precision gate, fp8 KV cache" gpu-gate-kv.log 420 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
+  --work /tmp/met-gpu-gate-kv --out "$LOGS/gpu_gate_kv.json" --broken drop-last-kv-block --kv-cache-dtype fp8 \
+  --shapes llama-tied-rope3,qwen3-hd128,qwen3-next
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"
 # The offline benches on dummy weights of the real configs: decode latency at batch 1, 8
@@ -370,6 +376,8 @@ echo
 sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate.log" 2>/dev/null || true
 echo
 sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate-fp8.log" 2>/dev/null || true
+echo
+sed -n '/^attention sharpness/,$p' "$LOGS/gpu-gate-kv.log" 2>/dev/null || true
 echo
 sed -n '/^model  /,$p' "$LOGS/gpu-compare.log" 2>/dev/null || true
 grep -h -E "^(latency|throughput):|\[ 5\] weights|\[ 7\]" "$LOGS/bench.log" 2>/dev/null || true
