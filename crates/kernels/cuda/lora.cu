@@ -207,25 +207,53 @@ __device__ __forceinline__ float cluster_load(u32 addr, u32 rank) {
 
 // Tile `tile` of the rows grouped by slot (`starts` as `groups` holds them): slot s holds
 // tiles [before, before + its tiles), each LORA_GROUP_ROWS of its rows but the last. Sets the
-// tile's slot, its first entry of `order` and its row count; false past the last tile.
-__device__ __forceinline__ bool lora_group_tile(const u32* starts, u32 t, u32 slots, u32 tile, u32& slot, u32& first,
-                                                u32& count) {
+// tile's slot, its first entry of `order` and its row count; false past the last tile. Run by
+// a whole warp, every lane taking a slot of each 32 at once (an inclusive scan of the slots'
+// tile counts) rather than walking the slots one load after another; every lane gets the
+// answer.
+__device__ __forceinline__ bool lora_group_tile_warp(const u32* starts, u32 t, u32 slots, u32 tile, u32& slot,
+                                                     u32& first, u32& count) {
     constexpr u32 TR = LORA_GROUP_ROWS;
+    const u32 lane = threadIdx.x & 31;
     u32 before = 0;
-    for (u32 s = 0; s < slots; ++s) {
-        const u32 lo = min(starts[s], t), hi = min(max(starts[s + 1], lo), t);
-        const u32 tiles = (hi - lo + TR - 1) / TR;
-        if (tile < before + tiles) {
-            slot = s;
-            first = lo + (tile - before) * TR;
-            count = min(TR, hi - first);
+    for (u32 s0 = 0; s0 < slots; s0 += 32) {
+        const u32 s = s0 + lane;
+        u32 lo = 0, hi = 0, tiles = 0;
+        if (s < slots) {
+            lo = min(starts[s], t);
+            hi = min(max(starts[s + 1], lo), t);
+            tiles = (hi - lo + TR - 1) / TR;
+        }
+        u32 upto = tiles;  // tiles of this chunk's slots up to this lane's, inclusive
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 v = __shfl_up_sync(0xffffffffu, upto, o);
+            if (lane >= o) upto += v;
+        }
+        const u32 mine = __ballot_sync(0xffffffffu, tiles > 0 && tile >= before + upto - tiles && tile < before + upto);
+        if (mine) {
+            const u32 at = __ffs(mine) - 1;
+            slot = s0 + at;
+            const u32 start = __shfl_sync(0xffffffffu, lo, at), end = __shfl_sync(0xffffffffu, hi, at);
+            const u32 skipped = __shfl_sync(0xffffffffu, upto - tiles, at);
+            first = start + (tile - before - skipped) * TR;
+            count = min(TR, end - first);
             return true;
         }
-        before += tiles;
+        before += __shfl_sync(0xffffffffu, upto, 31);
     }
     return false;
 }
 
+// The expansion of rows grouped by slot, for steps of many rows: block (tile, column chunk,
+// part) takes one slot-tile of the grouped shrink's tiling (LORA_GROUP_ROWS rows of one
+// adapter) by LORA_GROUP_EXPAND_WARPS · 64 columns of the part. The first warp finds the
+// tile; the block stages its rows' shrunk values in shared memory; then a lane owns two
+// columns: it requests the tile's base values and its `b` words at once and runs every row
+// of the tile through them, so `b` is read once per tile rather than once per row, and the
+// block waits on few memory round trips one after another. Per (row, column) the terms and
+// their order are `lora_expand_bf16`'s, so the two kernels write the same bits. Needs
+// `rank % 8 == 0` and rank up to LORA_GROUP_MAX_RANK.
 extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bounds__(LORA_GROUP_THREADS)
     lora_shrink_grouped_bf16(const bf16_t* x, const u32* groups, LoraParts parts, float* shrunk, u32 t, u32 slots,
                              u32 rank, u32 k) {
@@ -236,7 +264,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
     const u32* order = groups + slots + 1;
 
     u32 slot, first, count;
-    if (!lora_group_tile(starts, t, slots, blockIdx.x, slot, first, count)) return;  // the cluster's tile
+    if (!lora_group_tile_warp(starts, t, slots, blockIdx.x, slot, first, count)) return;  // the cluster's tile
 
     const u32 part = blockIdx.y, z = cluster_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bf16_t* a = (const bf16_t*)lora_pick(parts.a, part) + (u64)slot * rank * k;
@@ -311,52 +339,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, LORA_GROUP_SPLIT) __launch_bou
     cluster_sync();  // no block leaves while block 0 reads its shared memory
 }
 
-// `lora_group_tile` by one warp, every lane taking a slot of each 32 at once (an inclusive
-// scan of the slots' tile counts) rather than walking the slots one load after another; the
-// same answer, in every lane.
-__device__ __forceinline__ bool lora_group_tile_warp(const u32* starts, u32 t, u32 slots, u32 tile, u32& slot,
-                                                     u32& first, u32& count) {
-    constexpr u32 TR = LORA_GROUP_ROWS;
-    const u32 lane = threadIdx.x & 31;
-    u32 before = 0;
-    for (u32 s0 = 0; s0 < slots; s0 += 32) {
-        const u32 s = s0 + lane;
-        u32 lo = 0, hi = 0, tiles = 0;
-        if (s < slots) {
-            lo = min(starts[s], t);
-            hi = min(max(starts[s + 1], lo), t);
-            tiles = (hi - lo + TR - 1) / TR;
-        }
-        u32 upto = tiles;  // tiles of this chunk's slots up to this lane's, inclusive
-#pragma unroll
-        for (u32 o = 1; o < 32; o <<= 1) {
-            const u32 v = __shfl_up_sync(0xffffffffu, upto, o);
-            if (lane >= o) upto += v;
-        }
-        const u32 mine = __ballot_sync(0xffffffffu, tiles > 0 && tile >= before + upto - tiles && tile < before + upto);
-        if (mine) {
-            const u32 at = __ffs(mine) - 1;
-            slot = s0 + at;
-            const u32 start = __shfl_sync(0xffffffffu, lo, at), end = __shfl_sync(0xffffffffu, hi, at);
-            const u32 skipped = __shfl_sync(0xffffffffu, upto - tiles, at);
-            first = start + (tile - before - skipped) * TR;
-            count = min(TR, end - first);
-            return true;
-        }
-        before += __shfl_sync(0xffffffffu, upto, 31);
-    }
-    return false;
-}
-
-// The expansion of rows grouped by slot, for steps of many rows: block (tile, column chunk,
-// part) takes one slot-tile of the grouped shrink's tiling (LORA_GROUP_ROWS rows of one
-// adapter) by LORA_GROUP_EXPAND_WARPS · 64 columns of the part. The first warp finds the
-// tile; the block stages its rows' shrunk values in shared memory; then a lane owns two
-// columns: it requests the tile's base values and its `b` words at once and runs every row
-// of the tile through them, so `b` is read once per tile rather than once per row, and the
-// block waits on few memory round trips one after another. Per (row, column) the terms and
-// their order are `lora_expand_bf16`'s, so the two kernels write the same bits. Needs
-// `rank % 8 == 0` and rank up to LORA_GROUP_MAX_RANK.
 #define LORA_GROUP_EXPAND_WARPS 4
 extern "C" __global__ void __launch_bounds__(LORA_GROUP_EXPAND_WARPS * 32)
     lora_expand_grouped_bf16(const float* __restrict__ shrunk, const u32* __restrict__ groups, LoraParts parts,
