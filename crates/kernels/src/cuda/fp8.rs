@@ -10,7 +10,8 @@
 //!
 //! Products (`cuda/fp8.cu`): up to [`GEMV_MAX_M`] rows, and every row count under
 //! `--batch-invariant`, stream the weights through the tensor-core GEMV with bf16
-//! activations. Larger batches quantize the activations to e4m3 (per token and 128
+//! activations, but for decode batches of up to four rows outside `--batch-invariant`,
+//! which take a streaming GEMV of many short blocks, as bf16 weights do. Larger batches quantize the activations to e4m3 (per token and 128
 //! columns for block-scaled weights, per token for per-row ones, as transformers' FP8
 //! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
 //! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
@@ -40,6 +41,11 @@ use crate::{DType, HostTensor, Shape, Storage, Tensor};
 pub(super) const FP8: DType = DType::Quant(QuantFormat::F8_E4M3);
 /// The largest batch the GEMV takes by default; larger ones go to cuBLASLt.
 pub(super) const GEMV_MAX_M: usize = 16;
+/// The largest batch the streaming GEMV (`fp8_gemv_small_*`) takes outside
+/// `--batch-invariant`; larger ones, to [`GEMV_MAX_M`], take the tensor-core GEMV.
+const SMALL_MAX_M: usize = 4;
+/// Rows of a streaming GEMV block (`FP8_SMALL_R`).
+const SMALL_ROWS: usize = 2;
 /// Columns a scale chunk covers (`FP8_CHUNK` of `fp8.cu`).
 const CHUNK: usize = 128;
 /// `FP8_THREADS` / `FP8_WARPS` of `fp8.cu`.
@@ -52,11 +58,17 @@ const WORKSPACE: usize = 32 << 20;
 const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 11] = [
+pub(super) const KERNELS: [&str; 17] = [
     "fp8_gemv_n1",
     "fp8_gemv_n2",
     "fp8_gemv_silu_n1",
     "fp8_gemv_silu_n2",
+    "fp8_gemv_small_m1",
+    "fp8_gemv_small_m2",
+    "fp8_gemv_small_m4",
+    "fp8_gemv_small_silu_m1",
+    "fp8_gemv_small_silu_m2",
+    "fp8_gemv_small_silu_m4",
     "moe_gemm_e4m3_m16_deep",
     "moe_gemm_e4m3_m16",
     "moe_gemm_e4m3_m32",
@@ -220,6 +232,9 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     if g.m == 0 {
         return Ok(());
     }
+    if g.m <= SMALL_MAX_M && !b.batch_invariant {
+        return gemv_small(b, s, g);
+    }
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
     let nt = if g.m <= 8 { 1 } else { 2 };
     let (cols, col_block) = if g.silu { (g.n / 2, 16) } else { (g.n, 32) };
@@ -284,6 +299,28 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// [`gemv`] of up to [`SMALL_MAX_M`] rows on the streaming kernels.
+fn gemv_small(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
+    let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
+    let bucket = match g.m {
+        1 => 1,
+        2 => 2,
+        _ => 4,
+    };
+    let cols = if g.silu { g.n / 2 } else { g.n.div_ceil(SMALL_ROWS) };
+    let cfg = LaunchConfig { grid_dim: (cols as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let (m, k, sp) = (g.m as u32, g.k as u32, s.buf.ptr());
+    if g.silu {
+        let name = ["fp8_gemv_small_silu_m1", "fp8_gemv_small_silu_m2", "fp8_gemv_small_silu_m4"][bucket / 2];
+        let half = (g.n / 2) as u32;
+        launch!(b, name, cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, m, half, k])
+    } else {
+        let name = ["fp8_gemv_small_m1", "fp8_gemv_small_m2", "fp8_gemv_small_m4"][bucket / 2];
+        let n = g.n as u32;
+        launch!(b, name, cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, m, n, k])
+    }
 }
 
 /// Whether a product of `m` rows runs on the GEMV alone: decode batches, every batch under
