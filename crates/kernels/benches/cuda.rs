@@ -14,12 +14,17 @@
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
+//! - `attention_fp8`: `attention`'s steps over e4m3 pools (`--kv-cache-dtype fp8`): the
+//!   split-KV decode's e4m3 form and the `mma.sync` tiles' (K/V bytes one a value).
 //! - `attention_d256`: head dim 256's prefill (Qwen3.5/3.6, Gemma), 16 query heads on 2: a
 //!   4,096-token causal prefill and 64 sequences of 32 queries over 16,384 cached keys.
 //! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
 //!   32 value heads, 128 by 128): prefill steps of one 8,192-row prompt, of 256 prompts of
 //!   128 rows, of 64 prompts of 128, 64, 32 and 16 rows (the chunked form from 32 rows, the
 //!   fused one below), and a decode step of 256 sequences (fused), as rows per second.
+//! - `delta_rule_forms`: the same rule with every sequence fused and with every one chunked,
+//!   from bursts of 64 short tails to one 8,192-row prompt: where the default crossover
+//!   belongs.
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host; greedy also from bf16 logits, as the model's head writes them.
 //!
@@ -390,6 +395,42 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// [`attention`]'s steps over e4m3 pools (`--kv-cache-dtype fp8`): the split-KV decode's
+/// e4m3 form (K/V bytes read per second, one a value) and the `mma.sync` tiles' (FLOP/s).
+/// Zero pools: the kernels' work does not depend on the values.
+fn attention_fp8(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    if !b.supports_kv_dtype(DType::F8E4M3) {
+        eprintln!("note: no e4m3 KV pools on this GPU");
+        return;
+    }
+    let params = attention_params();
+    let context = 4096;
+    let mut group = c.benchmark_group("cuda_attention_fp8");
+    let pools = |seqs: usize, context: usize, q_len: usize| {
+        let (kc, _, meta) = attention_step(b, seqs, context, q_len);
+        let zeros = || b.zeros(kc.dims(), DType::F8E4M3).expect("e4m3 pool");
+        (zeros(), zeros(), meta)
+    };
+    for (seqs, context) in [(1, context), (DECODE_BATCH, context), (256, 136), (256, 384)] {
+        let (kc, vc, meta) = pools(seqs, context, 1);
+        let q = upload(b, &values(seqs * HEADS * HEAD_DIM, 5), &[seqs, HEADS, HEAD_DIM]);
+        group.throughput(Throughput::Bytes((2 * seqs * context * KV_HEADS * HEAD_DIM) as u64));
+        let name = format!("decode_{seqs}x{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_b{BLOCK}");
+        bench_synced(&mut group, &format!("flash/{name}"), b, || {
+            b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
+        });
+    }
+    let pairs = context * (context + 1) / 2;
+    group.throughput(Throughput::Elements((4 * pairs * HEAD_DIM * HEADS) as u64));
+    let (kc, vc, meta) = pools(1, context, context);
+    let q = upload(b, &values(context * HEADS * HEAD_DIM, 6), &[context, HEADS, HEAD_DIM]);
+    bench_synced(&mut group, &format!("flash/prefill_{context}_h{HEADS}_kv{KV_HEADS}_d{HEAD_DIM}_causal"), b, || {
+        b.flash_attention(&q, &kc, &vc, &meta, &params).expect("flash_attention")
+    });
+    group.finish();
+}
+
 /// One token for each of 64 rows of a 128k vocabulary.
 fn sample(c: &mut Criterion) {
     let Some(b) = backend() else { return };
@@ -463,6 +504,57 @@ fn delta_rule(c: &mut Criterion) {
     group.finish();
 }
 
+/// Backends on the same GPU with every sequence on the delta rule's fused kernel, and with
+/// every one on the chunked form (`CudaBackend::with_chunked_delta_from`).
+fn delta_form_backends() -> Option<&'static [CudaBackend; 2]> {
+    static BACKENDS: OnceLock<Option<[CudaBackend; 2]>> = OnceLock::new();
+    BACKENDS
+        .get_or_init(|| {
+            let fused = CudaBackend::new().ok()?.with_chunked_delta_from(usize::MAX);
+            Some([fused, CudaBackend::new().ok()?.with_chunked_delta_from(1)])
+        })
+        .as_ref()
+}
+
+/// The delta rule's two forms on the same steps, to place the default crossover
+/// (`CHUNKED_FROM`): 64 sequences (a burst of prefix-hit tails) of 32 to 256 rows, 16 of
+/// 128 and 512, 4 of 512 and 2,048, one of 2,048 and 8,192.
+fn delta_rule_forms(c: &mut Criterion) {
+    let Some(backends) = delta_form_backends() else { return };
+    let (hk, hv, dk, dv) = GDN;
+    let width = 2 * hk * dk + hv * dv;
+    let mut group = c.benchmark_group("cuda_delta_rule_forms");
+    for (form, b) in ["fused", "chunked"].into_iter().zip(backends) {
+        let f32s = |v: f32| b.upload(&HostTensor::from_f32(&vec![v; hv], &[hv]), DType::F32).expect("upload");
+        let (a_log, dt_bias) = (f32s(-0.5), f32s(0.5));
+        let rule = DeltaRule {
+            num_key_heads: hk,
+            num_value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+        };
+        let shapes =
+            [(64, 32), (64, 64), (64, 128), (64, 256), (16, 128), (16, 512), (4, 512), (4, 2048), (1, 2048), (1, 8192)];
+        for (seqs, rows) in shapes {
+            let t = seqs * rows;
+            let qkv = random(b, &[t, width], 11);
+            let (ga, gb) = (random(b, &[t, hv], 12), random(b, &[t, hv], 13));
+            let state = b.zeros(&[seqs, hv, dk, dv], DType::F32).expect("state pool");
+            let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * rows as u32).collect();
+            let slots: Vec<u32> = (0..seqs as u32).collect();
+            let (cu, slots) = (upload_u32(b, &cu, &[seqs + 1]), upload_u32(b, &slots, &[seqs]));
+            let batch = RecurrentBatch { cu_seqlens: &cu, slots: &slots, snapshots: &[] };
+            group.throughput(Throughput::Elements(t as u64));
+            bench_synced(&mut group, &format!("{form}/{seqs}x{rows}"), b, || {
+                b.gated_delta_rule(&qkv, &ga, &gb, &rule, &state, &batch).expect("gated_delta_rule")
+            });
+        }
+    }
+    group.finish();
+}
+
 /// Head dim 256's prefill at Qwen3.6-35B-A3B's attention (16 query heads on 2 KV heads): a
 /// 4,096-token causal prefill, and 64 sequences of 32 queries over 16,384 cached keys each
 /// (a burst of prefix hits), FLOP/s over the visible pairs.
@@ -497,6 +589,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, fp8, fp8_moe, matmul, rms_norm, attention, attention_d256, delta_rule, sample
+    targets = gemv, fp8, fp8_moe, matmul, rms_norm, attention, attention_fp8, attention_d256, delta_rule, delta_rule_forms, sample
 }
 criterion_main!(benches);

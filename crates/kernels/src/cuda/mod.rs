@@ -90,6 +90,9 @@ pub struct CudaBackend {
     pdl: bool,
     /// The tiled kernels the `flash` op runs prefill steps on.
     tiled_prefill: attention::TiledPrefill,
+    /// Rows from which a sequence takes the delta rule's chunked form
+    /// ([`chunked_delta::CHUNKED_FROM`], [`Self::with_chunked_delta_from`]).
+    chunked_from: usize,
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
@@ -180,6 +183,7 @@ impl CudaBackend {
             decode_counters,
             pdl,
             tiled_prefill,
+            chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
         })
     }
@@ -188,6 +192,15 @@ impl CudaBackend {
     /// kernels use.
     pub(crate) fn fp8_kv(&self) -> bool {
         self.dev.capability.0 >= 9
+    }
+
+    /// This backend with sequences of `rows` rows or more on the delta rule's chunked form
+    /// and shorter ones on the fused kernel (`usize::MAX`: every one fused), whatever the
+    /// default: for measuring where one form overtakes the other (`cuda_delta_rule_forms`).
+    #[must_use]
+    pub fn with_chunked_delta_from(mut self, rows: usize) -> Self {
+        self.chunked_from = rows.max(1);
+        self
     }
 
     /// This backend with the `flash` op's prefill steps on the `mma.sync` tiles, the kernels
