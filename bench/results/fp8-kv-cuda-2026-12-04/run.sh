@@ -4,7 +4,8 @@
 #    changed) and the fused prologue's;
 # 2. the Hugging Face fixtures with `--kv-cache-dtype fp8` against transformers with an e4m3
 #    cache (`gpu_hf_fixtures fp8_kv`);
-# 3. Llama-3.1-8B shape, dummy weights: the KV blocks that fit with bf16 and fp8 pools (the
+# 3. kernel bench: decode and prefill attention over e4m3 pools beside bf16 ones;
+# 4. Llama-3.1-8B shape, dummy weights: the KV blocks that fit with bf16 and fp8 pools (the
 #    startup line of phase 6), then 256 x (4,096 + 256) through `met bench
 #    throughput` with each, and batch-1 decode (4,096 + 256) with each.
 # Run from the repository root with the bundle carried; results in $OUT/k.
@@ -19,6 +20,8 @@ echo "ops rc=$?"; grep -E "test result|panicked|FAILED" $O/ops.log | head -12
 grep -h "over fp8 pools" $O/ops.log | head -12
 timeout 200 $B/tests/scheduler-gpu-hf-fixtures fp8_kv --test-threads=1 --nocapture > $O/fixtures.log 2>&1
 echo "fixtures rc=$?"; grep -E "GPU-FIXTURE|test result|panicked" $O/fixtures.log | head -40
+timeout 120 $B/tests/kernels-bench --bench 'cuda_attention_fp8|cuda_attention/flash/' > $O/kbench.log 2>&1
+echo "kbench rc=$?"; awk '/^cuda_/{name=$1} /thrpt:/{print name, $4, $5}' $O/kbench.log
 m=$B/configs/Llama-3.1-8B-Instruct
 # The blocks that fit: a batch job whose demand (2,048 x 4,352 tokens) no cache holds is
 # sized by memory alone; its phase-6 line is read, then it is stopped.
