@@ -470,36 +470,63 @@ fn sample(c: &mut Criterion) {
 /// Qwen3.6-35B-A3B's delta-rule heads: key heads, value heads, key and value dims.
 const GDN: (usize, usize, usize, usize) = (16, 32, 128, 128);
 
-/// Steps of the delta rule through `gated_delta_rule`, each sequence in its own state slot
-/// (states from zero, rewritten by every run: the time does not depend on their values).
-fn delta_rule(c: &mut Criterion) {
-    let Some(b) = backend() else { return };
-    let (hk, hv, dk, dv) = GDN;
-    let width = 2 * hk * dk + hv * dv;
-    let mut group = c.benchmark_group("cuda_delta_rule");
-    let f32s = |v: f32| b.upload(&HostTensor::from_f32(&vec![v; hv], &[hv]), DType::F32).expect("upload");
-    let (a_log, dt_bias) = (f32s(-0.5), f32s(0.5));
-    let rule = DeltaRule {
-        num_key_heads: hk,
-        num_value_heads: hv,
-        key_dim: dk,
-        value_dim: dv,
-        a_log: &a_log,
-        dt_bias: &dt_bias,
-    };
-    for (seqs, rows) in [(1, 8192), (256, 128), (64, 128), (64, 64), (64, 32), (64, 16), (256, 1)] {
+/// One step of the delta rule on `b`: `seqs` sequences of `rows` rows, each in its own state
+/// slot (states from zero, rewritten by every run: the time does not depend on their
+/// values), at [`GDN`]'s heads.
+struct DeltaStep {
+    qkv: Tensor,
+    ga: Tensor,
+    gb: Tensor,
+    state: Tensor,
+    cu: Tensor,
+    slots: Tensor,
+    a_log: Tensor,
+    dt_bias: Tensor,
+}
+
+impl DeltaStep {
+    fn new(b: &CudaBackend, seqs: usize, rows: usize) -> Self {
+        let (hk, hv, dk, dv) = GDN;
         let t = seqs * rows;
-        let qkv = random(b, &[t, width], 11);
-        let (ga, gb) = (random(b, &[t, hv], 12), random(b, &[t, hv], 13));
-        let state = b.zeros(&[seqs, hv, dk, dv], DType::F32).expect("state pool");
+        let f32s = |v: f32| b.upload(&HostTensor::from_f32(&vec![v; hv], &[hv]), DType::F32).expect("upload");
         let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * rows as u32).collect();
         let slots: Vec<u32> = (0..seqs as u32).collect();
-        let (cu, slots) = (upload_u32(b, &cu, &[seqs + 1]), upload_u32(b, &slots, &[seqs]));
-        let batch = RecurrentBatch { cu_seqlens: &cu, slots: &slots, snapshots: &[] };
-        group.throughput(Throughput::Elements(t as u64));
-        bench_synced(&mut group, &format!("{seqs}x{rows}_hk{hk}_hv{hv}_d{dk}"), b, || {
-            b.gated_delta_rule(&qkv, &ga, &gb, &rule, &state, &batch).expect("gated_delta_rule")
-        });
+        Self {
+            qkv: random(b, &[t, 2 * hk * dk + hv * dv], 11),
+            ga: random(b, &[t, hv], 12),
+            gb: random(b, &[t, hv], 13),
+            state: b.zeros(&[seqs, hv, dk, dv], DType::F32).expect("state pool"),
+            cu: upload_u32(b, &cu, &[seqs + 1]),
+            slots: upload_u32(b, &slots, &[seqs]),
+            a_log: f32s(-0.5),
+            dt_bias: f32s(0.5),
+        }
+    }
+
+    fn run(&self, b: &CudaBackend) -> Tensor {
+        let (hk, hv, dk, dv) = GDN;
+        let rule = DeltaRule {
+            num_key_heads: hk,
+            num_value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+        };
+        let batch = RecurrentBatch { cu_seqlens: &self.cu, slots: &self.slots, snapshots: &[] };
+        b.gated_delta_rule(&self.qkv, &self.ga, &self.gb, &rule, &self.state, &batch).expect("gated_delta_rule")
+    }
+}
+
+/// Steps of the delta rule through `gated_delta_rule` ([`DeltaStep`]).
+fn delta_rule(c: &mut Criterion) {
+    let Some(b) = backend() else { return };
+    let (hk, hv, dk, _) = GDN;
+    let mut group = c.benchmark_group("cuda_delta_rule");
+    for (seqs, rows) in [(1, 8192), (256, 128), (64, 128), (64, 64), (64, 32), (64, 16), (256, 1)] {
+        let step = DeltaStep::new(b, seqs, rows);
+        group.throughput(Throughput::Elements((seqs * rows) as u64));
+        bench_synced(&mut group, &format!("{seqs}x{rows}_hk{hk}_hv{hv}_d{dk}"), b, || step.run(b));
     }
     group.finish();
 }
@@ -521,35 +548,14 @@ fn delta_form_backends() -> Option<&'static [CudaBackend; 2]> {
 /// 128 and 512, 4 of 512 and 2,048, one of 2,048 and 8,192.
 fn delta_rule_forms(c: &mut Criterion) {
     let Some(backends) = delta_form_backends() else { return };
-    let (hk, hv, dk, dv) = GDN;
-    let width = 2 * hk * dk + hv * dv;
     let mut group = c.benchmark_group("cuda_delta_rule_forms");
     for (form, b) in ["fused", "chunked"].into_iter().zip(backends) {
-        let f32s = |v: f32| b.upload(&HostTensor::from_f32(&vec![v; hv], &[hv]), DType::F32).expect("upload");
-        let (a_log, dt_bias) = (f32s(-0.5), f32s(0.5));
-        let rule = DeltaRule {
-            num_key_heads: hk,
-            num_value_heads: hv,
-            key_dim: dk,
-            value_dim: dv,
-            a_log: &a_log,
-            dt_bias: &dt_bias,
-        };
         let shapes =
             [(64, 32), (64, 64), (64, 128), (64, 256), (16, 128), (16, 512), (4, 512), (4, 2048), (1, 2048), (1, 8192)];
         for (seqs, rows) in shapes {
-            let t = seqs * rows;
-            let qkv = random(b, &[t, width], 11);
-            let (ga, gb) = (random(b, &[t, hv], 12), random(b, &[t, hv], 13));
-            let state = b.zeros(&[seqs, hv, dk, dv], DType::F32).expect("state pool");
-            let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * rows as u32).collect();
-            let slots: Vec<u32> = (0..seqs as u32).collect();
-            let (cu, slots) = (upload_u32(b, &cu, &[seqs + 1]), upload_u32(b, &slots, &[seqs]));
-            let batch = RecurrentBatch { cu_seqlens: &cu, slots: &slots, snapshots: &[] };
-            group.throughput(Throughput::Elements(t as u64));
-            bench_synced(&mut group, &format!("{form}/{seqs}x{rows}"), b, || {
-                b.gated_delta_rule(&qkv, &ga, &gb, &rule, &state, &batch).expect("gated_delta_rule")
-            });
+            let step = DeltaStep::new(b, seqs, rows);
+            group.throughput(Throughput::Elements((seqs * rows) as u64));
+            bench_synced(&mut group, &format!("{form}/{seqs}x{rows}"), b, || step.run(b));
         }
     }
     group.finish();

@@ -301,98 +301,51 @@ __device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict
 MET_FP8_GEMV(1)
 MET_FP8_GEMV(2)
 
-// `fp8_gemv_small_*`: decode batches of up to 4 rows outside `--batch-invariant`, as
-// gemv.cu streams bf16 weights: a block owns FP8_SMALL_R rows (8 KiB of weights at k =
-// 4,096), its 128 threads split each row's k in 16-byte vectors of 16 weights (thread t
-// takes vectors t, t + 128, ...), FP8_SMALL_U of each row's requested a stage ahead so
-// every thread keeps up to 2 * FP8_SMALL_R * FP8_SMALL_U loads in flight, and the many short blocks keep every SM streaming to the
-// end. (The tensor-core GEMV above, 32-row blocks over split chunks, waits on its loads: 42
-// to 73 % of the copy bandwidth at m = 1.) A vector lies in one 128-column scale chunk: its
-// 16 weights widen exactly to bf16, their products with x add in f32 (gemv.cu's `dot8`),
-// and the sum times the chunk's scale adds into the thread's sum; the threads' sums then
-// add in a fixed tree. The order depends on k alone, so a row's result is the same at
-// m = 1 to 4 (other bits than the tensor-core GEMV's, which larger batches and
-// `--batch-invariant` take). The SwiGLU form's block owns gate row j and up row half + j.
+// `fp8_gemv_small_*`: decode batches of up to 4 rows outside `--batch-invariant`, on
+// gemv.cu's stream (`gemv_dots`) with e4m3 weights (`GemvE4m3`): a block owns FP8_SMALL_R
+// rows (8 KiB of weights at k = 4,096), its 128 threads split each row's k in 16-byte
+// vectors of 16 weights, every thread keeps up to 8 loads in flight, and the many short
+// blocks keep every SM streaming to the end, where the tensor-core GEMV above (32-row
+// blocks over split chunks) waits on its loads: 42 to 73 % of the copy bandwidth at m = 1.
+// A vector lies in one 128-column scale chunk: its 16 weights widen exactly to bf16, their
+// products with x add in f32, and the sum times the chunk's scale adds into the thread's
+// sum; the threads' sums then add in a fixed tree. The order depends on k alone, so a
+// row's result is the same at m = 1 to 4 (other bits than the tensor-core GEMV's, which
+// larger batches and `--batch-invariant` take). The SwiGLU form's block owns gate row j and
+// up row half + j.
 #define FP8_SMALL_R 2
-#define FP8_SMALL_U 2  // vectors of each row a thread requests per stage
 
-template <int M>
-__device__ __forceinline__ void fp8_small_dots(const bf16_t* __restrict__ x, const u8* __restrict__ w,
-                                               const float* __restrict__ scales, u32 scale_rows, u32 scale_stride,
-                                               u32 chunk_step, const u32 (&rows)[FP8_SMALL_R], u32 m, u32 k,
-                                               float (&acc)[FP8_SMALL_R][M]) {
-    constexpr int R = FP8_SMALL_R, U = FP8_SMALL_U;
-    constexpr u32 step = FP8_THREADS * U;
-    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u32 vecs = k / 16, xvecs = k / 8;
-    const uint4* wv[R];
-    const float* srow[R];  // the rows' scales, chunk 0
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        wv[r] = reinterpret_cast<const uint4*>(w + (u64)rows[r] * k);
-        srow[r] = scales + (u64)(rows[r] / scale_rows) * scale_stride;
-#pragma unroll
-        for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-    }
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    uint4 next[U][R];
-    auto fetch = [&](u32 base) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 v = base + FP8_THREADS * u;
-#pragma unroll
-            for (int r = 0; r < R; ++r) next[u][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
-        }
+// e4m3 weights for gemv.cu's `gemv_dots`: 16 a vector, widened exactly to bf16, the
+// vector's f32 sum times its 128-column chunk's scale.
+template <int R>
+struct GemvE4m3 {
+    static constexpr u32 PER = 16;
+    struct Operands {
+        uint4 lo, hi;
+        float scale;
     };
-    // The weights are constant for the step: requested before waiting for the kernel that
-    // writes x, so the first loads overlap its tail.
-    fetch(t);
-    pdl_wait_prev();
-    for (u32 base = t; base < vecs; base += step) {
-        uint4 wr[U][R];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int r = 0; r < R; ++r) wr[u][r] = next[u][r];
-        if (base + step < vecs) fetch(base + step);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 v = base + FP8_THREADS * u;
-            if (v >= vecs) break;
-            const u32 chunk = v / (FP8_CHUNK / 16);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float sc = __ldg(srow[r] + chunk * chunk_step);
-                const uint4 lo = e4m3x8_to_bf16(make_uint2(wr[u][r].x, wr[u][r].y));
-                const uint4 hi = e4m3x8_to_bf16(make_uint2(wr[u][r].z, wr[u][r].w));
-#pragma unroll
-                for (int i = 0; i < M; ++i) {
-                    if (i >= (int)m) break;
-                    const uint4 x0 = __ldg(xv + (u64)i * xvecs + 2 * v), x1 = __ldg(xv + (u64)i * xvecs + 2 * v + 1);
-                    acc[r][i] = fmaf(sc, dot8(hi, x1, dot8(lo, x0, 0.0f)), acc[r][i]);
-                }
-            }
-        }
+    struct XVec {
+        uint4 lo, hi;
+    };
+    const u8* w;
+    const float* scales;
+    u32 scale_rows, scale_stride, chunk_step;
+    const float* row_scales[R];  // row i's scales, chunk 0
+    __device__ const uint4* bind(int i, u32 row, u32 k) {
+        row_scales[i] = scales + (u64)(row / scale_rows) * scale_stride;
+        return reinterpret_cast<const uint4*>(w + (u64)row * k);
     }
-    __shared__ float part[FP8_WARPS][R][M];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            const float s = warp_sum(acc[r][i]);
-            if (lane == 0) part[warp][r][i] = s;
-        }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            float s = part[0][r][i];
-#pragma unroll
-            for (int q = 1; q < FP8_WARPS; ++q) s += part[q][r][i];
-            acc[r][i] = s;
-        }
-}
+    __device__ Operands prepare(int i, uint4 v, u32 vec) const {
+        const float scale = __ldg(row_scales[i] + vec / (FP8_CHUNK / PER) * chunk_step);
+        return Operands{e4m3x8_to_bf16(make_uint2(v.x, v.y)), e4m3x8_to_bf16(make_uint2(v.z, v.w)), scale};
+    }
+    __device__ static XVec load_x(const uint4* x_row, u32 v) {
+        return XVec{__ldg(x_row + 2 * v), __ldg(x_row + 2 * v + 1)};
+    }
+    __device__ static float dot(const Operands& w, const XVec& x, float acc) {
+        return fmaf(w.scale, dot8(w.hi, x.hi, dot8(w.lo, x.lo, 0.0f)), acc);
+    }
+};
 
 // grid (ceil(n / FP8_SMALL_R)), block FP8_THREADS. `bias` may be null.
 template <int M>
@@ -403,7 +356,8 @@ __device__ void fp8_gemv_small(const bf16_t* x, const u8* w, const float* scales
 #pragma unroll
     for (int r = 0; r < FP8_SMALL_R; ++r) rows[r] = min(first + r, n - 1);
     float acc[FP8_SMALL_R][M];
-    fp8_small_dots<M>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, m, k, acc);
+    GemvE4m3<FP8_SMALL_R> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
+    gemv_dots<M, FP8_SMALL_R>(x, f, rows, m, k, acc);
     // Thread r * M + i stores row r of x row i.
 #pragma unroll
     for (int r = 0; r < FP8_SMALL_R; ++r)
@@ -422,7 +376,8 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
     const u32 j = blockIdx.x;
     const u32 rows[FP8_SMALL_R] = {j, half + j};
     float acc[FP8_SMALL_R][M];
-    fp8_small_dots<M>(x, w, scales, scale_rows, scale_stride, chunk_step, rows, m, k, acc);
+    GemvE4m3<FP8_SMALL_R> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
+    gemv_dots<M, FP8_SMALL_R>(x, f, rows, m, k, acc);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         if (i < (int)m && threadIdx.x == (u32)i) out[(u64)i * half + j] = f2bf(silu_times(acc[0][i], acc[1][i]));
@@ -430,13 +385,13 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
 }
 
 #define MET_FP8_GEMV_SMALL(M)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 6) fp8_gemv_small_m##M(             \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 12 / M) fp8_gemv_small_m##M(         \
         const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
         const bf16_t* bias, bf16_t* out, u32 m, u32 n, u32 k) {                                                \
         pdl_allow_next();                                                                                      \
         fp8_gemv_small<M>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, m, n, k);             \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 6) fp8_gemv_small_silu_m##M(        \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 12 / M) fp8_gemv_small_silu_m##M(    \
         const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
         bf16_t* out, u32 m, u32 half, u32 k) {                                                                 \
         pdl_allow_next();                                                                                      \

@@ -35,18 +35,34 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     return acc;
 }
 
-// The block's dots of W rows `rows[0..R)` with x rows `0..min(m, M)`: every thread
-// returns the full sums in `acc`. Called by every thread of the block.
-template <int M, int R>
-__device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-                                          const u32 (&rows)[R], u32 m, u32 k, float (&acc)[R][M]) {
+// The weights of a GEMV as 16-byte vectors: bf16 here, e4m3 under scales in fp8.cu
+// (`GemvE4m3`). A format says how many weights a vector holds (`PER`), where row r's
+// vectors start (`bind`, which may note per-row state in slot i), how a loaded vector
+// becomes operands (`prepare`, once per vector and row), which x elements they pair with
+// (`load_x`, the vector's PER elements of one x row) and how they add into a sum (`dot`).
+struct GemvBf16 {
+    static constexpr u32 PER = 8;
+    typedef uint4 Operands;
+    typedef uint4 XVec;
+    const bf16_t* w;
+    __device__ const uint4* bind(int, u32 row, u32 k) { return reinterpret_cast<const uint4*>(w + (u64)row * k); }
+    __device__ Operands prepare(int, uint4 v, u32) const { return v; }
+    __device__ static XVec load_x(const uint4* x_row, u32 v) { return __ldg(x_row + v); }
+    __device__ static float dot(const Operands& w, const XVec& x, float acc) { return dot8(w, x, acc); }
+};
+
+// The block's dots of W rows `rows[0..R)` (in format `F`) with x rows `0..min(m, M)`:
+// every thread returns the full sums in `acc`. Called by every thread of the block.
+template <int M, int R, typename F>
+__device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, F& f, const u32 (&rows)[R], u32 m, u32 k,
+                                          float (&acc)[R][M]) {
     constexpr int U = GEMV_STAGE / R;  // vectors per row per stage
     const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u32 vecs = k / 8;
+    const u32 vecs = k / F::PER, x_vecs = k / 8;
     const uint4* wv[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        wv[r] = reinterpret_cast<const uint4*>(w + (u64)rows[r] * k);
+        wv[r] = f.bind(r, rows[r], k);
 #pragma unroll
         for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
     }
@@ -78,12 +94,15 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const bf
         for (int u = 0; u < U; ++u) {
             const u32 v = base + GEMV_THREADS * u;
             if (v >= vecs) break;
+            typename F::Operands w[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) w[r] = f.prepare(r, wr[u][r], v);
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 if (i >= m) break;
-                const uint4 xi = __ldg(xv + (u64)i * vecs + v);
+                const typename F::XVec xi = F::load_x(xv + (u64)i * x_vecs, v);
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r][i] = dot8(wr[u][r], xi, acc[r][i]);
+                for (int r = 0; r < R; ++r) acc[r][i] = F::dot(w[r], xi, acc[r][i]);
             }
         }
     }
@@ -116,7 +135,8 @@ __device__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = min(first + r, n - 1);
     float acc[R][M];
-    gemv_dots<M, R>(x, w, rows, m, k, acc);
+    GemvBf16 f{w};
+    gemv_dots<M, R>(x, f, rows, m, k, acc);
     // Thread r * M + i stores row r of x row i.
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -136,7 +156,8 @@ __device__ void gemv_silu(const bf16_t* __restrict__ x, const bf16_t* __restrict
     const u32 j = blockIdx.x;
     const u32 rows[2] = {j, half + j};
     float acc[2][M];
-    gemv_dots<M, 2>(x, w, rows, m, k, acc);
+    GemvBf16 f{w};
+    gemv_dots<M, 2>(x, f, rows, m, k, acc);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         if (i < m && threadIdx.x == (u32)i) {
