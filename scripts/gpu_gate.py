@@ -55,12 +55,15 @@ transformers-bf16 on the dequantized weights is recorded beside it (`dequant_bf1
 same bound holds; the broken variant for them is `fp8-wrong-scale` (every other scale
 doubled on upload). `--seeds N` runs the first N draws only, to check the script on a CPU.
 
-FP8 KV cache (`--kv-cache-dtype fp8`, any shapes): met runs with e4m3 KV pools (unit scales:
-the checkpoints carry none), and both references see what such a cache holds: every attention
-layer's keys and values, after rotary and q/k norms and for the current tokens too, rounded
-to e4m3 (`kv_fp8_patch`, eager attention), in float32 and in bf16, so the floor is bf16's
-distance with the same cache. met's startup line must name the e4m3 pools. The same bound and
-broken variants hold (`drop-last-kv-block` is compiled into the e4m3 kernels too).
+FP8 KV cache (`--kv-cache-dtype fp8`, any shapes): each draw gets per-layer KV scales, the
+largest |key| and |value| of a calibration prompt over 448 (`kv_fp8_checkpoint`), which met
+reads as `self_attn.k_scale` / `v_scale` beside the weights and runs e4m3 KV pools with; both
+references see what such a cache holds: every attention layer's keys and values, after
+rotary and q/k norms and for the current tokens too, rounded to e4m3 under those scales
+(`kv_fp8_patch`, eager attention), in float32 and in bf16, so the floor is bf16's distance
+with the same cache. met's startup line must name the e4m3 pools. The same bound holds; the
+broken variants `drop-last-kv-block` (compiled into the e4m3 kernels too) and
+`fp8-kv-wrong-scale` (values read under the keys' scale) must fail.
 
 `--broken FAULT` also runs met with `MET_TEST_FAULT=FAULT` (a deliberately wrong kernel,
 compiled in only when that variable is set) on the first seed of every shape, and requires
@@ -84,6 +87,8 @@ import sys
 import time
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import gpu_gate_fp8 as fp8
@@ -254,18 +259,25 @@ def build_fp8(name, raw, layout, work, seed):
     return out, out + "-dequant"
 
 
-# Model types whose eager attention `kv_fp8_patch` has wrapped.
+# Model types whose eager attention `kv_fp8_patch` has wrapped, and what the wrapper does:
+# with `amax` a dict, it records each attention layer's largest |key| and |value|; with
+# `scales` a dict, it rounds keys and values to e4m3 under `scales[layer]` (k, v); with
+# neither, nothing (the sharpness probe of a new draw).
 KV_FP8_PATCHED = set()
+KV_FP8 = {"amax": None, "scales": None}
+E4M3_MAX = 448.0
 
 
-def e4m3(x):
-    """`x` as an e4m3 cache with a unit scale holds it, in x's dtype (e4m3 is exact in bf16)."""
-    return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype)
+def e4m3(x, scale):
+    """`x` as an e4m3 cache with `scale` holds it (x / scale rounded to e4m3, saturated, times
+    scale), in x's dtype."""
+    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
 
 
 def kv_fp8_patch(model_type):
-    """Makes the eager attention of `model_type`'s modeling module see e4m3-rounded keys and
-    values (its arguments come after rotary and q/k norms, before the heads repeat)."""
+    """Wraps the eager attention of `model_type`'s modeling module as `KV_FP8` says (its
+    arguments come after rotary and q/k norms, before the heads repeat)."""
     module = model_type.removesuffix("_text")
     if module in KV_FP8_PATCHED:
         return
@@ -273,10 +285,51 @@ def kv_fp8_patch(model_type):
     original = mod.eager_attention_forward
 
     def attention(layer, query, key, value, *args, **kwargs):
-        return original(layer, query, e4m3(key), e4m3(value), *args, **kwargs)
+        i = layer.layer_idx
+        if KV_FP8["amax"] is not None:
+            k, v = KV_FP8["amax"].get(i, (0.0, 0.0))
+            KV_FP8["amax"][i] = (max(k, float(key.abs().max())), max(v, float(value.abs().max())))
+            return original(layer, query, key, value, *args, **kwargs)
+        if KV_FP8["scales"] is None:
+            return original(layer, query, key, value, *args, **kwargs)
+        ks, vs = KV_FP8["scales"][i]
+        return original(layer, query, e4m3(key, ks), e4m3(value, vs), *args, **kwargs)
 
     mod.eager_attention_forward = attention
     KV_FP8_PATCHED.add(module)
+
+
+@torch.no_grad()
+def kv_fp8_checkpoint(path, model, device, seed):
+    """Calibrates per-layer KV scales on `model` (float32, patched), as FP8 checkpoints with a
+    KV-cache scheme carry them: the largest |key| and |value| of a 1,024-token prompt over
+    448, and writes met's view of `path` with them (`self_attn.k_scale` and `v_scale` of each
+    attention layer, beside the checkpoint's own tensors through an index). Returns that
+    directory; the references round with the same scales from here on."""
+    g = torch.Generator().manual_seed(seed * 104729)
+    ids = torch.randint(3, VOCAB, (1, 1024), generator=g).to(device)
+    KV_FP8["amax"] = {}
+    model(input_ids=ids)
+    amax, KV_FP8["amax"] = KV_FP8["amax"], None
+    KV_FP8["scales"] = {i: (max(k, 1e-6) / E4M3_MAX, max(v, 1e-6) / E4M3_MAX) for i, (k, v) in amax.items()}
+    out = path + "-kv"
+    os.makedirs(out, exist_ok=True)
+    # The weights under another name: a `model.safetensors` would be read alone.
+    links = {"config.json": "config.json", "model.safetensors": "weights.safetensors"}
+    for src, dst in links.items():
+        if not os.path.lexists(os.path.join(out, dst)):
+            os.symlink(os.path.abspath(os.path.join(path, src)), os.path.join(out, dst))
+    scales = {}
+    for i, (k, v) in KV_FP8["scales"].items():
+        scales[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k, dtype=torch.float32)
+        scales[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v, dtype=torch.float32)
+    save_file(scales, os.path.join(out, "kv_scales.safetensors"))
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        weight_map = {name: "weights.safetensors" for name in f.keys()}
+    weight_map.update({name: "kv_scales.safetensors" for name in scales})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return out, {i: list(s) for i, s in KV_FP8["scales"].items()}
 
 
 def load(path, dtype, device, attn=None):
@@ -468,6 +521,7 @@ def gate_shape(name, raw, long, layout, args, results, broken_results):
     for i, seed in enumerate(SEEDS[: args.seeds]):
         t0 = time.time()
         path, ref_path = checkpoint(name, raw, layout, args, seed)
+        KV_FP8["scales"] = None  # until this draw's are calibrated
         if i == 0:
             top, eff = sharpness(ref_path, torch_device, seed)
             results.setdefault("sharpness", {})[name] = {"mean_max_weight": top, "mean_effective_keys": eff}
@@ -476,6 +530,10 @@ def gate_shape(name, raw, long, layout, args, results, broken_results):
         kv_fp8 = args.kv_cache_dtype == "fp8"
         floors = results.setdefault("noise_floor", {})
         m32, mb, mi = references(name, path, ref_path, layout, torch_device, floors, kv_fp8)
+        met_path = path
+        if kv_fp8:
+            met_path, scales = kv_fp8_checkpoint(path, m32, torch_device, seed)
+            results.setdefault("kv_scales", {}).setdefault(name, {})[seed] = scales
         log = {"MET_LOG": "info"} if layout or kv_fp8 else {}
         variants = [("met", log, results)]
         if args.broken and i == 0:
@@ -485,7 +543,7 @@ def gate_shape(name, raw, long, layout, args, results, broken_results):
             for prompts, extra in runs:
                 backend = ["--attention-backend", args.attention_backend] if args.attention_backend else []
                 kv = ["--kv-cache-dtype", args.kv_cache_dtype] if args.kv_cache_dtype else []
-                outs, stderr = run_met(args.met, path, prompts, args.work, device, extra + backend + kv, env)
+                outs, stderr = run_met(args.met, met_path, prompts, args.work, device, extra + backend + kv, env)
                 if layout:
                     check_fp8_log(stderr, name, results)
                 if kv_fp8:
@@ -570,6 +628,7 @@ def main():
                            "fp8": {name: fp8.LAYOUTS[layout] for name, _, _, layout in FP8_SHAPES if name in wanted}},
               "sharpness": results.get("sharpness", {}), "noise_floor": results.get("noise_floor", {}),
               "met_fp8_log": results.get("met_fp8_log", {}), "met_kv_log": results.get("met_kv_log", {}),
+              "kv_scales": results.get("kv_scales", {}),
               "met": met_s, "broken": broken_s,
               "pass": passed, "broken_failed": broken_failed if args.broken else None}
     with open(args.out, "w") as f:

@@ -292,11 +292,12 @@ step gatestate "precision gate, lost conv state" gpu-gate-state.log 300 python3 
 step gatefp8 "precision gate, fp8 weights" gpu-gate-fp8.log 420 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
   --work /tmp/met-gpu-gate-fp8 --out "$LOGS/gpu_gate_fp8.json" --broken fp8-wrong-scale \
   --shapes qwen3-fp8-block,llama-fp8-tensor
-# The FP8 KV cache (e4m3 pools, unit scales) on an attention shape of each head dim the e4m3
-# kernels take (32: the reference and decode; 128: the tiles) and a hybrid, judged against
-# transformers attending over e4m3 keys and values; the dropped-block kernel must fail.
+# The FP8 KV cache (e4m3 pools under calibrated per-layer scales) on an attention shape of
+# each head dim the e4m3 kernels take (32: the reference and decode; 128: the tiles) and a
+# hybrid, judged against transformers attending over e4m3 keys and values; met reading the
+# values under the keys' scale must fail.
 step gatekv "precision gate, fp8 KV cache" gpu-gate-kv.log 420 python3 "$HERE/gpu_gate.py" --met "$HERE/met" \
-  --work /tmp/met-gpu-gate-kv --out "$LOGS/gpu_gate_kv.json" --broken drop-last-kv-block --kv-cache-dtype fp8 \
+  --work /tmp/met-gpu-gate-kv --out "$LOGS/gpu_gate_kv.json" --broken fp8-kv-wrong-scale --kv-cache-dtype fp8 \
   --shapes llama-tied-rope3,qwen3-hd128,qwen3-next
 step compare "transformers comparison" gpu-compare.log 220 python3 "$HERE/gpu_compare.py" --met "$HERE/met" \
   --configs "$HERE/configs" --work /tmp/met-gpu-compare --out "$LOGS/gpu_compare.json"

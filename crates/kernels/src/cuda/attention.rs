@@ -27,6 +27,8 @@ use crate::cpu::attention::{MetaView, check_meta};
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
+/// The fault variant whose attention reads e4m3 values under the keys' scale (`compile.rs`).
+const KV_WRONG_SCALE: &str = "fp8-kv-wrong-scale";
 /// Largest head dim the kernel handles (`ATTN_MAX_DIM`).
 const MAX_HEAD_DIM: usize = 256;
 /// Threads per block of the attention kernel (`ATTN_WARPS` warps).
@@ -227,7 +229,12 @@ fn checked_call(
     }
     expect_dtype(op, q, &[DType::BF16])?;
     let fp8 = pool_dtype(b, op, k_cache, v_cache)? == DType::F8E4M3;
-    let scales = if fp8 { p.kv_scales } else { KvScales::UNIT };
+    let scales = match (fp8, b.fault) {
+        (false, _) => KvScales::UNIT,
+        // The precision gate's deliberate bug: values under the keys' scale.
+        (true, Some(KV_WRONG_SCALE)) => KvScales { v: p.kv_scales.k, ..p.kv_scales },
+        (true, _) => p.kv_scales,
+    };
     let (cu, lens, tables) =
         (b.host_u32(op, &meta.cu_seqlens_q)?, b.host_u32(op, &meta.seq_lens)?, b.host_u32(op, &meta.block_tables)?);
     let max_blocks = meta.block_tables.dims().get(1).copied().unwrap_or(0);

@@ -45,7 +45,7 @@ pub(crate) const FAULT_VAR: &str = "MET_TEST_FAULT";
 /// tests of the tests. The GPU precision gate (`scripts/gpu_gate.py`) runs met once with
 /// `MET_TEST_FAULT=<name>` and must see it fail; a normal run never sets the variable and
 /// compiles none of them.
-const FAULTS: [(&str, &str); 3] = [
+const FAULTS: [(&str, &str); 4] = [
     // Attention ignores the keys of the sequence's last KV block (when it has more than one):
     // the most recent 1 to 16 tokens of every decode row drop out of view.
     ("drop-last-kv-block", "-DMET_FAULT_DROP_LAST_KV_BLOCK"),
@@ -56,6 +56,9 @@ const FAULTS: [(&str, &str); 3] = [
     // along a row block, or of the rows): `cuda/fp8.rs` reads it on the host; the define
     // changes no kernel.
     ("fp8-wrong-scale", "-DMET_FAULT_FP8_WRONG_SCALE"),
+    // Attention over e4m3 KV pools reads the values under the keys' scale: `cuda/attention.rs`
+    // reads it on the host; the define changes no kernel.
+    ("fp8-kv-wrong-scale", "-DMET_FAULT_FP8_KV_WRONG_SCALE"),
 ];
 
 /// The fault variant `MET_TEST_FAULT` asks for: `None` when unset or empty.
