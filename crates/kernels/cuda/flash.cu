@@ -41,6 +41,13 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+// Loads 16 bytes from shared address `src`.
+__device__ __forceinline__ uint4 ld_shared16(u32 src) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src)
+                 : "memory");
+    return v;
+}
 // Stores 16 bytes at shared address `dst`.
 __device__ __forceinline__ void st_shared16(u32 dst, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)

@@ -18,18 +18,33 @@
 // Warp w takes keys 16w .. 16w + 15 of every tile (scores Q Kᵀ and O += P V as mma.sync
 // m16n8k16, P rounded to bf16 as in the prefill kernel) with its own online softmax, and
 // the warps' sums are merged through shared memory at the split's end.
+//
+// Over e4m3 pools (`Kv8`, attention.cu) the ring holds the pools' bytes (cp.async cannot
+// widen), half the bf16 ring's size, and each warp widens its own 16 keys of the tile into
+// one bf16 tile (exact: e4m3 is a subset of bf16) just before its products, so only the
+// warp waits for it. The keys' scale is in `a.scale`, the values' in `a.v_scale`.
 
 // grid (seqs, h_kv, z <= DEC_SPLITS), block W * 32, dynamic shared memory
-// (16 + 2 S BN) D * 2 bytes. D is 64, 128 or 256; G <= DEC_MAX_GROUP (checked on the host).
-template <int D, int W, int S>
-__device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,
-                             const u32* seq_lens, const u32* tables, const AttnArgs& a, bf16_t* out, u32* counters) {
+// (16 + 2 S BN) D * 2 bytes for bf16 pools, (32 + (2 S + 4) BN) D for e4m3 ones (the query
+// tile, the ring of bytes, one bf16 K and V tile). D is 64, 128 or 256; G <= DEC_MAX_GROUP
+// (checked on the host).
+template <int D, int W, int S, typename KV>
+__device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, const typename KV::T* kc,
+                             const typename KV::T* vc, const u32* seq_lens, const u32* tables, const AttnArgs& a,
+                             bf16_t* out, u32* counters) {
     extern __shared__ __align__(128) unsigned char fd_smem[];
-    constexpr u32 CH = D / 8;  // 16-byte chunks per row
+    constexpr u32 CH = D / 8;  // 16-byte chunks per bf16 row
     constexpr u32 BN = W * 16;  // keys per tile: each warp takes 16
+    // 16-byte chunks of a pool row as the ring holds it: 8 elements, or 16 e4m3 bytes.
+    constexpr u32 RCH = KV::FP8 ? D / 16 : CH;
     const u32 qs = smem_addr(fd_smem);
-    auto ks = [&](u32 st) { return qs + (16 + 2 * st * BN) * D * 2; };
-    auto vs = [&](u32 st) { return qs + (16 + (2 * st + 1) * BN) * D * 2; };
+    // The ring's stage st (K, then V), and the tiles the products read: the stage itself
+    // for bf16 pools, the one widened tile for e4m3 ones.
+    auto raw_k = [&](u32 st) { return qs + 16 * D * 2 + 2 * st * BN * RCH * 16; };
+    auto raw_v = [&](u32 st) { return raw_k(st) + BN * RCH * 16; };
+    const u32 wide_k = qs + 16 * D * 2 + 2 * S * BN * RCH * 16, wide_v = wide_k + BN * D * 2;
+    auto ks = [&](u32 st) { return KV::FP8 ? wide_k : raw_k(st); };
+    auto vs = [&](u32 st) { return KV::FP8 ? wide_v : raw_v(st); };
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 s = blockIdx.x, kvh = blockIdx.y, G = a.h / a.h_kv;
     const DecSplits plan = dec_splits(seq_lens[s], a);
@@ -57,16 +72,32 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
         const u32 end = min(first + visible, begin + len);  // exclusive
         const u32 tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
         auto load_tile = [&](u32 t, u32 st) {
-            for (u32 c = threadIdx.x; c < BN * CH; c += blockDim.x) {
-                const u32 r = c / CH, ch = c % CH;
+            for (u32 c = threadIdx.x; c < BN * RCH; c += blockDim.x) {
+                const u32 r = c / RCH, ch = c % RCH;
                 const u32 j = begin + t * BN + r;
                 const bool valid = j < end;
                 const u32 jj = valid ? j : begin;
                 const u64 slot = kv_slot(table, jj, a.block_size);
-                const u64 at = (slot * a.h_kv + kvh) * D + ch * 8;
-                cp_async16(ks(st) + swz<D>(r, ch), kc + at, valid);
-                cp_async16(vs(st) + swz<D>(r, ch), vc + at, valid);
+                const u64 at = (slot * a.h_kv + kvh) * D + ch * (16 / sizeof(typename KV::T));
+                // bf16 rows swizzled for ldmatrix; e4m3 rows in order, for the widening.
+                const u32 dst = KV::FP8 ? (r * RCH + ch) * 16 : swz<D>(r, ch);
+                cp_async16(raw_k(st) + dst, kc + at, valid);
+                cp_async16(raw_v(st) + dst, vc + at, valid);
             }
+        };
+        // e4m3: the warp's 16 keys of stage st widened into the bf16 tiles.
+        auto widen_rows = [&](u32 st) {
+            __syncwarp();  // the warp's reads of its rows of the last tile are done
+            for (u32 i = lane; i < 16 * RCH; i += 32) {
+                const u32 r = warp * 16 + i / RCH, ch = i % RCH;
+                const uint4 k8 = ld_shared16(raw_k(st) + (r * RCH + ch) * 16);
+                const uint4 v8 = ld_shared16(raw_v(st) + (r * RCH + ch) * 16);
+                st_shared16(wide_k + swz<D>(r, 2 * ch), e4m3x8_to_bf16(make_uint2(k8.x, k8.y)));
+                st_shared16(wide_k + swz<D>(r, 2 * ch + 1), e4m3x8_to_bf16(make_uint2(k8.z, k8.w)));
+                st_shared16(wide_v + swz<D>(r, 2 * ch), e4m3x8_to_bf16(make_uint2(v8.x, v8.y)));
+                st_shared16(wide_v + swz<D>(r, 2 * ch + 1), e4m3x8_to_bf16(make_uint2(v8.z, v8.w)));
+            }
+            __syncwarp();
         };
         // One commit group per ring slot, empty ones included, so `wait` counts stay exact.
 #pragma unroll
@@ -94,6 +125,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
             if (t + S - 1 < tiles) load_tile(t + S - 1, (t + S - 1) % S);
             cp_async_commit();
             const u32 st = t % S;
+            if constexpr (KV::FP8) widen_rows(st);
 
             // Scores Q Kᵀ for the warp's 16 keys: two n-tiles of 8.
             float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -197,7 +229,7 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
             }
             const u64 head = head0 + r;
             if (splits_used == 1) {  // nothing to merge: the merge would compute exactly this
-                out[head * D + e] = f2bf(num / den);
+                out[head * D + e] = f2bf(num / den * a.v_scale);
                 continue;
             }
             // The merge works in natural-log units, as the split kernel's partials are.
@@ -213,21 +245,26 @@ __device__ void flash_decode(float* part_acc, float* part_ml, const bf16_t* q, c
     }
 }
 
-#define MET_FLASH_DECODE(D, W, S)                                                                              \
+#define MET_FLASH_DECODE(NAME, D, W, S, KV)                                                                   \
     extern "C" __global__ void __launch_bounds__(W * 32)                                                       \
-        flash_decode_bf16_d##D##_w##W(float* part_acc, float* part_ml, const bf16_t* q, const bf16_t* kc,      \
-                                      const bf16_t* vc, const u32* seq_lens, const u32* tables, AttnArgs a,    \
-                                      bf16_t* out, u32* counters) {                                            \
+        NAME(float* part_acc, float* part_ml, const bf16_t* q, const KV::T* kc, const KV::T* vc,               \
+             const u32* seq_lens, const u32* tables, AttnArgs a, bf16_t* out, u32* counters) {                 \
         pdl_enter();                                                                                           \
-        flash_decode<D, W, S>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);               \
+        flash_decode<D, W, S, KV>(part_acc, part_ml, q, kc, vc, seq_lens, tables, a, out, counters);           \
     }
 // Both shapes keep three tiles in the ring: four warps for small batches, whose few blocks
 // must each stream fast; two for large ones, whose short contexts are bound by each block's
 // round trips, so more blocks an SM (four at d = 128, not two) serve more of them at once.
-MET_FLASH_DECODE(64, 4, 3)
-MET_FLASH_DECODE(128, 4, 3)
-MET_FLASH_DECODE(64, 2, 3)
-MET_FLASH_DECODE(128, 2, 3)
+MET_FLASH_DECODE(flash_decode_bf16_d64_w4, 64, 4, 3, Kv16)
+MET_FLASH_DECODE(flash_decode_bf16_d128_w4, 128, 4, 3, Kv16)
+MET_FLASH_DECODE(flash_decode_bf16_d64_w2, 64, 2, 3, Kv16)
+MET_FLASH_DECODE(flash_decode_bf16_d128_w2, 128, 2, 3, Kv16)
 // Head dim 256 (Qwen3.5, Qwen3-Next): four warps take 200 KiB of the ring, two 104 KiB.
-MET_FLASH_DECODE(256, 4, 3)
-MET_FLASH_DECODE(256, 2, 3)
+MET_FLASH_DECODE(flash_decode_bf16_d256_w4, 256, 4, 3, Kv16)
+MET_FLASH_DECODE(flash_decode_bf16_d256_w2, 256, 2, 3, Kv16)
+MET_FLASH_DECODE(flash_decode_e4m3_d64_w4, 64, 4, 3, Kv8)
+MET_FLASH_DECODE(flash_decode_e4m3_d128_w4, 128, 4, 3, Kv8)
+MET_FLASH_DECODE(flash_decode_e4m3_d64_w2, 64, 2, 3, Kv8)
+MET_FLASH_DECODE(flash_decode_e4m3_d128_w2, 128, 2, 3, Kv8)
+MET_FLASH_DECODE(flash_decode_e4m3_d256_w4, 256, 4, 3, Kv8)
+MET_FLASH_DECODE(flash_decode_e4m3_d256_w2, 256, 2, 3, Kv8)

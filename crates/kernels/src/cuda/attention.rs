@@ -13,11 +13,10 @@
 //!   (`attention.cu`) for other head dims' decode steps, and the reference for the rest.
 //!
 //! Pools are bf16, or e4m3 on sm_90 (`--kv-cache-dtype fp8`): each element the value over
-//! its layer's scale. Every kernel but the tensor-core decode and the warpgroup prefill has
-//! an e4m3 form that widens the bytes exactly and folds the scales into the score scale and
-//! the output (`AttnArgs::scale`, `v_scale`); for e4m3 pools decode steps take the scalar
-//! split-KV kernel and other steps the `mma.sync` tiles (head dims 64 and 128) or the
-//! reference.
+//! its layer's scale. Every kernel but the warpgroup prefill has an e4m3 form that widens
+//! the bytes exactly and folds the scales into the score scale and the output
+//! (`AttnArgs::scale`, `v_scale`); for e4m3 pools steps other than decode steps take the
+//! `mma.sync` tiles (head dims 64 and 128) or the reference.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -296,8 +295,8 @@ fn reference(
 
 /// The `flash` backend: for head dims 64, 128 and 256 the tensor-core kernels, split-KV decode
 /// for decode steps and tiles for any other batch; for other head dims the scalar split-KV
-/// kernel for decode steps and the reference for the rest. e4m3 pools: the scalar split-KV
-/// kernel for decode steps, the `mma.sync` tiles (head dims 64, 128) or the reference else.
+/// kernel for decode steps and the reference for the rest. e4m3 pools: the same decode
+/// kernels, the `mma.sync` tiles (head dims 64, 128) or the reference for other steps.
 pub(super) fn flash_attention(
     b: &CudaBackend,
     q: &Tensor,
@@ -328,11 +327,11 @@ pub(super) fn flash_attention(
     let decode_step = decode_applies(&call.cu, h, hkv, d);
     let shape = FlashDecode::for_batch(call.lens.len());
     // Head dim 256's decode kernels need Hopper's shared memory, as its tiles do.
-    let served = (d != 256 || b.tiled_prefill == TiledPrefill::Warpgroup) && !call.fp8;
-    if let (true, true, Some(kernel)) = (decode_step, served, shape.kernel(d)) {
+    let served = d != 256 || b.tiled_prefill == TiledPrefill::Warpgroup;
+    if let (true, true, Some(kernel)) = (decode_step, served, shape.kernel(d, call.fp8)) {
         let args = AttnArgs { split_min: flash_decode_split_min(call.lens.len()), ..call.args };
         let z = decode_grid_z(&call.lens, args, b.dev.recording_here());
-        let launch = DecodeLaunch { kernel, warps: shape.warps, shared: shape.shared_bytes(d), z };
+        let launch = DecodeLaunch { kernel, warps: shape.warps, shared: shape.shared_bytes(d, call.fp8), z };
         decode(b, &call.out, (q, k_cache, v_cache), meta, args, launch)?;
     } else if decode_step {
         let z = decode_grid_z(&call.lens, call.args, b.dev.recording_here());
@@ -447,22 +446,26 @@ impl FlashDecode {
     }
 
     /// Dynamic shared memory: the query tile's 16 rows and the ring of `FD_STAGES` buffers of
-    /// 16 `warps` keys and values.
-    fn shared_bytes(self, d: usize) -> u32 {
-        ((16 + 2 * FD_STAGES * 16 * self.warps as usize) * d * 2) as u32
+    /// 16 `warps` keys and values; over e4m3 pools the ring holds bytes, beside one widened
+    /// bf16 tile of keys and of values.
+    fn shared_bytes(self, d: usize, fp8: bool) -> u32 {
+        let keys = 16 * self.warps as usize;
+        let bytes = if fp8 { (32 + (2 * FD_STAGES + 4) * keys) * d } else { (16 + 2 * FD_STAGES * keys) * d * 2 };
+        bytes as u32
     }
 
-    /// The kernel for head dim `d`, if there is one.
-    fn kernel(self, d: usize) -> Option<&'static str> {
-        Some(match (d, self.warps) {
-            (64, 4) => "flash_decode_bf16_d64_w4",
-            (128, 4) => "flash_decode_bf16_d128_w4",
-            (64, 2) => "flash_decode_bf16_d64_w2",
-            (128, 2) => "flash_decode_bf16_d128_w2",
-            (256, 4) => "flash_decode_bf16_d256_w4",
-            (256, 2) => "flash_decode_bf16_d256_w2",
+    /// The kernel for head dim `d` over bf16 or e4m3 pools, if there is one.
+    fn kernel(self, d: usize, fp8: bool) -> Option<&'static str> {
+        let [bf16, e4m3] = match (d, self.warps) {
+            (64, 4) => ["flash_decode_bf16_d64_w4", "flash_decode_e4m3_d64_w4"],
+            (128, 4) => ["flash_decode_bf16_d128_w4", "flash_decode_e4m3_d128_w4"],
+            (64, 2) => ["flash_decode_bf16_d64_w2", "flash_decode_e4m3_d64_w2"],
+            (128, 2) => ["flash_decode_bf16_d128_w2", "flash_decode_e4m3_d128_w2"],
+            (256, 4) => ["flash_decode_bf16_d256_w4", "flash_decode_e4m3_d256_w4"],
+            (256, 2) => ["flash_decode_bf16_d256_w2", "flash_decode_e4m3_d256_w2"],
             _ => return None,
-        })
+        };
+        Some(if fp8 { e4m3 } else { bf16 })
     }
 }
 
@@ -496,8 +499,10 @@ pub(super) fn raise_shared_memory(
     // Head dim 256's kernels take up to 200 KiB: Hopper's 227 KiB hold them.
     let dims: &[usize] = if hopper { &[64, 128, 256] } else { &[64, 128] };
     for &d in dims {
-        let mut sized: Vec<(&str, u32)> =
-            FLASH_DECODE_SHAPES.iter().map(|f| (f.kernel(d).expect("a decode kernel"), f.shared_bytes(d))).collect();
+        let mut sized: Vec<(&str, u32)> = FLASH_DECODE_SHAPES
+            .iter()
+            .flat_map(|f| [false, true].map(|fp8| (f.kernel(d, fp8).expect("a decode kernel"), f.shared_bytes(d, fp8))))
+            .collect();
         for &family in &families {
             let tiled = prefill_kernel(d, family);
             sized.extend(tiled.map(|tiled| (tiled.kernel, tiled.shared)));

@@ -255,17 +255,17 @@ fn check_case(
     Ok(want)
 }
 
-/// An FP8 cache, where the backend has one: keys and values are stored divided by their
-/// layer's scales as e4m3 bytes and attended as their dequantized values (`e4m3(x / s) ·
-/// s`), through both ops, over prompts of many blocks and tiles, a chunk after a cached
-/// prefix and decode rows, at head dims 64, 128 (CUDA's e4m3 tiles and split-KV decode) and
-/// 256 (its e4m3 reference). An f32 backend attends exactly as over f32 pools holding those
-/// values (bit for bit); a bf16 one reads the bytes exactly and folds the scales into the
-/// scores and outputs, so it is held to its float dtype's tolerance against the f64
-/// reference over the dequantized values. Against the unquantized reference the error is
-/// e4m3's rounding: a value's alone can reach 2^-4 of the largest |v| (1 here), so the bound
-/// is 8e-2 (measured 3.0e-2 to 4.9e-2 on the CPU); a read that dropped a scale, or took the keys' for
-/// the values, is off by far more.
+/// An FP8 cache, where the backend has one: keys and values are stored divided by their layer's
+/// scales as e4m3 bytes and attended as their dequantized values (`e4m3(x / s) · s`), through
+/// both ops, over prompts of many blocks and tiles, a chunk after a cached prefix and decode
+/// rows, at head dims 64, 128 (CUDA's e4m3 tiles) and 256 (its e4m3 reference), and decode
+/// steps of 4 and 40 sequences (both shapes of its tensor-core decode). An f32 backend attends
+/// exactly as over f32 pools holding those values (bit for bit); a bf16 one reads the bytes
+/// exactly and folds the scales into the scores and outputs, so it is held to its float dtype's
+/// tolerance against the f64 reference over the dequantized values. Against the unquantized
+/// reference the error is e4m3's rounding: a value's alone can reach 2^-4 of the largest |v| (1
+/// here), so the bound is 8e-2 (measured 3.0e-2 to 6.0e-2 on the CPU); a read that dropped a
+/// scale, or took the keys' for the values, is off by far more.
 pub fn fp8_pools_attend_as_their_dequantized_values(b: &dyn GpuBackend) -> Result<()> {
     if !b.supports_kv_dtype(DType::F8E4M3) {
         eprintln!("note: {} has no fp8 KV cache", b.name());
@@ -278,8 +278,16 @@ pub fn fp8_pools_attend_as_their_dequantized_values(b: &dyn GpuBackend) -> Resul
         Seq { context: 33, q_len: 1 },
     ];
     let decode: Vec<Seq> = [1, 65, 300, 1_100].iter().map(|&context| Seq { context, q_len: 1 }).collect();
-    let shapes: [(usize, usize, usize, &[Seq]); 5] =
-        [(4, 2, 64, &seqs), (8, 2, 128, &seqs), (8, 2, 128, &decode), (16, 2, 256, &seqs), (16, 2, 256, &decode)];
+    // Past 32 sequences CUDA's tensor-core decode runs its two-warp shape.
+    let many: Vec<Seq> = (0..40).map(|i| Seq { context: [3, 200, 700, 2_100][i % 4] + i, q_len: 1 }).collect();
+    let shapes: [(usize, usize, usize, &[Seq]); 6] = [
+        (4, 2, 64, &seqs),
+        (8, 2, 128, &seqs),
+        (8, 2, 128, &decode),
+        (8, 2, 128, &many),
+        (16, 2, 256, &seqs),
+        (16, 2, 256, &decode),
+    ];
     for (seed, &(h, hkv, d, seqs)) in shapes.iter().enumerate() {
         let mut layout = Layout::new(h, hkv, d, 16);
         layout.params.kv_scales = KvScales { k: 0.01, v: 0.03 };
