@@ -4,7 +4,8 @@
 #    changed) and the fused prologue's;
 # 2. the Hugging Face fixtures with `--kv-cache-dtype fp8` against transformers with an e4m3
 #    cache (`gpu_hf_fixtures fp8_kv`);
-# 3. kernel bench: decode and prefill attention over e4m3 pools beside bf16 ones;
+# 3. kernel bench: decode and prefill attention over e4m3 pools beside bf16 ones (the
+#    tensor-core decode and the warpgroup prefill, each with its e4m3 form);
 # 4. Llama-3.1-8B shape, dummy weights: the KV blocks that fit with bf16 and fp8 pools (the
 #    startup line of phase 6), then 256 x (4,096 + 256) through `met bench
 #    throughput` with each, and batch-1 decode (4,096 + 256) with each.

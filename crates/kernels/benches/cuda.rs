@@ -14,8 +14,8 @@
 //!   each sequence's blocks interleaved with the others' in the pool; the `flash` op, and
 //!   the reference op beside the decode of 64; the prefill also on the `mma.sync` tiles
 //!   that GPUs before Hopper run (`flash_mma`).
-//! - `attention_fp8`: `attention`'s steps over e4m3 pools (`--kv-cache-dtype fp8`): the
-//!   split-KV decode's e4m3 form and the `mma.sync` tiles' (K/V bytes one a value).
+//! - `attention_fp8`: `attention`'s steps over e4m3 pools (`--kv-cache-dtype fp8`), through
+//!   the e4m3 forms of the same kernels (K/V bytes one a value).
 //! - `attention_d256`: head dim 256's prefill (Qwen3.5/3.6, Gemma), 16 query heads on 2: a
 //!   4,096-token causal prefill and 64 sequences of 32 queries over 16,384 cached keys.
 //! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
@@ -395,8 +395,8 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
-/// [`attention`]'s steps over e4m3 pools (`--kv-cache-dtype fp8`): the split-KV decode's
-/// e4m3 form (K/V bytes read per second, one a value) and the `mma.sync` tiles' (FLOP/s).
+/// [`attention`]'s steps over e4m3 pools (`--kv-cache-dtype fp8`): the decode kernels' e4m3
+/// forms (K/V bytes read per second, one a value) and the prefill tiles' (FLOP/s).
 /// Zero pools: the kernels' work does not depend on the values.
 fn attention_fp8(c: &mut Criterion) {
     let Some(b) = backend() else { return };

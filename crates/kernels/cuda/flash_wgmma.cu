@@ -20,6 +20,14 @@
 // right after this tile's P V, so the tensor cores run both back to back. (Strict turns
 // between the warpgroups, FlashAttention-3's ping-pong, measured 1.4 % slower here.)
 //
+// Over e4m3 pools (`Kv8`, attention.cu) the producer's cp.async copies bring the pools' bytes
+// into RAW staging buffers instead (cp.async cannot widen); each producer thread then widens
+// the chunks it copied itself (so no producer waits on another) into the stage's bf16 tiles
+// (exact: e4m3 is a subset of bf16), fences them for the async proxy and arrives, and
+// requests the bytes of the tile RAW ahead. The consumers are unchanged; the keys' scale is
+// in `a.scale`, the values' in `a.v_scale`. The stages and staging buffers per head dim are
+// `MET_FLASH_PREFILL_WG`'s, to fit 227 KiB.
+//
 // Shared tiles are laid out as wgmma's 128-byte swizzle reads them: a tile of R rows of D
 // bf16 is D / 64 column blocks, each R rows of 128 bytes, and in every 1024-byte group of 8
 // rows chunk c (16 bytes) of row r sits at c ^ (r & 7). Q and K are K-major operands; V,
@@ -167,16 +175,21 @@ __device__ __forceinline__ void wgmma_rs_n64(float* d, const u32* a, u64 b) {
 // and 1 KiB to align the tiles to the swizzle's 1024-byte pattern. D is 64 or 128 with tiles
 // of FW_BN keys in FW_STAGES stages, or 256 with tiles of 64 keys in 2 stages (a warpgroup's
 // 64 rows of O are then 128 registers a thread, and the ring is what 227 KiB hold).
-template <int D, int BN, int STAGES>
-__device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const u32* cu_q,
-                                 const u32* seq_lens, const u32* tables, const u32* tiles, const AttnArgs& a) {
+template <int D, int BN, int STAGES, typename KV, int RAW>
+__device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const typename KV::T* kc, const typename KV::T* vc,
+                                 const u32* cu_q, const u32* seq_lens, const u32* tables, const u32* tiles,
+                                 const AttnArgs& a) {
     extern __shared__ __align__(1024) unsigned char fw_smem[];
     constexpr u32 CH = D / 8;                // 16-byte chunks per row
     constexpr u32 TILE = BN * D * 2;      // bytes of a K or a V tile
+    constexpr u32 RAW_TILE = BN * D;      // bytes of an e4m3 K or V tile
     const u32 qs = (smem_addr(fw_smem) + 1023) & ~1023u;
     auto ks = [&](u32 st) { return qs + FW_BM * D * 2 + 2 * st * TILE; };
     auto vs = [&](u32 st) { return ks(st) + TILE; };
-    const u32 bars = qs + FW_BM * D * 2 + 2 * STAGES * TILE;
+    // e4m3 staging buffer b (K, then V), past the stages.
+    auto raw_k = [&](u32 b) { return qs + FW_BM * D * 2 + 2 * STAGES * TILE + 2 * b * RAW_TILE; };
+    auto raw_v = [&](u32 b) { return raw_k(b) + RAW_TILE; };
+    const u32 bars = qs + FW_BM * D * 2 + 2 * STAGES * TILE + 2 * RAW * RAW_TILE;
     auto full = [&](u32 st) { return bars + 8 * st; };
     auto empty = [&](u32 st) { return bars + 8 * (STAGES + st); };
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -207,8 +220,49 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
 
     if (warp >= 4 * FW_CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FW_PRODUCER_REGS));
+        const u32 tid = threadIdx.x & 127;
+        if constexpr (KV::FP8) {
+            // RCH threads copy a row's 16-byte chunks of bytes, 128 / RCH rows a pass.
+            constexpr u32 RCH = D / 16, PASS = 128 / RCH;
+            const u32 sub = tid / RCH, ch = tid % RCH;
+            auto copy = [&](u32 t) {
+                const u32 key0 = (kt_begin + t) * BN, b = t % RAW;
+                for (u32 r = sub; r < BN; r += PASS) {
+                    const u32 j = key0 + r;
+                    const bool valid = j <= pos_last;
+                    const u64 slot = kv_slot(table, valid ? j : pos_last, a.block_size);
+                    const u64 at = (slot * a.h_kv + kvh) * D + ch * 16;
+                    cp_async16(raw_k(b) + (r * RCH + ch) * 16, kc + at, valid);
+                    cp_async16(raw_v(b) + (r * RCH + ch) * 16, vc + at, valid);
+                }
+            };
+#pragma unroll
+            for (u32 t = 0; t < RAW; ++t) {
+                if (t < n_tiles) copy(t);
+                cp_async_commit();
+            }
+            for (u32 t = 0; t < n_tiles; ++t) {
+                const u32 st = t % STAGES, b = t % RAW;
+                cp_async_wait<RAW - 1>();  // this thread's bytes of tile t are in
+                if (t >= STAGES) mbar_wait(empty(st), (t / STAGES + 1) & 1);
+                for (u32 r = sub; r < BN; r += PASS) {
+                    const uint4 k8 = ld_shared16(raw_k(b) + (r * RCH + ch) * 16);
+                    st_shared16(ks(st) + fw_off<BN>(r, 2 * ch), e4m3x8_to_bf16(make_uint2(k8.x, k8.y)));
+                    st_shared16(ks(st) + fw_off<BN>(r, 2 * ch + 1), e4m3x8_to_bf16(make_uint2(k8.z, k8.w)));
+                    const uint4 v8 = ld_shared16(raw_v(b) + (r * RCH + ch) * 16);
+                    st_shared16(vs(st) + fw_off<BN>(r, 2 * ch), e4m3x8_to_bf16(make_uint2(v8.x, v8.y)));
+                    st_shared16(vs(st) + fw_off<BN>(r, 2 * ch + 1), e4m3x8_to_bf16(make_uint2(v8.z, v8.w)));
+                }
+                fence_proxy_async();  // the widened tiles, for the consumers' wgmma
+                mbar_arrive(full(st));
+                if (t + RAW < n_tiles) copy(t + RAW);  // into the buffer this thread just read
+                cp_async_commit();
+            }
+            cp_async_wait<0>();
+            return;
+        }
         // The producer: CH threads copy a row's chunks, 128 / CH rows an instruction.
-        const u32 tid = threadIdx.x & 127, sub = tid / CH, ch = tid % CH;
+        const u32 sub = tid / CH, ch = tid % CH;
         for (u32 t = 0; t < n_tiles; ++t) {
             const u32 st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty(st), (t / STAGES + 1) & 1);
@@ -412,27 +466,31 @@ __device__ void flash_prefill_wg(bf16_t* out, const bf16_t* q, const bf16_t* kc,
     for (int i = 0; i < 2; ++i) {
         const u32 r = warp * 16 + g + 8 * i;
         if (r >= rows) continue;
-        const float inv = 1.0f / l[i];
+        const float inv = a.v_scale / l[i];
         u32* dst = reinterpret_cast<u32*>(out + row_of(r) * D);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) dst[n * 4 + tq] = pack_bf16(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
     }
 }
 
-#define MET_FLASH_PREFILL_WG(D)                                                                                 \
+// NAME, head dim, keys a tile, stages, pool element, e4m3 staging buffers (0 for bf16):
+// bf16 tiles of 128 keys in 3 stages (64 keys in 2 at head dim 256); e4m3 pools give a
+// stage to their staging buffers where 227 KiB would not hold both.
+#define MET_FLASH_PREFILL_WG(NAME, D, BN, STAGES, KV, RAW)                                                     \
     extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)                                                 \
-        flash_prefill_wg_bf16_d##D(bf16_t* out, const bf16_t* q, const bf16_t* kc, const bf16_t* vc,           \
-                                   const u32* cu_q, const u32* seq_lens, const u32* tables, const u32* tiles, \
-                                   AttnArgs a) {                                                                \
+        NAME(bf16_t* out, const bf16_t* q, const KV::T* kc, const KV::T* vc, const u32* cu_q, const u32* seq_lens, \
+             const u32* tables, const u32* tiles, AttnArgs a) {                                                 \
         pdl_enter();                                                                                            \
-        FW_BODY((flash_prefill_wg<D, D == 256 ? 64 : FW_BN, D == 256 ? 2 : FW_STAGES>(out, q, kc, vc, cu_q,      \
-                                                                                  seq_lens, tables, tiles, a))); \
+        FW_BODY((flash_prefill_wg<D, BN, STAGES, KV, RAW>(out, q, kc, vc, cu_q, seq_lens, tables, tiles, a)));  \
     }
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define FW_BODY(call) call
 #else
 #define FW_BODY(call)
 #endif
-MET_FLASH_PREFILL_WG(64)
-MET_FLASH_PREFILL_WG(128)
-MET_FLASH_PREFILL_WG(256)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_bf16_d64, 64, FW_BN, FW_STAGES, Kv16, 0)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_bf16_d128, 128, FW_BN, FW_STAGES, Kv16, 0)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_bf16_d256, 256, 64, 2, Kv16, 0)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_e4m3_d64, 64, FW_BN, FW_STAGES, Kv8, 2)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_e4m3_d128, 128, FW_BN, 2, Kv8, 2)
+MET_FLASH_PREFILL_WG(flash_prefill_wg_e4m3_d256, 256, 64, 2, Kv8, 1)

@@ -155,6 +155,7 @@ mod cuda_mma {
         attention::paged_attention_smollm_shape,
         attention::paged_attention_long_contexts,
         attention::attention_tiled_prefill_shapes,
+        attention::fp8_pools_attend_as_their_dequantized_values,
         props::paged_attention_property,
     );
 }
@@ -197,6 +198,7 @@ mod cuda_invariant {
         attention::paged_attention_softcap,
         attention::paged_attention_long_contexts,
         attention::attention_tiled_prefill_shapes,
+        attention::fp8_pools_attend_as_their_dequantized_values,
         props::matmul_property,
         props::paged_attention_property,
         lora::lora_decode_batches_match_reference,

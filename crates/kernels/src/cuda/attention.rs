@@ -13,10 +13,8 @@
 //!   (`attention.cu`) for other head dims' decode steps, and the reference for the rest.
 //!
 //! Pools are bf16, or e4m3 on sm_90 (`--kv-cache-dtype fp8`): each element the value over
-//! its layer's scale. Every kernel but the warpgroup prefill has an e4m3 form that widens
-//! the bytes exactly and folds the scales into the score scale and the output
-//! (`AttnArgs::scale`, `v_scale`); for e4m3 pools steps other than decode steps take the
-//! `mma.sync` tiles (head dims 64 and 128) or the reference.
+//! its layer's scale. Every kernel has an e4m3 form that widens the bytes exactly to bf16
+//! and folds the scales into the score scale and the output (`AttnArgs::scale`, `v_scale`).
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -295,8 +293,7 @@ fn reference(
 
 /// The `flash` backend: for head dims 64, 128 and 256 the tensor-core kernels, split-KV decode
 /// for decode steps and tiles for any other batch; for other head dims the scalar split-KV
-/// kernel for decode steps and the reference for the rest. e4m3 pools: the same decode
-/// kernels, the `mma.sync` tiles (head dims 64, 128) or the reference for other steps.
+/// kernel for decode steps and the reference for the rest, over bf16 or e4m3 pools alike.
 pub(super) fn flash_attention(
     b: &CudaBackend,
     q: &Tensor,
@@ -311,9 +308,7 @@ pub(super) fn flash_attention(
         return Ok(call.out);
     }
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-    // The tiled family for this call's pools: e4m3 tiles are `mma.sync` ones.
-    let family = if call.fp8 { TiledPrefill::MmaSync } else { b.tiled_prefill };
-    let tiled = prefill_kernel(d, family).and_then(|t| if call.fp8 { t.e4m3() } else { Some(t) });
+    let tiled = prefill_kernel(d, b.tiled_prefill, call.fp8);
     if b.batch_invariant {
         // Decode rows through the prefill tiles too: a row reads its keys in the same tiles,
         // in the same order, whether it is a decode row, a prompt's or a recomputed one, and
@@ -382,43 +377,39 @@ impl TiledPrefill {
     }
 }
 
-/// The tiled kernel of `family` for head dim `d`, if there is one: the warpgroup kernel
-/// takes 128 rows a block with two consumer warpgroups and a producer (shared memory: the
-/// query tile, a ring of K/V tiles, 8-byte mbarriers, 1 KiB of alignment); the `mma.sync`
-/// kernel 64 rows with 4 warps (the query tile and two buffers of keys and values).
-fn prefill_kernel(d: usize, family: TiledPrefill) -> Option<Tiled> {
-    let (kernel, family) = match (d, family) {
-        (64, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d64", family),
-        (128, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d128", family),
-        (64, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d64", family),
-        (128, TiledPrefill::MmaSync) => ("flash_prefill_bf16_d128", family),
+/// The tiled kernel of `family` for head dim `d` over bf16 or (`fp8`) e4m3 pools, if there
+/// is one: the warpgroup kernel takes 128 rows a block with two consumer warpgroups and a
+/// producer (shared memory: the query tile, a ring of K/V tiles, for e4m3 pools the
+/// staging buffers of their bytes, 8-byte mbarriers, 1 KiB of alignment); the `mma.sync`
+/// kernel 64 rows with 4 warps (the query tile and two buffers of keys and values, which
+/// e4m3 pools fill through registers).
+fn prefill_kernel(d: usize, family: TiledPrefill, fp8: bool) -> Option<Tiled> {
+    let names = match (d, family) {
+        (64, TiledPrefill::Warpgroup) => ["flash_prefill_wg_bf16_d64", "flash_prefill_wg_e4m3_d64"],
+        (128, TiledPrefill::Warpgroup) => ["flash_prefill_wg_bf16_d128", "flash_prefill_wg_e4m3_d128"],
+        (64, TiledPrefill::MmaSync) => ["flash_prefill_bf16_d64", "flash_prefill_e4m3_d64"],
+        (128, TiledPrefill::MmaSync) => ["flash_prefill_bf16_d128", "flash_prefill_e4m3_d128"],
         // Head dim 256: the warpgroup kernel with tiles of 64 keys in two stages (2.6x the
         // `mma.sync` tiles it replaced, `bench/results/kernels-ab-2026-12-04`); other GPUs
         // have no tiled kernel for it.
-        (256, TiledPrefill::Warpgroup) => ("flash_prefill_wg_bf16_d256", family),
+        (256, TiledPrefill::Warpgroup) => ["flash_prefill_wg_bf16_d256", "flash_prefill_wg_e4m3_d256"],
         _ => return None,
     };
+    let kernel = names[usize::from(fp8)];
     Some(match family {
         TiledPrefill::Warpgroup => {
-            let (keys, stages) = if d == 256 { (FW_BN_D256, FW_STAGES_D256) } else { (FW_BN, FW_STAGES) };
-            let shared = (128 + 2 * stages * keys) * d * 2 + 2 * stages * 8 + 1024;
+            let (keys, stages, raw) = match (d, fp8) {
+                (256, false) => (FW_BN_D256, FW_STAGES_D256, 0),
+                (256, true) => (FW_BN_D256, FW_STAGES_D256, 1),
+                (_, false) => (FW_BN, FW_STAGES, 0),
+                (128, true) => (FW_BN, 2, 2),
+                (_, true) => (FW_BN, FW_STAGES, 2),
+            };
+            let shared = (128 + 2 * stages * keys) * d * 2 + raw * 2 * keys * d + 2 * stages * 8 + 1024;
             Tiled { kernel, rows: 128, threads: 384, shared: shared as u32 }
         }
         TiledPrefill::MmaSync => Tiled { kernel, rows: 64, threads: 128, shared: ((64 + 4 * FL_BN) * d * 2) as u32 },
     })
-}
-
-impl Tiled {
-    /// The same tiles over e4m3 pools (`mma.sync` ones only; their shared memory is the
-    /// same: the bytes are widened into bf16 tiles).
-    fn e4m3(self) -> Option<Self> {
-        let kernel = match self.kernel {
-            "flash_prefill_bf16_d64" => "flash_prefill_e4m3_d64",
-            "flash_prefill_bf16_d128" => "flash_prefill_e4m3_d128",
-            _ => return None,
-        };
-        Some(Self { kernel, ..self })
-    }
 }
 
 /// A shape of the tensor-core decode kernel (`flash_decode.cu`): warps per block, each
@@ -504,9 +495,9 @@ pub(super) fn raise_shared_memory(
             .flat_map(|f| [false, true].map(|fp8| (f.kernel(d, fp8).expect("a decode kernel"), f.shared_bytes(d, fp8))))
             .collect();
         for &family in &families {
-            let tiled = prefill_kernel(d, family);
-            sized.extend(tiled.map(|tiled| (tiled.kernel, tiled.shared)));
-            sized.extend(tiled.and_then(Tiled::e4m3).map(|tiled| (tiled.kernel, tiled.shared)));
+            for fp8 in [false, true] {
+                sized.extend(prefill_kernel(d, family, fp8).map(|tiled| (tiled.kernel, tiled.shared)));
+            }
         }
         for (name, bytes) in sized {
             let func = kernels.get(name).ok_or_else(|| Error::Device(format!("kernel `{name}` was not loaded")))?;
