@@ -673,3 +673,54 @@ fn decode(
     let (out_ptr, counters) = (ptr(op, out)?, b.decode_counters.ptr());
     launch!(b, launch.kernel, cfg, [acc, ml, ptrs.0, ptrs.1, ptrs.2, lens, tables, args, out_ptr, counters])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hopper's dynamic shared memory a block (227 KiB).
+    const HOPPER_SHARED: u32 = 227 << 10;
+
+    #[test]
+    fn every_attention_kernel_fits_hoppers_shared_memory() {
+        for fp8 in [false, true] {
+            for d in [64, 128, 256] {
+                for family in [TiledPrefill::Warpgroup, TiledPrefill::MmaSync] {
+                    if let Some(t) = prefill_kernel(d, family, fp8) {
+                        assert!(t.shared <= HOPPER_SHARED, "{}: {} bytes", t.kernel, t.shared);
+                        assert_eq!(t.kernel.contains("e4m3"), fp8, "{}", t.kernel);
+                    }
+                }
+                for shape in FLASH_DECODE_SHAPES {
+                    let kernel = shape.kernel(d, fp8).expect("a decode kernel");
+                    assert!(shape.shared_bytes(d, fp8) <= HOPPER_SHARED, "{kernel}");
+                    assert_eq!(kernel.contains("e4m3"), fp8, "{kernel}");
+                }
+            }
+        }
+        // e4m3 pools hold half the bytes, so their rings are no larger than bf16's.
+        for shape in FLASH_DECODE_SHAPES {
+            assert!(shape.shared_bytes(128, true) < shape.shared_bytes(128, false));
+        }
+    }
+
+    #[test]
+    fn every_named_attention_kernel_is_loaded() {
+        let loaded: std::collections::HashSet<&str> = launch::KERNELS.iter().copied().collect();
+        let mut names = Vec::new();
+        for fp8 in [false, true] {
+            for d in [64, 128, 256] {
+                for family in [TiledPrefill::Warpgroup, TiledPrefill::MmaSync] {
+                    names.extend(prefill_kernel(d, family, fp8).map(|t| t.kernel));
+                }
+                names.extend(FLASH_DECODE_SHAPES.iter().filter_map(|s| s.kernel(d, fp8)));
+            }
+            for bucket in [1, 2, 4, 8] {
+                names.extend([1, 40].map(|seqs| decode_kernel(bucket, seqs, fp8)));
+            }
+        }
+        for name in names {
+            assert!(loaded.contains(name), "{name} is not in the kernels loaded at startup");
+        }
+    }
+}
