@@ -4,7 +4,7 @@
 # 4 of 512 and 2,048, one of 2,048 and 8,192), to place the default crossover
 # (`CHUNKED_FROM`, 32 rows since before the fused kernel got 3x faster), then the 16k shared
 # prefix + 64 questions burst (`bench/results/kernels-ab-2026-12-04/`'s TTFT probe) as it
-# stands. Run from the repository root with the bundle carried; results in $OUT/d.
+# stands, after a 256-row decode's phases. Run from the repository root with the bundle carried; results in $OUT/d.
 set -u
 B=gpu-bundle; O=${OUT:-/tmp/out}/d; mkdir -p $O
 bash $B/unpack.sh >/dev/null
@@ -12,6 +12,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} MET_HOME=/tmp/
 mkdir -p $MET_HOME
 timeout 300 $B/tests/kernels-bench --bench 'cuda_delta_rule_forms' > $O/kbench.log 2>&1
 echo "kbench rc=$?"; awk '/^cuda_/{name=$1} /time:/{print name, $4, $5}' $O/kbench.log
+# Where a 256-row decode step of Qwen3.6-35B-A3B goes (graphed; the engine thread's phases,
+# as `met bench latency` prints them): the step measured ~39 ms against ~21 ms of kernels.
+timeout 200 $B/met bench latency --model $B/configs/Qwen3.6-35B-A3B --load-format dummy --batch-size 256 \
+  --input-len 128 --output-len 64 --num-iters 2 --output $O/lat-q36-b256.json > $O/lat-q36-b256.log 2>&1
+echo "latency q36 b256 rc=$?"; grep -E "^latency|decode step phases" $O/lat-q36-b256.log | head -4
 python3 scripts/dummy_tokenizer.py configs/Qwen3.6-35B-A3B /tmp/q36 > /dev/null
 c="--prefix-len 16384 --input-len 32 --output-len 16 --num-warmup 0 --seed 7"
 MET_LOG=warn,met=info,met_server=info,met_scheduler=debug \
