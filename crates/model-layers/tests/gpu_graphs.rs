@@ -11,7 +11,8 @@
 //! (4 rows, and 8 rows, which cuBLAS computes) and padded ones (3 rows in the 4-row graph,
 //! 1 in the 2-row one), contexts crossing many KV blocks (blocks of 4 tokens, prompts up to
 //! 90 tokens), contexts past the graphs' block tables, which must fall back to eager
-//! steps mid-generation, and hybrid models, whose state pools must end equal as well.
+//! steps mid-generation, hybrid models, whose state pools must end equal as well, and an
+//! fp8 KV cache.
 
 #![cfg(feature = "cuda")]
 
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use met_cache::{KvCache, PagedKvCache, StateSizing};
-use met_config::ModelConfig;
+use met_config::{KvCacheDtype, ModelConfig};
 use met_kernels::{CudaBackend, GpuBackend};
 use met_model_layers::runner::{GreedyOptions, generate_greedy};
 use met_model_layers::{GraphCapture, GraphSettings, LoadOptions, Model, load_model};
@@ -35,11 +36,11 @@ fn fixtures_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf"))
 }
 
-fn load(name: &str, backend: &Arc<dyn GpuBackend>) -> (Box<dyn Model>, ModelConfig) {
+fn load(name: &str, backend: &Arc<dyn GpuBackend>, options: &LoadOptions) -> (Box<dyn Model>, ModelConfig) {
     let dir = fixtures_dir().join(name);
     let cfg = met_model_layers::models::read_config(&dir.join("config.json")).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
-    (load_model(&cfg, &store, Arc::clone(backend), &LoadOptions::default()).unwrap(), cfg)
+    (load_model(&cfg, &store, Arc::clone(backend), options).unwrap(), cfg)
 }
 
 /// Prompts of the given lengths, token ids spread over the vocabulary.
@@ -66,9 +67,14 @@ fn states(kv: &PagedKvCache, backend: &dyn GpuBackend) -> Vec<Vec<f32>> {
 
 /// Greedy continuations of `lengths`-token prompts, eager and graphed, must be identical.
 fn check(name: &str, lengths: &[usize], sizes: &[usize], max_context: usize) -> u64 {
+    check_with(name, lengths, sizes, max_context, &LoadOptions::default())
+}
+
+/// [`check`] with the model loaded under `options`.
+fn check_with(name: &str, lengths: &[usize], sizes: &[usize], max_context: usize, options: &LoadOptions) -> u64 {
     let backend: Arc<dyn GpuBackend> = Arc::new(CudaBackend::new().expect("these tests need a CUDA GPU"));
-    let (eager, cfg) = load(name, &backend);
-    let (graphed, _) = load(name, &backend);
+    let (eager, cfg) = load(name, &backend, options);
+    let (graphed, _) = load(name, &backend, options);
     let mut eager_kv = cache(&*eager, &*backend);
     let mut graphed_kv = cache(&*graphed, &*backend);
     let settings = GraphSettings { batch_sizes: sizes.to_vec(), max_context };
@@ -137,4 +143,13 @@ fn hybrid_graphs_equal_eager() {
     assert!(check("qwen3_next", &[12, 61, 3], &[1, 2, 4, 8], 4096) >= NEW_TOKENS as u64 - 3);
     assert!(check("qwen3_5", &[30, 7, 90, 45], &[1, 2, 4, 8], 4096) >= NEW_TOKENS as u64 - 3);
     assert!(check("qwen3_5_moe", &[14, 50, 3], &[2, 4], 4096) >= NEW_TOKENS as u64 - 3);
+}
+
+/// An fp8 KV cache replays too: its graphs hold the e4m3 forms of the KV write and the
+/// decode attention.
+#[test]
+fn fp8_kv_graphs_equal_eager() {
+    let fp8 = LoadOptions { kv_cache_dtype: KvCacheDtype::Fp8, ..LoadOptions::default() };
+    assert_eq!(check_with("llama", &[10, 37, 90, 5], &[1, 2, 4, 8], 4096, &fp8), NEW_TOKENS as u64 - 1);
+    assert!(check_with("qwen3_next", &[12, 61, 3], &[1, 2, 4, 8], 4096, &fp8) >= NEW_TOKENS as u64 - 3);
 }
