@@ -203,6 +203,66 @@ extern "C" __global__ void moe_align(const u32* experts, u32* offsets, u32* tile
     }
 }
 
+// --- adapters on the experts (eager steps) -----------------------------------------------
+//
+// One entry per adapter slot of one expert stack, written by the host for the step
+// (`MoeLoraTable` of `src/cuda/moe.rs`): the slot's `a [e, rank, k]` and `b [e, n, rank]`
+// (bf16, 0 where the slot adapts nothing here), its rank and its scale.
+struct MoeLoraEntry {
+    u32 a_lo, a_hi, b_lo, b_hi, rank, scale;
+};
+
+#define MOE_LORA_THREADS 128
+
+// One grouped (token, choice) row per block: `out[r] += scale · b[x] · (a[x] · in)`, with
+// `x` the row's expert (read from `offsets`), its token's adapter slot from `token_slot`,
+// and `in` row `in_row[r]` of `in` (the token's row of x for gate/up) or row `r` itself
+// (`in_row` null: the activated row for down). The shrink keeps its `rank` sums in f32 in
+// shared memory; the expansion adds `delta · scale` to the bf16 base value and rounds once
+// (PEFT's order). Rows of the base model, or of a slot with nothing here, are not written.
+// Each row's sums run in an order fixed by the shapes: a row's result is its own.
+extern "C" __global__ void moe_lora_delta(bf16_t* out, const bf16_t* in, const u32* in_row, const u32* token_of_row,
+                                          const u32* offsets, const u32* token_slot, const MoeLoraEntry* table,
+                                          u32 slots, u32 rows, u32 e, u32 k, u32 n) {
+    pdl_enter();
+    extern __shared__ float moe_lora_shrunk[];
+    const u32 r = blockIdx.x;
+    if (r >= rows) return;
+    const u32 slot = token_slot[token_of_row[r]];
+    if (slot >= slots) return;
+    const MoeLoraEntry ent = table[slot];
+    const u64 a_ptr = (u64)ent.a_lo | ((u64)ent.a_hi << 32), b_ptr = (u64)ent.b_lo | ((u64)ent.b_hi << 32);
+    const u32 rank = ent.rank;
+    if (a_ptr == 0 || rank == 0) return;
+    // The expert whose rows hold r: the last x with offsets[x] <= r (empty experts share
+    // their offset with the next one, so the last is the one with rows).
+    u32 lo = 0, hi = e;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) >> 1;
+        if (offsets[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    const bf16_t* src = in + (size_t)(in_row ? in_row[r] : r) * k;
+    const bf16_t* a = (const bf16_t*)a_ptr + (size_t)lo * rank * k;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (u32 j = warp; j < rank; j += warps) {
+        float acc = 0.0f;
+        for (u32 c = lane; c < k; c += 32) acc += bf2f(src[c]) * bf2f(a[(size_t)j * k + c]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) moe_lora_shrunk[j] = acc;
+    }
+    __syncthreads();
+    const bf16_t* b = (const bf16_t*)b_ptr + (size_t)lo * n * rank;
+    const float scale = __uint_as_float(ent.scale);
+    for (u32 o = threadIdx.x; o < n; o += blockDim.x) {
+        float acc = 0.0f;
+        for (u32 j = 0; j < rank; ++j) acc += moe_lora_shrunk[j] * bf2f(b[(size_t)o * rank + j]);
+        bf16_t* dst = out + (size_t)r * n + o;
+        *dst = f2bf(bf2f(*dst) + acc * scale);
+    }
+}
+
 #define MOE_BN 64
 #define MOE_BK 64
 #define MOE_THREADS 128

@@ -89,6 +89,7 @@ pub(super) const KERNELS: &[&str] = &[
     "moe_combine_f32",
     "moe_combine_bf16",
     "moe_align",
+    "moe_lora_delta",
     "moe_gemm_bf16_m16",
     "moe_gemm_bf16_m16_deep",
     "moe_gemm_bf16_m32",

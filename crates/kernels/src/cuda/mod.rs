@@ -506,7 +506,22 @@ impl GpuBackend for CudaBackend {
     }
 
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
-        moe::moe_experts(self, x, routing, gate_up, down)
+        moe::moe_experts(self, x, routing, gate_up, down, None)
+    }
+
+    fn supports_expert_lora(&self) -> bool {
+        true
+    }
+
+    fn moe_experts_lora(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        gate_up: &Tensor,
+        down: &Tensor,
+        lora: &crate::MoeLora<'_>,
+    ) -> Result<Tensor> {
+        moe::moe_experts(self, x, routing, gate_up, down, Some(lora))
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

@@ -6,11 +6,15 @@
 //! every expert's rows (reading each row's token of `x` in place), SiLU·mul follows, a
 //! second grouped GEMM the down projection, and a combine kernel sums each token's k
 //! outputs weighted by the router. Launch shapes depend only on `t`, `k` and the weight
-//! shapes, so a CUDA graph can hold MoE layers.
+//! shapes, so a CUDA graph can hold MoE layers. Adapters on the experts add their deltas
+//! to the two products' grouped rows (`moe_lora_delta`), from a table of the slots' weights
+//! written for the step: eager steps only.
 
 use super::{CudaBackend, expect_dtype, launch, ptr};
-use crate::backend::{GpuBackend, Routing};
+use crate::backend::lora::check_moe_lora;
+use crate::backend::{ExpertAdapter, ExpertDelta, GpuBackend, MoeLora, Routing};
 use crate::error::{Error, Result, ensure};
+use crate::host::HostTensor;
 use crate::{DType, Tensor};
 
 pub(super) fn topk_routing(b: &CudaBackend, logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
@@ -42,9 +46,13 @@ pub(super) fn moe_experts(
     routing: &Routing,
     gate_up: &Tensor,
     down: &Tensor,
+    lora: Option<&MoeLora<'_>>,
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     expect_dtype("moe_experts", x, &[DType::BF16])?;
+    if let Some(lora) = lora {
+        check_moe_lora("moe_experts_lora", lora, (t, e, h, i), DType::BF16)?;
+    }
     // A stack kept in GGUF blocks (experts joined from matrices of one format) is widened
     // for the call: the grouped GEMM reads bf16 or e4m3.
     let widened = |w: &Tensor| -> Result<Option<Tensor>> {
@@ -54,7 +62,7 @@ pub(super) fn moe_experts(
     let (g, d) = (widened(gate_up)?, widened(down)?);
     if g.is_some() || d.is_some() {
         let (g, d) = (g.unwrap_or_else(|| gate_up.clone()), d.unwrap_or_else(|| down.clone()));
-        return moe_experts(b, x, routing, &g, &d);
+        return moe_experts(b, x, routing, &g, &d, lora);
     }
     for w in [gate_up, down] {
         expect_dtype("moe_experts", w, &[DType::BF16, super::fp8::FP8])?;
@@ -115,9 +123,15 @@ pub(super) fn moe_experts(
     // [t·k, 2i]: gate and up of every grouped row, its token's row of x read in place.
     let hidden = b.alloc(&[tk, 2 * i], DType::BF16)?;
     grouping.gemm(b, x, Some(&grouping.token_of_row), gate_up, &hidden, 2 * i, h)?;
+    if let Some(lora) = lora {
+        grouping.lora_delta(b, lora, |a| a.gate_up, (&hidden, x, Some(&grouping.token_of_row)), (h, 2 * i))?;
+    }
     let act = super::ops::silu_mul(b, &hidden)?;
     let y = b.alloc(&[tk, h], DType::BF16)?;
     grouping.gemm(b, &act, None, down, &y, h, i)?;
+    if let Some(lora) = lora {
+        grouping.lora_delta(b, lora, |a| a.down, (&y, &act, None), (i, h))?;
+    }
 
     let out = b.alloc(&[t, h], DType::BF16)?;
     let cfg = cudarc::driver::LaunchConfig {
@@ -133,6 +147,9 @@ pub(super) fn moe_experts(
     }
     Ok(out)
 }
+
+/// `MOE_LORA_THREADS` of `moe.cu`: threads of a `moe_lora_delta` block.
+const MOE_LORA_THREADS: u32 = 128;
 
 /// The most shared memory `moe_align` may take (two `u32` per expert).
 const MAX_ALIGN_SHARED: usize = 48 << 10;
@@ -273,6 +290,67 @@ struct Grouping {
 }
 
 impl Grouping {
+    /// Adds to `out [rows, n]` (grouped rows) the delta `which` picks of each row's
+    /// adapter, from inputs `input` (`[.., k]`, row `in_row[r]`, or row `r` without
+    /// `in_row`): a table of the slots' weights uploaded, then one block per row.
+    fn lora_delta<'l>(
+        &self,
+        b: &CudaBackend,
+        lora: &MoeLora<'l>,
+        which: impl Fn(&ExpertAdapter<'l>) -> Option<ExpertDelta<'l>>,
+        (out, input, in_row): (&Tensor, &Tensor, Option<&Tensor>),
+        (k, n): (usize, usize),
+    ) -> Result<()> {
+        const OP: &str = "moe_experts_lora";
+        let mut table = vec![0u32; 6 * lora.slots.len()];
+        let mut max_rank = 0;
+        for (entry, adapter) in table.chunks_exact_mut(6).zip(lora.slots) {
+            let Some(d) = adapter.as_ref().and_then(&which) else { continue };
+            let (a, bp, rank) = (ptr(OP, d.a)?, ptr(OP, d.b)?, d.a.dims()[1]);
+            entry.copy_from_slice(&[
+                a as u32,
+                (a >> 32) as u32,
+                bp as u32,
+                (bp >> 32) as u32,
+                rank as u32,
+                d.scale.to_bits(),
+            ]);
+            max_rank = max_rank.max(rank);
+        }
+        if max_rank == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let table = b.upload(&HostTensor::from_u32(&table, &[table.len()]), DType::U32)?;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (self.rows as u32, 1, 1),
+            block_dim: (MOE_LORA_THREADS, 1, 1),
+            shared_mem_bytes: (max_rank * 4) as u32,
+        };
+        let in_row = match in_row {
+            Some(t) => ptr(OP, t)?,
+            None => 0,
+        };
+        launch!(
+            b,
+            "moe_lora_delta",
+            cfg,
+            [
+                ptr(OP, out)?,
+                ptr(OP, input)?,
+                in_row,
+                ptr(OP, &self.token_of_row)?,
+                ptr(OP, &self.offsets)?,
+                ptr(OP, lora.rows)?,
+                ptr(OP, &table)?,
+                lora.slots.len() as u32,
+                self.rows as u32,
+                self.e as u32,
+                k as u32,
+                n as u32
+            ]
+        )
+    }
+
     /// `out [rows, n] = a[a_rows[r] or r] · w[expert]ᵀ` for every grouped row, for expert
     /// weights `w [e, n, kd]`, in one launch.
     #[allow(clippy::too_many_arguments)]
