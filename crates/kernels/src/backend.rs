@@ -12,7 +12,8 @@ mod recurrent;
 use std::fmt::Debug;
 
 pub use self::lora::{
-    ExpertAdapter, ExpertDelta, LORA_MAX_PARTS, LoraSlots, LoraStack, MoeLora, NO_LORA_SLOT, lora_row_groups,
+    ExpertAdapter, ExpertDelta, ExpertTables, LORA_MAX_PARTS, LoraSlots, LoraStack, MoeLora, NO_LORA_SLOT,
+    lora_row_groups,
 };
 pub use self::operands::{
     AttentionMeta, AttentionParams, DraftToken, KvScales, LaterSample, MemoryInfo, QkvPrologue, Routing, SampleRow,
@@ -668,6 +669,26 @@ pub trait GpuBackend: Send + Sync + Debug {
     ) -> Result<Tensor> {
         let _ = (x, routing, gate_up, down, lora);
         Err(crate::Error::InvalidArgument(format!("the {} backend applies no adapters to experts yet", self.name())))
+    }
+
+    /// A device table of `slots` adapters' deltas on one expert stack, all empty, for
+    /// [`MoeLora::tables`]; `None` on a backend that reads [`MoeLora::slots`] alone.
+    ///
+    /// # Errors
+    /// On device failure.
+    fn expert_lora_table(&self, slots: usize) -> Result<Option<Tensor>> {
+        let _ = slots;
+        Ok(None)
+    }
+
+    /// Writes slot `slot` of a table [`Self::expert_lora_table`] made: `delta`, or empty.
+    /// Queued behind every step already issued, as slot writes are.
+    ///
+    /// # Errors
+    /// A slot past the table; device failures.
+    fn write_expert_lora_table(&self, table: &Tensor, slot: usize, delta: Option<&ExpertDelta<'_>>) -> Result<()> {
+        let _ = (table, slot, delta);
+        Err(crate::Error::InvalidArgument(format!("the {} backend keeps no expert tables", self.name())))
     }
 
     /// The error of a LoRA op on a backend without them.

@@ -37,9 +37,9 @@ mod tensor;
 use std::sync::Arc;
 
 pub use backend::{
-    AttentionMeta, AttentionParams, DeltaRule, DraftToken, ExpertAdapter, ExpertDelta, GpuBackend, Graph, KvScales,
-    LORA_MAX_PARTS, LaterSample, LoraSlots, LoraStack, MemoryInfo, MoeLora, NO_LORA_SLOT, NO_STATE_SLOT, QkvPrologue,
-    RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun, lora_row_groups,
+    AttentionMeta, AttentionParams, DeltaRule, DraftToken, ExpertAdapter, ExpertDelta, ExpertTables, GpuBackend, Graph,
+    KvScales, LORA_MAX_PARTS, LaterSample, LoraSlots, LoraStack, MemoryInfo, MoeLora, NO_LORA_SLOT, NO_STATE_SLOT,
+    QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun, lora_row_groups,
 };
 pub use collective::{Collective, Devices, LocalCollective};
 pub use cpu::{CpuBackend, CpuDots};

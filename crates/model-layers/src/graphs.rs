@@ -181,9 +181,14 @@ impl DecodeGraphs {
             && batch.logit_rows.len() == n
             && batch.logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
         let fits = batch.sequences.iter().all(|s| s.blocks.len() <= self.max_blocks);
-        // A graph's adapters are its slots' stacks; deltas on experts are not among them.
+        // A graph's adapters are its slots' stacks, and deltas on experts where the pool
+        // keeps device tables of them.
         let adapters_fit = batch.adapter_runs.is_empty()
-            || (g.step.lora.is_some() && batch.adapter_runs.iter().all(|r| !r.adapter.adapts_experts()));
+            || (g.step.lora.is_some()
+                && batch
+                    .adapter_runs
+                    .iter()
+                    .all(|r| !r.adapter.adapts_experts() || r.adapter.pool().graphs_follow_experts()));
         if !decode_only || !fits || !adapters_fit || !kv.layer(0).0.same_storage(&self.pool) {
             return Ok(None);
         }

@@ -4,8 +4,9 @@
 //! Compiled with the `cuda` feature and run on the GPU machine. The llama fixture is
 //! loaded twice on the GPU, each copy with its own adapter slots and the fixture's two
 //! PEFT adapters (`tests/fixtures/lora`: rank 8, and rank 16 rank-stabilised), and so are
-//! the Qwen3.5 and Qwen3.5-MoE hybrids with theirs (gated attention's split `q_proj`, the
-//! dense MLP or shared expert; their state pools end equal too); graphs are
+//! the hybrids with theirs (gated attention's split `q_proj`, the Gated DeltaNet
+//! projections, the dense MLP or shared expert, Qwen3-Next's routed experts; their state
+//! pools end equal too) and qwen3_moe with its adapters on routed experts; graphs are
 //! captured on one copy only, after its slots are attached. Both run the same greedy steps,
 //! in which every sequence moves to another adapter (or the base model) at every step, and
 //! halfway one adapter is unloaded and another loaded into the slot it freed, so replays
@@ -171,11 +172,21 @@ fn lora_decode_graphs_equal_eager_as_adapters_change() {
     assert_eq!(check(LLAMA, &[12, 61, 3]), STEPS as u64 - 1);
 }
 
-/// The hybrids' adapters (no routed experts among them) replay too.
+/// The hybrids' adapters replay too, Qwen3-Next's on its routed experts included (their
+/// deltas read from the pool's device tables).
 #[test]
 fn hybrid_lora_decode_graphs_equal_eager_as_adapters_change() {
-    for (base, lora) in [("qwen3_5", "lora_qwen3_5"), ("qwen3_5_moe", "lora_qwen3_5_moe")] {
+    for (base, lora) in
+        [("qwen3_5", "lora_qwen3_5"), ("qwen3_5_moe", "lora_qwen3_5_moe"), ("qwen3_next", "lora_qwen3_next")]
+    {
         let fixture = Fixture { base, lora, adapters: ["all", "linear"] };
         assert_eq!(check(fixture, &[12, 61, 3]), STEPS as u64 - 1);
     }
+}
+
+/// Adapters on routed experts, in both of PEFT's layouts, replay as the slots change.
+#[test]
+fn expert_lora_decode_graphs_equal_eager_as_adapters_change() {
+    let fixture = Fixture { base: "qwen3_moe", lora: "lora_moe", adapters: ["params", "modules"] };
+    assert_eq!(check(fixture, &[10, 37, 90, 5]), STEPS as u64 - 1);
 }

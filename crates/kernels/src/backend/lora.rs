@@ -104,6 +104,21 @@ pub struct ExpertAdapter<'a> {
     pub down: Option<ExpertDelta<'a>>,
 }
 
+/// A layer's device tables of the slots' expert deltas ([`GpuBackend::expert_lora_table`]),
+/// which a backend reads in place of [`MoeLora::slots`] so that a recorded step follows the
+/// adapters the slots hold when it replays.
+///
+/// [`GpuBackend::expert_lora_table`]: crate::GpuBackend::expert_lora_table
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertTables<'a> {
+    /// The table of the deltas on the gate/up stack.
+    pub gate_up: &'a Tensor,
+    /// The table of the deltas on the down stack.
+    pub down: &'a Tensor,
+    /// The highest rank each table's deltas may have.
+    pub max_ranks: (usize, usize),
+}
+
 /// The adapters of one mixture-of-experts layer over one step
 /// ([`GpuBackend::moe_experts_lora`]): each token's slot, and by slot what its adapter
 /// does to these experts. A (token, choice) row runs its expert's delta of its token's
@@ -117,6 +132,8 @@ pub struct MoeLora<'a> {
     pub rows: &'a Tensor,
     /// By slot: its adapter's deltas on this layer, `None` where it has none.
     pub slots: &'a [Option<ExpertAdapter<'a>>],
+    /// The same as device tables, where the backend keeps them (and then reads them).
+    pub tables: Option<ExpertTables<'a>>,
 }
 
 /// Checks `lora` against a mixture of `e` experts of hidden size `h` and intermediate

@@ -221,8 +221,8 @@ fn parts(op: &'static str, lora: &LoraSlots<'_>) -> Result<LoraParts> {
 pub(super) fn lora_write_slot(b: &CudaBackend, stack: &Tensor, slot: usize, src: &Tensor) -> Result<()> {
     const OP: &str = "lora_write_slot";
     let per_slot = operands::check_slot_write(OP, stack, slot, src)?;
-    expect_dtype(OP, stack, &[DType::BF16, DType::F32])?;
-    // The copy kernel moves 16-bit words: a bf16 element is one, an f32 two.
+    expect_dtype(OP, stack, &[DType::BF16, DType::F32, DType::U32])?;
+    // The copy kernel moves 16-bit words: a bf16 element is one, an f32 or u32 two.
     let words = per_slot * stack.dtype().size_in_bytes() / 2;
     if words == 0 {
         return Ok(());

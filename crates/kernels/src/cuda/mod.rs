@@ -513,6 +513,21 @@ impl GpuBackend for CudaBackend {
         true
     }
 
+    fn expert_lora_table(&self, slots: usize) -> Result<Option<Tensor>> {
+        Ok(Some(self.zeros(&[slots, moe::TABLE_WORDS], DType::U32)?))
+    }
+
+    fn write_expert_lora_table(
+        &self,
+        table: &Tensor,
+        slot: usize,
+        delta: Option<&crate::ExpertDelta<'_>>,
+    ) -> Result<()> {
+        let entry = moe::table_entry(delta)?;
+        let src = self.upload(&HostTensor::from_u32(&entry, &[moe::TABLE_WORDS]), DType::U32)?;
+        lora::lora_write_slot(self, table, slot, &src)
+    }
+
     fn moe_experts_lora(
         &self,
         x: &Tensor,

@@ -124,13 +124,15 @@ pub(super) fn moe_experts(
     let hidden = b.alloc(&[tk, 2 * i], DType::BF16)?;
     grouping.gemm(b, x, Some(&grouping.token_of_row), gate_up, &hidden, 2 * i, h)?;
     if let Some(lora) = lora {
-        grouping.lora_delta(b, lora, |a| a.gate_up, (&hidden, x, Some(&grouping.token_of_row)), (h, 2 * i))?;
+        let table = lora.tables.map(|t| (t.gate_up, t.max_ranks.0));
+        grouping.lora_delta(b, lora, (|a| a.gate_up, table), (&hidden, x, Some(&grouping.token_of_row)), (h, 2 * i))?;
     }
     let act = super::ops::silu_mul(b, &hidden)?;
     let y = b.alloc(&[tk, h], DType::BF16)?;
     grouping.gemm(b, &act, None, down, &y, h, i)?;
     if let Some(lora) = lora {
-        grouping.lora_delta(b, lora, |a| a.down, (&y, &act, None), (i, h))?;
+        let table = lora.tables.map(|t| (t.down, t.max_ranks.1));
+        grouping.lora_delta(b, lora, (|a| a.down, table), (&y, &act, None), (i, h))?;
     }
 
     let out = b.alloc(&[t, h], DType::BF16)?;
@@ -150,6 +152,18 @@ pub(super) fn moe_experts(
 
 /// `MOE_LORA_THREADS` of `moe.cu`: threads of a `moe_lora_delta` block.
 const MOE_LORA_THREADS: u32 = 128;
+
+/// `u32` words of one slot's entry of an expert table (`MoeLoraEntry` of `moe.cu`).
+pub(super) const TABLE_WORDS: usize = 6;
+
+/// A table entry: the delta's `a` and `b` addresses, its rank and its scale's bits; all
+/// zero for no delta.
+pub(super) fn table_entry(delta: Option<&ExpertDelta<'_>>) -> Result<[u32; TABLE_WORDS]> {
+    const OP: &str = "moe_experts_lora";
+    let Some(d) = delta else { return Ok([0; TABLE_WORDS]) };
+    let (a, b, rank) = (ptr(OP, d.a)?, ptr(OP, d.b)?, d.a.dims()[1]);
+    Ok([a as u32, (a >> 32) as u32, b as u32, (b >> 32) as u32, rank as u32, d.scale.to_bits()])
+}
 
 /// The most shared memory `moe_align` may take (two `u32` per expert).
 const MAX_ALIGN_SHARED: usize = 48 << 10;
@@ -292,35 +306,39 @@ struct Grouping {
 impl Grouping {
     /// Adds to `out [rows, n]` (grouped rows) the delta `which` picks of each row's
     /// adapter, from inputs `input` (`[.., k]`, row `in_row[r]`, or row `r` without
-    /// `in_row`): a table of the slots' weights uploaded, then one block per row.
+    /// `in_row`), one block per row: from `table` (`which`'s device table, of deltas up to
+    /// `max_rank`) when the step carries tables, a launch that a recording holds whatever
+    /// the slots hold; else from a table of the slots' weights uploaded for the step.
     fn lora_delta<'l>(
         &self,
         b: &CudaBackend,
         lora: &MoeLora<'l>,
-        which: impl Fn(&ExpertAdapter<'l>) -> Option<ExpertDelta<'l>>,
+        (which, table): (impl Fn(&ExpertAdapter<'l>) -> Option<ExpertDelta<'l>>, Option<(&Tensor, usize)>),
         (out, input, in_row): (&Tensor, &Tensor, Option<&Tensor>),
         (k, n): (usize, usize),
     ) -> Result<()> {
         const OP: &str = "moe_experts_lora";
-        let mut table = vec![0u32; 6 * lora.slots.len()];
-        let mut max_rank = 0;
-        for (entry, adapter) in table.chunks_exact_mut(6).zip(lora.slots) {
-            let Some(d) = adapter.as_ref().and_then(&which) else { continue };
-            let (a, bp, rank) = (ptr(OP, d.a)?, ptr(OP, d.b)?, d.a.dims()[1]);
-            entry.copy_from_slice(&[
-                a as u32,
-                (a >> 32) as u32,
-                bp as u32,
-                (bp >> 32) as u32,
-                rank as u32,
-                d.scale.to_bits(),
-            ]);
-            max_rank = max_rank.max(rank);
-        }
-        if max_rank == 0 || self.rows == 0 {
+        let uploaded;
+        let (table, max_rank) = match table {
+            Some(kept) => kept,
+            None => {
+                let mut words = vec![0u32; TABLE_WORDS * lora.slots.len()];
+                let mut max_rank = 0;
+                for (entry, adapter) in words.chunks_exact_mut(TABLE_WORDS).zip(lora.slots) {
+                    let Some(d) = adapter.as_ref().and_then(&which) else { continue };
+                    entry.copy_from_slice(&table_entry(Some(&d))?);
+                    max_rank = max_rank.max(d.a.dims()[1]);
+                }
+                if max_rank == 0 {
+                    return Ok(());
+                }
+                uploaded = b.upload(&HostTensor::from_u32(&words, &[words.len()]), DType::U32)?;
+                (&uploaded, max_rank)
+            }
+        };
+        if self.rows == 0 || max_rank == 0 {
             return Ok(());
         }
-        let table = b.upload(&HostTensor::from_u32(&table, &[table.len()]), DType::U32)?;
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (self.rows as u32, 1, 1),
             block_dim: (MOE_LORA_THREADS, 1, 1),
@@ -341,8 +359,8 @@ impl Grouping {
                 ptr(OP, &self.token_of_row)?,
                 ptr(OP, &self.offsets)?,
                 ptr(OP, lora.rows)?,
-                ptr(OP, &table)?,
-                lora.slots.len() as u32,
+                ptr(OP, table)?,
+                (table.elem_count() / TABLE_WORDS) as u32,
                 self.rows as u32,
                 self.e as u32,
                 k as u32,

@@ -2,7 +2,7 @@
 //! renormalisation) and the routed expert MLPs against a naive per-token loop, with and
 //! without adapters on the experts.
 
-use met_kernels::{ExpertAdapter, ExpertDelta, GpuBackend, MoeLora, NO_LORA_SLOT, Result, Routing};
+use met_kernels::{ExpertAdapter, ExpertDelta, ExpertTables, GpuBackend, MoeLora, NO_LORA_SLOT, Result, Routing};
 
 use crate::harness::{
     Rng, assert_close, assert_close_within, assert_values, expect_err, stored, tolerance, upload_f32, upload_u32,
@@ -287,7 +287,19 @@ pub fn moe_experts_lora_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     ];
     let (xt, gate_up, down) = (up(&x, &[t, h])?, up(&ex.gate_up, &[e, 2 * i, h])?, up(&ex.down, &[e, h, i])?);
     let rows = upload_u32(b, &slots, &[t])?;
-    let out = b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &rows, slots: &adapters })?;
+    let lora = MoeLora { rows: &rows, slots: &adapters, tables: None };
+    let out = b.moe_experts_lora(&xt, &routing, &gate_up, &down, &lora)?;
+    // A backend that keeps device tables of the deltas computes the same from them.
+    if let (Some(gu_table), Some(dn_table)) = (b.expert_lora_table(3)?, b.expert_lora_table(3)?) {
+        for (slot, adapter) in adapters.iter().enumerate() {
+            b.write_expert_lora_table(&gu_table, slot, adapter.and_then(|a| a.gate_up).as_ref())?;
+            b.write_expert_lora_table(&dn_table, slot, adapter.and_then(|a| a.down).as_ref())?;
+        }
+        let tables = ExpertTables { gate_up: &gu_table, down: &dn_table, max_ranks: (4, 4) };
+        let from_tables =
+            b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { tables: Some(tables), ..lora })?;
+        assert!(b.download_f32(&from_tables)? == b.download_f32(&out)?, "expert deltas from device tables differ");
+    }
     let base = b.download_f32(&b.moe_experts(&xt, &routing, &gate_up, &down)?)?;
     let got = b.download_f32(&out)?;
     for (tok, &s) in slots.iter().enumerate() {
@@ -326,13 +338,13 @@ pub fn moe_experts_lora_matches_reference(b: &dyn GpuBackend) -> Result<()> {
 
     let bad = upload_u32(b, &[3; 9], &[t])?;
     expect_err(
-        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &bad, slots: &adapters }),
+        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &bad, slots: &adapters, tables: None }),
         "a token slot past the adapters",
     );
     let wrong = [Some(ExpertAdapter { gate_up: delta(&dn0a, &dn0b, 1.0), down: None })];
     let rows0 = upload_u32(b, &[0; 9], &[t])?;
     expect_err(
-        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &rows0, slots: &wrong }),
+        b.moe_experts_lora(&xt, &routing, &gate_up, &down, &MoeLora { rows: &rows0, slots: &wrong, tables: None }),
         "down-shaped deltas on gate/up",
     );
     Ok(())

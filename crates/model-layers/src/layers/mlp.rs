@@ -12,7 +12,7 @@
 //! its partial outputs need only the all-reduce that ends every row-parallel product.
 
 use met_config::{Activation, ModelConfig, MoeConfig};
-use met_kernels::{GpuBackend, MoeLora, Tensor};
+use met_kernels::{GpuBackend, Tensor};
 use met_model_weights::TensorSpec;
 
 use super::linear::Linear;
@@ -178,9 +178,7 @@ impl Mlp {
                     lora.project(backend, x, &[(LoraModule::Router, 0)], || Ok(backend.matmul(x, router, None)?))?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
                 let routed = match lora.experts() {
-                    Some((rows, slots)) => {
-                        backend.moe_experts_lora(x, &routing, gate_up, down, &MoeLora { rows, slots: &slots })?
-                    }
+                    Some(experts) => backend.moe_experts_lora(x, &routing, gate_up, down, &experts.op())?,
                     None => backend.moe_experts(x, &routing, gate_up, down)?,
                 };
                 let routed = reduce.apply(routed)?;

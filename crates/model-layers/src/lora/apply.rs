@@ -45,6 +45,9 @@ pub(crate) struct StepLora {
     /// By slot, the deltas on routed experts of its adapter, as the step began; empty
     /// when no slot has any.
     experts: Vec<Option<Arc<SlotExperts>>>,
+    /// Whether a graph is recorded from the step: its routed layers then always take the
+    /// experts' deltas from the pool's device tables, whatever the slots hold now.
+    graph: bool,
 }
 
 impl StepLora {
@@ -67,7 +70,7 @@ impl StepLora {
         if experts.iter().all(Option::is_none) {
             experts.clear();
         }
-        Ok(Some(Self { pool: Arc::clone(pool), rows, experts }))
+        Ok(Some(Self { pool: Arc::clone(pool), rows, experts, graph: false }))
     }
 
     /// A graph's adapters over `size` rows, every row at [`NO_LORA_SLOT`] until
@@ -77,9 +80,9 @@ impl StepLora {
     /// On device failure.
     pub fn for_graph(b: &dyn GpuBackend, pool: &Arc<LoraPool>, size: usize) -> Result<Self> {
         let rows = upload_rows(b, &vec![NO_LORA_SLOT; size], pool)?;
-        // Expert deltas live in a host-side table, which a recording cannot follow; their
-        // backends run them eagerly only.
-        Ok(Self { pool: Arc::clone(pool), rows: Some(rows), experts: Vec::new() })
+        // Expert deltas are read from the pool's device tables, where the backend keeps
+        // them; elsewhere a graph holds none and such steps run eagerly.
+        Ok(Self { pool: Arc::clone(pool), rows: Some(rows), experts: Vec::new(), graph: true })
     }
 
     /// Writes the slots of `batch`'s rows into a graph's row slots, padding rows at
@@ -122,6 +125,23 @@ fn row_slots(runs: &[AdapterRun], t: usize, pool: &Arc<LoraPool>) -> Result<Vec<
     Ok(slots)
 }
 
+/// A step's adapters on one layer's routed experts ([`LayerLora::experts`]).
+pub struct StepExperts<'a> {
+    /// `u32 [t]`: each token's slot.
+    pub rows: &'a Tensor,
+    /// By slot, its adapter's deltas on the layer.
+    pub slots: Vec<Option<ExpertAdapter<'a>>>,
+    /// The pool's device tables of them, where the backend keeps them.
+    pub tables: Option<met_kernels::ExpertTables<'a>>,
+}
+
+impl StepExperts<'_> {
+    /// These adapters as the backend op takes them.
+    pub fn op(&self) -> met_kernels::MoeLora<'_> {
+        met_kernels::MoeLora { rows: self.rows, slots: &self.slots, tables: self.tables }
+    }
+}
+
 /// The adapters of one step as a layer sees them.
 #[derive(Clone, Copy)]
 pub struct LayerLora<'a> {
@@ -146,9 +166,10 @@ impl<'a> LayerLora<'a> {
         self.step.is_some_and(|s| modules.iter().any(|&m| s.pool.stack(self.layer, m).is_some()))
     }
 
-    /// The step's adapters on this layer's routed experts, where any slot has some: each
-    /// token's slot (`u32 [t]`) and each slot's deltas.
-    pub fn experts(&self) -> Option<(&'a Tensor, Vec<Option<ExpertAdapter<'a>>>)> {
+    /// The step's adapters on this layer's routed experts, where any slot has some (or a
+    /// graph is recorded and the pool keeps device tables of them): each token's slot
+    /// (`u32 [t]`), each slot's deltas, and the pool's tables where it keeps them.
+    pub fn experts(&self) -> Option<StepExperts<'a>> {
         let step = self.step?;
         let (rows, _) = step.rows.as_ref()?;
         let slots: Vec<Option<ExpertAdapter<'a>>> = step
@@ -156,7 +177,9 @@ impl<'a> LayerLora<'a> {
             .iter()
             .map(|s| s.as_ref().and_then(|layers| layers.get(self.layer)?.as_ref()).map(|l| l.adapter()))
             .collect();
-        slots.iter().any(Option::is_some).then_some((rows, slots))
+        let tables = step.pool.expert_tables(self.layer);
+        let needed = slots.iter().any(Option::is_some) || (step.graph && tables.is_some());
+        needed.then_some(StepExperts { rows, slots, tables })
     }
 
     /// The product `base` issues (`out [t, N]`, a projection of `x [t, in]` fused from

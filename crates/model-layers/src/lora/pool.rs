@@ -12,7 +12,9 @@
 //! Adapters on routed experts are too large to keep a stack for in every slot (each
 //! expert its own `A` and `B`): an adapter that has them uploads its own ([`LayerExperts`])
 //! into its slot's entry of the pool's expert table when it loads, dropped with the slot.
-//! Steps read that table on the host, so expert deltas run in eager steps only.
+//! Where the backend keeps device tables of them ([`GpuBackend::expert_lora_table`]), the
+//! pool holds one per routed layer and stack, written with the slot, so decode graphs
+//! follow them as they follow the stacks; elsewhere steps read the host table, eagerly.
 //!
 //! **Invariant:** a slot is written only while free, and is free only when no [`SlotLease`]
 //! holds it. A loaded adapter owns its lease, and every request running through the
@@ -79,6 +81,9 @@ pub struct LoraPool {
     experts: Mutex<Vec<Option<Arc<SlotExperts>>>>,
     /// Per layer, `(experts, hidden, intermediate)` where it routes experts.
     expert_dims: Vec<Option<(usize, usize, usize)>>,
+    /// Per routed layer, the backend's device tables of the slots' deltas on its gate/up
+    /// and down stacks, where it keeps them.
+    expert_tables: Vec<Option<[Tensor; 2]>>,
 }
 
 impl std::fmt::Debug for LoraPool {
@@ -120,7 +125,7 @@ impl LoraPool {
         let scales = backend.zeros(&[max_loras], DType::F32)?;
         let free = Mutex::new((0..max_loras as u32).rev().collect());
         let experts = Mutex::new(vec![None; max_loras]);
-        let expert_dims = (0..cfg.num_layers)
+        let expert_dims: Vec<Option<(usize, usize, usize)>> = (0..cfg.num_layers)
             .map(|layer| {
                 let moe = cfg.moe.as_ref()?;
                 moe.sparse_layers.get(layer).copied().unwrap_or(false).then_some((
@@ -130,7 +135,29 @@ impl LoraPool {
                 ))
             })
             .collect();
-        Ok(Arc::new(Self { backend, max_rank: r, layers, scales, free, slots: max_loras, experts, expert_dims }))
+        let expert_tables = expert_dims
+            .iter()
+            .map(|dims| {
+                if dims.is_none() || !backend.supports_expert_lora() {
+                    return Ok(None);
+                }
+                match (backend.expert_lora_table(max_loras)?, backend.expert_lora_table(max_loras)?) {
+                    (Some(gate_up), Some(down)) => Ok(Some([gate_up, down])),
+                    _ => Ok(None),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Self {
+            backend,
+            max_rank: r,
+            layers,
+            scales,
+            free,
+            slots: max_loras,
+            experts,
+            expert_dims,
+            expert_tables,
+        }))
     }
 
     /// How many adapters the slots hold at most.
@@ -170,6 +197,20 @@ impl LoraPool {
     /// Whether adapters on routed experts can load: the backend runs their op.
     pub(crate) fn takes_expert_adapters(&self) -> bool {
         self.backend.supports_expert_lora()
+    }
+
+    /// Layer `layer`'s device tables of the slots' expert deltas, with the highest rank
+    /// each holds (gate/up fuses two projections, so twice the pool's), where the backend
+    /// keeps them.
+    pub(crate) fn expert_tables(&self, layer: usize) -> Option<met_kernels::ExpertTables<'_>> {
+        let [gate_up, down] = self.expert_tables.get(layer)?.as_ref()?;
+        Some(met_kernels::ExpertTables { gate_up, down, max_ranks: (2 * self.max_rank, self.max_rank) })
+    }
+
+    /// Whether decode graphs follow the adapters on routed experts: the backend keeps
+    /// device tables of them (or the model routes none).
+    pub(crate) fn graphs_follow_experts(&self) -> bool {
+        self.expert_dims.iter().zip(&self.expert_tables).all(|(dims, tables)| dims.is_none() || tables.is_some())
     }
 
     /// By slot, the deltas on routed experts of the adapter there.
@@ -238,6 +279,14 @@ impl LoraPool {
         } else {
             None
         };
+        // Every routed layer's table entries of the slot, emptied where the new adapter
+        // has no deltas: the slot's last adapter's weights are gone.
+        for (layer, tables) in self.expert_tables.iter().enumerate() {
+            let Some([gate_up, down]) = tables else { continue };
+            let adapter = experts.as_ref().and_then(|e| e.get(layer)?.as_ref()).map(LayerExperts::adapter);
+            b.write_expert_lora_table(gate_up, slot, adapter.and_then(|a| a.gate_up).as_ref())?;
+            b.write_expert_lora_table(down, slot, adapter.and_then(|a| a.down).as_ref())?;
+        }
         self.experts.lock().unwrap_or_else(PoisonError::into_inner)[slot] = experts;
         Ok(())
     }
