@@ -52,6 +52,11 @@ pub(super) fn moe_experts(
     expect_dtype("moe_experts", x, &[DType::BF16])?;
     if let Some(lora) = lora {
         check_moe_lora("moe_experts_lora", lora, (t, e, h, i), DType::BF16)?;
+        // The token slots against the adapters, where their host copy is at hand (the
+        // kernels take a slot past them as no adapter, as the dense deltas do).
+        if let Some(rows) = super::storage::storage("moe_experts_lora", lora.rows)?.host_u32.lock().as_ref() {
+            crate::backend::lora::check_rows("moe_experts_lora", rows, lora.slots.len())?;
+        }
     }
     // A stack kept in GGUF blocks (experts joined from matrices of one format) is widened
     // for the call: the grouped GEMM reads bf16 or e4m3.
