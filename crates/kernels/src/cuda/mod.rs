@@ -332,10 +332,10 @@ impl GpuBackend for CudaBackend {
             return self.download_f32(&gguf::widen(self, &w, gguf::row_len(t), None)?);
         }
         let buf = &storage("download_f32", t)?.buf;
-        if t.dtype() == fp8::FP8 {
-            if storage("download_f32", t)?.fp8.is_some() {
-                return self.download_f32(&fp8::rows_bf16(self, t, None)?);
-            }
+        if t.dtype() == fp8::FP8 && storage("download_f32", t)?.fp8.is_some() {
+            return self.download_f32(&fp8::rows_bf16(self, t, None)?);
+        }
+        if matches!(t.dtype(), fp8::FP8 | DType::F8E4M3) {
             // An e4m3 KV pool: its bytes as they are (the scales are its layer's, not its own).
             let mut bytes = vec![0u8; t.elem_count()];
             self.dev.download(buf, &mut bytes)?;
