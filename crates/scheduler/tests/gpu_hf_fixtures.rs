@@ -397,11 +397,18 @@ fn run(name: &'static str) {
 /// `--kv-cache-dtype fp8` (unit scales) on the GPU: e4m3 pools of half bf16's bytes, the
 /// prompts teacher-forced through every attention backend, in one batch and in chunks of 5,
 /// against float32 transformers whose attention layers see the keys and values an e4m3
-/// cache holds (`scripts/fp8_kv_reference.py`), under the fixture's bf16 bound: met rounds
-/// keys to bf16 before e4m3, which can move a value at an e4m3 rounding midpoint by one
-/// e4m3 step, as bf16 moves any other intermediate.
+/// cache holds (`scripts/fp8_kv_reference.py`). The bound is the fixture's bf16 bound or
+/// 1.5 times transformers' own distance in bf16 over the same e4m3 keys and values, the
+/// larger: computing in bf16 moves a key at an e4m3 rounding midpoint by a whole e4m3 step,
+/// so an e4m3 cache makes bf16's distance several times its usual (the script measured
+/// 2.83% for llama, 5.35% qwen3, 51.4% gemma2, 30.0% qwen3_next; the H200 first measured
+/// met at 2.86%, 5.59%, 59.75% and 60.31%, failing the plain bf16 bounds of 2%, 2%, 16%).
 fn run_fp8_kv(name: &'static str) {
     let mut f = fixture(name);
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.dir.join("fp8_kv.json")).unwrap()).unwrap();
+    let noise = meta["unit_bf16_noise"].as_f64().expect("fp8_kv.json: unit_bf16_noise") as f32;
+    f.tolerance = f.tolerance.max(1.5 * noise);
     let refs = SafetensorsStore::open(&f.dir.join("fp8_kv.safetensors")).unwrap();
     f.logits =
         (0..f.prompts.len()).map(|i| refs.host(&format!("unit.logits.{i}")).unwrap().to_f32_vec().unwrap()).collect();
