@@ -104,6 +104,7 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
 // This form serves decode steps (and any step a graph records); a step with a long
 // sequence takes the chunked form further down.
 #define DELTA_WARPS 4
+static_assert(DELTA_WARPS * 32 * 2 == 256, "a row of the fused kernel loads q and k at two entries a thread");
 
 // The sizes of a delta-rule step, passed by value (`DeltaDims` of `src/cuda/recurrent.rs`).
 // `below`: the fused kernel leaves sequences of that many rows or more to the chunked form.
@@ -128,11 +129,36 @@ struct DeltaStep {
 
 // The log-decay g = -exp(A_log) softplus(a + dt_bias) (softplus(x) = x above 20, as
 // torch's threshold) as the decay e^g, and beta = sigmoid(b).
-__device__ __forceinline__ float2 delta_gates(const DeltaStep& p, u32 row, u32 j) {
-    const float x = bf2f(p.a[(u64)row * p.hv + j]) + p.dt_bias[j];
+__device__ __forceinline__ float2 delta_gates(float a, float b, float dt_bias, float a_log) {
+    const float x = a + dt_bias;
     const float softplus = x > 20.0f ? x : log1pf(expf(x));
-    const float decay = expf(-expf(p.a_log[j]) * softplus);
-    return make_float2(decay, 1.0f / (1.0f + expf(-bf2f(p.b[(u64)row * p.hv + j]))));
+    const float decay = expf(-expf(a_log) * softplus);
+    return make_float2(decay, 1.0f / (1.0f + expf(-b)));
+}
+
+// What a row of the fused kernel reads from global memory, thread by thread: q and k at
+// entries tid and tid + 128 (zero past d_k), v at the lane's column (zero past d_v), and the
+// head's a and b.
+struct DeltaRowIn {
+    float q[2], k[2], v, a, b;
+};
+
+// Loads a row's inputs for thread `tid` of the fused kernel (`DeltaRowIn`).
+__device__ __forceinline__ DeltaRowIn delta_row_in(const DeltaStep& p, u32 row, u32 qh, u32 j, u32 col, u32 dk, u32 dv,
+                                                   bool live) {
+    const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * dk + p.hv * dv);
+    const u32 tid = threadIdx.x;
+    DeltaRowIn in;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 e = tid + i * DELTA_WARPS * 32;
+        in.q[i] = e < dk ? bf2f(x[(u64)qh * dk + e]) : 0.0f;
+        in.k[i] = e < dk ? bf2f(x[(u64)(p.hk + qh) * dk + e]) : 0.0f;
+    }
+    in.v = live ? bf2f(x[2 * p.hk * dk + (u64)j * dv + col]) : 0.0f;
+    in.a = bf2f(p.a[(u64)row * p.hv + j]);
+    in.b = bf2f(p.b[(u64)row * p.hv + j]);
+    return in;
 }
 
 // The value columns lie across the lanes: one block per (32-column tile, value head,
@@ -162,19 +188,25 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
     const bool keeps = p.slots[s] != NO_SLOT, live = col < dv;
     float* st = keeps ? p.state + p.slots[s] * head + j * per_head : nullptr;
     const u32 qh = j / (p.hv / p.hk);
+    // A row's inputs are loaded while the row before it is computed, so the chain of
+    // dependent steps a row is (norms, the two dot products, the update) waits on no
+    // global load: a short sequence's rows are latency, not bytes.
+    const float dt_bias = p.dt_bias[j], a_log = p.a_log[j];
     float S[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) S[r] = keeps && live && r0 + r < dk ? st[(u64)(r0 + r) * dv + col] : 0.0f;
+    DeltaRowIn next = delta_row_in(p, start, qh, j, col, dk, dv, live);
     for (u32 row = start; row < end; ++row) {
-        const bf16_t* x = p.qkv + (u64)row * (2 * p.hk * dk + p.hv * dv);
+        const DeltaRowIn in = next;
+        if (row + 1 < end) next = delta_row_in(p, row + 1, qh, j, col, dk, dv, live);
         float qq = 0.0f, kk = 0.0f;
-        for (u32 e = tid; e < 256; e += DELTA_WARPS * 32) {
-            const float qv = e < dk ? bf2f(x[(u64)qh * dk + e]) : 0.0f;
-            const float kv = e < dk ? bf2f(x[(u64)(p.hk + qh) * dk + e]) : 0.0f;
-            qk_s[0][e] = qv;
-            qk_s[1][e] = kv;
-            qq += qv * qv;
-            kk += kv * kv;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 e = tid + i * DELTA_WARPS * 32;
+            qk_s[0][e] = in.q[i];
+            qk_s[1][e] = in.k[i];
+            qq += in.q[i] * in.q[i];
+            kk += in.k[i] * in.k[i];
         }
         qq = warp_sum(qq);
         kk = warp_sum(kk);
@@ -190,7 +222,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
             ksum += norms[1][w];
         }
         const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
-        const float2 gates = delta_gates(p, row, j);
+        const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
         float sk = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -211,8 +243,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
             skt += part[0][w][lane];
             sqt += part[1][w][lane];
         }
-        const bf16_t* v = x + 2 * p.hk * dk + (u64)j * dv;
-        const float delta = live ? gates.y * (bf2f(v[col]) - skt) : 0.0f;
+        const float delta = live ? gates.y * (in.v - skt) : 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
         if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
