@@ -14,7 +14,7 @@ timeout 300 $B/tests/kernels-bench --bench 'cuda_delta_rule_forms' > $O/kbench.l
 echo "kbench rc=$?"; awk '/^cuda_/{name=$1} /time:/{print name, $4, $5}' $O/kbench.log
 # Where a 256-row decode step of Qwen3.6-35B-A3B goes (graphed; the engine thread's phases,
 # as `met bench latency` prints them): the step measured ~39 ms against ~21 ms of kernels.
-timeout 200 $B/met bench latency --model $B/configs/Qwen3.6-35B-A3B --load-format dummy --batch-size 256 \
+timeout 200 $B/met bench latency --model configs/Qwen3.6-35B-A3B --load-format dummy --batch-size 256 \
   --input-len 128 --output-len 64 --num-iters 2 --output $O/lat-q36-b256.json > $O/lat-q36-b256.log 2>&1
 echo "latency q36 b256 rc=$?"; grep -E "^latency|decode step phases" $O/lat-q36-b256.log | head -4
 python3 scripts/dummy_tokenizer.py configs/Qwen3.6-35B-A3B /tmp/q36 > /dev/null

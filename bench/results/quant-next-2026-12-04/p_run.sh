@@ -18,7 +18,7 @@ mkdir -p $MET_HOME
 timeout 150 $B/tests/kernels-bench --bench 'cuda_fp8/(qkv|o|gate_up|down|gate_up_silu)/m(1|4|8|16)_|cuda_gemv/(copy|qkv|o/|gate_up|down)' \
   > $O/kbench.log 2>&1
 echo "kbench rc=$?"; awk '/^cuda_/{name=$1} /thrpt:/{print name, $4, $5}' $O/kbench.log
-bf16=$B/configs/Llama-3.1-8B-Instruct fp8=$B/configs/Meta-Llama-3-8B-Instruct-FP8
+bf16=configs/Llama-3.1-8B-Instruct fp8=configs/Meta-Llama-3-8B-Instruct-FP8
 run() {  # run TAG MODEL FORMAT KIND
   local tag=$1 model=$2 fmt=$3 kind=$4
   if [ $kind = latency ]; then
