@@ -6,7 +6,7 @@
 # 2. Llama-3.1-8B shape, dummy weights, batch-1 decode (128 + 256) in bf16, FP8 per tensor
 #    (Meta-Llama-3-8B-Instruct-FP8's config) and Q4_K_M GGUF blocks (`dummy-q4_k_m`), in two
 #    alternating rounds, with the device memory each load took (the weights phase line);
-# 3. 256 x (128 + 256) for the same three.
+# 3. 256 x (128 + 256) for the same three;
 # Targets (issue 34): FP8 batch 1 >= 1.7x bf16, 256 requests >= 1.3x; Q4_K_M batch 1 >= 2x
 # bf16 and <= 0.35x its memory. Run from the repository root with the bundle carried;
 # results in $OUT/p.
@@ -40,3 +40,16 @@ done
 run bf16 $bf16 dummy throughput
 run fp8 $fp8 dummy throughput
 run q4km $bf16 dummy-q4_k_m throughput
+# 4. The streaming e4m3 GEMV's settings side by side (`MET_FP8_SMALL=ROWS:MAX_M`, default
+#    2:4): 4 rows a block (the bytes a bf16 GEMV block streams) up to 2 batch rows, and the
+#    tensor-core GEMV from 2 batch rows. The fp8 op checks under 4:2 first (4 rows a block
+#    sum each row in the same order as 2, so the same bits), then the GEMV bench at m = 1 and
+#    4 and batch-1 decode on the FP8 shape.
+MET_FP8_SMALL=4:2 timeout 120 $B/tests/kernels-ops fp8 --test-threads=4 > $O/ops-r4.log 2>&1
+echo "ops 4:2 rc=$?"; grep -E "^test result" $O/ops-r4.log
+for v in 4:2 2:1; do
+  MET_FP8_SMALL=$v timeout 100 $B/tests/kernels-bench --bench 'cuda_fp8/(qkv|o|gate_up|down|gate_up_silu)/m(1|4)_' \
+    > $O/kbench-$v.log 2>&1
+  echo "kbench $v rc=$?"; awk -v v=$v '/^cuda_/{name=$1} /thrpt:/{print v, name, $4, $5}' $O/kbench-$v.log
+done
+MET_FP8_SMALL=4:2 run fp8-r4 $fp8 dummy latency

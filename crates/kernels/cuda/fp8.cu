@@ -302,8 +302,8 @@ MET_FP8_GEMV(1)
 MET_FP8_GEMV(2)
 
 // `fp8_gemv_small_*`: decode batches of up to 4 rows outside `--batch-invariant`, on
-// gemv.cu's stream (`gemv_dots`) with e4m3 weights (`GemvE4m3`): a block owns FP8_SMALL_R
-// rows (8 KiB of weights at k = 4,096), its 128 threads split each row's k in 16-byte
+// gemv.cu's stream (`gemv_dots`) with e4m3 weights (`GemvE4m3`): a block owns 2 rows (8 KiB
+// of weights at k = 4,096; 4 rows in the `_r4` forms), its 128 threads split each row's k in 16-byte
 // vectors of 16 weights, every thread keeps up to 8 loads in flight, and the many short
 // blocks keep every SM streaming to the end, where the tensor-core GEMV above (32-row
 // blocks over split chunks) waits on its loads: 42 to 73 % of the copy bandwidth at m = 1.
@@ -313,8 +313,6 @@ MET_FP8_GEMV(2)
 // row's result is the same at m = 1 to 4 (other bits than the tensor-core GEMV's, which
 // larger batches and `--batch-invariant` take). The SwiGLU form's block owns gate row j and
 // up row half + j.
-#define FP8_SMALL_R 2
-
 // e4m3 weights for gemv.cu's `gemv_dots`: 16 a vector, widened exactly to bf16, the
 // vector's f32 sum times its 128-column chunk's scale.
 template <int R>
@@ -347,20 +345,20 @@ struct GemvE4m3 {
     }
 };
 
-// grid (ceil(n / FP8_SMALL_R)), block FP8_THREADS. `bias` may be null.
-template <int M>
+// grid (ceil(n / R)), block FP8_THREADS. `bias` may be null.
+template <int M, int R>
 __device__ void fp8_gemv_small(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride,
                                u32 chunk_step, const bf16_t* bias, bf16_t* out, u32 m, u32 n, u32 k) {
-    const u32 first = blockIdx.x * FP8_SMALL_R;
-    u32 rows[FP8_SMALL_R];
+    const u32 first = blockIdx.x * R;
+    u32 rows[R];
 #pragma unroll
-    for (int r = 0; r < FP8_SMALL_R; ++r) rows[r] = min(first + r, n - 1);
-    float acc[FP8_SMALL_R][M];
-    GemvE4m3<FP8_SMALL_R> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
-    gemv_dots<M, FP8_SMALL_R>(x, f, rows, m, k, acc);
+    for (int r = 0; r < R; ++r) rows[r] = min(first + r, n - 1);
+    float acc[R][M];
+    GemvE4m3<R> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
+    gemv_dots<M, R>(x, f, rows, m, k, acc);
     // Thread r * M + i stores row r of x row i.
 #pragma unroll
-    for (int r = 0; r < FP8_SMALL_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < M; ++i) {
             if (first + r < n && i < (int)m && threadIdx.x == (u32)(r * M + i)) {
@@ -369,38 +367,52 @@ __device__ void fp8_gemv_small(const bf16_t* x, const u8* w, const float* scales
         }
 }
 
-// grid (half), block FP8_THREADS; w is [2 half, k] (gate rows, then up).
-template <int M>
+// grid (ceil(half / G)), block FP8_THREADS; w is [2 half, k] (gate rows, then up). The block
+// owns gate rows G j .. G j + G - 1 and the up rows of the same outputs.
+template <int M, int G>
 __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows,
                                     u32 scale_stride, u32 chunk_step, bf16_t* out, u32 m, u32 half, u32 k) {
-    const u32 j = blockIdx.x;
-    const u32 rows[FP8_SMALL_R] = {j, half + j};
-    float acc[FP8_SMALL_R][M];
-    GemvE4m3<FP8_SMALL_R> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
-    gemv_dots<M, FP8_SMALL_R>(x, f, rows, m, k, acc);
+    const u32 first = blockIdx.x * G;
+    u32 rows[2 * G];
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-        if (i < (int)m && threadIdx.x == (u32)i) out[(u64)i * half + j] = f2bf(silu_times(acc[0][i], acc[1][i]));
+    for (int g = 0; g < G; ++g) {
+        rows[g] = min(first + g, half - 1);
+        rows[G + g] = half + rows[g];
     }
+    float acc[2 * G][M];
+    GemvE4m3<2 * G> f{w, scales, scale_rows, scale_stride, chunk_step, {}};
+    gemv_dots<M, 2 * G>(x, f, rows, m, k, acc);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (first + g < half && i < (int)m && threadIdx.x == (u32)(g * M + i)) {
+                out[(u64)i * half + first + g] = f2bf(silu_times(acc[g][i], acc[G + g][i]));
+            }
+        }
 }
 
-#define MET_FP8_GEMV_SMALL(M)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 12 / M) fp8_gemv_small_m##M(         \
+// `fp8_gemv_small_m{M}` (2 rows a block: 8 KiB of weights at k = 4,096) and
+// `fp8_gemv_small_r4_m{M}` (4 rows: the 16 KiB a block of the bf16 GEMV streams at that k).
+#define MET_FP8_GEMV_SMALL(M, R, MIN_BLOCKS, NAME, SILU)                                                       \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS, MIN_BLOCKS) NAME(                         \
         const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
         const bf16_t* bias, bf16_t* out, u32 m, u32 n, u32 k) {                                                \
         pdl_allow_next();                                                                                      \
-        fp8_gemv_small<M>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, m, n, k);             \
+        fp8_gemv_small<M, R>(x, w, scales, scale_rows, scale_stride, chunk_step, bias, out, m, n, k);          \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FP8_THREADS, M == 1 ? 8 : 12 / M) fp8_gemv_small_silu_m##M(    \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS, MIN_BLOCKS) SILU(                         \
         const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
         bf16_t* out, u32 m, u32 half, u32 k) {                                                                 \
         pdl_allow_next();                                                                                      \
-        fp8_gemv_small_silu<M>(x, w, scales, scale_rows, scale_stride, chunk_step, out, m, half, k);           \
+        fp8_gemv_small_silu<M, R / 2>(x, w, scales, scale_rows, scale_stride, chunk_step, out, m, half, k);    \
     }
 
-MET_FP8_GEMV_SMALL(1)
-MET_FP8_GEMV_SMALL(2)
-MET_FP8_GEMV_SMALL(4)
+MET_FP8_GEMV_SMALL(1, 2, 8, fp8_gemv_small_m1, fp8_gemv_small_silu_m1)
+MET_FP8_GEMV_SMALL(2, 2, 6, fp8_gemv_small_m2, fp8_gemv_small_silu_m2)
+MET_FP8_GEMV_SMALL(4, 2, 3, fp8_gemv_small_m4, fp8_gemv_small_silu_m4)
+MET_FP8_GEMV_SMALL(1, 4, 6, fp8_gemv_small_r4_m1, fp8_gemv_small_r4_silu_m1)
+MET_FP8_GEMV_SMALL(2, 4, 4, fp8_gemv_small_r4_m2, fp8_gemv_small_r4_silu_m2)
 
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the

@@ -96,6 +96,8 @@ pub struct CudaBackend {
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
+    /// The batches the e4m3 streaming GEMV takes, and its rows a block.
+    fp8_small: fp8::Small,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -185,6 +187,7 @@ impl CudaBackend {
             tiled_prefill,
             chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
+            fp8_small: fp8::Small::from_env()?,
         })
     }
 
