@@ -264,7 +264,7 @@ fn check_case(
 /// exactly and folds the scales into the scores and outputs, so it is held to its float dtype's
 /// tolerance against the f64 reference over the dequantized values. Against the unquantized
 /// reference the error is e4m3's rounding: a value's alone can reach 2^-4 of the largest |v| (1
-/// here), so the bound is 8e-2 (measured 3.0e-2 to 6.0e-2 on the CPU); a read that dropped a
+/// here), so the bound is 8e-2 (measured 3.0e-2 to 6.1e-2 on the CPU); a read that dropped a
 /// scale, or took the keys' for the values, is off by far more.
 pub fn fp8_pools_attend_as_their_dequantized_values(b: &dyn GpuBackend) -> Result<()> {
     if !b.supports_kv_dtype(DType::F8E4M3) {
@@ -280,19 +280,26 @@ pub fn fp8_pools_attend_as_their_dequantized_values(b: &dyn GpuBackend) -> Resul
     let decode: Vec<Seq> = [1, 65, 300, 1_100].iter().map(|&context| Seq { context, q_len: 1 }).collect();
     // Past 32 sequences CUDA's tensor-core decode runs its two-warp shape.
     let many: Vec<Seq> = (0..40).map(|i| Seq { context: [3, 200, 700, 2_100][i % 4] + i, q_len: 1 }).collect();
-    let shapes: [(usize, usize, usize, &[Seq]); 6] = [
-        (4, 2, 64, &seqs),
-        (8, 2, 128, &seqs),
-        (8, 2, 128, &decode),
-        (8, 2, 128, &many),
-        (16, 2, 256, &seqs),
-        (16, 2, 256, &decode),
+    // Query gains: 3, and 6 for the 40 sequences, as the bf16 decode checks of the same
+    // kernels. bf16's tolerance is stated against the output's rms, and there 3-key
+    // sequences sit beside 2,100-key ones: at a gain of 3 the long ones average thousands of
+    // values and the rms fell to 0.118, while bf16's rounding of a 3-key sequence's
+    // probabilities moves its outputs (near 0.5) by up to 1.4e-3, 1.1x that tolerance on the
+    // H200 (`bench/results/device-2026-12-05/`); at 6 the rms is 0.196. (At 6 everywhere,
+    // head dim 256's e4m3 rounding alone reaches 0.12 against the unquantized reference.)
+    let shapes: [(usize, usize, usize, &[Seq], f32); 6] = [
+        (4, 2, 64, &seqs, 3.0),
+        (8, 2, 128, &seqs, 3.0),
+        (8, 2, 128, &decode, 3.0),
+        (8, 2, 128, &many, 6.0),
+        (16, 2, 256, &seqs, 3.0),
+        (16, 2, 256, &decode, 3.0),
     ];
-    for (seed, &(h, hkv, d, seqs)) in shapes.iter().enumerate() {
+    for (seed, &(h, hkv, d, seqs, gain)) in shapes.iter().enumerate() {
         let mut layout = Layout::new(h, hkv, d, 16);
         layout.params.kv_scales = KvScales { k: 0.01, v: 0.03 };
         let mut rng = Rng::new(41 + seed as u64);
-        let c = Contents::random(b, &mut rng, &layout, seqs, 3.0);
+        let c = Contents::random(b, &mut rng, &layout, seqs, gain);
         let tables = shuffled_tables(&mut rng, seqs, layout.block_size, pool_blocks(seqs, layout.block_size));
         let scales = layout.params.kv_scales;
         let dequantized =
