@@ -344,14 +344,15 @@ fn gemv_small(b: &CudaBackend, s: &Fp8Scales, g: &Gemv, rows: usize) -> Result<(
     let cols = if g.silu { (g.n / 2).div_ceil(rows / 2) } else { g.n.div_ceil(rows) };
     let cfg = LaunchConfig { grid_dim: (cols as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let (m, k, sp) = (g.m as u32, g.k as u32, s.buf.ptr());
-    // (`Small` allows 4 rows a block up to 2 batch rows only.)
+    // 4 rows a block are built for up to 2 batch rows (`Small` allows no more).
     let names: [&str; 3] = match (rows, g.silu) {
         (2, true) => ["fp8_gemv_small_silu_m1", "fp8_gemv_small_silu_m2", "fp8_gemv_small_silu_m4"],
         (2, false) => ["fp8_gemv_small_m1", "fp8_gemv_small_m2", "fp8_gemv_small_m4"],
-        (_, true) => ["fp8_gemv_small_r4_silu_m1", "fp8_gemv_small_r4_silu_m2", "fp8_gemv_small_r4_silu_m2"],
-        (_, false) => ["fp8_gemv_small_r4_m1", "fp8_gemv_small_r4_m2", "fp8_gemv_small_r4_m2"],
+        (_, true) => ["fp8_gemv_small_r4_silu_m1", "fp8_gemv_small_r4_silu_m2", ""],
+        (_, false) => ["fp8_gemv_small_r4_m1", "fp8_gemv_small_r4_m2", ""],
     };
     let name = names[bucket];
+    ensure(!name.is_empty(), "fp8 gemv", || format!("{} batch rows on the 4-row streaming kernels", g.m))?;
     if g.silu {
         let half = (g.n / 2) as u32;
         launch!(b, name, cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, m, half, k])
