@@ -64,10 +64,11 @@ pub(super) fn default_from(runs: &[SeqRun]) -> usize {
 pub(super) fn hold_scratch(b: &CudaBackend, runs: &[SeqRun], dims: DeltaDims) -> Result<()> {
     let chunks: usize =
         runs.iter().filter(|r| r.end - r.start >= CHUNKED_FROM).map(|r| (r.end - r.start).div_ceil(GDR_CHUNK)).sum();
-    if chunks == 0 || b.dev.recording_here() {
-        return Ok(());
+    let dk = dims.dk as usize;
+    if chunks == 0 || dk > widest_keys(b.dev.capability) || !dk.is_multiple_of(16) || b.dev.recording_here() {
+        return Ok(()); // (as `try_run`: no chunked form here)
     }
-    let per = scratch_floats(dims.dk as usize, dims.dv as usize);
+    let per = scratch_floats(dk, dims.dv as usize);
     drop(b.alloc(&[chunks.min(WAVE_CHUNKS) * dims.hv as usize * per], DType::F32)?);
     Ok(())
 }
