@@ -53,3 +53,9 @@ for v in 4:2 2:1; do
   echo "kbench $v rc=$?"; awk -v v=$v '/^cuda_/{name=$1} /thrpt:/{print v, name, $4, $5}' $O/kbench-$v.log
 done
 MET_FP8_SMALL=4:2 run fp8-r4 $fp8 dummy latency
+# 5. Q4_K's GEMV over int8 activations (`MET_GGUF_DOTS=int8`, branch `gguf-int8`): the quant
+#    op checks under it (x rounded to 8 bits a block of 32 must stay within the bf16
+#    tolerance of the decoded values' product), then batch-1 decode of the Q4_K_M shape.
+MET_GGUF_DOTS=int8 timeout 120 $B/tests/kernels-ops gguf quantized --test-threads=4 > $O/ops-gguf-int8.log 2>&1
+echo "ops gguf int8 rc=$?"; grep -E "^test result|panicked" $O/ops-gguf-int8.log | head -6
+MET_GGUF_DOTS=int8 run q4km-int8 $bf16 dummy-q4_k_m latency

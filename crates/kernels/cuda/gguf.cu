@@ -265,6 +265,97 @@ GGUF_GEMVS(q4_k, GGUF_Q4_K)
 GGUF_GEMVS(q5_k, GGUF_Q5_K)
 GGUF_GEMVS(q6_k, GGUF_Q6_K)
 
+// --- int8 activations (`MET_GGUF_DOTS=int8`, for measuring) ------------------------------
+//
+// The GEMV above decodes every weight to f32 and multiplies it by an f32 of x: about five
+// instructions a weight, so a Q4_K matrix (0.56 bytes a weight) streams at the rate the
+// SM issues them, not at the memory's. Here x is first cut into blocks of 32 that become
+// int8 under one scale each (`gguf_quantize_q8`: d = max|x| / 127, q = round(x / d), and
+// d · Σq beside d), and a Q4_K sub-block (32 weights, the same 32 columns as an x block)
+// is dotted as integers, four nibbles against four int8 a `dp4a`:
+//   Σ (d·sc·q − dmin·mn) · x  ≈  d·sc · d_x · Σ q·q_x  −  dmin·mn · (d_x · Σ q_x).
+// The result moves by x's rounding to 8 bits (as the CPU's `--cpu-dots int8` does).
+
+// grid (ceil(blocks / 4)), block 128: one warp a block of 32 x values (`blocks` = m k / 32).
+extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, float2* ds, u32 blocks) {
+    pdl_enter();
+    const u32 blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (blk >= blocks) return;
+    const float v = bf2f(x[(u64)blk * 32 + lane]);
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int qi = amax > 0.0f ? __float2int_rn(v / d) : 0;
+    q[(u64)blk * 32 + lane] = (signed char)qi;
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) ds[blk] = make_float2(d, d * (float)sum);
+}
+
+// As `gguf_gemv` for Q4_K over `gguf_quantize_q8`'s x (`xq [m, k]`, `xds [m, k / 32]`): one
+// warp a weight row, lane i the units i, i + 32, ... (the next unit's words requested
+// before the current one's sums), a fixed shuffle tree.
+template <int M>
+__device__ __forceinline__ void gguf_gemv_q4_k_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                                  GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
+                                                  u32 column) {
+    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
+    const u32 k = mat.k, units = k / 64;
+    GgufUnit next;
+    if (lane < units) next = gguf_load<GGUF_Q4_K>(mat, row, lane);
+    for (u32 u = lane; u < units; u += 32) {
+        const GgufUnit g = next;
+        if (u + 32 < units) next = gguf_load<GGUF_Q4_K>(mat, row, u + 32);
+        const float d = gguf_h2f(g.rec.w & 0xffffu), dmin = gguf_h2f(g.rec.w >> 16);
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h) {
+            // Sub-block 2p + h of the unit: byte i of its 32 holds weight 64u + 32h + i in
+            // its low (h = 0) or high (h = 1) nibble.
+            float sc, mn;
+            gguf_scale_min(g.rec, 2 * (u & 3u) + h, sc, mn);
+            const float dsc = d * sc, dmn = dmin * mn;
+#pragma unroll
+            for (int t = 0; t < M; ++t) {
+                if (t >= (int)m) break;
+                const int4* xv = reinterpret_cast<const int4*>(xq + (u64)t * k + 64ull * u + 32 * h);
+                const int4 x0 = xv[0], x1 = xv[1];
+                const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                int sumi = 0;
+#pragma unroll
+                for (u32 w = 0; w < 8; ++w) {
+                    const int nib = (int)((gguf_word(g.q[w >> 2], w & 3u) >> (4 * h)) & 0x0f0f0f0fu);
+                    sumi = __dp4a(nib, xs[w], sumi);
+                }
+                const float2 dx = xds[(u64)t * (k / 32) + 2 * u + h];
+                acc[t] += dsc * (dx.x * (float)sumi) - dmn * dx.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float total = warp_sum(acc[t]);
+        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
+    }
+}
+
+#define GGUF_GEMV_Q8(M)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_q4_k_q8_m##M(                     \
+        const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width,        \
+        u32 column) {                                                                                          \
+        pdl_enter();                                                                                           \
+        gguf_gemv_q4_k_q8<M>(xq, xds, mat, out, m, rows, width, column);                                       \
+    }
+GGUF_GEMV_Q8(1)
+GGUF_GEMV_Q8(2)
+GGUF_GEMV_Q8(4)
+GGUF_GEMV_Q8(8)
+
 // The tiled product for 9 to 256 activation rows: out [m, N] columns `column..column + rows`
 // = x [m, k] · wᵀ, block (weight-row tile, token tile) of GGUF_BN weight rows by BM tokens,
 // four warps. Per GGUF_BK = 128 columns (two units a weight row: for every format, units

@@ -37,7 +37,7 @@ use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
 /// The kernels of `gguf.cu`, looked up at startup: a GEMV per format and batch bound, and
 /// the widening.
-pub(super) const KERNELS: [&str; 31] = [
+pub(super) const KERNELS: [&str; 36] = [
     "gguf_gemv_q4_0_m1",
     "gguf_gemv_q4_0_m2",
     "gguf_gemv_q4_0_m4",
@@ -69,7 +69,40 @@ pub(super) const KERNELS: [&str; 31] = [
     "gguf_gemm_q6_k_m16",
     "gguf_gemm_q6_k_m64",
     "gguf_widen_bf16",
+    "gguf_quantize_q8",
+    "gguf_gemv_q4_k_q8_m1",
+    "gguf_gemv_q4_k_q8_m2",
+    "gguf_gemv_q4_k_q8_m4",
+    "gguf_gemv_q4_k_q8_m8",
 ];
+
+/// Whether the GEMV of Q4_K parts dots int8 activations (`gguf_gemv_q4_k_q8_*`: x rounded
+/// to 8 bits a block of 32, `dp4a` on the nibbles) instead of f32 decodes:
+/// `MET_GGUF_DOTS=int8`, for measuring one against the other in one build (the f32 form is
+/// ALU-bound: the H200 streamed a Q4_K_M 8B shape at 0.84 TB/s,
+/// `bench/results/device-2026-12-05/`). Unset or `f32`: the f32 form.
+pub(super) fn int8_dots_from_env() -> Result<bool> {
+    const VAR: &str = "MET_GGUF_DOTS";
+    match std::env::var(VAR).as_deref() {
+        Err(_) | Ok("" | "f32") => Ok(false),
+        Ok("int8") => Ok(true),
+        Ok(other) => Err(Error::InvalidArgument(format!("{VAR}={other}: expected f32 or int8"))),
+    }
+}
+
+/// The int8-activation GEMV of `format` for `m` rows, where there is one.
+fn gemv_q8_kernel(format: QuantFormat, m: usize) -> Option<&'static str> {
+    if format != QuantFormat::Q4_K {
+        return None;
+    }
+    Some(match m {
+        1 => KERNELS[32],
+        2 => KERNELS[33],
+        3 | 4 => KERNELS[34],
+        5..=GEMV_ROWS => KERNELS[35],
+        _ => return None,
+    })
+}
 
 /// The most activation rows the tiled product takes; more widen the matrix for the bf16
 /// product (prefill, where the product's FLOPs outweigh reading bf16 weights).
@@ -329,21 +362,28 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
     if m == 0 || n == 0 {
         return b.alloc(&[m, n], DType::BF16);
     }
-    // Each part's kernel and launch shape: the GEMV, else the tiled product, else none.
-    let plan: Option<Vec<(&'static str, LaunchConfig)>> = if b.batch_invariant {
+    // Each part's kernel and launch shape: the GEMV, else the tiled product, else none; and
+    // whether the kernel reads x as int8 blocks.
+    let plan: Option<Vec<(&'static str, LaunchConfig, bool)>> = if b.batch_invariant {
         None
     } else if m <= GEMV_ROWS {
         let block = (WARPS as u32 * 32, 1, 1);
         w.parts
             .iter()
-            .map(|p| Some((gemv_kernel(p.format, m)?, cfg((p.rows.div_ceil(WARPS) as u32, 1, 1), block))))
+            .map(|p| {
+                let grid = cfg((p.rows.div_ceil(WARPS) as u32, 1, 1), block);
+                match gemv_q8_kernel(p.format, m).filter(|_| b.gguf_int8) {
+                    Some(name) => Some((name, grid, true)),
+                    None => Some((gemv_kernel(p.format, m)?, grid, false)),
+                }
+            })
             .collect()
     } else if k.is_multiple_of(GEMM_BK) {
         w.parts
             .iter()
             .map(|p| {
                 let (name, bm) = gemm_kernel(p.format, m)?;
-                Some((name, cfg((p.rows.div_ceil(GEMM_BN) as u32, m.div_ceil(bm) as u32, 1), (128, 1, 1))))
+                Some((name, cfg((p.rows.div_ceil(GEMM_BN) as u32, m.div_ceil(bm) as u32, 1), (128, 1, 1)), false))
             })
             .collect()
     } else {
@@ -352,10 +392,27 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
     if let Some(plan) = plan {
         let out = b.alloc(&[m, n], DType::BF16)?;
         let (xp, op_) = (ptr(OP, x)?, ptr(OP, &out)?);
+        // x as int8 blocks of 32 (bytes in u32 words) and each block's (d, d · Σq).
+        let q8 = if plan.iter().any(|p| p.2) {
+            let blocks = m * k / 32;
+            let (xq, xds) = (b.alloc(&[m * k / 4], DType::U32)?, b.alloc(&[2 * blocks], DType::F32)?);
+            let (qp, dp) = (ptr(OP, &xq)?, ptr(OP, &xds)?);
+            let grid = cfg((blocks.div_ceil(4) as u32, 1, 1), (128, 1, 1));
+            launch!(b, KERNELS[31], grid, [xp, qp, dp, blocks as u32])?;
+            Some((xq, xds, qp, dp))
+        } else {
+            None
+        };
         let mut column = 0usize;
-        for (part, (name, launch)) in w.parts.iter().zip(plan) {
+        for (part, (name, launch, int8)) in w.parts.iter().zip(plan) {
             let args = part.args(k);
-            launch!(b, name, launch, [xp, args, op_, m as u32, part.rows as u32, n as u32, column as u32])?;
+            let (rows, width, at) = (part.rows as u32, n as u32, column as u32);
+            match (&q8, int8) {
+                (Some((_, _, qp, dp)), true) => {
+                    launch!(b, name, launch, [*qp, *dp, args, op_, m as u32, rows, width, at])?
+                }
+                _ => launch!(b, name, launch, [xp, args, op_, m as u32, rows, width, at])?,
+            }
             column += part.rows;
         }
         return match bias {

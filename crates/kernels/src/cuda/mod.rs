@@ -99,6 +99,8 @@ pub struct CudaBackend {
     batch_invariant: bool,
     /// The batches the e4m3 streaming GEMV takes, and its rows a block.
     fp8_small: fp8::Small,
+    /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`gguf::int8_dots_from_env`]).
+    gguf_int8: bool,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -189,6 +191,7 @@ impl CudaBackend {
             chunked_from: None,
             batch_invariant: false,
             fp8_small: fp8::Small::from_env()?,
+            gguf_int8: gguf::int8_dots_from_env()?,
         })
     }
 
