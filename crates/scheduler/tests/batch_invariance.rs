@@ -128,7 +128,12 @@ fn fixture(name: &str) -> Case {
 
 /// [`fixture`] loaded with `options`.
 fn fixture_with(name: &str, options: LoadOptions) -> Case {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf").join(name);
+    // `MET_HF_FIXTURES`: the working tree's fixtures where a device run carries them (the
+    // gpu-bundle runner sets it), the binary being built elsewhere.
+    let fixtures = std::env::var_os("MET_HF_FIXTURES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../model-layers/tests/fixtures/hf"));
+    let dir = fixtures.join(name);
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let mut prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone()).unwrap();
