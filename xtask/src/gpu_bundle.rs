@@ -247,7 +247,7 @@ ops_each() {
   "$bin" cpu:: --test-threads=8 || fail=$((fail + 1))
   mkdir -p "$LOGS/ops"
   # The first check alone: it fills the kernel cache the others then read.
-  local checks; checks=$("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma|_invariant)?::' | sed 's/: test$//')
+  local checks; checks=$("$bin" --list 2>/dev/null | grep -E '^cuda(_only|_mma|_invariant|_gguf_int8)?::' | sed 's/: test$//')
   { echo "$checks" | head -1 | xargs -r -I{} bash -c 'op_one "$1"' _ {}
     echo "$checks" | tail -n +2 | xargs -r -P 4 -I{} bash -c 'op_one "$1"' _ {}; } > "$LOGS/ops/results.txt"
   cat "$LOGS/ops/results.txt"

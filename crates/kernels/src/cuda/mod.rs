@@ -218,6 +218,15 @@ impl CudaBackend {
         self
     }
 
+    /// This backend with the GEMV of Q4_K parts over int8 activations (x rounded to 8 bits
+    /// a block of 32, as `MET_GGUF_DOTS=int8` asks), whatever the environment: for checking
+    /// that form against its own reference.
+    #[must_use]
+    pub fn with_gguf_int8_dots(mut self) -> Self {
+        self.gguf_int8 = true;
+        self
+    }
+
     /// This backend with `--batch-invariant`'s kernels: a row's products, attention and
     /// adapter deltas take the same kernels and the same order of sums whatever the other
     /// rows of its step, the step's size, its chunking or whether the row is a decode row,

@@ -65,6 +65,55 @@ pub fn quantized_weights_compute_with_their_decoded_values(b: &dyn GpuBackend) -
     Ok(())
 }
 
+/// `x` (rows of `k`) as int8 blocks of 32 see it: each block over `d = max|x| / 127`,
+/// rounded to the nearest integer, times `d` again (CUDA's `gguf_quantize_q8`).
+fn q8_rounded(x: &[f32]) -> Vec<f64> {
+    x.chunks(32)
+        .flat_map(|block| {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            block.iter().map(move |&v| if amax > 0.0 { f64::from((v / d).round_ties_even() * d) } else { 0.0 })
+        })
+        .collect()
+}
+
+/// A Q4_K product over int8 activations (the CPU's `--cpu-dots int8`, CUDA's
+/// `with_gguf_int8_dots`) equals the decoded
+/// weights' product with x rounded to 8 bits a block of 32, at every GEMV batch bound; and
+/// it is nearer that reference than the unrounded one by well more than the output's
+/// rounding, so the check sees whether the int8 form ran at all.
+pub fn q4_k_int8_dots_match_rounded_activations(b: &dyn GpuBackend) -> Result<()> {
+    let mut rng = Rng::new(4242);
+    let (n, k) = (40, 1024);
+    let host = HostTensor::from_bytes(
+        DType::Quant(QuantFormat::Q4_K),
+        &[n, k],
+        Cow::Owned(blocks(QuantFormat::Q4_K, n, k, &mut rng)),
+    )?;
+    let decoded = widen(&host.to_f32_vec()?);
+    let w = b.upload(&host, b.float_dtype())?;
+    let decoded = &decoded;
+    let product = |x: &[f64], m: usize| -> Vec<f64> {
+        (0..m).flat_map(|i| (0..n).map(move |j| (0..k).map(|l| x[i * k + l] * decoded[j * k + l]).sum())).collect()
+    };
+    let rms = |a: &[f32], b: &[f64]| {
+        (a.iter().zip(b).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+    };
+    for m in [1, 2, 3, 5, 8] {
+        let x = stored(b, rng.vec(m * k));
+        let (rounded, exact) = (product(&q8_rounded(&x), m), product(&widen(&x), m));
+        let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?;
+        assert_close(b, &y, &[m, n], &rounded, &format!("q4_k int8 dots m={m}"))?;
+        let got = b.download_f32(&y)?;
+        let (near, far) = (rms(&got, &rounded), rms(&got, &exact));
+        assert!(
+            near < 0.6 * far,
+            "q4_k int8 dots m={m}: rms {near:.3e} from the int8 reference, {far:.3e} from the exact one"
+        );
+    }
+    Ok(())
+}
+
 /// A matrix joined from parts of different formats (a Q4_K_M file's fused q/k/v, whose v is
 /// Q6_K in some layers) computes with each part's decoded values: products at every batch
 /// size around the CUDA GEMV's largest (8 rows) and past it, with a bias, the fused SwiGLU,
