@@ -42,7 +42,8 @@ pub struct ModelArgs {
     pub attention_backend: AttentionBackendKind,
     /// The KV cache's element type: fp8 (e4m3) stores each key and value in one byte under
     /// the checkpoint's per-layer scales (1.0 where it has none), so about twice the
-    /// tokens of bf16 fit (four times the CPU's f32). CPU only for now.
+    /// tokens of bf16 fit (four times the CPU's f32). On the CPU and on CUDA GPUs from Hopper
+    /// (sm_90) on.
     #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
     /// Devices to split the model across (tensor parallelism): GPUs 0..N over NCCL with

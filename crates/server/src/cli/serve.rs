@@ -85,7 +85,7 @@ pub struct ServeArgs {
     pub reasoning_parser: Option<ReasoningParser>,
     /// Serve LoRA adapters: requests pick one by naming it as their `model`, and
     /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` change the set at run time.
-    /// CPU only for now, on one device.
+    /// On the CPU and on CUDA (decode graphs included), on one device.
     #[arg(long)]
     pub enable_lora: bool,
     /// Adapters to load at startup, as NAME=PATH (a PEFT directory) or vLLM's JSON form
