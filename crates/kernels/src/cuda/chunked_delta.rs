@@ -25,53 +25,12 @@ use crate::error::{Error, Result};
 pub(super) const KERNELS: [&str; 3] =
     ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16", "gated_delta_chunk_scan_bf16_k128_v128"];
 
-/// A sequence takes the chunked form from this many rows, unless the step has many such
-/// ([`default_from`]); shorter ones take the fused kernel. Measured on the H200 at Qwen3.6's
-/// heads before the fused kernel got 3x faster (`bench/results/hybrid-profile-2026-12-04/`):
-/// 16 rows each of 64 sequences, fused 1.07 ms against chunked 1.93; 32 rows, 2.09 against
-/// 2.06. It still places a lone prompt: one sequence of 2,048 rows, 3.80 ms fused against 1.11.
+/// A sequence takes the chunked form from this many rows; shorter ones in the same step
+/// take the fused kernel. Measured on the H200 at Qwen3.6's heads, 64 sequences a step
+/// (`bench/results/hybrid-profile-2026-12-04/`): 16 rows each, fused 1.07 ms against chunked
+/// 1.93; 32 rows, 2.09 against 2.06; 64 rows, 4.12 against 2.37. A default warm-up step (32
+/// rows a sequence) so runs chunked, and the KV budget sees the scratch.
 pub(super) const CHUNKED_FROM: usize = 32;
-
-/// Sequences of a step between [`CHUNKED_FROM`] and [`FUSED_UP_TO`] rows take the fused
-/// kernel instead when the step has at least this many of them. The fused kernel's time is
-/// its longest walk times about 0.31 µs a row per sequence (at least 1.85 µs a row): its
-/// blocks fill the GPU from a few sequences on, and then it beats the chunked form's
-/// ~0.38 µs a row at every length the H200 measured (`bench/results/device-2026-12-05/`,
-/// one layer at Qwen3.6's heads: 64 x 32 rows 0.655 ms fused against 1.718 chunked, 64 x 256
-/// 5.08 against 6.26, 16 x 512 2.81 against 3.00; with 4 sequences of 512 the chunked form
-/// wins, 0.77 against 1.38). A burst of prefix-hit tails is such a step.
-pub(super) const FUSED_MANY: usize = 8;
-
-/// The most rows a sequence may have and still take the fused kernel in a step of
-/// [`FUSED_MANY`] such sequences: a longer one walks alone at 1.85 µs a row once the short
-/// ones end, where the chunked form takes it at ~0.4.
-pub(super) const FUSED_UP_TO: usize = 512;
-
-/// The rows from which a sequence of this step takes the chunked form, by default (benches
-/// may pin one, and `--batch-invariant` keeps [`CHUNKED_FROM`]): [`FUSED_UP_TO`] + 1 when the step has
-/// [`FUSED_MANY`] sequences of [`CHUNKED_FROM`] to [`FUSED_UP_TO`] rows, else
-/// [`CHUNKED_FROM`].
-pub(super) fn default_from(runs: &[SeqRun]) -> usize {
-    let mid = runs.iter().filter(|r| (CHUNKED_FROM..=FUSED_UP_TO).contains(&(r.end - r.start))).count();
-    if mid >= FUSED_MANY { FUSED_UP_TO + 1 } else { CHUNKED_FROM }
-}
-
-/// Takes from the pool, and gives back, the scratch the chunked form would take for this
-/// step's sequences of [`CHUNKED_FROM`] rows or more, when [`default_from`] sent them to the
-/// fused kernel: the pool keeps its peak, so the KV budget, sized after a warm-up step of
-/// many 32-row sequences (fused), still leaves the chunked form its room for the step that
-/// takes it.
-pub(super) fn hold_scratch(b: &CudaBackend, runs: &[SeqRun], dims: DeltaDims) -> Result<()> {
-    let chunks: usize =
-        runs.iter().filter(|r| r.end - r.start >= CHUNKED_FROM).map(|r| (r.end - r.start).div_ceil(GDR_CHUNK)).sum();
-    let dk = dims.dk as usize;
-    if chunks == 0 || dk > widest_keys(b.dev.capability) || !dk.is_multiple_of(16) || b.dev.recording_here() {
-        return Ok(()); // (as `try_run`: no chunked form here)
-    }
-    let per = scratch_floats(dk, dims.dv as usize);
-    drop(b.alloc(&[chunks.min(WAVE_CHUNKS) * dims.hv as usize * per], DType::F32)?);
-    Ok(())
-}
 
 /// `GDR_CHUNK`, `GDR_THREADS`, `GDR_COLS`, `GDR_SCAN_WARPS`, `GDR_S_LD` and `GDR_QK_LD` of
 /// `recurrent.cu`.
@@ -279,31 +238,6 @@ mod tests {
         assert_eq!(waves[1], (WAVE_CHUNKS..WAVE_CHUNKS + 1, vec![0, 1, 2]));
         assert_eq!(long(None).waves(), None);
         assert!(Plan::new(&[run(0, 64 * WAVE_CHUNKS, None, &[])]).waves().is_some());
-    }
-
-    #[test]
-    fn many_mid_length_sequences_take_the_fused_kernel() {
-        let step = |lens: &[usize]| {
-            let mut at = 0;
-            let runs: Vec<SeqRun> = lens
-                .iter()
-                .map(|&len| {
-                    at += len;
-                    run(at - len, at, Some(0), &[])
-                })
-                .collect();
-            default_from(&runs)
-        };
-        // A lone prompt, a few tails, decode rows beside a prompt: the long ones chunked.
-        assert_eq!(step(&[8192]), CHUNKED_FROM);
-        assert_eq!(step(&[32; FUSED_MANY - 1]), CHUNKED_FROM);
-        assert_eq!(step(&[&[1; 200][..], &[2048]].concat()), CHUNKED_FROM);
-        // A burst of prefix-hit tails, the warm-up's 256 sequences of 32: all fused; a long
-        // prompt among them still chunked.
-        assert_eq!(step(&[32; 64]), FUSED_UP_TO + 1);
-        assert_eq!(step(&[32; 256]), FUSED_UP_TO + 1);
-        assert_eq!(step(&[&[128; FUSED_MANY][..], &[4096]].concat()), FUSED_UP_TO + 1);
-        assert_eq!(step(&[FUSED_UP_TO + 1; FUSED_MANY]), CHUNKED_FROM);
     }
 
     #[test]

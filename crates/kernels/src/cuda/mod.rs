@@ -90,10 +90,9 @@ pub struct CudaBackend {
     pdl: bool,
     /// The tiled kernels the `flash` op runs prefill steps on.
     tiled_prefill: attention::TiledPrefill,
-    /// Rows from which a sequence takes the delta rule's chunked form, where
-    /// [`Self::with_chunked_delta_from`] pinned them; else by the step
-    /// ([`chunked_delta::default_from`]).
-    chunked_from: Option<usize>,
+    /// Rows from which a sequence takes the delta rule's chunked form
+    /// ([`chunked_delta::CHUNKED_FROM`], [`Self::with_chunked_delta_from`]).
+    chunked_from: usize,
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
@@ -188,7 +187,7 @@ impl CudaBackend {
             decode_counters,
             pdl,
             tiled_prefill,
-            chunked_from: None,
+            chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
             fp8_small: fp8::Small::from_env()?,
             gguf_int8: gguf::int8_dots_from_env()?,
@@ -206,7 +205,7 @@ impl CudaBackend {
     /// default: for measuring where one form overtakes the other (`cuda_delta_rule_forms`).
     #[must_use]
     pub fn with_chunked_delta_from(mut self, rows: usize) -> Self {
-        self.chunked_from = Some(rows.max(1));
+        self.chunked_from = rows.max(1);
         self
     }
 

@@ -284,18 +284,7 @@ pub(super) fn gated_delta_rule(
     let (a_log, dt_bias) = (rule.a_log, rule.dt_bias);
     let chunked = chunked_delta::Launch { qkv, a, gb, a_log, dt_bias, state, out: &out };
     // The long sequences take the chunked form, the rest (decode rows, short tails) the fused kernel.
-    // (`--batch-invariant`: a sequence's form by its own rows alone, whatever the step.)
-    let from = match b.chunked_from {
-        Some(from) => from,
-        None if b.batch_invariant => chunked_delta::CHUNKED_FROM,
-        None => {
-            let from = chunked_delta::default_from(&runs);
-            if from > chunked_delta::CHUNKED_FROM {
-                chunked_delta::hold_scratch(b, &runs, dims)?;
-            }
-            from
-        }
-    };
+    let from = b.chunked_from;
     let dims = if chunked_delta::try_run(b, &chunked, &runs, dims, from)? {
         if runs.iter().all(|r| r.end - r.start >= from) {
             return Ok(out);
