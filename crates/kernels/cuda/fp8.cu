@@ -301,18 +301,18 @@ __device__ void fp8_gemv_silu(const bf16_t* __restrict__ x, const u8* __restrict
 MET_FP8_GEMV(1)
 MET_FP8_GEMV(2)
 
-// `fp8_gemv_small_*`: decode batches of up to 4 rows outside `--batch-invariant`, on
-// gemv.cu's stream (`gemv_dots`) with e4m3 weights (`GemvE4m3`): a block owns 2 rows (8 KiB
-// of weights at k = 4,096; 4 rows in the `_r4` forms), its 128 threads split each row's k in 16-byte
-// vectors of 16 weights, every thread keeps up to 8 loads in flight, and the many short
-// blocks keep every SM streaming to the end, where the tensor-core GEMV above (32-row
-// blocks over split chunks) waits on its loads: 42 to 73 % of the copy bandwidth at m = 1.
-// A vector lies in one 128-column scale chunk: its 16 weights widen exactly to bf16, their
-// products with x add in f32, and the sum times the chunk's scale adds into the thread's
-// sum; the threads' sums then add in a fixed tree. The order depends on k alone, so a
-// row's result is the same at m = 1 to 4 (other bits than the tensor-core GEMV's, which
-// larger batches and `--batch-invariant` take). The SwiGLU form's block owns gate row j and
-// up row half + j.
+// `fp8_gemv_small_*`: one-row decode steps outside `--batch-invariant`, on gemv.cu's
+// stream (`gemv_dots`) with e4m3 weights (`GemvE4m3`): a block owns 2 rows (8 KiB of
+// weights at k = 4,096), its 128 threads split each row's k in 16-byte vectors of 16
+// weights, every thread keeps up to 8 loads in flight, and the many short blocks keep every
+// SM streaming to the end, where the tensor-core GEMV above (32-row blocks over split
+// chunks) waits on its loads: 48 to 66 % of the copy bandwidth at one row, against 42 to 73 %.
+// From two rows on the tensor-core GEMV is faster (at four rows 1.5 to 2.2x this stream,
+// `bench/results/device-2026-12-05b/`), so it takes them. A vector lies in one 128-column
+// scale chunk: its 16 weights widen exactly to bf16, their products with x add in f32, and
+// the sum times the chunk's scale adds into the thread's sum; the threads' sums then add in
+// a fixed tree (other bits than the tensor-core GEMV's). The SwiGLU form's block owns gate
+// row j and up row half + j.
 // e4m3 weights for gemv.cu's `gemv_dots`: 16 a vector, widened exactly to bf16, the
 // vector's f32 sum times its 128-column chunk's scale.
 template <int R>
@@ -392,8 +392,7 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
         }
 }
 
-// `fp8_gemv_small_m{M}` (2 rows a block: 8 KiB of weights at k = 4,096) and
-// `fp8_gemv_small_r4_m{M}` (4 rows: the 16 KiB a block of the bf16 GEMV streams at that k).
+// `fp8_gemv_small_m1`: 2 rows a block, 8 KiB of weights at k = 4,096.
 #define MET_FP8_GEMV_SMALL(M, R, MIN_BLOCKS, NAME, SILU)                                                       \
     extern "C" __global__ void __launch_bounds__(FP8_THREADS, MIN_BLOCKS) NAME(                         \
         const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,   \
@@ -409,10 +408,6 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
     }
 
 MET_FP8_GEMV_SMALL(1, 2, 8, fp8_gemv_small_m1, fp8_gemv_small_silu_m1)
-MET_FP8_GEMV_SMALL(2, 2, 6, fp8_gemv_small_m2, fp8_gemv_small_silu_m2)
-MET_FP8_GEMV_SMALL(4, 2, 3, fp8_gemv_small_m4, fp8_gemv_small_silu_m4)
-MET_FP8_GEMV_SMALL(1, 4, 6, fp8_gemv_small_r4_m1, fp8_gemv_small_r4_silu_m1)
-MET_FP8_GEMV_SMALL(2, 4, 4, fp8_gemv_small_r4_m2, fp8_gemv_small_r4_silu_m2)
 
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the

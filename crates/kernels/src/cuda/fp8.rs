@@ -10,8 +10,8 @@
 //!
 //! Products (`cuda/fp8.cu`): up to [`GEMV_MAX_M`] rows, and every row count under
 //! `--batch-invariant`, stream the weights through the tensor-core GEMV with bf16
-//! activations, but for decode batches of up to four rows outside `--batch-invariant`,
-//! which take a streaming GEMV of many short blocks, as bf16 weights do. Larger batches quantize the activations to e4m3 (per token and 128
+//! activations, but for one-row decode steps outside `--batch-invariant`, which take a
+//! streaming GEMV of many short blocks, as bf16 weights do. Larger batches quantize the activations to e4m3 (per token and 128
 //! columns for block-scaled weights, per token for per-row ones, as transformers' FP8
 //! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
 //! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
@@ -41,39 +41,6 @@ use crate::{DType, HostTensor, Shape, Storage, Tensor};
 pub(super) const FP8: DType = DType::Quant(QuantFormat::F8_E4M3);
 /// The largest batch the GEMV takes by default; larger ones go to cuBLASLt.
 pub(super) const GEMV_MAX_M: usize = 16;
-/// Which decode batches the streaming GEMV (`fp8_gemv_small_*`) takes outside
-/// `--batch-invariant` (larger ones, to [`GEMV_MAX_M`], take the tensor-core GEMV), and how
-/// many weight rows a block of it streams. The default is 2 rows to 4 batch rows;
-/// `MET_FP8_SMALL=ROWS:MAX_M` (ROWS 2 or 4; MAX_M 0 to 4, at most 2 with 4 rows) picks
-/// another, to measure one against another in the same build: at 2 rows a block streams 8
-/// KiB of a k = 4,096 matrix, half what a bf16 GEMV block streams, and the H200 measured
-/// the e4m3 GEMV at 49-66 % of the copy bandwidth at one row and slower at four rows than
-/// the tensor-core GEMV at eight (`bench/results/device-2026-12-05/`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Small {
-    rows: usize,
-    max_m: usize,
-}
-
-impl Small {
-    const DEFAULT: Self = Self { rows: 2, max_m: 4 };
-    const VAR: &str = "MET_FP8_SMALL";
-
-    /// The setting `MET_FP8_SMALL` asks for, or the default.
-    pub(super) fn from_env() -> Result<Self> {
-        let Some(v) = std::env::var_os(Self::VAR).filter(|v| !v.is_empty()) else { return Ok(Self::DEFAULT) };
-        let text = v.to_string_lossy();
-        let parsed =
-            text.split_once(':').and_then(|(r, m)| Some(Self { rows: r.parse().ok()?, max_m: m.parse().ok()? }));
-        match parsed {
-            Some(s) if (s.rows == 2 && s.max_m <= 4) || (s.rows == 4 && s.max_m <= 2) => Ok(s),
-            _ => Err(Error::InvalidArgument(format!(
-                "{}={text}: expected ROWS:MAX_M with ROWS 2 (MAX_M 0 to 4) or 4 (MAX_M 0 to 2)",
-                Self::VAR
-            ))),
-        }
-    }
-}
 /// Columns a scale chunk covers (`FP8_CHUNK` of `fp8.cu`).
 const CHUNK: usize = 128;
 /// `FP8_THREADS` / `FP8_WARPS` of `fp8.cu`.
@@ -86,21 +53,13 @@ const WORKSPACE: usize = 32 << 20;
 const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 21] = [
+pub(super) const KERNELS: [&str; 13] = [
     "fp8_gemv_n1",
     "fp8_gemv_n2",
     "fp8_gemv_silu_n1",
     "fp8_gemv_silu_n2",
     "fp8_gemv_small_m1",
-    "fp8_gemv_small_m2",
-    "fp8_gemv_small_m4",
     "fp8_gemv_small_silu_m1",
-    "fp8_gemv_small_silu_m2",
-    "fp8_gemv_small_silu_m4",
-    "fp8_gemv_small_r4_m1",
-    "fp8_gemv_small_r4_m2",
-    "fp8_gemv_small_r4_silu_m1",
-    "fp8_gemv_small_r4_silu_m2",
     "moe_gemm_e4m3_m16_deep",
     "moe_gemm_e4m3_m16",
     "moe_gemm_e4m3_m32",
@@ -264,8 +223,8 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     if g.m == 0 {
         return Ok(());
     }
-    if g.m <= b.fp8_small.max_m && !b.batch_invariant {
-        return gemv_small(b, s, g, b.fp8_small.rows);
+    if g.m == 1 && !b.batch_invariant {
+        return gemv_one(b, s, g);
     }
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
     let nt = if g.m <= 8 { 1 } else { 2 };
@@ -333,32 +292,28 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     Ok(())
 }
 
-/// [`gemv`] of a few batch rows on the streaming kernels, `rows` weight rows a block.
-fn gemv_small(b: &CudaBackend, s: &Fp8Scales, g: &Gemv, rows: usize) -> Result<()> {
+/// [`gemv`] of one row on the streaming kernel (`fp8_gemv_small_*`), 2 weight rows a block.
+fn gemv_one(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
-    let bucket = match g.m {
-        1 => 0,
-        2 => 1,
-        _ => 2,
-    };
-    let cols = if g.silu { (g.n / 2).div_ceil(rows / 2) } else { g.n.div_ceil(rows) };
+    let cols = if g.silu { g.n / 2 } else { g.n.div_ceil(2) };
     let cfg = LaunchConfig { grid_dim: (cols as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let (m, k, sp) = (g.m as u32, g.k as u32, s.buf.ptr());
-    // 4 rows a block are built for up to 2 batch rows (`Small` allows no more).
-    let names: [&str; 3] = match (rows, g.silu) {
-        (2, true) => ["fp8_gemv_small_silu_m1", "fp8_gemv_small_silu_m2", "fp8_gemv_small_silu_m4"],
-        (2, false) => ["fp8_gemv_small_m1", "fp8_gemv_small_m2", "fp8_gemv_small_m4"],
-        (_, true) => ["fp8_gemv_small_r4_silu_m1", "fp8_gemv_small_r4_silu_m2", ""],
-        (_, false) => ["fp8_gemv_small_r4_m1", "fp8_gemv_small_r4_m2", ""],
-    };
-    let name = names[bucket];
-    ensure(!name.is_empty(), "fp8 gemv", || format!("{} batch rows on the 4-row streaming kernels", g.m))?;
     if g.silu {
         let half = (g.n / 2) as u32;
-        launch!(b, name, cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, m, half, k])
+        launch!(
+            b,
+            "fp8_gemv_small_silu_m1",
+            cfg,
+            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, m, half, k]
+        )
     } else {
         let n = g.n as u32;
-        launch!(b, name, cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, m, n, k])
+        launch!(
+            b,
+            "fp8_gemv_small_m1",
+            cfg,
+            [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, m, n, k]
+        )
     }
 }
 

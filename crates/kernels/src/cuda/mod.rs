@@ -96,8 +96,6 @@ pub struct CudaBackend {
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
-    /// The batches the e4m3 streaming GEMV takes, and its rows a block.
-    fp8_small: fp8::Small,
     /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`gguf::int8_dots_from_env`]).
     gguf_int8: bool,
 }
@@ -189,7 +187,6 @@ impl CudaBackend {
             tiled_prefill,
             chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
-            fp8_small: fp8::Small::from_env()?,
             gguf_int8: gguf::int8_dots_from_env()?,
         })
     }
