@@ -9,7 +9,7 @@ once in a virtualenv outside the repository, it is not a dependency of met or it
     python3 -m venv ~/venvs/lcpp && ~/venvs/lcpp/bin/pip install llama-cpp-python
     ~/venvs/lcpp/bin/python scripts/bench_cpu_llamacpp.py --met target/release/met
 
-`--cpu-dots exact,int8` runs met once per mode in every round, and `--met A,B` each binary (an
+`--quant-dots exact,int8` runs met once per mode in every round, and `--met A,B` each binary (an
 A/B of two builds against the same llama.cpp rounds). llama.cpp's figures are the wall time of `Llama.eval` over the prompt and over each
 generated token (its greedy pick is an argmax over the returned logits); met's come from
 `met generate --timing` (wall time of the engine steps before and after the first token).
@@ -51,7 +51,7 @@ def bench_llamacpp(path, ids, gen, threads):
 def bench_met(met, path, ids, gen, threads, dots):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), MET_LOG="off")
     cmd = [met, "generate", "--model", path, "--prompt-ids", ",".join(map(str, ids)),
-           "--max-tokens", str(gen + 1), "--ignore-eos", "--timing", "--cpu-dots", dots]
+           "--max-tokens", str(gen + 1), "--ignore-eos", "--timing", "--quant-dots", dots]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     timing = json.loads(done.stderr.strip().splitlines()[-1])
     return {"prompt_tokens_per_s": timing["prompt_tokens_per_s"],
@@ -68,11 +68,11 @@ def main():
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--cpu-dots", default="exact",
-                   help="met's --cpu-dots values to run, comma-separated (each is its own engine)")
+    p.add_argument("--quant-dots", default="exact",
+                   help="met's --quant-dots values to run, comma-separated (each is its own engine)")
     args = p.parse_args()
     ids = prompt_ids(args.prompt)
-    dots = args.cpu_dots.split(",")
+    dots = args.quant_dots.split(",")
     bins = args.met.split(",")
     tag = (lambda b: f"met[{os.path.basename(b)}]") if len(bins) > 1 else (lambda b: "met")
     mets = {(b, d): f"{tag(b)} ({d})" for b in bins for d in dots}

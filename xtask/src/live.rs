@@ -222,7 +222,7 @@ impl Server {
         // Exact CPU dots: the suites compare answers with transformers' text, which the
         // default int8 dots may leave at near-tied steps (`default_model_int8.rs`).
         cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--api-key", key])
-            .args(["--reasoning-parser", "qwen3", "--cpu-dots", "exact"])
+            .args(["--reasoning-parser", "qwen3", "--quant-dots", "exact"])
             // Adapters for `test_lora.py`, which unloads each one it loads; with none loaded
             // every request runs as without the flag.
             .args(["--enable-lora", "--max-loras", "2"])

@@ -17,7 +17,7 @@
 //! (which model, which device and kernels), [`EngineSetup`] (the engine around it:
 //! [`EngineConfig`] for the scheduler, the KV cache's size, CUDA graphs,
 //! [`SpeculativeConfig`]) and [`ServeConfig`] (the HTTP server, with its [`LoraConfig`]).
-//! Each closed set of choices (`Policy`, `DeviceKind`, `CpuDots`, ...) is an enum whose
+//! Each closed set of choices (`Policy`, `DeviceKind`, `QuantDots`, ...) is an enum whose
 //! names the command line offers (with the `clap` feature, as clap's `ValueEnum`). A bad
 //! setting is an [`InvalidSetting`] naming its flag.
 //!
@@ -48,7 +48,7 @@ pub use fields::{ConfigJson, RawConfig};
 pub use generation::GenerationConfig;
 pub use home::{DEFAULT_MODEL_FILE, default_model_for_test, default_model_path, met_home};
 pub use hybrid::{GdnProjections, LinearAttentionConfig};
-pub use load::{AttentionBackendKind, CpuDots, DeviceKind, KvCacheDtype, LoadConfig, LoadFormat};
+pub use load::{AttentionBackendKind, DeviceKind, KvCacheDtype, LoadConfig, LoadFormat, QuantDots};
 pub use lora::{DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig, LoraModulePath};
 pub use model::{Activation, ArchDefaults, ModelConfig, MoeConfig, NormPlacement, NormWeight, RopeConfig, RopeScaling};
 pub use named::UnknownName;

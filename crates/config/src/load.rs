@@ -17,23 +17,25 @@ named_enum! {
 }
 
 named_enum! {
-    /// How the CPU computes products with packed Q4_0 / Q4_1 / Q8_0 weights.
-    pub enum CpuDots ("CPU dot products", default Exact) {
+    /// How products with quantised weights take their activations: the CPU's packed GGUF
+    /// blocks, and CUDA's Q4_K GEMV (decode steps of up to 8 rows).
+    pub enum QuantDots ("quantized dot products", default Exact) {
         /// f32 products of the exact weights and activations: the reference the equivalence
         /// tests use.
         Exact = "exact",
         /// Integer products with activations quantised to 8 bits per 32-element block, as
-        /// llama.cpp's q8 dots: faster decode; a greedy pick can change where the top two
-        /// tokens are within the quantisation noise.
+        /// llama.cpp's q8 dots (on its CPU and CUDA alike): faster decode; a greedy pick can
+        /// change where the top two tokens are within the quantisation noise.
         Int8 = "int8",
     }
 }
 
-impl CpuDots {
-    /// What `--cpu-dots` runs with unless told otherwise: the integer dots, which decode
+impl QuantDots {
+    /// What `--quant-dots` runs with unless told otherwise: the integer dots, which decode
     /// faster. Tests of what users get (batch invariance among them) read it from here, so
-    /// they follow the command line if it ever changes. Both settings give every row the
-    /// same bits whatever rows share its step.
+    /// they follow the command line if it ever changes. On the CPU both settings give every
+    /// row the same bits whatever rows share its step (on CUDA only `--batch-invariant`
+    /// promises that, and it takes no GEMV).
     pub const CLI_DEFAULT: Self = Self::Int8;
 }
 
@@ -98,7 +100,7 @@ pub struct LoadConfig {
     /// The device to run on.
     pub device: DeviceKind,
     /// The CPU's few-row quantised products.
-    pub cpu_dots: CpuDots,
+    pub quant_dots: QuantDots,
     /// The attention kernels.
     pub attention: AttentionBackendKind,
     /// The KV cache's element type.

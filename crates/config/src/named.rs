@@ -1,4 +1,4 @@
-//! Closed sets of settings chosen by name (`--policy fcfs`, `--cpu-dots int8`): each is an
+//! Closed sets of settings chosen by name (`--policy fcfs`, `--quant-dots int8`): each is an
 //! enum declared once with [`named_enum!`], which gives it its names, `ALL`, `Display`,
 //! `FromStr` and, with the `clap` feature, clap's `ValueEnum`, so the command line offers
 //! exactly the values the code matches on and no crate compares strings.

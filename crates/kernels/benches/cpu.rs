@@ -228,13 +228,13 @@ fn packed_weights(
 /// decode row and four speculative tokens) and 64: the same FLOPs as `matmul_f32`, from
 /// quantised blocks.
 fn matmul_quant(c: &mut Criterion) {
-    use met_kernels::CpuDots;
+    use met_kernels::QuantDots;
     use met_kernels::quant::QuantFormat;
     let (k, n) = (HIDDEN, INTERMEDIATE);
     let mut group = c.benchmark_group("matmul_quant");
     for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
         let packed = packed_weights(format, n, k, 3);
-        for dots in [CpuDots::Exact, CpuDots::Int8] {
+        for dots in [QuantDots::Exact, QuantDots::Int8] {
             for m in [1, 5, 8, 64] {
                 let x = values(m * k, 2);
                 group.throughput(flops(2 * m * k * n));
@@ -251,13 +251,13 @@ fn matmul_quant(c: &mut Criterion) {
 /// projection (`k` = 1024, `n` = 3072), with exact and integer dots, for a decode step and
 /// a 64-token chunk of a prompt.
 fn matmul_kquant(c: &mut Criterion) {
-    use met_kernels::CpuDots;
+    use met_kernels::QuantDots;
     use met_kernels::quant::QuantFormat;
     let (k, n) = (1024, 3072);
     let mut group = c.benchmark_group("matmul_kquant");
     for format in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K] {
         let packed = packed_weights(format, n, k, 5);
-        for dots in [CpuDots::Exact, CpuDots::Int8] {
+        for dots in [QuantDots::Exact, QuantDots::Int8] {
             for m in [1, 64] {
                 let x = values(m * k, 2);
                 group.throughput(flops(2 * m * k * n));
@@ -275,7 +275,7 @@ fn matmul_kquant(c: &mut Criterion) {
 /// sequences decoding together, or a draft being verified), about 200 MB of weights
 /// streamed from memory per step as in a real decode.
 fn decode_kquant(c: &mut Criterion) {
-    use met_kernels::CpuDots;
+    use met_kernels::QuantDots;
     use met_kernels::quant::QuantFormat;
     let shapes = [
         (4096, 1024, QuantFormat::Q4_K),
@@ -294,7 +294,7 @@ fn decode_kquant(c: &mut Criterion) {
             bench.iter(|| {
                 for layer in &layers {
                     for (w, x) in layer.iter().zip(&xs) {
-                        black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, m, CpuDots::Int8));
+                        black_box(met_kernels::cpu::matmul_packed(black_box(x), w, None, m, QuantDots::Int8));
                     }
                 }
             });
@@ -307,7 +307,7 @@ fn decode_kquant(c: &mut Criterion) {
 /// and 5 activation rows, with exact and integer dots: what a few-row decode step costs
 /// over a one-row step when every weight block is read once for all rows.
 fn layer_q4_1(c: &mut Criterion) {
-    use met_kernels::CpuDots;
+    use met_kernels::QuantDots;
     use met_kernels::quant::QuantFormat;
     let kv = 192;
     let shapes = [
@@ -322,7 +322,7 @@ fn layer_q4_1(c: &mut Criterion) {
     let weights: Vec<_> =
         shapes.iter().enumerate().map(|(i, &(n, k))| packed_weights(QuantFormat::Q4_1, n, k, 10 + i as u64)).collect();
     let mut group = c.benchmark_group("layer_q4_1");
-    for dots in [CpuDots::Exact, CpuDots::Int8] {
+    for dots in [QuantDots::Exact, QuantDots::Int8] {
         for m in [1, 5, 256] {
             let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(m * k, 4)).collect();
             group.throughput(flops(shapes.iter().map(|&(n, k)| 2 * m * k * n).sum()));

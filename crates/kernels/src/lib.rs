@@ -42,7 +42,7 @@ pub use backend::{
     QkvPrologue, RecurrentBatch, Routing, SampleRow, Sampled, StateSnapshot, UniformRun, lora_row_groups,
 };
 pub use collective::{Collective, Devices, LocalCollective};
-pub use cpu::{CpuBackend, CpuDots};
+pub use cpu::{CpuBackend, QuantDots};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaStorage};
 pub use dtype::DType;
@@ -54,30 +54,30 @@ pub use tensor::{Shape, Storage, Tensor};
 pub use met_config::DeviceKind;
 
 /// Opens the backend for `kind`: `Auto` is CUDA when it was compiled in and a GPU opens
-/// (its error is dropped), else the CPU, whose quantised few-row matmuls use `cpu_dots`.
+/// (its error is dropped), else the CPU; quantised products take `quant_dots` on both.
 /// `batch_invariant` asks CUDA for its batch-invariant kernels
 /// ([`CudaBackend::with_batch_invariance`]); the CPU's always are.
 ///
 /// # Errors
 /// [`Error::CudaNotCompiled`] when CUDA is asked for in a build without the `cuda` feature;
 /// [`Error::Device`] when CUDA is asked for and no GPU, driver or kernel build works.
-pub fn open_backend(kind: DeviceKind, cpu_dots: CpuDots, batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
+pub fn open_backend(kind: DeviceKind, quant_dots: QuantDots, batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
     match kind {
-        DeviceKind::Cpu => Ok(Arc::new(CpuBackend::with_dots(cpu_dots))),
-        DeviceKind::Cuda => open_cuda(batch_invariant),
+        DeviceKind::Cpu => Ok(Arc::new(CpuBackend::with_dots(quant_dots))),
+        DeviceKind::Cuda => open_cuda(quant_dots, batch_invariant),
         DeviceKind::Auto => {
-            Ok(open_cuda(batch_invariant).unwrap_or_else(|_| Arc::new(CpuBackend::with_dots(cpu_dots))))
+            Ok(open_cuda(quant_dots, batch_invariant).unwrap_or_else(|_| Arc::new(CpuBackend::with_dots(quant_dots))))
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda(batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
-    let backend = CudaBackend::new()?;
+fn open_cuda(quant_dots: QuantDots, batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
+    let backend = CudaBackend::new()?.with_quant_dots(quant_dots);
     Ok(Arc::new(if batch_invariant { backend.with_batch_invariance() } else { backend }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
+fn open_cuda(_quant_dots: QuantDots, _batch_invariant: bool) -> Result<Arc<dyn GpuBackend>> {
     Err(Error::CudaNotCompiled)
 }

@@ -160,9 +160,9 @@ mod cuda_mma {
     );
 }
 
-/// The CPU's integer dots (`--cpu-dots int8`, its default), against their own reference.
+/// The CPU's integer dots (`--quant-dots int8`, its default), against their own reference.
 mod cpu_int8 {
-    backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::CpuDots::Int8);
+    backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::QuantDots::Int8);
         quant::q4_k_int8_dots_match_rounded_activations,
     );
 }
@@ -170,15 +170,15 @@ mod cpu_int8 {
 /// CUDA's Q4_K GEMV over int8 activations, against its own reference.
 #[cfg(feature = "cuda")]
 mod cuda_gguf_int8 {
-    backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_gguf_int8_dots();
+    backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_quant_dots(met_kernels::QuantDots::Int8);
         quant::q4_k_int8_dots_match_rounded_activations,
     );
 }
 
 /// The same promise under the integer dots `met` runs the CPU with by default
-/// (`--cpu-dots int8`), for the packed products that take them.
+/// (`--quant-dots int8`), for the packed products that take them.
 mod cpu_int8_invariant {
-    backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::CpuDots::Int8);
+    backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::QuantDots::Int8);
         quant::gguf_expert_rows_are_batch_invariant,
     );
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use met_cache::{DEFAULT_BLOCK_SIZE, KvCache, PagedKvCache};
 use met_kernels::quant::QuantFormat;
-use met_kernels::{CpuBackend, CpuDots, DType, GpuBackend, HostTensor};
+use met_kernels::{CpuBackend, DType, GpuBackend, HostTensor, QuantDots};
 use met_model_layers::models::{gguf_config, open_gguf};
 use met_model_layers::{ForwardBatch, LoadOptions, LogitRows, load_model};
 use met_model_weights::{GgufStore, TensorInfo, WeightError, WeightStore};
@@ -58,7 +58,7 @@ impl WeightStore for Dequantized {
 }
 
 /// Logits of every position of two prompts, prefilled together, then of one decode step.
-fn logits(store: &dyn WeightStore, dots: CpuDots) -> Vec<f32> {
+fn logits(store: &dyn WeightStore, dots: QuantDots) -> Vec<f32> {
     let backend: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_dots(dots));
     let cfg = gguf_config(&open_gguf(&fixture()).unwrap()).unwrap();
     let model = load_model(&cfg, store, Arc::clone(&backend), &LoadOptions::default()).unwrap();
@@ -91,10 +91,10 @@ fn the_fixture_holds_every_k_quant() {
 
 #[test]
 fn packed_k_quants_give_the_dequantised_models_logits() {
-    let want = logits(&Dequantized(open_gguf(&fixture()).unwrap()), CpuDots::Exact);
-    let exact = logits(&open_gguf(&fixture()).unwrap(), CpuDots::Exact);
+    let want = logits(&Dequantized(open_gguf(&fixture()).unwrap()), QuantDots::Exact);
+    let exact = logits(&open_gguf(&fixture()).unwrap(), QuantDots::Exact);
     assert!(exact.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "exact dots: bit for bit");
-    let int8 = logits(&open_gguf(&fixture()).unwrap(), CpuDots::Int8);
+    let int8 = logits(&open_gguf(&fixture()).unwrap(), QuantDots::Int8);
     assert_ne!(int8, exact, "integer dots ran, so the K-quants were packed");
     let mut worst = 0f32;
     for (g, w) in int8.chunks_exact(512).zip(want.chunks_exact(512)) {

@@ -1,5 +1,5 @@
 //! A request's output never depends on its batch-mates (issue 36): on the CPU backend with
-//! the settings users get (`CpuDots::CLI_DEFAULT`, the integer dots), every request's tokens
+//! the settings users get (`QuantDots::CLI_DEFAULT`, the integer dots), every request's tokens
 //! and logprobs are bit for bit the same run alone, in one batch with the others, with its
 //! prompt prefilled in chunks, recomputed after a preemption, and after a prefix-cache hit.
 //!
@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use met_cache::{PagedKvCache, StateSizing};
-use met_config::{CpuDots, EngineConfig, SamplingParams};
+use met_config::{EngineConfig, QuantDots, SamplingParams};
 use met_kernels::{CpuBackend, GpuBackend};
 use met_model_layers::lora::{Adapter, LoraAdapter, LoraLimits, LoraPool};
 use met_model_layers::models::{gguf_config, load_model, open_gguf, read_config};
@@ -85,9 +85,13 @@ fn backend() -> Arc<dyn GpuBackend> {
             Arc::new(met_kernels::CudaBackend::new().expect("MET_TEST_BACKEND needs a GPU").with_batch_invariance())
         }
         #[cfg(feature = "cuda")]
-        Ok("cuda") => Arc::new(met_kernels::CudaBackend::new().expect("MET_TEST_BACKEND needs a GPU")),
+        Ok("cuda") => Arc::new(
+            met_kernels::CudaBackend::new()
+                .expect("MET_TEST_BACKEND needs a GPU")
+                .with_quant_dots(QuantDots::CLI_DEFAULT),
+        ),
         Ok(other) if !other.is_empty() => panic!("MET_TEST_BACKEND={other}: not a backend this build has"),
-        _ => Arc::new(CpuBackend::with_dots(CpuDots::CLI_DEFAULT)),
+        _ => Arc::new(CpuBackend::with_dots(QuantDots::CLI_DEFAULT)),
     }
 }
 

@@ -3,7 +3,7 @@
 //! `scripts/smollm2_reference.py`): greedy 32-token continuations of every chat case, all
 //! in one batch, and the `--chat` and `tokenize` paths from text. Skipped with a note
 //! when the model is not installed; `cargo xtask test` installs it and makes it required.
-//! Generation runs with exact CPU dots (`--cpu-dots exact`), the path that equals
+//! Generation runs with exact CPU dots (`--quant-dots exact`), the path that equals
 //! transformers; `default_model_int8.rs` checks the integer dots against both.
 
 use std::path::Path;
@@ -37,7 +37,7 @@ fn greedy_continuations_equal_transformers() {
     let cases = reference["chat"].as_array().unwrap();
     let mut args = vec![
         "generate".to_string(),
-        "--cpu-dots".into(),
+        "--quant-dots".into(),
         "exact".into(),
         "--model".into(),
         model.display().to_string(),
@@ -67,7 +67,7 @@ fn chat_from_text_renders_tokenizes_and_answers_like_transformers() {
     let model = model.display().to_string();
     let line: Value = serde_json::from_str(&met(&[
         "generate",
-        "--cpu-dots",
+        "--quant-dots",
         "exact",
         "--model",
         &model,
@@ -79,7 +79,7 @@ fn chat_from_text_renders_tokenizes_and_answers_like_transformers() {
     assert_eq!(ids(&line["prompt_ids"]), ids(&case["prompt_ids"]), "template + tokenizer");
     // Without --model, the default model answers, in plain text.
     assert_eq!(
-        met(&["generate", "--cpu-dots", "exact", "--chat", question, "--max-tokens", "32"]).trim(),
+        met(&["generate", "--quant-dots", "exact", "--chat", question, "--max-tokens", "32"]).trim(),
         case["generated_text"].as_str().unwrap()
     );
 }

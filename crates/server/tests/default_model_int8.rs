@@ -1,4 +1,4 @@
-//! The default model's greedy output with integer CPU dots (`--cpu-dots int8`, the
+//! The default model's greedy output with integer CPU dots (`--quant-dots int8`, the
 //! default) against the exact path and against transformers, on the reference
 //! prompts of `tests/fixtures/smollm2/reference.json` (made by
 //! `scripts/smollm2_reference.py`).
@@ -49,7 +49,8 @@ fn ids(v: &Value) -> Vec<u64> {
 
 /// Greedy 32-token continuations of every case in one batch, with top-5 logprobs.
 fn generate(model: &Path, cases: &[Value], dots: &str) -> Vec<Value> {
-    let mut args: Vec<String> = ["generate", "--device", "cpu", "--cpu-dots", dots, "--model"].map(String::from).into();
+    let mut args: Vec<String> =
+        ["generate", "--device", "cpu", "--quant-dots", dots, "--model"].map(String::from).into();
     args.push(model.display().to_string());
     for case in cases {
         let prompt: Vec<String> = ids(&case["prompt_ids"]).iter().map(u64::to_string).collect();

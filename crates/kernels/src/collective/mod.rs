@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 pub use local::LocalCollective;
 
-use crate::{CpuBackend, CpuDots, DeviceKind, Error, GpuBackend, Result, Tensor};
+use crate::{CpuBackend, DeviceKind, Error, GpuBackend, QuantDots, Result, Tensor};
 
 /// One rank's end of a tensor-parallel group: collectives over tensors of its backend.
 pub trait Collective: Send + Sync {
@@ -82,38 +82,38 @@ impl Devices {
     /// [`Error::InvalidArgument`] for `world` 0; [`Error::CudaNotCompiled`] for CUDA in a
     /// build without it; [`Error::Device`] when fewer than `world` GPUs are visible or one
     /// fails to open.
-    pub fn open(kind: DeviceKind, cpu_dots: CpuDots, world: usize) -> Result<Self> {
+    pub fn open(kind: DeviceKind, quant_dots: QuantDots, world: usize) -> Result<Self> {
         if world == 0 {
             return Err(Error::InvalidArgument("a tensor-parallel group needs at least one rank".into()));
         }
         match kind {
-            DeviceKind::Cpu => Ok(Self::cpu(cpu_dots, world)),
-            DeviceKind::Cuda => Self::cuda(world),
-            DeviceKind::Auto => match Self::cuda(world) {
+            DeviceKind::Cpu => Ok(Self::cpu(quant_dots, world)),
+            DeviceKind::Cuda => Self::cuda(quant_dots, world),
+            DeviceKind::Auto => match Self::cuda(quant_dots, world) {
                 Ok(devices) => Ok(devices),
                 // With GPUs present, a group that cannot open on them is an error rather
                 // than a quiet move to the CPU.
                 Err(e) if world > 1 && visible_gpus() > 0 => Err(e),
-                Err(_) => Ok(Self::cpu(cpu_dots, world)),
+                Err(_) => Ok(Self::cpu(quant_dots, world)),
             },
         }
     }
 
-    fn cpu(cpu_dots: CpuDots, world: usize) -> Self {
-        let backends = (0..world).map(|_| Arc::new(CpuBackend::with_dots(cpu_dots)) as Arc<dyn GpuBackend>).collect();
+    fn cpu(quant_dots: QuantDots, world: usize) -> Self {
+        let backends = (0..world).map(|_| Arc::new(CpuBackend::with_dots(quant_dots)) as Arc<dyn GpuBackend>).collect();
         Self { backends, transport: Transport::Local }
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda(world: usize) -> Result<Self> {
-        let gpus = crate::cuda::nccl::open_gpus(world)?;
+    fn cuda(quant_dots: QuantDots, world: usize) -> Result<Self> {
+        let gpus = crate::cuda::nccl::open_gpus(quant_dots, world)?;
         let backends = gpus.iter().map(|g| Arc::clone(g) as Arc<dyn GpuBackend>).collect();
         let transport = if world == 1 { Transport::Local } else { Transport::Nccl(gpus) };
         Ok(Self { backends, transport })
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn cuda(_world: usize) -> Result<Self> {
+    fn cuda(_quant_dots: QuantDots, _world: usize) -> Result<Self> {
         Err(Error::CudaNotCompiled)
     }
 

@@ -7,9 +7,9 @@ use crate::Tensor;
 use crate::error::Result;
 use crate::quant::dot_f32_rows;
 
-use super::{CpuDots, WeightView, f32_tensor, read_f32, read_weight};
+use super::{QuantDots, WeightView, f32_tensor, read_f32, read_weight};
 
-pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, dots: CpuDots) -> Result<Tensor> {
+pub(super) fn matmul(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, dots: QuantDots) -> Result<Tensor> {
     let (m, k, n) = crate::check::matmul(x, w, bias)?;
     let (xs, ws) = (read_f32("matmul", x)?, read_weight("matmul", w)?);
     let bs = bias.map(|b| read_f32("matmul", b)).transpose()?;

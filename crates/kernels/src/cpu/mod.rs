@@ -41,7 +41,7 @@ use crate::quant::{PackedQuant, QuantFormat};
 use crate::{DType, DeviceKind, HostTensor, Shape, Storage, Tensor};
 
 pub use matmul::matmul_xwt;
-pub use qmatmul::{CpuDots, matmul_packed, matmul_quant};
+pub use qmatmul::{QuantDots, matmul_packed, matmul_quant};
 
 /// Host memory of one CPU tensor.
 pub struct CpuStorage(RwLock<CpuData>);
@@ -64,7 +64,7 @@ enum CpuData {
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     /// How products with packed quantised weights are computed.
-    dots: CpuDots,
+    dots: QuantDots,
 }
 
 impl CpuBackend {
@@ -74,14 +74,14 @@ impl CpuBackend {
         Self::default()
     }
 
-    /// A CPU backend whose packed quantised matmuls use `dots` (`met --cpu-dots int8`
-    /// picks [`CpuDots::Int8`] for speed).
-    pub fn with_dots(dots: CpuDots) -> Self {
+    /// A CPU backend whose packed quantised matmuls use `dots` (`met --quant-dots int8`
+    /// picks [`QuantDots::Int8`] for speed).
+    pub fn with_dots(dots: QuantDots) -> Self {
         Self { dots }
     }
 
     /// How this backend's packed quantised matmuls are computed.
-    pub fn dots(&self) -> CpuDots {
+    pub fn dots(&self) -> QuantDots {
         self.dots
     }
 }

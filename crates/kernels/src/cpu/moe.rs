@@ -14,7 +14,7 @@ type MappedF32<'a> = parking_lot::MappedRwLockReadGuard<'a, [f32]>;
 use crate::error::{Error, Result, ensure};
 
 use super::qmatmul::matmul_packed_rows;
-use super::{CpuDots, WeightView, f32_tensor, matmul_xwt, read_f32, read_u32, read_weight, u32_tensor};
+use super::{QuantDots, WeightView, f32_tensor, matmul_xwt, read_f32, read_u32, read_weight, u32_tensor};
 
 pub(super) fn topk_routing(logits: &Tensor, k: usize, renormalize: bool) -> Result<Routing> {
     let d = logits.dims();
@@ -45,7 +45,7 @@ pub(super) fn moe_experts(
     routing: &Routing,
     gate_up: &Tensor,
     down: &Tensor,
-    dots: CpuDots,
+    dots: QuantDots,
     lora: Option<&MoeLora<'_>>,
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
@@ -189,7 +189,7 @@ fn expert_product(
     rows: std::ops::Range<usize>,
     m: usize,
     k: usize,
-    dots: CpuDots,
+    dots: QuantDots,
 ) -> Vec<f32> {
     match w {
         WeightView::Packed(parts) => matmul_packed_rows(x, parts, rows, m, dots),

@@ -4,7 +4,7 @@
 //! same way for a decode row and for a prompt's thousandth row (see `rows.rs`, which only
 //! schedules the pairs): packed matrices through their fused kernels, integer ones against
 //! activations quantised to 8 bits per block or exact f32 ones, each row on its own
-//! ([`CpuDots`], [`Q8Rows`]); the exact products of the K-quants and every product of the
+//! ([`QuantDots`], [`Q8Rows`]); the exact products of the K-quants and every product of the
 //! formats without a packed layout dequantise a tile of rows at a time and multiply by
 //! [`dot_f32_rows`]. Either way the weights are exactly
 //! the file's values. The backend holds the choice of dots; tests against exact
@@ -18,7 +18,7 @@ use crate::quant::{PackedQuant, Q8Rows, QuantFormat, block_sums, dequantize_row,
 
 /// How the CPU computes products with packed quantised weights: one of the closed
 /// sets of settings in `met-config`, which the command line offers by name.
-pub use met_config::CpuDots;
+pub use met_config::QuantDots;
 
 /// `x [m, k] · wᵀ + bias` for `w [n, k]` stored as `n` rows of `format` blocks.
 ///
@@ -76,7 +76,7 @@ fn dot_dequantized(
 ///
 /// # Panics
 /// If `x` is not `[m, k]`.
-pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize, dots: CpuDots) -> Vec<f32> {
+pub fn matmul_packed(x: &[f32], w: &PackedQuant, bias: Option<&[f32]>, m: usize, dots: QuantDots) -> Vec<f32> {
     matmul_packed_parts(x, std::slice::from_ref(w), bias, m, dots)
 }
 
@@ -91,7 +91,7 @@ pub fn matmul_packed_parts(
     parts: &[PackedQuant],
     bias: Option<&[f32]>,
     m: usize,
-    dots: CpuDots,
+    dots: QuantDots,
 ) -> Vec<f32> {
     let n = parts.iter().map(PackedQuant::rows).sum();
     add_bias(matmul_packed_rows(x, parts, 0..n, m, dots), bias, n)
@@ -102,13 +102,13 @@ pub fn matmul_packed_parts(
 ///
 /// # Panics
 /// If `x` is not `[m, k]`, the parts' `k` differ or `rows` runs past the matrix.
-pub fn matmul_packed_rows(x: &[f32], parts: &[PackedQuant], rows: Range<usize>, m: usize, dots: CpuDots) -> Vec<f32> {
+pub fn matmul_packed_rows(x: &[f32], parts: &[PackedQuant], rows: Range<usize>, m: usize, dots: QuantDots) -> Vec<f32> {
     let k = parts.first().map_or(0, PackedQuant::k);
     assert!(parts.iter().all(|p| p.k() == k), "parts of different widths");
     assert!(rows.end <= parts.iter().map(PackedQuant::rows).sum(), "rows past the matrix");
     assert_eq!(x.len(), m * k, "x is not [m, k]");
-    let q8 = matches!(dots, CpuDots::Int8).then(|| Q8Rows::quantize(x, k));
-    let sums: Vec<f32> = if matches!(dots, CpuDots::Exact) && parts.iter().any(|p| p.format().block_elems() <= 32) {
+    let q8 = matches!(dots, QuantDots::Int8).then(|| Q8Rows::quantize(x, k));
+    let sums: Vec<f32> = if matches!(dots, QuantDots::Exact) && parts.iter().any(|p| p.format().block_elems() <= 32) {
         x.chunks_exact(k.max(1)).flat_map(block_sums).collect()
     } else {
         Vec::new()
@@ -215,7 +215,7 @@ mod tests {
         for format in PACKED {
             let w = weights(format, n, k);
             let packed = PackedQuant::from_blocks(format, &w, k).unwrap();
-            for dots in [CpuDots::Exact, CpuDots::Int8] {
+            for dots in [QuantDots::Exact, QuantDots::Int8] {
                 for m in 1..MANY_ROWS + 2 {
                     let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
                     let together = matmul_packed(&x, &packed, None, m, dots);
@@ -250,7 +250,7 @@ mod tests {
         let parts: Vec<PackedQuant> =
             layout.iter().map(|&(f, n)| PackedQuant::from_blocks(f, &weights(f, n, k), k).unwrap()).collect();
         let n: usize = layout.iter().map(|&(_, n)| n).sum();
-        for dots in [CpuDots::Exact, CpuDots::Int8] {
+        for dots in [QuantDots::Exact, QuantDots::Int8] {
             for m in [1, 5, MANY_ROWS, 40] {
                 let x = batch(m, k);
                 let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
@@ -281,7 +281,7 @@ mod tests {
         };
         let parts = vec![host(QuantFormat::Q4_K, 40), host(QuantFormat::Q6_K, 24), host(QuantFormat::Q4_K, 8)];
         let widened = HostTensor::concat_rows(parts.clone()).unwrap().to_f32_vec().unwrap();
-        for dots in [CpuDots::Exact, CpuDots::Int8] {
+        for dots in [QuantDots::Exact, QuantDots::Int8] {
             let cpu = super::super::CpuBackend::with_dots(dots);
             let w = cpu.upload_rows(parts.clone(), crate::DType::F32).unwrap();
             assert_eq!(w.dtype(), crate::DType::Quant(QuantFormat::Q4_K), "the first part's format");
@@ -335,7 +335,7 @@ mod tests {
                 let mut paths: Vec<(String, Product<'_>)> =
                     vec![("blocks".into(), Box::new(|x, m| matmul_quant(x, &w, None, (m, k, n), format)))];
                 if let Some(p) = &packed {
-                    for dots in [CpuDots::Exact, CpuDots::Int8] {
+                    for dots in [QuantDots::Exact, QuantDots::Int8] {
                         paths
                             .push((format!("packed {dots}"), Box::new(move |x, m| matmul_packed(x, p, None, m, dots))));
                     }
@@ -369,7 +369,7 @@ mod tests {
         let x: Vec<f32> = (0..m * k).map(|i| ((i * 29 % 53) as f32 - 26.0) / 13.0).collect();
         let paths = [
             ("blocks", matmul_quant(&x, &w, None, (m, k, n), QuantFormat::Q4_1)),
-            ("packed exact", matmul_packed(&x, &packed, None, m, CpuDots::Exact)),
+            ("packed exact", matmul_packed(&x, &packed, None, m, QuantDots::Exact)),
         ];
         for (path, got) in paths {
             for i in 0..m {
@@ -396,9 +396,9 @@ mod tests {
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 29 % 53) as f32 - 26.0) / 13.0).collect();
                 let mut results = vec![("blocks", matmul_quant(&x, &w, Some(&bias), (m, k, n), format))];
                 if let Some(p) = &packed {
-                    results.push(("packed", matmul_packed(&x, p, Some(&bias), m, CpuDots::Exact)));
+                    results.push(("packed", matmul_packed(&x, p, Some(&bias), m, QuantDots::Exact)));
                 }
-                let int8 = packed.as_ref().map(|p| matmul_packed(&x, p, Some(&bias), m, CpuDots::Int8));
+                let int8 = packed.as_ref().map(|p| matmul_packed(&x, p, Some(&bias), m, QuantDots::Int8));
                 for (path, got) in results {
                     for i in 0..m {
                         for j in 0..n {

@@ -76,20 +76,6 @@ pub(super) const KERNELS: [&str; 36] = [
     "gguf_gemv_q4_k_q8_m8",
 ];
 
-/// Whether the GEMV of Q4_K parts dots int8 activations (`gguf_gemv_q4_k_q8_*`: x rounded
-/// to 8 bits a block of 32, `dp4a` on the nibbles) instead of f32 decodes:
-/// `MET_GGUF_DOTS=int8`, for measuring one against the other in one build (the f32 form is
-/// ALU-bound: the H200 streamed a Q4_K_M 8B shape at 0.84 TB/s,
-/// `bench/results/device-2026-12-05/`). Unset or `f32`: the f32 form.
-pub(super) fn int8_dots_from_env() -> Result<bool> {
-    const VAR: &str = "MET_GGUF_DOTS";
-    match std::env::var(VAR).as_deref() {
-        Err(_) | Ok("" | "f32") => Ok(false),
-        Ok("int8") => Ok(true),
-        Ok(other) => Err(Error::InvalidArgument(format!("{VAR}={other}: expected f32 or int8"))),
-    }
-}
-
 /// The int8-activation GEMV of `format` for `m` rows, where there is one.
 fn gemv_q8_kernel(format: QuantFormat, m: usize) -> Option<&'static str> {
     if format != QuantFormat::Q4_K {

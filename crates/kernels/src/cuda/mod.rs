@@ -54,7 +54,7 @@ use crate::backend::{
     Routing, SampleRow, Sampled,
 };
 use crate::error::{Error, Result};
-use crate::{DType, DeviceKind, HostTensor, Tensor};
+use crate::{DType, DeviceKind, HostTensor, QuantDots, Tensor};
 
 /// Device memory of one CUDA tensor.
 pub struct CudaStorage {
@@ -96,7 +96,7 @@ pub struct CudaBackend {
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
-    /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`gguf::int8_dots_from_env`]).
+    /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`Self::with_quant_dots`]).
     gguf_int8: bool,
 }
 
@@ -187,7 +187,7 @@ impl CudaBackend {
             tiled_prefill,
             chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
-            gguf_int8: gguf::int8_dots_from_env()?,
+            gguf_int8: false,
         })
     }
 
@@ -214,12 +214,14 @@ impl CudaBackend {
         self
     }
 
-    /// This backend with the GEMV of Q4_K parts over int8 activations (x rounded to 8 bits
-    /// a block of 32, as `MET_GGUF_DOTS=int8` asks), whatever the environment: for checking
-    /// that form against its own reference.
+    /// This backend with its quantised products' activations as `dots` says
+    /// (`--quant-dots`): under [`QuantDots::Int8`] the GEMV of Q4_K parts (decode steps of
+    /// up to 8 rows) rounds x to 8 bits a block of 32 and dots the nibbles as integers
+    /// (`dp4a`), 1.7x the f32 form on a Q4_K_M 8B shape (`bench/results/device-2026-12-05b/`).
+    /// [`Self::new`] keeps the exact form, the reference the op checks compare with.
     #[must_use]
-    pub fn with_gguf_int8_dots(mut self) -> Self {
-        self.gguf_int8 = true;
+    pub fn with_quant_dots(mut self, dots: QuantDots) -> Self {
+        self.gguf_int8 = dots == QuantDots::Int8;
         self
     }
 

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use super::{CudaBackend, drv, ptr};
 use crate::collective::Collective;
 use crate::error::{Error, Result};
-use crate::{DType, Tensor};
+use crate::{DType, QuantDots, Tensor};
 
 /// GPUs the driver reports; 0 without a driver.
 pub(crate) fn visible_gpus() -> usize {
@@ -39,7 +39,7 @@ pub(crate) fn visible_gpus() -> usize {
 /// # Errors
 /// [`Error::Device`] when CUDA cannot start, fewer than `world` GPUs are visible, or one
 /// fails to open.
-pub(crate) fn open_gpus(world: usize) -> Result<Vec<Arc<CudaBackend>>> {
+pub(crate) fn open_gpus(quant_dots: QuantDots, world: usize) -> Result<Vec<Arc<CudaBackend>>> {
     if !super::driver_present() {
         return Err(Error::Device("the CUDA driver (libcuda) is not installed".into()));
     }
@@ -49,7 +49,7 @@ pub(crate) fn open_gpus(world: usize) -> Result<Vec<Arc<CudaBackend>>> {
             "tensor parallelism over {world} GPUs, but {visible} CUDA device(s) are visible"
         )));
     }
-    (0..world).map(|ordinal| CudaBackend::on_device(ordinal).map(Arc::new)).collect()
+    (0..world).map(|ordinal| CudaBackend::on_device(ordinal).map(|b| Arc::new(b.with_quant_dots(quant_dots)))).collect()
 }
 
 /// One NCCL communicator per GPU of `gpus`, rank `i` on `gpus[i]`.

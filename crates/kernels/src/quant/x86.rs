@@ -212,7 +212,7 @@ unsafe fn pair_256<const Q4: bool>(x: &[f32], sums: &[f32], w: &[WeightRow<'_>; 
 /// [`pair_256`] for Q4 rows, written out: the one product the generic body did not keep at
 /// its speed. Through [`dots`] the AVX2 exact Q4 pair measured 3.6 to 3.9 % slower at
 /// k = 576 (one to eight activation rows), and a whole decode step held to AVX2 with
-/// `--cpu-dots exact` 4 % slower (`bench/results/house-2026-12-03/`), its hot loop the same
+/// `--quant-dots exact` 4 % slower (`bench/results/house-2026-12-03/`), its hot loop the same
 /// instructions in another order. Here each widened quarter feeds its product at once. The
 /// operations and their order are [`dots`]', so the bits are too (`quant/tests.rs` checks
 /// every level against the block decoder).

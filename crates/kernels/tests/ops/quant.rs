@@ -77,8 +77,8 @@ fn q8_rounded(x: &[f32]) -> Vec<f64> {
         .collect()
 }
 
-/// A Q4_K product over int8 activations (the CPU's `--cpu-dots int8`, CUDA's
-/// `with_gguf_int8_dots`) equals the decoded
+/// A Q4_K product over int8 activations (the CPU's `--quant-dots int8`, CUDA's
+/// `--quant-dots int8`) equals the decoded
 /// weights' product with x rounded to 8 bits a block of 32, at every GEMV batch bound; and
 /// it is nearer that reference than the unrounded one by well more than the output's
 /// rounding, so the check sees whether the int8 form ran at all.
@@ -215,7 +215,7 @@ pub fn gguf_expert_pairs_compute_with_their_decoded_values(b: &dyn GpuBackend) -
 
 /// Each token's MoE output with experts in packed GGUF blocks is the same bits alone as in
 /// a batch of 24 tokens, however many other tokens share its experts (what the CPU promises
-/// by default, `--cpu-dots int8` included, and CUDA under `--batch-invariant`).
+/// by default, `--quant-dots int8` included, and CUDA under `--batch-invariant`).
 pub fn gguf_expert_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(80);
     let (e, h, i, k, t) = (4, 512, 256, 2, 24);

@@ -6,8 +6,8 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use met_config::{
-    AsyncScheduling, AttentionBackendKind, CpuDots, DeviceKind, EngineConfig, EngineSetup, KvCacheDtype, LoadConfig,
-    LoadFormat, Policy, SpeculativeConfig, SpeculativeMethod,
+    AsyncScheduling, AttentionBackendKind, DeviceKind, EngineConfig, EngineSetup, KvCacheDtype, LoadConfig, LoadFormat,
+    Policy, QuantDots, SpeculativeConfig, SpeculativeMethod,
 };
 
 /// Tokens proposed per step when `--speculative` is given without `--num-speculative-tokens`.
@@ -33,10 +33,12 @@ pub struct ModelArgs {
     /// cuda.
     #[arg(long, default_value_t = DeviceKind::Auto, value_parser = parse_device)]
     pub device: DeviceKind,
-    /// CPU dot products with Q4_0/Q4_1/Q8_0 weights (about 15 % faster decode on the default
-    /// model with int8). Either way a row's result does not depend on the rows beside it.
-    #[arg(long, value_enum, default_value_t = CpuDots::CLI_DEFAULT)]
-    pub cpu_dots: CpuDots,
+    /// Products with quantised weights: int8 rounds the activations to 8 bits a block of 32
+    /// for integer dots (the CPU's GGUF blocks: about 15 % faster decode on the default
+    /// model; CUDA's Q4_K GEMV: 1.7x on a Q4_K_M 8B shape), exact keeps them in floats.
+    /// `--cpu-dots` is the older name.
+    #[arg(long, visible_alias = "cpu-dots", value_enum, default_value_t = QuantDots::CLI_DEFAULT)]
+    pub quant_dots: QuantDots,
     /// Attention backend.
     #[arg(long, value_enum, default_value_t = AttentionBackendKind::Flash)]
     pub attention_backend: AttentionBackendKind,
@@ -66,7 +68,7 @@ impl ModelArgs {
             dummy_seed: self.dummy_seed,
             hf_overrides: self.hf_overrides.clone(),
             device: self.device,
-            cpu_dots: self.cpu_dots,
+            quant_dots: self.quant_dots,
             attention: self.attention_backend,
             kv_cache_dtype: self.kv_cache_dtype,
             tensor_parallel_size: self.tensor_parallel_size,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use met_cache::KvCache as _;
-use met_config::{CpuDots, DeviceKind, EngineSetup, LoadConfig, SpeculativeMethod};
+use met_config::{DeviceKind, EngineSetup, LoadConfig, QuantDots, SpeculativeMethod};
 use met_kernels::GpuBackend;
 use met_model_layers::{GraphSettings, Model};
 use met_scheduler::Engine;
@@ -92,7 +92,7 @@ fn load_draft(path: &str, target: &dyn GpuBackend) -> Result<Weights> {
         device: target.device(),
         // A draft only proposes tokens the target verifies, so its dots trade nothing
         // but acceptance: the fast ones.
-        cpu_dots: CpuDots::Int8,
+        quant_dots: QuantDots::Int8,
         // A draft is small: it runs on rank 0's device alone.
         ..LoadConfig::for_model(Some(path.to_owned()))
     };

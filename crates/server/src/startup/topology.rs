@@ -109,12 +109,12 @@ pub fn open(args: &LoadConfig, config: &ModelConfig) -> Result<(Topology, Vec<Ar
     check_world(config, n).with_context(flag)?;
     let timer = PhaseTimer::start(Phase::Device);
     if n == 1 {
-        let backend = open_backend(args.device, args.cpu_dots, args.batch_invariant)?;
+        let backend = open_backend(args.device, args.quant_dots, args.batch_invariant)?;
         timer.done(backend.describe());
         PhaseTimer::start(Phase::Topology).done("world size 1");
         return Ok((Topology::single(backend), Vec::new()));
     }
-    let devices = Devices::open(args.device, args.cpu_dots, n).with_context(flag)?;
+    let devices = Devices::open(args.device, args.quant_dots, n).with_context(flag)?;
     if args.batch_invariant && !devices.backends().iter().all(|b| b.batch_invariant()) {
         bail!(
             "--batch-invariant with {}: NCCL's all-reduce picks how it sums by the size of the \

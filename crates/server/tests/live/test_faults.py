@@ -68,7 +68,7 @@ class MetServe:
         environ.update(MET_LOG="info", NO_COLOR="1", RUST_BACKTRACE="0")
         environ.update(env)
         # Exact CPU dots, as the suite's own server: answers are compared with transformers'.
-        argv = [binary, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--cpu-dots", "exact", *args]
+        argv = [binary, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--quant-dots", "exact", *args]
         self.proc = subprocess.Popen(argv, env=environ, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT)
 
