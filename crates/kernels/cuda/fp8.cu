@@ -409,6 +409,138 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
 
 MET_FP8_GEMV_SMALL(1, 2, 8, fp8_gemv_small_m1, fp8_gemv_small_silu_m1)
 
+// `fp8_gemv_tc1_*`: one-row decode steps on the tensor cores, under `MET_FP8_ONE=tc`
+// (for measuring against the streaming kernel above). The weights are the mma's B operand,
+// so a block owns 8 rows (the SwiGLU form 4 gate and 4 up rows) and a matrix is hundreds of
+// blocks with no split sums; its 8 warps take turns over the 128-column chunks, 4 chunks in
+// flight each, so a k = 4,096 row is requested whole as the block starts. Lane (g, q)
+// streams 16 bytes of row g of each 64-column half of a chunk, which go through the mma in
+// the permuted order the GEMV above uses (the same for the activations); the two halves'
+// 4 mma each add into separate sums (two short dependency chains), joined per chunk and
+// times the chunk's scales. The warps' sums add in warp order. (A first form with 4 warps
+// and one chain a chunk ran at 36-62 % of the copy at one row: its warps waited on the
+// tensor cores, `bench/results/device-2026-12-05b/`.)
+#define FP8_TC1_WARPS 8
+#define FP8_TC1_DEPTH 4
+
+__device__ __forceinline__ void fp8_tc1_dots(const bf16_t* __restrict__ x, const u8* __restrict__ w,
+                                             const float* __restrict__ scales, u32 scale_rows, u32 scale_stride,
+                                             u32 chunk_step, u32 wrow, u32 srow0, u32 srow1, u32 m, u32 k,
+                                             float (&acc)[2]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const u32 chunks = k / FP8_CHUNK;
+    acc[0] = acc[1] = 0.0f;
+    const bool live = g < m;
+    const bf16_t* xr = x + (u64)(live ? g : 0) * k + q * 16;
+    const u8* wr = w + (u64)wrow * k + q * 16;
+    const float* s0 = scales + (u64)(srow0 / scale_rows) * scale_stride;
+    const float* s1 = scales + (u64)(srow1 / scale_rows) * scale_stride;
+    struct Set {
+        uint4 w[2];
+        float s[2];
+    };
+    auto fetch = [&](u32 c, Set& o) {
+        const uint4* v = reinterpret_cast<const uint4*>(wr + (u64)c * FP8_CHUNK);
+        o.w[0] = __ldcs(v);
+        o.w[1] = __ldcs(v + 4);
+        o.s[0] = __ldg(s0 + (u64)c * chunk_step);
+        o.s[1] = __ldg(s1 + (u64)c * chunk_step);
+    };
+    auto dots = [&](u32 c, const Set& o) {
+        uint2 xs[2][4];
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh)
+#pragma unroll
+            for (int sub = 0; sub < 4; ++sub)
+                xs[kh][sub] = live ? __ldg(reinterpret_cast<const uint2*>(xr + c * FP8_CHUNK + kh * 64 + sub * 4))
+                                   : make_uint2(0, 0);
+        float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub)
+#pragma unroll
+            for (int kh = 0; kh < 2; ++kh) {
+                const uint4 r = o.w[kh];
+                const u32 word = sub == 0 ? r.x : sub == 1 ? r.y : sub == 2 ? r.z : r.w;
+                u32 lo, hi;
+                e4m3x4_to_bf16(word, lo, hi);
+                const u32 a[4] = {xs[kh][sub].x, 0u, xs[kh][sub].y, 0u};
+                mma_bf16(part[kh], a, lo, hi);
+            }
+        acc[0] = fmaf(part[0][0] + part[1][0], o.s[0], acc[0]);
+        acc[1] = fmaf(part[0][1] + part[1][1], o.s[1], acc[1]);
+    };
+    Set sets[FP8_TC1_DEPTH];
+#pragma unroll
+    for (int i = 0; i < FP8_TC1_DEPTH; ++i) {
+        const u32 c = warp + i * FP8_TC1_WARPS;
+        if (c < chunks) fetch(c, sets[i]);
+    }
+    pdl_wait_prev();
+    for (u32 base = warp; base < chunks; base += FP8_TC1_DEPTH * FP8_TC1_WARPS) {
+#pragma unroll
+        for (int i = 0; i < FP8_TC1_DEPTH; ++i) {
+            const u32 c = base + i * FP8_TC1_WARPS;
+            if (c < chunks) {
+                dots(c, sets[i]);
+                if (c + FP8_TC1_DEPTH * FP8_TC1_WARPS < chunks) fetch(c + FP8_TC1_DEPTH * FP8_TC1_WARPS, sets[i]);
+            }
+        }
+    }
+}
+
+// The warps' sums of token 0's 8 columns (lanes 0-3 hold them), in warp order: red[warp][col].
+__device__ __forceinline__ void fp8_tc1_gather(const float (&acc)[2], float (*red)[8]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane < 4) {
+        red[warp][2 * lane] = acc[0];
+        red[warp][2 * lane + 1] = acc[1];
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float fp8_tc1_sum(float (*red)[8], u32 col) {
+    float v = red[0][col];
+#pragma unroll
+    for (int i = 1; i < FP8_TC1_WARPS; ++i) v += red[i][col];
+    return v;
+}
+
+// grid (ceil(n / 8)), block 32 FP8_TC1_WARPS; one token. `bias` may be null.
+extern "C" __global__ void __launch_bounds__(32 * FP8_TC1_WARPS, 3)
+    fp8_gemv_tc1(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,
+                 const bf16_t* bias, bf16_t* out, u32 m, u32 n, u32 k) {
+    pdl_allow_next();
+    __shared__ float red[FP8_TC1_WARPS][8];
+    const u32 lane = threadIdx.x & 31, first = blockIdx.x * 8;
+    const u32 wrow = min(first + (lane >> 2), n - 1);
+    const u32 s0 = min(first + 2 * (lane & 3), n - 1), s1 = min(first + 2 * (lane & 3) + 1, n - 1);
+    float acc[2];
+    fp8_tc1_dots(x, w, scales, scale_rows, scale_stride, chunk_step, wrow, s0, s1, 1, k, acc);
+    fp8_tc1_gather(acc, red);
+    if (threadIdx.x < 8 && first + threadIdx.x < n) {
+        const u32 col = first + threadIdx.x;
+        out[col] = f2bf(fp8_tc1_sum(red, threadIdx.x) + (bias ? bf2f(bias[col]) : 0.0f));
+    }
+}
+
+// grid (ceil(half / 4)); w is [2 half, k] (gate rows, then up). Columns 0-3 of the block are
+// gate rows 4 j .. 4 j + 3, columns 4-7 the up rows of the same outputs.
+extern "C" __global__ void __launch_bounds__(32 * FP8_TC1_WARPS, 3)
+    fp8_gemv_tc1_silu(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride,
+                      u32 chunk_step, bf16_t* out, u32 m, u32 half, u32 k) {
+    pdl_allow_next();
+    __shared__ float red[FP8_TC1_WARPS][8];
+    const u32 lane = threadIdx.x & 31, first = blockIdx.x * 4;
+    auto row_of = [&](u32 col) { return min(first + col % 4, half - 1) + (col < 4 ? 0 : half); };
+    float acc[2];
+    fp8_tc1_dots(x, w, scales, scale_rows, scale_stride, chunk_step, row_of(lane >> 2), row_of(2 * (lane & 3)),
+                 row_of(2 * (lane & 3) + 1), 1, k, acc);
+    fp8_tc1_gather(acc, red);
+    if (threadIdx.x < 4 && first + threadIdx.x < half) {
+        out[first + threadIdx.x] = f2bf(silu_times(fp8_tc1_sum(red, threadIdx.x), fp8_tc1_sum(red, 4 + threadIdx.x)));
+    }
+}
+
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the
 // layout cuBLASLt reads for its 128-element vector scales.

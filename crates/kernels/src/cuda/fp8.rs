@@ -53,7 +53,9 @@ const WORKSPACE: usize = 32 << 20;
 const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 13] = [
+pub(super) const KERNELS: [&str; 15] = [
+    "fp8_gemv_tc1",
+    "fp8_gemv_tc1_silu",
     "fp8_gemv_n1",
     "fp8_gemv_n2",
     "fp8_gemv_silu_n1",
@@ -224,7 +226,7 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
         return Ok(());
     }
     if g.m == 1 && !b.batch_invariant {
-        return gemv_one(b, s, g);
+        return if b.fp8_one_tc { gemv_tc1(b, s, g) } else { gemv_one(b, s, g) };
     }
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
     let nt = if g.m <= 8 { 1 } else { 2 };
@@ -314,6 +316,33 @@ fn gemv_one(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
             cfg,
             [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, m, n, k]
         )
+    }
+}
+
+/// [`gemv`] of one row on the tensor-core stream (`fp8_gemv_tc1*`), 8 weight rows a block.
+fn gemv_tc1(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
+    let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
+    let cols = if g.silu { (g.n / 2).div_ceil(4) } else { g.n.div_ceil(8) };
+    let cfg = LaunchConfig { grid_dim: (cols as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (m, k, sp) = (g.m as u32, g.k as u32, s.buf.ptr());
+    if g.silu {
+        let half = (g.n / 2) as u32;
+        launch!(b, "fp8_gemv_tc1_silu", cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, m, half, k])
+    } else {
+        let n = g.n as u32;
+        launch!(b, "fp8_gemv_tc1", cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, m, n, k])
+    }
+}
+
+/// Whether one-row products take the tensor-core stream (`fp8_gemv_tc1*`) instead of the
+/// streaming GEMV: `MET_FP8_ONE=tc`, for measuring one against the other in one build
+/// (unset or `stream`: the streaming GEMV).
+pub(super) fn one_row_tc_from_env() -> Result<bool> {
+    const VAR: &str = "MET_FP8_ONE";
+    match std::env::var(VAR).as_deref() {
+        Err(_) | Ok("" | "stream") => Ok(false),
+        Ok("tc") => Ok(true),
+        Ok(other) => Err(Error::InvalidArgument(format!("{VAR}={other}: expected stream or tc"))),
     }
 }
 

@@ -96,6 +96,8 @@ pub struct CudaBackend {
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
+    /// Whether one-row e4m3 products take the tensor-core stream ([`fp8::one_row_tc_from_env`]).
+    fp8_one_tc: bool,
     /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`Self::with_quant_dots`]).
     gguf_int8: bool,
 }
@@ -188,6 +190,7 @@ impl CudaBackend {
             chunked_from: chunked_delta::CHUNKED_FROM,
             batch_invariant: false,
             gguf_int8: false,
+            fp8_one_tc: fp8::one_row_tc_from_env()?,
         })
     }
 
