@@ -18,7 +18,7 @@ named_enum! {
 
 named_enum! {
     /// How products with quantised weights take their activations: the CPU's packed GGUF
-    /// blocks, and CUDA's Q4_K GEMV (decode steps of up to 8 rows).
+    /// blocks, and CUDA's Q4_K and Q6_K GEMV (decode steps of up to 8 rows).
     pub enum QuantDots ("quantized dot products", default Exact) {
         /// f32 products of the exact weights and activations: the reference the equivalence
         /// tests use.

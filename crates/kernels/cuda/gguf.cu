@@ -265,7 +265,7 @@ GGUF_GEMVS(q4_k, GGUF_Q4_K)
 GGUF_GEMVS(q5_k, GGUF_Q5_K)
 GGUF_GEMVS(q6_k, GGUF_Q6_K)
 
-// --- int8 activations (`MET_GGUF_DOTS=int8`, for measuring) ------------------------------
+// --- int8 activations (`--quant-dots int8`, the default) ---------------------------------
 //
 // The GEMV above decodes every weight to f32 and multiplies it by an f32 of x: about five
 // instructions a weight, so a Q4_K matrix (0.56 bytes a weight) streams at the rate the
@@ -274,7 +274,10 @@ GGUF_GEMVS(q6_k, GGUF_Q6_K)
 // d · Σq beside d), and a Q4_K sub-block (32 weights, the same 32 columns as an x block)
 // is dotted as integers, four nibbles against four int8 a `dp4a`:
 //   Σ (d·sc·q − dmin·mn) · x  ≈  d·sc · d_x · Σ q·q_x  −  dmin·mn · (d_x · Σ q_x).
-// The result moves by x's rounding to 8 bits (as the CPU's `--cpu-dots int8` does).
+// A Q6_K chunk (16 weights under one int8 scale, half an x block) is dotted the same way,
+// its 6-bit quants against int8 x, with the offset of 32 taken out through x's sum over the
+// chunk (a `dp4a` against ones):  Σ d·sc·(q − 32) · x  ≈  d·sc · d_x · (Σ q·q_x − 32 Σ q_x).
+// The result moves by x's rounding to 8 bits (as the CPU's `--quant-dots int8` does).
 
 // grid (ceil(blocks / 4)), block 128: one warp a block of 32 x values (`blocks` = m k / 32).
 extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, float2* ds, u32 blocks) {
@@ -344,17 +347,73 @@ __device__ __forceinline__ void gguf_gemv_q4_k_q8(const signed char* __restrict_
     }
 }
 
-#define GGUF_GEMV_Q8(M)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_q4_k_q8_m##M(                     \
+// As `gguf_gemv_q4_k_q8` for Q6_K: a unit's four chunks of 16 weights (32 apart in x, as
+// Q6_K's blocks interleave them), each under its int8 scale.
+template <int M>
+__device__ __forceinline__ void gguf_gemv_q6_k_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                                  GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
+                                                  u32 column) {
+    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
+    const u32 k = mat.k, units = k / 64;
+    GgufUnit next;
+    if (lane < units) next = gguf_load<GGUF_Q6_K>(mat, row, lane);
+    for (u32 u = lane; u < units; u += 32) {
+        const GgufUnit g = next;
+        if (u + 32 < units) next = gguf_load<GGUF_Q6_K>(mat, row, u + 32);
+        const float d = gguf_h2f(g.s1);
+#pragma unroll
+        for (u32 c = 0; c < 4; ++c) {
+            const float dsc = d * (float)(signed char)((g.s0 >> (8 * c)) & 0xffu);
+            const u32 shift = c < 2 ? 0 : 4, at = gguf_chunk_k<GGUF_Q6_K>(u, c);
+            int q[4];
+#pragma unroll
+            for (u32 i = 0; i < 4; ++i) {
+                const u32 lo = (gguf_word(g.q[c & 1u], i) >> shift) & 0x0f0f0f0fu;
+                const u32 hi = ((gguf_word(g.h[0], i) >> (2 * c)) & 0x03030303u) << 4;
+                q[i] = (int)(lo | hi);
+            }
+#pragma unroll
+            for (int t = 0; t < M; ++t) {
+                if (t >= (int)m) break;
+                const int4 xv = *reinterpret_cast<const int4*>(xq + (u64)t * k + at);
+                const int xs[4] = {xv.x, xv.y, xv.z, xv.w};
+                int sumi = 0, sumx = 0;
+#pragma unroll
+                for (u32 i = 0; i < 4; ++i) {
+                    sumi = __dp4a(q[i], xs[i], sumi);
+                    sumx = __dp4a(0x01010101, xs[i], sumx);
+                }
+                const float dx = xds[(u64)t * (k / 32) + at / 32].x;
+                acc[t] += dsc * (dx * (float)(sumi - 32 * sumx));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float total = warp_sum(acc[t]);
+        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
+    }
+}
+
+#define GGUF_GEMV_Q8(F, M)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_##F##_q8_m##M(                     \
         const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width,        \
         u32 column) {                                                                                          \
         pdl_enter();                                                                                           \
-        gguf_gemv_q4_k_q8<M>(xq, xds, mat, out, m, rows, width, column);                                       \
+        gguf_gemv_##F##_q8<M>(xq, xds, mat, out, m, rows, width, column);                                      \
     }
-GGUF_GEMV_Q8(1)
-GGUF_GEMV_Q8(2)
-GGUF_GEMV_Q8(4)
-GGUF_GEMV_Q8(8)
+GGUF_GEMV_Q8(q4_k, 1)
+GGUF_GEMV_Q8(q4_k, 2)
+GGUF_GEMV_Q8(q4_k, 4)
+GGUF_GEMV_Q8(q4_k, 8)
+GGUF_GEMV_Q8(q6_k, 1)
+GGUF_GEMV_Q8(q6_k, 2)
+GGUF_GEMV_Q8(q6_k, 4)
+GGUF_GEMV_Q8(q6_k, 8)
 
 // The tiled product for 9 to 256 activation rows: out [m, N] columns `column..column + rows`
 // = x [m, k] · wᵀ, block (weight-row tile, token tile) of GGUF_BN weight rows by BM tokens,

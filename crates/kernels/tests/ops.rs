@@ -163,15 +163,15 @@ mod cuda_mma {
 /// The CPU's integer dots (`--quant-dots int8`, its default), against their own reference.
 mod cpu_int8 {
     backend_tests!(@checks met_kernels::CpuBackend::with_dots(met_kernels::QuantDots::Int8);
-        quant::q4_k_int8_dots_match_rounded_activations,
+        quant::k_quant_int8_dots_match_rounded_activations,
     );
 }
 
-/// CUDA's Q4_K GEMV over int8 activations, against its own reference.
+/// CUDA's Q4_K and Q6_K GEMV over int8 activations, against its own reference.
 #[cfg(feature = "cuda")]
 mod cuda_gguf_int8 {
     backend_tests!(@checks met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU").with_quant_dots(met_kernels::QuantDots::Int8);
-        quant::q4_k_int8_dots_match_rounded_activations,
+        quant::k_quant_int8_dots_match_rounded_activations,
     );
 }
 

@@ -37,7 +37,7 @@ use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
 /// The kernels of `gguf.cu`, looked up at startup: a GEMV per format and batch bound, and
 /// the widening.
-pub(super) const KERNELS: [&str; 36] = [
+pub(super) const KERNELS: [&str; 40] = [
     "gguf_gemv_q4_0_m1",
     "gguf_gemv_q4_0_m2",
     "gguf_gemv_q4_0_m4",
@@ -74,18 +74,24 @@ pub(super) const KERNELS: [&str; 36] = [
     "gguf_gemv_q4_k_q8_m2",
     "gguf_gemv_q4_k_q8_m4",
     "gguf_gemv_q4_k_q8_m8",
+    "gguf_gemv_q6_k_q8_m1",
+    "gguf_gemv_q6_k_q8_m2",
+    "gguf_gemv_q6_k_q8_m4",
+    "gguf_gemv_q6_k_q8_m8",
 ];
 
 /// The int8-activation GEMV of `format` for `m` rows, where there is one.
 fn gemv_q8_kernel(format: QuantFormat, m: usize) -> Option<&'static str> {
-    if format != QuantFormat::Q4_K {
-        return None;
-    }
+    let first = match format {
+        QuantFormat::Q4_K => 32,
+        QuantFormat::Q6_K => 36,
+        _ => return None,
+    };
     Some(match m {
-        1 => KERNELS[32],
-        2 => KERNELS[33],
-        3 | 4 => KERNELS[34],
-        5..=GEMV_ROWS => KERNELS[35],
+        1 => KERNELS[first],
+        2 => KERNELS[first + 1],
+        3 | 4 => KERNELS[first + 2],
+        5..=GEMV_ROWS => KERNELS[first + 3],
         _ => return None,
     })
 }

@@ -98,7 +98,7 @@ pub struct CudaBackend {
     batch_invariant: bool,
     /// Whether one-row e4m3 products take the tensor-core stream ([`fp8::one_row_tc_from_env`]).
     fp8_one_tc: bool,
-    /// Whether the GGUF GEMV of Q4_K parts dots int8 activations ([`Self::with_quant_dots`]).
+    /// Whether the GGUF GEMV of Q4_K and Q6_K parts dots int8 activations ([`Self::with_quant_dots`]).
     gguf_int8: bool,
 }
 
@@ -218,7 +218,7 @@ impl CudaBackend {
     }
 
     /// This backend with its quantised products' activations as `dots` says
-    /// (`--quant-dots`): under [`QuantDots::Int8`] the GEMV of Q4_K parts (decode steps of
+    /// (`--quant-dots`): under [`QuantDots::Int8`] the GEMV of Q4_K and Q6_K parts (decode steps of
     /// up to 8 rows) rounds x to 8 bits a block of 32 and dots the nibbles as integers
     /// (`dp4a`), 1.7x the f32 form on a Q4_K_M 8B shape (`bench/results/device-2026-12-05b/`).
     /// [`Self::new`] keeps the exact form, the reference the op checks compare with.

@@ -77,39 +77,35 @@ fn q8_rounded(x: &[f32]) -> Vec<f64> {
         .collect()
 }
 
-/// A Q4_K product over int8 activations (the CPU's `--quant-dots int8`, CUDA's
-/// `--quant-dots int8`) equals the decoded
-/// weights' product with x rounded to 8 bits a block of 32, at every GEMV batch bound; and
-/// it is nearer that reference than the unrounded one by well more than the output's
-/// rounding, so the check sees whether the int8 form ran at all.
-pub fn q4_k_int8_dots_match_rounded_activations(b: &dyn GpuBackend) -> Result<()> {
+/// Q4_K and Q6_K products over int8 activations (the CPU's `--quant-dots int8`, CUDA's
+/// `--quant-dots int8`) equal the decoded weights' product with x rounded to 8 bits a block
+/// of 32, at every GEMV batch bound; and they are nearer that reference than the unrounded
+/// one by well more than the output's rounding, so the check sees whether the int8 form
+/// ran at all.
+pub fn k_quant_int8_dots_match_rounded_activations(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(4242);
     let (n, k) = (40, 1024);
-    let host = HostTensor::from_bytes(
-        DType::Quant(QuantFormat::Q4_K),
-        &[n, k],
-        Cow::Owned(blocks(QuantFormat::Q4_K, n, k, &mut rng)),
-    )?;
-    let decoded = widen(&host.to_f32_vec()?);
-    let w = b.upload(&host, b.float_dtype())?;
-    let decoded = &decoded;
-    let product = |x: &[f64], m: usize| -> Vec<f64> {
-        (0..m).flat_map(|i| (0..n).map(move |j| (0..k).map(|l| x[i * k + l] * decoded[j * k + l]).sum())).collect()
-    };
-    let rms = |a: &[f32], b: &[f64]| {
-        (a.iter().zip(b).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
-    };
-    for m in [1, 2, 3, 5, 8] {
-        let x = stored(b, rng.vec(m * k));
-        let (rounded, exact) = (product(&q8_rounded(&x), m), product(&widen(&x), m));
-        let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?;
-        assert_close(b, &y, &[m, n], &rounded, &format!("q4_k int8 dots m={m}"))?;
-        let got = b.download_f32(&y)?;
-        let (near, far) = (rms(&got, &rounded), rms(&got, &exact));
-        assert!(
-            near < 0.6 * far,
-            "q4_k int8 dots m={m}: rms {near:.3e} from the int8 reference, {far:.3e} from the exact one"
-        );
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
+        let host = HostTensor::from_bytes(DType::Quant(format), &[n, k], Cow::Owned(blocks(format, n, k, &mut rng)))?;
+        let decoded = widen(&host.to_f32_vec()?);
+        let w = b.upload(&host, b.float_dtype())?;
+        let decoded = &decoded;
+        let product = |x: &[f64], m: usize| -> Vec<f64> {
+            (0..m).flat_map(|i| (0..n).map(move |j| (0..k).map(|l| x[i * k + l] * decoded[j * k + l]).sum())).collect()
+        };
+        let rms = |a: &[f32], b: &[f64]| {
+            (a.iter().zip(b).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+        };
+        for m in [1, 2, 3, 5, 8] {
+            let x = stored(b, rng.vec(m * k));
+            let (rounded, exact) = (product(&q8_rounded(&x), m), product(&widen(&x), m));
+            let y = b.matmul(&upload_f32(b, &x, &[m, k])?, &w, None)?;
+            let what = format!("{format} int8 dots m={m}");
+            assert_close(b, &y, &[m, n], &rounded, &what)?;
+            let got = b.download_f32(&y)?;
+            let (near, far) = (rms(&got, &rounded), rms(&got, &exact));
+            assert!(near < 0.6 * far, "{what}: rms {near:.3e} from the int8 reference, {far:.3e} from the exact one");
+        }
     }
     Ok(())
 }

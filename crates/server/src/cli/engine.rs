@@ -35,7 +35,8 @@ pub struct ModelArgs {
     pub device: DeviceKind,
     /// Products with quantised weights: int8 rounds the activations to 8 bits a block of 32
     /// for integer dots (the CPU's GGUF blocks: about 15 % faster decode on the default
-    /// model; CUDA's Q4_K GEMV: 1.7x on a Q4_K_M 8B shape), exact keeps them in floats.
+    /// model; CUDA's Q4_K and Q6_K GEMV: Q4_K alone 1.7x on a Q4_K_M 8B shape), exact keeps
+    /// them in floats.
     /// `--cpu-dots` is the older name.
     #[arg(long, visible_alias = "cpu-dots", value_enum, default_value_t = QuantDots::CLI_DEFAULT)]
     pub quant_dots: QuantDots,
