@@ -297,29 +297,18 @@ extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, flo
     if (lane == 0) ds[blk] = make_float2(d, d * (float)sum);
 }
 
-// As `gguf_gemv` for Q4_K over `gguf_quantize_q8`'s x (`xq [m, k]`, `xds [m, k / 32]`): one
-// warp a weight row, lane i the units i, i + 32, ... (the next unit's words requested
-// before the current one's sums), a fixed shuffle tree.
-template <int M>
-__device__ __forceinline__ void gguf_gemv_q4_k_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
-                                                  GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
-                                                  u32 column) {
-    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    float acc[M];
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
-    const u32 k = mat.k, units = k / 64;
-    GgufUnit next;
-    if (lane < units) next = gguf_load<GGUF_Q4_K>(mat, row, lane);
-    for (u32 u = lane; u < units; u += 32) {
-        const GgufUnit g = next;
-        if (u + 32 < units) next = gguf_load<GGUF_Q4_K>(mat, row, u + 32);
+// One unit of a Q4_K or Q6_K row dotted with x rows 0 .. m - 1 of `gguf_quantize_q8`'s x
+// (`xq [m, k]`, `xds [m, k / 32]`), added into `acc`. Q4_K: the unit's two sub-blocks of 32
+// weights (byte i of the 32 holds weight 64u + 32h + i in its low or high nibble), each
+// the columns of one x block. Q6_K: its four chunks of 16 weights (32 apart in x, as Q6_K's
+// blocks interleave them), each under its int8 scale.
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_q8_unit(const GgufUnit& g, u32 u, const signed char* __restrict__ xq,
+                                             const float2* __restrict__ xds, u32 k, u32 m, float (&acc)[M]) {
+    if constexpr (F == GGUF_Q4_K) {
         const float d = gguf_h2f(g.rec.w & 0xffffu), dmin = gguf_h2f(g.rec.w >> 16);
 #pragma unroll
         for (u32 h = 0; h < 2; ++h) {
-            // Sub-block 2p + h of the unit: byte i of its 32 holds weight 64u + 32h + i in
-            // its low (h = 0) or high (h = 1) nibble.
             float sc, mn;
             gguf_scale_min(g.rec, 2 * (u & 3u) + h, sc, mn);
             const float dsc = d * sc, dmn = dmin * mn;
@@ -339,31 +328,8 @@ __device__ __forceinline__ void gguf_gemv_q4_k_q8(const signed char* __restrict_
                 acc[t] += dsc * (dx.x * (float)sumi) - dmn * dx.y;
             }
         }
-    }
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-        const float total = warp_sum(acc[t]);
-        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
-    }
-}
-
-// As `gguf_gemv_q4_k_q8` for Q6_K: a unit's four chunks of 16 weights (32 apart in x, as
-// Q6_K's blocks interleave them), each under its int8 scale.
-template <int M>
-__device__ __forceinline__ void gguf_gemv_q6_k_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
-                                                  GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
-                                                  u32 column) {
-    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    float acc[M];
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
-    const u32 k = mat.k, units = k / 64;
-    GgufUnit next;
-    if (lane < units) next = gguf_load<GGUF_Q6_K>(mat, row, lane);
-    for (u32 u = lane; u < units; u += 32) {
-        const GgufUnit g = next;
-        if (u + 32 < units) next = gguf_load<GGUF_Q6_K>(mat, row, u + 32);
+    } else {
+        static_assert(F == GGUF_Q6_K, "int8 activations for Q4_K and Q6_K");
         const float d = gguf_h2f(g.s1);
 #pragma unroll
         for (u32 c = 0; c < 4; ++c) {
@@ -392,6 +358,28 @@ __device__ __forceinline__ void gguf_gemv_q6_k_q8(const signed char* __restrict_
             }
         }
     }
+}
+
+// As `gguf_gemv` for Q4_K and Q6_K over `gguf_quantize_q8`'s x: one warp a weight row, lane
+// i the units i, i + 32, ... (the next unit's words requested before the current one's
+// sums), a fixed shuffle tree.
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_gemv_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                             GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
+                                             u32 column) {
+    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
+    const u32 k = mat.k, units = k / 64;
+    GgufUnit next;
+    if (lane < units) next = gguf_load<F>(mat, row, lane);
+    for (u32 u = lane; u < units; u += 32) {
+        const GgufUnit g = next;
+        if (u + 32 < units) next = gguf_load<F>(mat, row, u + 32);
+        gguf_q8_unit<F, M>(g, u, xq, xds, k, m, acc);
+    }
 #pragma unroll
     for (int t = 0; t < M; ++t) {
         const float total = warp_sum(acc[t]);
@@ -399,21 +387,21 @@ __device__ __forceinline__ void gguf_gemv_q6_k_q8(const signed char* __restrict_
     }
 }
 
-#define GGUF_GEMV_Q8(F, M)                                                                                     \
+#define GGUF_GEMV_Q8(F, FORMAT, M)                                                                             \
     extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_##F##_q8_m##M(                     \
         const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width,        \
         u32 column) {                                                                                          \
         pdl_enter();                                                                                           \
-        gguf_gemv_##F##_q8<M>(xq, xds, mat, out, m, rows, width, column);                                      \
+        gguf_gemv_q8<GGUF_##FORMAT, M>(xq, xds, mat, out, m, rows, width, column);                             \
     }
-GGUF_GEMV_Q8(q4_k, 1)
-GGUF_GEMV_Q8(q4_k, 2)
-GGUF_GEMV_Q8(q4_k, 4)
-GGUF_GEMV_Q8(q4_k, 8)
-GGUF_GEMV_Q8(q6_k, 1)
-GGUF_GEMV_Q8(q6_k, 2)
-GGUF_GEMV_Q8(q6_k, 4)
-GGUF_GEMV_Q8(q6_k, 8)
+GGUF_GEMV_Q8(q4_k, Q4_K, 1)
+GGUF_GEMV_Q8(q4_k, Q4_K, 2)
+GGUF_GEMV_Q8(q4_k, Q4_K, 4)
+GGUF_GEMV_Q8(q4_k, Q4_K, 8)
+GGUF_GEMV_Q8(q6_k, Q6_K, 1)
+GGUF_GEMV_Q8(q6_k, Q6_K, 2)
+GGUF_GEMV_Q8(q6_k, Q6_K, 4)
+GGUF_GEMV_Q8(q6_k, Q6_K, 8)
 
 // The tiled product for 9 to 256 activation rows: out [m, N] columns `column..column + rows`
 // = x [m, k] · wᵀ, block (weight-row tile, token tile) of GGUF_BN weight rows by BM tokens,
