@@ -95,6 +95,14 @@ mod tests {
         assert_eq!((s.model_path.as_deref(), s.port, s.engine.max_num_seqs), (Some("m.gguf"), 9000, 8));
         assert_eq!((s.host.as_str(), s.max_body_bytes), ("127.0.0.1", 4 << 20));
         assert!(Cli::try_parse_from(["met", "serve", "a", "--model", "b"]).is_err(), "MODEL or --model");
+        // `--quant-dots`, and its older name `--cpu-dots`, which scripts still pass.
+        for flag in ["--quant-dots", "--cpu-dots"] {
+            let cli = Cli::try_parse_from(["met", "serve", "m.gguf", flag, "exact"]).unwrap();
+            let Command::Serve(s) = cli.command else { panic!("serve") };
+            assert_eq!(s.model.quant_dots, met_config::QuantDots::Exact, "{flag}");
+        }
+        let Command::Serve(s) = Cli::try_parse_from(["met", "serve", "m.gguf"]).unwrap().command else { panic!() };
+        assert_eq!(s.model.quant_dots, met_config::QuantDots::CLI_DEFAULT);
     }
 
     #[test]
