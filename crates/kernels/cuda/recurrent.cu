@@ -281,6 +281,128 @@ GATED_DELTA_RULE_COLS(32, 0, 0, gated_delta_rule_bf16_cols_r32)
 GATED_DELTA_RULE_COLS(64, 0, 0, gated_delta_rule_bf16_cols_r64)
 GATED_DELTA_RULE_COLS(32, 128, 128, gated_delta_rule_bf16_cols_k128_v128)
 
+// `gated_delta_rule_bf16_seqs_k128_v128` (under `MET_GDR_SEQS=N`, for measuring): the
+// kernel above for 128 x 128 heads, a block walking N consecutive sequences of its (column
+// tile, value head) in turn, with the next sequence's state tile and first row requested
+// before the current one's rows are computed, so a decode step of many sequences (one row
+// each: the state tile's bytes and little arithmetic) keeps each block's loads in flight
+// through its arithmetic and stores. Every column's sums are taken in the same order as
+// above, so the bits are the same.
+template <int R, u32 DK, u32 DV>
+__device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_block, u32 below) {
+    constexpr u32 dk = DK, dv = DV;
+    static_assert(DK <= DELTA_WARPS * R && DV % 32 == 0, "every column live, every key row a warp's");
+    __shared__ float qk_s[2][256];
+    __shared__ float part[2][DELTA_WARPS][32];
+    __shared__ float norms[2][DELTA_WARPS];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const u32 j = blockIdx.y, col = blockIdx.x * 32 + lane, r0 = warp * R;
+    const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
+    const u32 qh = j / (p.hv / p.hk);
+    const float dt_bias = p.dt_bias[j], a_log = p.a_log[j];
+    const u32 first = blockIdx.z * per_block, last = min(first + per_block, seqs);
+    // Whether the kernel walks sequence s (the chunked form takes it from `below` rows).
+    auto walks = [&](u32 s) { return p.cu[s + 1] > p.cu[s] && p.cu[s + 1] - p.cu[s] < below; };
+    auto tile = [&](u32 s) { return p.slots[s] != NO_SLOT ? p.state + p.slots[s] * head + j * per_head : nullptr; };
+    auto load = [&](u32 s, float (&S)[R]) {
+        const float* st = tile(s);
+#pragma unroll
+        for (int r = 0; r < R; ++r) S[r] = st ? st[(u64)(r0 + r) * dv + col] : 0.0f;
+    };
+    u32 s = first;
+    while (s < last && !walks(s)) ++s;
+    if (s >= last) return;
+    float S[R];
+    load(s, S);
+    DeltaRowIn next = delta_row_in(p, p.cu[s], qh, j, col, dk, dv, true);
+    while (s < last) {
+        u32 after = s + 1;
+        while (after < last && !walks(after)) ++after;
+        float Sn[R];
+        if (after < last) load(after, Sn);
+        const u32 start = p.cu[s], end = p.cu[s + 1];
+        for (u32 row = start; row < end; ++row) {
+            const DeltaRowIn in = next;
+            if (row + 1 < end) {
+                next = delta_row_in(p, row + 1, qh, j, col, dk, dv, true);
+            } else if (after < last) {
+                next = delta_row_in(p, p.cu[after], qh, j, col, dk, dv, true);
+            }
+            float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const u32 e = tid + i * DELTA_WARPS * 32;
+                qk_s[0][e] = in.q[i];
+                qk_s[1][e] = in.k[i];
+                qq += in.q[i] * in.q[i];
+                kk += in.k[i] * in.k[i];
+            }
+            qq = warp_sum(qq);
+            kk = warp_sum(kk);
+            if (lane == 0) {
+                norms[0][warp] = qq;
+                norms[1][warp] = kk;
+            }
+            __syncthreads();
+            float qsum = 0.0f, ksum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DELTA_WARPS; ++w) {
+                qsum += norms[0][w];
+                ksum += norms[1][w];
+            }
+            const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
+            const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
+            float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                S[r] *= gates.x;
+                sk += S[r] * (qk_s[1][r0 + r] * kn);
+                sq += S[r] * (qk_s[0][r0 + r] * qn);
+            }
+            part[0][warp][lane] = sk;
+            part[1][warp][lane] = sq;
+            float kq = 0.0f;
+            for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
+            kq = warp_sum(kq);
+            __syncthreads();
+            float skt = 0.0f, sqt = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DELTA_WARPS; ++w) {
+                skt += part[0][w][lane];
+                sqt += part[1][w][lane];
+            }
+            const float delta = gates.y * (in.v - skt);
+#pragma unroll
+            for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
+            if (warp == 0) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
+            for (u32 n = 0; n < p.n_snap; ++n)
+                if (p.snaps[2 * n] == row) {
+                    float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) snap[(u64)(r0 + r) * dv + col] = S[r];
+                }
+            __syncthreads();  // the next row rewrites qk_s, norms and part
+        }
+        if (float* st = tile(s))
+#pragma unroll
+            for (int r = 0; r < R; ++r) st[(u64)(r0 + r) * dv + col] = S[r];
+        if (after < last)
+#pragma unroll
+            for (int r = 0; r < R; ++r) S[r] = Sn[r];
+        s = after;
+    }
+}
+
+// grid (dv / 32, hv, ceil(seqs / per_block)), DELTA_WARPS warps a block.
+extern "C" __global__ void __launch_bounds__(DELTA_WARPS * 32)
+    gated_delta_rule_bf16_seqs_k128_v128(const bf16_t* qkv, const bf16_t* a, const bf16_t* b, const float* a_log,
+                                         const float* dt_bias, float* state, const u32* cu, const u32* slots,
+                                         const u32* snaps, bf16_t* out, DeltaDims d, u32 seqs, u32 per_block) {
+    pdl_enter();
+    const DeltaStep p = {qkv, a, b, a_log, dt_bias, state, cu, slots, snaps, out, d.hk, d.hv, d.dk, d.dv, d.n_snap};
+    gated_delta_rule_seqs<32, 128, 128>(p, seqs, per_block, d.below);
+}
+
 // --- gated_delta_rule, chunked ----------------------------------------------------------
 //
 // The chunked (WY) form for prefill (transformers' `torch_chunk_gated_delta_rule`): a sequence's

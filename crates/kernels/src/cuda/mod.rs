@@ -96,6 +96,8 @@ pub struct CudaBackend {
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
+    /// Sequences a block of the fused delta rule walks ([`recurrent::seqs_per_block_from_env`]).
+    gdr_seqs: Option<u32>,
     /// Whether one-row e4m3 products take the tensor-core stream ([`fp8::one_row_tc_from_env`]).
     fp8_one_tc: bool,
     /// Whether the GGUF GEMV of Q4_K and Q6_K parts dots int8 activations ([`Self::with_quant_dots`]).
@@ -191,6 +193,7 @@ impl CudaBackend {
             batch_invariant: false,
             gguf_int8: false,
             fp8_one_tc: fp8::one_row_tc_from_env()?,
+            gdr_seqs: recurrent::seqs_per_block_from_env()?,
         })
     }
 

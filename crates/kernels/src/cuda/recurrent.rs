@@ -23,9 +23,10 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 11] = [
+pub(super) const KERNELS: [&str; 12] = [
     "state_slot_jobs",
     "gated_delta_rule_bf16_cols_k128_v128",
+    "gated_delta_rule_bf16_seqs_k128_v128",
     "causal_conv1d_bf16",
     "conv_states_bf16",
     "gated_delta_rule_bf16_cols_r8",
@@ -303,8 +304,29 @@ pub(super) fn gated_delta_rule(
     let operands = [ptr(OP, qkv)?, ptr(OP, a)?, ptr(OP, gb)?, ptr(OP, rule.a_log)?, ptr(OP, rule.dt_bias)?];
     let (sp, cu, slots, op_) = (ptr(OP, state)?, ptr(OP, batch.cu_seqlens)?, ptr(OP, batch.slots)?, ptr(OP, &out)?);
     let [q, ap, bp, alog, dtb] = operands;
-    launch!(b, kernel, cfg, [q, ap, bp, alog, dtb, sp, cu, slots, snaps, op_, dims])?;
+    if let (Some(per), (128, 128)) = (b.gdr_seqs, (dk, dv)) {
+        let cfg = LaunchConfig { grid_dim: (cfg.grid_dim.0, cfg.grid_dim.1, seqs.div_ceil(per)), ..cfg };
+        let kernel = "gated_delta_rule_bf16_seqs_k128_v128";
+        launch!(b, kernel, cfg, [q, ap, bp, alog, dtb, sp, cu, slots, snaps, op_, dims, seqs, per])?;
+    } else {
+        launch!(b, kernel, cfg, [q, ap, bp, alog, dtb, sp, cu, slots, snaps, op_, dims])?;
+    }
     Ok(out)
+}
+
+/// How many sequences a block of the fused delta rule walks at 128 by 128 heads
+/// (`gated_delta_rule_bf16_seqs_k128_v128`, the next one's state requested while the
+/// current one computes): `MET_GDR_SEQS=N`, N from 1 to 64, for measuring against the
+/// block-a-sequence kernel (unset: that kernel). Same bits either way.
+pub(super) fn seqs_per_block_from_env() -> Result<Option<u32>> {
+    const VAR: &str = "MET_GDR_SEQS";
+    match std::env::var(VAR).as_deref() {
+        Err(_) | Ok("") => Ok(None),
+        Ok(v) => match v.parse::<u32>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::InvalidArgument(format!("{VAR}={v}: expected a count of sequences from 1 to 64"))),
+        },
+    }
 }
 
 pub(super) fn rms_norm_gated(b: &CudaBackend, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
