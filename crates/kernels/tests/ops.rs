@@ -253,6 +253,20 @@ mod cuda_only {
         Ok(())
     }
 
+    /// The fused delta rule walking 1, 3 and 8 sequences a block gives the bits of a block
+    /// a sequence.
+    #[test]
+    fn delta_rule_walking_sequences_keeps_the_bits() -> met_kernels::Result<()> {
+        let one = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+        for n in [1, 3, 8] {
+            let walking = met_kernels::CudaBackend::new()
+                .expect("the cuda op tests need a CUDA GPU")
+                .with_delta_seqs_per_block(n);
+            crate::recurrent_delta::delta_rule_walks_agree_bit_for_bit(&one, &walking)?;
+        }
+        Ok(())
+    }
+
     #[test]
     fn matmul_rows_do_not_depend_on_the_batch() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");

@@ -231,6 +231,15 @@ impl CudaBackend {
         self
     }
 
+    /// This backend with the fused delta rule at 128 x 128 heads walking `n` sequences a
+    /// block (as `MET_GDR_SEQS=n` asks; the same bits as a block a sequence), whatever the
+    /// environment: for checking that walk against the other.
+    #[must_use]
+    pub fn with_delta_seqs_per_block(mut self, n: u32) -> Self {
+        self.gdr_seqs = Some(n.max(1));
+        self
+    }
+
     /// This backend with `--batch-invariant`'s kernels: a row's products, attention and
     /// adapter deltas take the same kernels and the same order of sums whatever the other
     /// rows of its step, the step's size, its chunking or whether the row is a decode row,

@@ -251,6 +251,33 @@ fn decode_steps(b: &dyn GpuBackend, seqs: usize) -> Result<()> {
     Ok(())
 }
 
+/// One step of 40 sequences at Qwen3.5/3.6's 128 x 128 heads (most one row, every seventh
+/// five, two without a state slot, one with a snapshot) on two backends whose fused kernels
+/// differ only in how they walk sequences (CUDA's `MET_GDR_SEQS`): outputs, states and the
+/// snapshot equal bit for bit. A walk that mixed up two sequences' state tiles or rows
+/// would change them.
+#[cfg(feature = "cuda")]
+pub fn delta_rule_walks_agree_bit_for_bit(one: &dyn GpuBackend, other: &dyn GpuBackend) -> Result<()> {
+    let seqs = 40;
+    let layer = Layer::new(91, (2, 4, 128, 128), seqs + 2);
+    let lens: Vec<usize> = (0..seqs).map(|s| if s % 7 == 3 { 5 } else { 1 }).collect();
+    let slots: Vec<u32> = (0..seqs as u32)
+        .map(|s| if s == 11 || s == 30 { NO_STATE_SLOT } else { (s * 7) % (seqs as u32 + 1) })
+        .collect();
+    let step = Seqs::new(&lens, &slots).snap(&[(12, seqs as u32 + 1)]);
+    let rows = layer.rows(one, 92, step.rows(), 3.0);
+    let mut results = Vec::new();
+    for b in [one, other] {
+        let pool = layer.pool(b)?;
+        let o = layer.run(b, &rows, &step, &pool)?;
+        results.push((o, b.download_f32(&pool)?));
+    }
+    assert!(results[0].0.iter().any(|&v| v != 0.0), "the step computed nothing");
+    assert_eq!(results[0].0, results[1].0, "delta rule outputs of the two walks");
+    assert_eq!(results[0].1, results[1].1, "delta rule states (and the snapshot) of the two walks");
+    Ok(())
+}
+
 /// Every operand check of the delta rule answers `Err`, never a panic, and leaves the
 /// pool as it was.
 pub fn delta_rule_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
