@@ -161,6 +161,75 @@ __device__ __forceinline__ DeltaRowIn delta_row_in(const DeltaStep& p, u32 row, 
     return in;
 }
 
+// One row of a sequence in the fused kernels below: the row's q and k normalised through
+// shared memory with a block sum, the state decayed, its two dot products over d_k as the
+// warps' partial sums added in warp order, the update, the output, the row's snapshots.
+// Called by every thread of the block; ends with the block synchronised.
+template <int R>
+__device__ __forceinline__ void delta_row_step(const DeltaStep& p, const DeltaRowIn& in, u32 row, u32 j, u32 col,
+                                               u32 r0, u32 dk, u32 dv, bool live, float dt_bias, float a_log,
+                                               float (&S)[R], float (*qk_s)[256], float (*part)[DELTA_WARPS][32],
+                                               float (*norms)[DELTA_WARPS]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
+    float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 e = tid + i * DELTA_WARPS * 32;
+        qk_s[0][e] = in.q[i];
+        qk_s[1][e] = in.k[i];
+        qq += in.q[i] * in.q[i];
+        kk += in.k[i] * in.k[i];
+    }
+    qq = warp_sum(qq);
+    kk = warp_sum(kk);
+    if (lane == 0) {
+        norms[0][warp] = qq;
+        norms[1][warp] = kk;
+    }
+    __syncthreads();
+    float qsum = 0.0f, ksum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DELTA_WARPS; ++w) {
+        qsum += norms[0][w];
+        ksum += norms[1][w];
+    }
+    const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
+    const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
+    float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        S[r] *= gates.x;
+        sk += S[r] * (qk_s[1][r0 + r] * kn);
+        sq += S[r] * (qk_s[0][r0 + r] * qn);
+    }
+    part[0][warp][lane] = sk;
+    part[1][warp][lane] = sq;
+    // k . q over all d_k, in every warp (lane l the entries l, l + 32, ...).
+    float kq = 0.0f;
+    for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
+    kq = warp_sum(kq);
+    __syncthreads();
+    float skt = 0.0f, sqt = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DELTA_WARPS; ++w) {
+        skt += part[0][w][lane];
+        sqt += part[1][w][lane];
+    }
+    const float delta = live ? gates.y * (in.v - skt) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
+    if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
+    for (u32 n = 0; n < p.n_snap; ++n)
+        if (p.snaps[2 * n] == row && live) {
+            float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r0 + r < dk) snap[(u64)(r0 + r) * dv + col] = S[r];
+        }
+    __syncthreads();  // the next row rewrites qk_s, norms and part
+}
+
 // The value columns lie across the lanes: one block per (32-column tile, value head,
 // sequence), DELTA_WARPS warps splitting the key rows, lane c of each warp holding column
 // col0 + c of the warp's R rows in registers. A warp so reads and writes whole 128-byte rows
@@ -179,7 +248,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
     __shared__ float qk_s[2][256];
     __shared__ float part[2][DELTA_WARPS][32];
     __shared__ float norms[2][DELTA_WARPS];
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.y, s = blockIdx.z, col = blockIdx.x * 32 + lane, r0 = warp * R;
     __builtin_assume(warp < DELTA_WARPS);  // (the launch's block): a row past d_k is then known at compile time
     const u32 start = p.cu[s], end = p.cu[s + 1];
@@ -199,62 +268,7 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
     for (u32 row = start; row < end; ++row) {
         const DeltaRowIn in = next;
         if (row + 1 < end) next = delta_row_in(p, row + 1, qh, j, col, dk, dv, live);
-        float qq = 0.0f, kk = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 e = tid + i * DELTA_WARPS * 32;
-            qk_s[0][e] = in.q[i];
-            qk_s[1][e] = in.k[i];
-            qq += in.q[i] * in.q[i];
-            kk += in.k[i] * in.k[i];
-        }
-        qq = warp_sum(qq);
-        kk = warp_sum(kk);
-        if (lane == 0) {
-            norms[0][warp] = qq;
-            norms[1][warp] = kk;
-        }
-        __syncthreads();
-        float qsum = 0.0f, ksum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DELTA_WARPS; ++w) {
-            qsum += norms[0][w];
-            ksum += norms[1][w];
-        }
-        const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
-        const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
-        float sk = 0.0f, sq = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            S[r] *= gates.x;
-            sk += S[r] * (qk_s[1][r0 + r] * kn);
-            sq += S[r] * (qk_s[0][r0 + r] * qn);
-        }
-        part[0][warp][lane] = sk;
-        part[1][warp][lane] = sq;
-        // k . q over all d_k, in every warp (lane l the entries l, l + 32, ...).
-        float kq = 0.0f;
-        for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
-        kq = warp_sum(kq);
-        __syncthreads();
-        float skt = 0.0f, sqt = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DELTA_WARPS; ++w) {
-            skt += part[0][w][lane];
-            sqt += part[1][w][lane];
-        }
-        const float delta = live ? gates.y * (in.v - skt) : 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
-        if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
-        for (u32 n = 0; n < p.n_snap; ++n)
-            if (p.snaps[2 * n] == row && live) {
-                float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r0 + r < dk) snap[(u64)(r0 + r) * dv + col] = S[r];
-            }
-        __syncthreads();  // the next row rewrites qk_s, norms and part
+        delta_row_step<R>(p, in, row, j, col, r0, dk, dv, live, dt_bias, a_log, S, qk_s, part, norms);
     }
     if (keeps && live)
 #pragma unroll
@@ -295,7 +309,7 @@ __device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_bloc
     __shared__ float qk_s[2][256];
     __shared__ float part[2][DELTA_WARPS][32];
     __shared__ float norms[2][DELTA_WARPS];
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.y, col = blockIdx.x * 32 + lane, r0 = warp * R;
     const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
     const u32 qh = j / (p.hv / p.hk);
@@ -328,60 +342,7 @@ __device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_bloc
             } else if (after < last) {
                 next = delta_row_in(p, p.cu[after], qh, j, col, dk, dv, true);
             }
-            float qq = 0.0f, kk = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const u32 e = tid + i * DELTA_WARPS * 32;
-                qk_s[0][e] = in.q[i];
-                qk_s[1][e] = in.k[i];
-                qq += in.q[i] * in.q[i];
-                kk += in.k[i] * in.k[i];
-            }
-            qq = warp_sum(qq);
-            kk = warp_sum(kk);
-            if (lane == 0) {
-                norms[0][warp] = qq;
-                norms[1][warp] = kk;
-            }
-            __syncthreads();
-            float qsum = 0.0f, ksum = 0.0f;
-#pragma unroll
-            for (int w = 0; w < DELTA_WARPS; ++w) {
-                qsum += norms[0][w];
-                ksum += norms[1][w];
-            }
-            const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
-            const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
-            float sk = 0.0f, sq = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                S[r] *= gates.x;
-                sk += S[r] * (qk_s[1][r0 + r] * kn);
-                sq += S[r] * (qk_s[0][r0 + r] * qn);
-            }
-            part[0][warp][lane] = sk;
-            part[1][warp][lane] = sq;
-            float kq = 0.0f;
-            for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
-            kq = warp_sum(kq);
-            __syncthreads();
-            float skt = 0.0f, sqt = 0.0f;
-#pragma unroll
-            for (int w = 0; w < DELTA_WARPS; ++w) {
-                skt += part[0][w][lane];
-                sqt += part[1][w][lane];
-            }
-            const float delta = gates.y * (in.v - skt);
-#pragma unroll
-            for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
-            if (warp == 0) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
-            for (u32 n = 0; n < p.n_snap; ++n)
-                if (p.snaps[2 * n] == row) {
-                    float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
-#pragma unroll
-                    for (int r = 0; r < R; ++r) snap[(u64)(r0 + r) * dv + col] = S[r];
-                }
-            __syncthreads();  // the next row rewrites qk_s, norms and part
+            delta_row_step<R>(p, in, row, j, col, r0, dk, dv, true, dt_bias, a_log, S, qk_s, part, norms);
         }
         if (float* st = tile(s))
 #pragma unroll
