@@ -7,7 +7,11 @@ order `crates/kernels/src/cuda/compile.rs` lists them, `--std=c++17`) with NVRTC
 thread, spill stores/loads in bytes, static shared memory. A kernel near 255 registers or
 spilling is worth a look before any profile: its occupancy is capped by them.
 
-Usage: kernel_registers.py [PATTERN] [--arch sm_90a]
+Usage: kernel_registers.py [PATTERN] [--arch sm_90a] [--sass]
+`--sass` also prints, per matching kernel, its SASS instruction count by opcode (from
+`cuobjdump` and `nvdisasm`: the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels, or
+CUOBJDUMP with nvdisasm beside it), the way to compare what two
+forms of a kernel issue before a device run.
 NVRTC comes from the `nvidia-cuda-nvrtc` wheel (pip install "nvidia-cuda-nvrtc>=13,<14"), or
 set NVRTC_LIB to a libnvrtc.so.
 """
@@ -47,6 +51,9 @@ def main():
         i = args.index("--arch")
         arch = args[i + 1]
         del args[i : i + 2]
+    sass = "--sass" in args
+    if sass:
+        args.remove("--sass")
     pattern = re.compile(args[0] if args else ".")
     lib = nvrtc()
     prog = ctypes.c_void_p()
@@ -74,6 +81,44 @@ def main():
     print(f"{'kernel':48} {'regs':>5} {'spill st/ld':>12} {'smem':>7}")
     for regs, name, stores, loads, smem in sorted(rows, reverse=True):
         print(f"{name:48} {regs:5} {f'{stores}/{loads}':>12} {smem:7}")
+    if sass:
+        print_sass(lib, prog, [name for _, name, *_ in rows])
+
+
+def cuobjdump():
+    path = os.environ.get("CUOBJDUMP")
+    if path:
+        return path
+    import nvidia
+
+    found = [p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "bin", "cuobjdump"))]
+    if not found:
+        sys.exit("no cuobjdump: pip install 'nvidia-cuda-cuobjdump>=13,<14' 'nvidia-cuda-nvdisasm>=13,<14' or set CUOBJDUMP")
+    return found[0]
+
+
+def print_sass(lib, prog, names):
+    import collections
+    import subprocess
+    import tempfile
+
+    size = ctypes.c_size_t()
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin.raw)
+        f.flush()
+        for name in names:
+            tool = cuobjdump()
+            env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
+            text = subprocess.run([tool, "-sass", "-fun", name, f.name], capture_output=True, text=True, env=env).stdout
+            ops = collections.Counter(
+                m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
+            )
+            total = sum(ops.values())
+            top = ", ".join(f"{op} {n}" for op, n in ops.most_common(14))
+            print(f"\n{name}: {total} instructions\n  {top}")
 
 
 if __name__ == "__main__":
