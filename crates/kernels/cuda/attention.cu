@@ -40,7 +40,7 @@ struct Kv8 {
         const uint2 w = *reinterpret_cast<const uint2*>(p);
         return make_uint4(w.x, w.y, 0, 0);
     }
-    __device__ static void unpack(uint4 v, float* f) { unpack8(e4m3x8_to_bf16(make_uint2(v.x, v.y)), f); }
+    __device__ static void unpack(uint4 v, float* f) { unpack8_e4m3(make_uint2(v.x, v.y), f); }
     __device__ static T from(float x, float scale) { return e4m3_from(x / scale); }
 };
 

@@ -64,16 +64,44 @@ __device__ __forceinline__ u32 f16x2_e4m3_to_bf16x2(u32 h) {
     return r;
 }
 
-// Four e4m3 bytes (byte 0 lowest) -> bf16 pairs: `lo` holds bytes 0 and 1, `hi` 2 and 3.
-__device__ __forceinline__ void e4m3x4_to_bf16(u32 w, u32& lo, u32& hi) {
-    u32 h0 = 0, h1 = 0;
+// Four e4m3 bytes (byte 0 lowest) -> f16 pairs, exactly (every e4m3 value is a normal f16
+// or zero): `lo` holds bytes 0 and 1 (byte 0 in the low half), `hi` 2 and 3.
+__device__ __forceinline__ void e4m3x4_to_f16(u32 w, u32& lo, u32& hi) {
+    lo = 0;
+    hi = 0;
 #if __CUDA_ARCH__ >= 900
     asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
-        : "=r"(h0), "=r"(h1)
+        : "=r"(lo), "=r"(hi)
         : "r"(w));
 #endif
+}
+
+// Four e4m3 bytes (byte 0 lowest) -> bf16 pairs: `lo` holds bytes 0 and 1, `hi` 2 and 3.
+__device__ __forceinline__ void e4m3x4_to_bf16(u32 w, u32& lo, u32& hi) {
+    u32 h0, h1;
+    e4m3x4_to_f16(w, h0, h1);
     lo = f16x2_e4m3_to_bf16x2(h0);
     hi = f16x2_e4m3_to_bf16x2(h1);
+}
+
+// An f16 pair -> its two values as f32 (low half first): one conversion each, where going
+// through bf16 takes four instructions a pair before the two bf16 -> f32 moves.
+__device__ __forceinline__ void f16x2_to_f32(u32 h, float& lo, float& hi) {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+}
+
+// Eight e4m3 bytes (byte 0 lowest) -> their values as f32, exactly.
+__device__ __forceinline__ void unpack8_e4m3(uint2 w, float* f) {
+    const u32 ws[2] = {w.x, w.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        u32 lo, hi;
+        e4m3x4_to_f16(ws[i], lo, hi);
+        f16x2_to_f32(lo, f[4 * i], f[4 * i + 1]);
+        f16x2_to_f32(hi, f[4 * i + 2], f[4 * i + 3]);
+    }
 }
 
 // Two f32 -> two e4m3 (round to nearest even, saturating at ±448) in the low 16 bits, `a`
@@ -97,9 +125,14 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16(uint2 w) {
 
 // One e4m3 byte -> its value.
 __device__ __forceinline__ float e4m3_to_f(u8 b) {
-    u32 lo, hi;
-    e4m3x4_to_bf16(b, lo, hi);
-    return __uint_as_float(lo << 16);
+    float f = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    asm("{\n\t.reg .b16 a, lo, hi;\n\t.reg .b32 h;\n\tcvt.u16.u32 a, %1;\n\tcvt.rn.f16x2.e4m3x2 h, a;\n\t"
+        "mov.b32 {lo, hi}, h;\n\tcvt.f32.f16 %0, lo;\n\t}"
+        : "=f"(f)
+        : "r"((u32)b));
+#endif
+    return f;
 }
 
 // One f32 -> e4m3, rounded to nearest even and saturated at ±448.

@@ -309,17 +309,34 @@ MET_FP8_GEMV(2)
 // chunks) waits on its loads: 48 to 66 % of the copy bandwidth at one row, against 42 to 73 %.
 // From two rows on the tensor-core GEMV is faster (at four rows 1.5 to 2.2x this stream,
 // `bench/results/device-2026-12-05b/`), so it takes them. A vector lies in one 128-column
-// scale chunk: its 16 weights widen exactly to bf16, their products with x add in f32, and
+// scale chunk: its 16 weights widen exactly (to f16, then f32), their products with x add in f32, and
 // the sum times the chunk's scale adds into the thread's sum; the threads' sums then add in
 // a fixed tree (other bits than the tensor-core GEMV's). The SwiGLU form's block owns gate
 // row j and up row half + j.
-// e4m3 weights for gemv.cu's `gemv_dots`: 16 a vector, widened exactly to bf16, the
-// vector's f32 sum times its 128-column chunk's scale.
+// 8 f16 weights (pairs, low half first) dotted with 8 bf16 of `x`, added to `acc` in
+// gemv.cu's `dot8` order.
+__device__ __forceinline__ float dot8_f16(uint4 w, uint4 x, float acc) {
+    const u32 ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float lo, hi;
+        f16x2_to_f32(ws[i], lo, hi);
+        acc = fmaf(lo, __uint_as_float(xs[i] << 16), acc);
+        acc = fmaf(hi, __uint_as_float(xs[i] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+// e4m3 weights for gemv.cu's `gemv_dots`: 16 a vector, widened exactly to f16 pairs (one
+// conversion a pair) and from those to f32 as they multiply, the vector's f32 sum times
+// its 128-column chunk's scale. The products and their order are those of widening to
+// bf16 first, in fewer instructions a weight: at one byte a weight, this stream is bound
+// by the instructions it issues, not by its loads.
 template <int R>
 struct GemvE4m3 {
     static constexpr u32 PER = 16;
     struct Operands {
-        uint4 lo, hi;
+        uint4 lo, hi;  // f16 pairs, weight 0 in the low half of lo.x
         float scale;
     };
     struct XVec {
@@ -335,13 +352,19 @@ struct GemvE4m3 {
     }
     __device__ Operands prepare(int i, uint4 v, u32 vec) const {
         const float scale = __ldg(row_scales[i] + vec / (FP8_CHUNK / PER) * chunk_step);
-        return Operands{e4m3x8_to_bf16(make_uint2(v.x, v.y)), e4m3x8_to_bf16(make_uint2(v.z, v.w)), scale};
+        Operands o;
+        e4m3x4_to_f16(v.x, o.lo.x, o.lo.y);
+        e4m3x4_to_f16(v.y, o.lo.z, o.lo.w);
+        e4m3x4_to_f16(v.z, o.hi.x, o.hi.y);
+        e4m3x4_to_f16(v.w, o.hi.z, o.hi.w);
+        o.scale = scale;
+        return o;
     }
     __device__ static XVec load_x(const uint4* x_row, u32 v) {
         return XVec{__ldg(x_row + 2 * v), __ldg(x_row + 2 * v + 1)};
     }
     __device__ static float dot(const Operands& w, const XVec& x, float acc) {
-        return fmaf(w.scale, dot8(w.hi, x.hi, dot8(w.lo, x.lo, 0.0f)), acc);
+        return fmaf(w.scale, dot8_f16(w.hi, x.hi, dot8_f16(w.lo, x.lo, 0.0f)), acc);
     }
 };
 
