@@ -313,6 +313,7 @@ MET_FP8_GEMV(2)
 // the sum times the chunk's scale adds into the thread's sum; the threads' sums then add in
 // a fixed tree (other bits than the tensor-core GEMV's). The SwiGLU form's block owns gate
 // row j and up row half + j.
+
 // 8 f16 weights (pairs, low half first) dotted with 8 bf16 of `x`, added to `acc` in
 // gemv.cu's `dot8` order.
 __device__ __forceinline__ float dot8_f16(uint4 w, uint4 x, float acc) {

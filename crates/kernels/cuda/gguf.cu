@@ -33,29 +33,28 @@ struct GgufMat {
     u32 format, k;
 };
 
-// IEEE half bits -> f32 (finite values exactly, infinities and NaNs as such).
+// IEEE half bits (the low 16 of `h`) -> f32: finite values exactly, infinities and NaNs as
+// such, in one conversion.
 __device__ __forceinline__ float gguf_h2f(u32 h) {
-    float v = __uint_as_float((h & 0x7fffu) << 13) * 5.192296858534828e33f;  // 2^112
-    if ((h & 0x7c00u) == 0x7c00u) v = __uint_as_float(0x7f800000u | ((h & 0x3ffu) << 13));
-    return (h & 0x8000u) ? -v : v;
+    float v;
+    asm("{\n\t.reg .b16 a;\n\tcvt.u16.u32 a, %1;\n\tcvt.f32.f16 %0, a;\n\t}" : "=f"(v) : "r"(h));
+    return v;
 }
 
 __device__ __forceinline__ uint4 gguf_ld(u64 addr) { return *reinterpret_cast<const uint4*>(addr); }
 
-__device__ __forceinline__ u32 gguf_byte(const uint4& v, u32 i) {
-    const u32 w = i < 4 ? v.x : (i < 8 ? v.y : (i < 12 ? v.z : v.w));
-    return (w >> (8 * (i & 3))) & 0xffu;
-}
-
-// Sub-block j's 6-bit scale and min of a K-quant's packed twelve bytes (`rec`'s first 12).
+// Sub-block j's 6-bit scale and min of a K-quant's packed twelve bytes (`rec`'s first 12:
+// words x, y, z). Sub-blocks 0-3 keep theirs in the low six bits of byte j of x (scale) and
+// of y (min); 4-7 keep the low four bits in the nibbles of byte j - 4 of z (scale low, min
+// high) and the top two in the top two bits of byte j - 4 of x (scale) and of y (min). Both
+// cases are one expression, `lo | two << 4`, over words and shifts picked by j without a
+// branch (j often varies by lane).
 __device__ __forceinline__ void gguf_scale_min(const uint4& rec, u32 j, float& sc, float& mn) {
-    if (j < 4) {
-        sc = (float)(gguf_byte(rec, j) & 63u);
-        mn = (float)(gguf_byte(rec, j + 4) & 63u);
-    } else {
-        sc = (float)((gguf_byte(rec, j + 4) & 0xfu) | ((gguf_byte(rec, j - 4) >> 6) << 4));
-        mn = (float)((gguf_byte(rec, j + 4) >> 4) | ((gguf_byte(rec, j) >> 6) << 4));
-    }
+    const bool first = j < 4;
+    const u32 s = 8 * (j & 3u), top = s + (first ? 4u : 6u);
+    const u32 sc_lo = first ? rec.x : rec.z, mn_lo = first ? rec.y : rec.z >> 4;
+    sc = (float)(((sc_lo >> s) & 0xfu) | (((rec.x >> top) & 3u) << 4));
+    mn = (float)(((mn_lo >> s) & 0xfu) | (((rec.y >> top) & 3u) << 4));
 }
 
 // The words of one unit, as loaded before any is decoded.

@@ -19,11 +19,17 @@ const END: &str = "// Block of GGUF_WARPS warps, warp w owning matrix row";
 const PRMT_ASM: &str = r#"asm("prmt.b32 %0, %1, %2, %3;" : "=r"(v) : "r"(word), "r"(0x4b000000u), "r"(0x7440u + i));"#;
 const PRMT_CALL: &str = "v = prmt(word, 0x4b000000u, 0x7440u + i);";
 
+/// The f16 conversion as `gguf.cu` writes it, and as the host shim calls it.
+const H2F_ASM: &str =
+    r#"asm("{\n\t.reg .b16 a;\n\tcvt.u16.u32 a, %1;\n\tcvt.f32.f16 %0, a;\n\t}" : "=f"(v) : "r"(h));"#;
+const H2F_CALL: &str = "v = cvt_f32_f16(h);";
+
 /// The host-runnable part of `src`.
 fn host_source(src: &str) -> String {
     let end = src.find(END).expect("gguf.cu keeps its decoders and lane functions before the kernels");
     assert!(src[..end].contains(PRMT_ASM), "gguf.cu's byte permute changed: update the host shim");
-    format!("#include \"shims.h\"\n{}", src[..end].replace(PRMT_ASM, PRMT_CALL))
+    assert!(src[..end].contains(H2F_ASM), "gguf.cu's f16 conversion changed: update the host shim");
+    format!("#include \"shims.h\"\n{}", src[..end].replace(PRMT_ASM, PRMT_CALL).replace(H2F_ASM, H2F_CALL))
 }
 
 /// Builds the check against `decoders` in a fresh directory and runs it: its exit status

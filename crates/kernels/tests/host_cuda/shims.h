@@ -28,6 +28,20 @@ static inline u32 prmt(u32 a, u32 b, u32 s) {
     for (int i = 0; i < 4; ++i) r |= (u32)pool[(s >> (4 * i)) & 7] << (8 * i);
     return r;
 }
+// PTX `cvt.f32.f16` of the low 16 bits of h: IEEE half to f32, exactly (normal and
+// subnormal values, infinities, NaNs as NaNs).
+static inline float cvt_f32_f16(u32 h) {
+    const u32 sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    float v;
+    if (exp == 0x1fu) {
+        v = __uint_as_float(0x7f800000u | (man << 13));
+    } else {
+        v = std::ldexp((float)(exp ? (man | 0x400u) : man), (exp ? (int)exp : 1) - 25);
+    }
+    u32 bits;
+    memcpy(&bits, &v, 4);
+    return __uint_as_float(bits | sign);
+}
 static inline u32 __float_as_uint(float f) {
     u32 u;
     memcpy(&u, &f, 4);
