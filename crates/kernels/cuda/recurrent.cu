@@ -137,10 +137,9 @@ __device__ __forceinline__ float2 delta_gates(float a, float b, float dt_bias, f
 }
 
 // What a row of the fused kernel reads from global memory, thread by thread: q and k at
-// entries tid and tid + 128 (zero past d_k), v at the lane's column (zero past d_v), and the
-// head's a and b.
+// entries tid and tid + 128 (zero past d_k) and v at the lane's column (zero past d_v).
 struct DeltaRowIn {
-    float q[2], k[2], v, a, b;
+    float q[2], k[2], v;
 };
 
 // Loads a row's inputs for thread `tid` of the fused kernel (`DeltaRowIn`).
@@ -156,70 +155,93 @@ __device__ __forceinline__ DeltaRowIn delta_row_in(const DeltaStep& p, u32 row, 
         in.k[i] = e < dk ? bf2f(x[(u64)(p.hk + qh) * dk + e]) : 0.0f;
     }
     in.v = live ? bf2f(x[2 * p.hk * dk + (u64)j * dv + col]) : 0.0f;
-    in.a = bf2f(p.a[(u64)row * p.hv + j]);
-    in.b = bf2f(p.b[(u64)row * p.hv + j]);
     return in;
 }
 
-// One row of a sequence in the fused kernels below: the row's q and k normalised through
-// shared memory with a block sum, the state decayed, its two dot products over d_k as the
-// warps' partial sums added in warp order, the update, the output, the row's snapshots.
-// Called by every thread of the block; ends with the block synchronised.
+// The gates of a sequence's rows, 32 rows at a time: lane i of every warp loads the a and b
+// of row `first + i` (zero past `end`), and computes its decay and beta once for the 32 rows
+// (`delta_gates`, the same bits as computing them row by row), a row then taking its own
+// from its lane with two shuffles. Inputs of the next 32 rows are loaded a batch ahead.
+__device__ __forceinline__ float2 delta_ab(const DeltaStep& p, u32 first, u32 end, u32 j) {
+    const u32 row = first + (threadIdx.x & 31);
+    return row < end ? make_float2(bf2f(p.a[(u64)row * p.hv + j]), bf2f(p.b[(u64)row * p.hv + j]))
+                     : make_float2(0.0f, 0.0f);
+}
+
+__device__ __forceinline__ float2 delta_gates_of(const float2& gates, u32 i) {
+    return make_float2(__shfl_sync(0xffffffffu, gates.x, i), __shfl_sync(0xffffffffu, gates.y, i));
+}
+
+// The shared memory of the fused kernels' row step, two sets of it: consecutive rows take
+// turns (`buf`), so a row needs no barrier at its end to keep the next from overwriting
+// what its slowest warp still reads.
+struct DeltaShared {
+    float qk[2][2][256];                // the row's q and k
+    float part[2][2][DELTA_WARPS][32];  // each warp's share of S . k and S . q
+    float sums[2][3][DELTA_WARPS];      // each warp's share of q . q, k . k and k . q
+};
+
+// One row of a sequence in the fused kernels below. The state's two products are taken with
+// the raw q and k, and the row's scalars (the decay, the norms of q and k) applied to the
+// sums; the update is S <- e^g S + k (kn delta):
+//   S . k^ = e^g kn (S_old . k),  S . q^ = e^g qn (S_old . q),  k^ . q^ = kn qn (k . q),
+// with the sums of q . q, k . k and k . q reduced together, so a row is two barriers and
+// four FMA a state entry. Each column's products over d_k are the warps' partial sums added
+// in warp order. Called by every thread of the block.
 template <int R>
-__device__ __forceinline__ void delta_row_step(const DeltaStep& p, const DeltaRowIn& in, u32 row, u32 j, u32 col,
-                                               u32 r0, u32 dk, u32 dv, bool live, float dt_bias, float a_log,
-                                               float (&S)[R], float (*qk_s)[256], float (*part)[DELTA_WARPS][32],
-                                               float (*norms)[DELTA_WARPS]) {
+__device__ __forceinline__ void delta_row_step(const DeltaStep& p, const DeltaRowIn& in, float2 gates, u32 row, u32 j,
+                                               u32 col, u32 r0, u32 dk, u32 dv, bool live, float (&S)[R],
+                                               DeltaShared& sh, u32 buf) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
-    float qq = 0.0f, kk = 0.0f;
+    float(&qk)[2][256] = sh.qk[buf];
+    float qq = 0.0f, kk = 0.0f, kq = 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const u32 e = tid + i * DELTA_WARPS * 32;
-        qk_s[0][e] = in.q[i];
-        qk_s[1][e] = in.k[i];
+        qk[0][e] = in.q[i];
+        qk[1][e] = in.k[i];
         qq += in.q[i] * in.q[i];
         kk += in.k[i] * in.k[i];
+        kq += in.k[i] * in.q[i];
     }
     qq = warp_sum(qq);
     kk = warp_sum(kk);
+    kq = warp_sum(kq);
     if (lane == 0) {
-        norms[0][warp] = qq;
-        norms[1][warp] = kk;
+        sh.sums[buf][0][warp] = qq;
+        sh.sums[buf][1][warp] = kk;
+        sh.sums[buf][2][warp] = kq;
     }
     __syncthreads();
-    float qsum = 0.0f, ksum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < DELTA_WARPS; ++w) {
-        qsum += norms[0][w];
-        ksum += norms[1][w];
-    }
-    const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
-    const float2 gates = delta_gates(in.a, in.b, dt_bias, a_log);
     float sk = 0.0f, sq = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        S[r] *= gates.x;
-        sk += S[r] * (qk_s[1][r0 + r] * kn);
-        sq += S[r] * (qk_s[0][r0 + r] * qn);
+        sk += S[r] * qk[1][r0 + r];
+        sq += S[r] * qk[0][r0 + r];
     }
-    part[0][warp][lane] = sk;
-    part[1][warp][lane] = sq;
-    // k . q over all d_k, in every warp (lane l the entries l, l + 32, ...).
-    float kq = 0.0f;
-    for (u32 e = lane; e < dk; e += 32) kq += (qk_s[1][e] * kn) * (qk_s[0][e] * qn);
-    kq = warp_sum(kq);
+    sh.part[buf][0][warp][lane] = sk;
+    sh.part[buf][1][warp][lane] = sq;
+    float qsum = 0.0f, ksum = 0.0f, kqsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DELTA_WARPS; ++w) {
+        qsum += sh.sums[buf][0][w];
+        ksum += sh.sums[buf][1][w];
+        kqsum += sh.sums[buf][2][w];
+    }
+    const float qn = rsqrtf((float)dk) * rsqrtf(qsum + 1e-6f), kn = rsqrtf(ksum + 1e-6f);
     __syncthreads();
     float skt = 0.0f, sqt = 0.0f;
 #pragma unroll
     for (int w = 0; w < DELTA_WARPS; ++w) {
-        skt += part[0][w][lane];
-        sqt += part[1][w][lane];
+        skt += sh.part[buf][0][w][lane];
+        sqt += sh.part[buf][1][w][lane];
     }
-    const float delta = live ? gates.y * (in.v - skt) : 0.0f;
+    const float decay = gates.x;
+    const float delta = live ? gates.y * (in.v - decay * kn * skt) : 0.0f, kd = kn * delta;
 #pragma unroll
-    for (int r = 0; r < R; ++r) S[r] += (qk_s[1][r0 + r] * kn) * delta;
-    if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(sqt + delta * kq);
+    for (int r = 0; r < R; ++r) S[r] = fmaf(qk[1][r0 + r], kd, S[r] * decay);
+    if (warp == 0 && live) p.out[((u64)row * p.hv + j) * dv + col] = f2bf(decay * qn * sqt + delta * (kn * qn * kqsum));
     for (u32 n = 0; n < p.n_snap; ++n)
         if (p.snaps[2 * n] == row && live) {
             float* snap = p.state + p.snaps[2 * n + 1] * head + j * per_head;
@@ -227,7 +249,6 @@ __device__ __forceinline__ void delta_row_step(const DeltaStep& p, const DeltaRo
             for (int r = 0; r < R; ++r)
                 if (r0 + r < dk) snap[(u64)(r0 + r) * dv + col] = S[r];
         }
-    __syncthreads();  // the next row rewrites qk_s, norms and part
 }
 
 // The value columns lie across the lanes: one block per (32-column tile, value head,
@@ -237,17 +258,14 @@ __device__ __forceinline__ void delta_row_step(const DeltaStep& p, const DeltaRo
 // sequences is the state's traffic and little else. (Lanes over key rows, as this file had
 // first, touch one float of 32 rows per instruction: a 256-sequence step of Qwen3.6-35B-A3B
 // ran at half the speed, `bench/results/hybrid-vllm-2026-12-03/`.) The row's q and k go
-// through shared memory, normalised with a block sum, and each column's two dot products
-// over d_k are the four warps' partial sums added in warp order.
+// through shared memory (`delta_row_step`).
 template <int R, u32 DK, u32 DV>
 __device__ void gated_delta_rule_cols(const DeltaStep& p) {
     // The key and value dims: compile-time where the kernel is built for them, so the state's
     // row addresses are one base and constant offsets (with them at run time, keeping R of
     // them live took the kernel to 254 registers, two blocks an SM).
     const u32 dk = DK ? DK : p.dk, dv = DV ? DV : p.dv;
-    __shared__ float qk_s[2][256];
-    __shared__ float part[2][DELTA_WARPS][32];
-    __shared__ float norms[2][DELTA_WARPS];
+    __shared__ DeltaShared sh;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.y, s = blockIdx.z, col = blockIdx.x * 32 + lane, r0 = warp * R;
     __builtin_assume(warp < DELTA_WARPS);  // (the launch's block): a row past d_k is then known at compile time
@@ -265,10 +283,16 @@ __device__ void gated_delta_rule_cols(const DeltaStep& p) {
 #pragma unroll
     for (int r = 0; r < R; ++r) S[r] = keeps && live && r0 + r < dk ? st[(u64)(r0 + r) * dv + col] : 0.0f;
     DeltaRowIn next = delta_row_in(p, start, qh, j, col, dk, dv, live);
+    float2 ab = delta_ab(p, start, end, j), gates = make_float2(0.0f, 0.0f);
     for (u32 row = start; row < end; ++row) {
         const DeltaRowIn in = next;
         if (row + 1 < end) next = delta_row_in(p, row + 1, qh, j, col, dk, dv, live);
-        delta_row_step<R>(p, in, row, j, col, r0, dk, dv, live, dt_bias, a_log, S, qk_s, part, norms);
+        const u32 i = (row - start) & 31u;
+        if (i == 0) {
+            gates = delta_gates(ab.x, ab.y, dt_bias, a_log);
+            if (row + 32 < end) ab = delta_ab(p, row + 32, end, j);
+        }
+        delta_row_step<R>(p, in, delta_gates_of(gates, i), row, j, col, r0, dk, dv, live, S, sh, (row - start) & 1u);
     }
     if (keeps && live)
 #pragma unroll
@@ -306,9 +330,7 @@ template <int R, u32 DK, u32 DV>
 __device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_block, u32 below) {
     constexpr u32 dk = DK, dv = DV;
     static_assert(DK <= DELTA_WARPS * R && DV % 32 == 0, "every column live, every key row a warp's");
-    __shared__ float qk_s[2][256];
-    __shared__ float part[2][DELTA_WARPS][32];
-    __shared__ float norms[2][DELTA_WARPS];
+    __shared__ DeltaShared sh;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 j = blockIdx.y, col = blockIdx.x * 32 + lane, r0 = warp * R;
     const u64 head = (u64)p.hv * dk * dv, per_head = (u64)dk * dv;
@@ -329,6 +351,8 @@ __device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_bloc
     float S[R];
     load(s, S);
     DeltaRowIn next = delta_row_in(p, p.cu[s], qh, j, col, dk, dv, true);
+    float2 ab = delta_ab(p, p.cu[s], p.cu[s + 1], j), gates = make_float2(0.0f, 0.0f);
+    u32 buf = 0;
     while (s < last) {
         u32 after = s + 1;
         while (after < last && !walks(after)) ++after;
@@ -342,7 +366,17 @@ __device__ void gated_delta_rule_seqs(const DeltaStep& p, u32 seqs, u32 per_bloc
             } else if (after < last) {
                 next = delta_row_in(p, p.cu[after], qh, j, col, dk, dv, true);
             }
-            delta_row_step<R>(p, in, row, j, col, r0, dk, dv, true, dt_bias, a_log, S, qk_s, part, norms);
+            const u32 i = (row - start) & 31u;
+            if (i == 0) {
+                gates = delta_gates(ab.x, ab.y, dt_bias, a_log);
+                if (row + 32 < end) {
+                    ab = delta_ab(p, row + 32, end, j);
+                } else if (after < last) {
+                    ab = delta_ab(p, p.cu[after], p.cu[after + 1], j);
+                }
+            }
+            delta_row_step<R>(p, in, delta_gates_of(gates, i), row, j, col, r0, dk, dv, true, S, sh, buf);
+            buf ^= 1u;
         }
         if (float* st = tile(s))
 #pragma unroll
