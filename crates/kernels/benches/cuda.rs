@@ -545,13 +545,29 @@ fn delta_form_backends() -> Option<&'static [CudaBackend; 2]> {
 
 /// The delta rule's two forms on the same steps, to place the default crossover
 /// (`CHUNKED_FROM`): 64 sequences (a burst of prefix-hit tails) of 32 to 256 rows, 16 of
-/// 128 and 512, 4 of 512 and 2,048, one of 2,048 and 8,192.
+/// 128 and 512, 4 of 512 and 2,048, one of 32 to 8,192 (a lone prompt, where the fused
+/// kernel's rows are its latency).
 fn delta_rule_forms(c: &mut Criterion) {
     let Some(backends) = delta_form_backends() else { return };
     let mut group = c.benchmark_group("cuda_delta_rule_forms");
     for (form, b) in ["fused", "chunked"].into_iter().zip(backends) {
-        let shapes =
-            [(64, 32), (64, 64), (64, 128), (64, 256), (16, 128), (16, 512), (4, 512), (4, 2048), (1, 2048), (1, 8192)];
+        let shapes = [
+            (64, 32),
+            (64, 64),
+            (64, 128),
+            (64, 256),
+            (16, 128),
+            (16, 512),
+            (4, 512),
+            (4, 2048),
+            (1, 32),
+            (1, 64),
+            (1, 128),
+            (1, 256),
+            (1, 512),
+            (1, 2048),
+            (1, 8192),
+        ];
         for (seqs, rows) in shapes {
             let step = DeltaStep::new(b, seqs, rows);
             group.throughput(Throughput::Elements((seqs * rows) as u64));
