@@ -337,7 +337,9 @@ pub trait GpuBackend: Send + Sync + Debug {
     /// On mismatched shapes.
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
 
-    /// Splits `x [m, n]` into column blocks of the given widths (summing to `n`).
+    /// Splits `x [m, n]` into column blocks of the given widths (summing to `n`). A part may
+    /// share `x`'s memory (a one-row `x` splits into views on CUDA): ops only read their
+    /// inputs, so that is the same as a copy.
     ///
     /// # Errors
     /// When the widths do not sum to `n`.

@@ -119,6 +119,12 @@ impl Tensor {
         &self.storage
     }
 
+    /// The storage as shared, for a backend's view that keeps it alive.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn shared_storage(&self) -> Arc<Storage> {
+        Arc::clone(&self.storage)
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -263,6 +263,7 @@ impl Device {
                 range: None,
                 pooled: false,
                 side: false,
+                _parent: None,
             });
         }
         self.bind()?;
@@ -280,6 +281,7 @@ impl Device {
                         range: Some((start, len)),
                         pooled: false,
                         side: false,
+                        _parent: None,
                     });
                 }
                 // Past the arena: pool memory (an allocation node of the graph), while the
@@ -315,7 +317,7 @@ impl Device {
             }
             Err(e) => return Err(drv(e)),
         };
-        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self), range: None, pooled: true, side: false })
+        Ok(DeviceBuffer { ptr, bytes, device: Arc::clone(self), range: None, pooled: true, side: false, _parent: None })
     }
 
     /// Starts taking this thread's allocations from the graph arena, for a recording.
@@ -481,12 +483,30 @@ pub(crate) struct DeviceBuffer {
     pooled: bool,
     /// Whether the side stream may write it ([`Device::alloc_side`]).
     side: bool,
+    /// For a view into another tensor's memory ([`Self::view`]): that memory, held until
+    /// the view is dropped.
+    _parent: Option<Arc<crate::Storage>>,
 }
 
 impl DeviceBuffer {
     /// The device address (0 for an empty buffer).
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// `bytes` at `offset` of `parent`'s memory (`buf`), as a buffer that frees nothing and
+    /// keeps `parent` alive.
+    pub(crate) fn view(buf: &Self, parent: Arc<crate::Storage>, offset: usize, bytes: usize) -> Self {
+        debug_assert!(offset + bytes <= buf.bytes);
+        Self {
+            ptr: buf.ptr + offset as u64,
+            bytes,
+            device: Arc::clone(&buf.device),
+            range: None,
+            pooled: false,
+            side: false,
+            _parent: Some(parent),
+        }
     }
 }
 

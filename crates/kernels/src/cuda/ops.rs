@@ -388,6 +388,13 @@ pub(super) fn split_columns(b: &CudaBackend, x: &Tensor, widths: &[usize]) -> Re
     let mut start = 0;
     let mut parts = Vec::with_capacity(widths.len());
     for &w in widths {
+        // One row: each block is a contiguous run of it, so an aligned one is a view, not a
+        // copy (a batch-1 decode step splits every hybrid layer's projections).
+        if m == 1 && (start * DType::BF16.size_in_bytes()).is_multiple_of(16) {
+            parts.push(b.view("split_columns", x, start, &[m, w])?);
+            start += w;
+            continue;
+        }
         let part = b.alloc(&[m, w], DType::BF16)?;
         let total = m * w;
         if total > 0 {

@@ -47,6 +47,19 @@ impl CudaBackend {
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
     }
 
+    /// `dims` of `t`'s elements from element `offset` on, as a tensor sharing its memory
+    /// (and keeping it alive), with no copy. The caller keeps the view inside `t` and at an
+    /// address kernels can take (16-byte aligned).
+    pub(super) fn view(&self, op: &'static str, t: &Tensor, offset: usize, dims: &[usize]) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let size = t.dtype().size_in_bytes();
+        let buf = &storage(op, t)?.buf;
+        let buf = super::device::DeviceBuffer::view(buf, t.shared_storage(), offset * size, shape.elem_count() * size);
+        let storage =
+            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), t.dtype(), shape))
+    }
+
     /// Marks `t` as holding drawn tokens ([`CudaStorage::drawn`]).
     pub(super) fn mark_drawn(&self, op: &'static str, t: &Tensor) -> Result<()> {
         storage(op, t)?.drawn.store(true, Ordering::Relaxed);

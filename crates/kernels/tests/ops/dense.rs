@@ -335,6 +335,19 @@ pub fn split_columns_matches_reference(b: &dyn GpuBackend) -> Result<()> {
         assert_close(b, part, &[m, w], &want, &format!("split_columns block at {start}"))?;
         start += w;
     }
+    // One row, where CUDA hands out views at aligned offsets (0, 8 and 16 here; 11 is a
+    // copy): the parts outlive the split tensor, whose memory another tensor may then take.
+    let (n, widths) = (32, [8, 3, 5, 16]);
+    let x = stored(b, Rng::new(10).vec(n));
+    let parts = b.split_columns(&upload_f32(b, &x, &[1, n])?, &widths)?;
+    let other = upload_f32(b, &vec![7.0; n], &[1, n])?;
+    let mut start = 0;
+    for (part, &w) in parts.iter().zip(&widths) {
+        let want = widen(&x[start..start + w]);
+        assert_close(b, part, &[1, w], &want, &format!("split_columns of one row, block at {start}"))?;
+        start += w;
+    }
+    drop(other);
     Ok(())
 }
 
