@@ -946,10 +946,12 @@ extern "C" __global__ void rms_norm_gated_bf16_wf32(const bf16_t* x, const bf16_
 
 // out[i] = x[i] * sigmoid(gate[i / span]), the sigmoid rounded to bf16 first, as
 // `x * torch.sigmoid(gate)` in bf16; `span` is 1 for equal shapes, n for a gate per row.
-extern "C" __global__ void sigmoid_mul_bf16(const bf16_t* x, const bf16_t* gate, bf16_t* out, u64 span, u64 total) {
+extern "C" __global__ void sigmoid_mul_bf16(const bf16_t* x, const bf16_t* gate, const bf16_t* y, bf16_t* out,
+                                             u64 span, u64 total) {
     pdl_enter();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const float g = bf2f(gate[i / span]);
-        out[i] = f2bf(bf2f(x[i]) * round_bf(1.0f / (1.0f + expf(-g))));
+        const float v = round_bf(bf2f(x[i]) * round_bf(1.0f / (1.0f + expf(-g))));
+        out[i] = f2bf(y ? bf2f(y[i]) + v : v);
     }
 }

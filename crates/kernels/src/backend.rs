@@ -580,6 +580,16 @@ pub trait GpuBackend: Send + Sync + Debug {
         Err(self.no_recurrent_ops())
     }
 
+    /// `y + x · sigmoid(gate)`, each rounded as [`Self::sigmoid_mul`] then [`Self::add`]
+    /// round (a shared expert's gated output added to the routed experts'). A backend may
+    /// fuse the two; the result is theirs.
+    ///
+    /// # Errors
+    /// As the two ops.
+    fn sigmoid_mul_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<Tensor> {
+        self.add(y, &self.sigmoid_mul(x, gate)?)
+    }
+
     // --- adapters (LoRA) ---------------------------------------------------------------
 
     /// Whether this backend runs [`Self::lora_shrink`], [`Self::lora_expand`] and

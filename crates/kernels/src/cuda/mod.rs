@@ -656,7 +656,11 @@ impl GpuBackend for CudaBackend {
     }
 
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
-        recurrent::sigmoid_mul(self, x, gate)
+        recurrent::sigmoid_mul(self, x, gate, None)
+    }
+
+    fn sigmoid_mul_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<Tensor> {
+        recurrent::sigmoid_mul(self, x, gate, Some(y))
     }
 
     fn supports_lora(&self) -> bool {

@@ -346,16 +346,27 @@ pub(super) fn rms_norm_gated(b: &CudaBackend, x: &Tensor, z: &Tensor, weight: &T
     Ok(out)
 }
 
-pub(super) fn sigmoid_mul(b: &CudaBackend, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+/// `x · sigmoid(gate)`, plus `y` where given (`sigmoid_mul_add`: one kernel for the two ops).
+pub(super) fn sigmoid_mul(b: &CudaBackend, x: &Tensor, gate: &Tensor, y: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "sigmoid_mul";
     let span = crate::check::sigmoid_mul(x, gate)?;
     expect_dtype(OP, x, BF16)?;
     expect_dtype(OP, gate, BF16)?;
+    let yp = match y {
+        Some(y) => {
+            crate::error::ensure(y.dims() == x.dims(), "sigmoid_mul_add", || {
+                format!("y {:?} is not shaped as x {:?}", y.dims(), x.dims())
+            })?;
+            expect_dtype(OP, y, BF16)?;
+            ptr(OP, y)?
+        }
+        None => 0,
+    };
     let out = b.alloc(x.dims(), DType::BF16)?;
     let n = x.elem_count();
     if n > 0 {
-        let args = (ptr(OP, x)?, ptr(OP, gate)?, ptr(OP, &out)?, span as u64, n as u64);
-        launch!(b, "sigmoid_mul_bf16", elementwise(n), [args.0, args.1, args.2, args.3, args.4])?;
+        let args = (ptr(OP, x)?, ptr(OP, gate)?, yp, ptr(OP, &out)?, span as u64, n as u64);
+        launch!(b, "sigmoid_mul_bf16", elementwise(n), [args.0, args.1, args.2, args.3, args.4, args.5])?;
     }
     Ok(out)
 }

@@ -253,6 +253,16 @@ pub fn sigmoid_mul_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     let tol = tolerance(b.float_dtype());
     assert_within(b, &b.download_f32(&out)?, &reference::sigmoid_mul(&x, &wide), tol, "sigmoid_mul per row", &at);
     expect_err(b.sigmoid_mul(&upload_f32(b, &x, &[3, 5000])?, &upload_f32(b, &g, &[1, 3])?), "a [1, 3] gate");
+    // Plus a tensor (a shared expert's gated output added to the routed experts'): the bits
+    // of the two ops one after the other, however a backend fuses them.
+    let (xs, gs, y) = (upload_f32(b, &x, &[3, 5000])?, upload_f32(b, &g, &[3, 1])?, draw(b, &mut rng, 3 * 5000, 2.0));
+    let ys = upload_f32(b, &y, &[3, 5000])?;
+    let fused = b.download_f32(&b.sigmoid_mul_add(&xs, &gs, &ys)?)?;
+    let apart = b.download_f32(&b.add(&ys, &b.sigmoid_mul(&xs, &gs)?)?)?;
+    for (i, (f, a)) in fused.iter().zip(&apart).enumerate() {
+        assert_eq!(f.to_bits(), a.to_bits(), "sigmoid_mul_add at {}: {f} against {a} apart", at(i));
+    }
+    expect_err(b.sigmoid_mul_add(&xs, &gs, &upload_f32(b, &y[..5000], &[1, 5000])?), "a [1, 5000] y");
     Ok(())
 }
 
