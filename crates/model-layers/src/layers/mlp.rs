@@ -187,8 +187,7 @@ impl Mlp {
                 // `[t, 1]` gates, one per token, broadcast over the expert's output.
                 let shared = expert.forward(backend, x, lora)?;
                 let gate = lora.project(backend, x, &[(LoraModule::SharedGate, 0)], || gate.forward(backend, x))?;
-                let gated = backend.sigmoid_mul(&shared, &gate)?;
-                Ok(backend.add(&routed, &gated)?)
+                Ok(backend.sigmoid_mul_add(&shared, &gate, &routed)?)
             }
         }
     }
