@@ -71,7 +71,8 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
 // thread: the k loads of a column are issued eight at a time before they are summed, in
 // choice order, so a decode step waits for one round trip to memory, not k.
 template <typename W>
-__device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, bf16_t* out, u32 k, u32 h) {
+__device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, const bf16_t* shared,
+                            const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
     const u64 t = blockIdx.x;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= h) return;
@@ -88,18 +89,28 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
         for (u32 j = 0; j < 8; ++j)
             if (j0 + j < k) acc += wt[j] * v[j];
     }
-    out[t * h + c] = f2bf(acc);
+    if (shared) {
+        // The shared expert's output gated by its token's sigmoid, rounded as
+        // `sigmoid_mul_bf16` rounds it, added to the routed sum rounded to bf16.
+        const float g = bf2f(gate[t]);
+        const float s = round_bf(bf2f(shared[t * h + c]) * round_bf(1.0f / (1.0f + expf(-g))));
+        out[t * h + c] = f2bf(round_bf(acc) + s);
+    } else {
+        out[t * h + c] = f2bf(acc);
+    }
 }
 
-extern "C" __global__ void moe_combine_f32(const bf16_t* y, const u32* rows, const float* w, bf16_t* out, u32 k, u32 h) {
+// `shared` and `gate` null, or a shared expert's output `[t, h]` and its gates `[t, 1]`.
+extern "C" __global__ void moe_combine_f32(const bf16_t* y, const u32* rows, const float* w, const bf16_t* shared,
+                                           const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
     pdl_enter();
-    moe_combine(y, rows, w, out, k, h);
+    moe_combine(y, rows, w, shared, gate, out, k, h);
 }
 
-extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, const bf16_t* w, bf16_t* out, u32 k,
-                                            u32 h) {
+extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, const bf16_t* w, const bf16_t* shared,
+                                            const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
     pdl_enter();
-    moe_combine(y, rows, w, out, k, h);
+    moe_combine(y, rows, w, shared, gate, out, k, h);
 }
 
 // --- expert grouping and grouped GEMMs on the device (no host synchronisation) ---------

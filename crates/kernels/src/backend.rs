@@ -683,6 +683,28 @@ pub trait GpuBackend: Send + Sync + Debug {
         Err(crate::Error::InvalidArgument(format!("the {} backend applies no adapters to experts yet", self.name())))
     }
 
+    /// [`Self::moe_experts`] (or [`Self::moe_experts_lora`] with `lora`) plus a shared
+    /// expert's output gated per token: `routed + shared · sigmoid(gate)`, `shared [t, h]`,
+    /// `gate [t, 1]`, rounded as [`Self::sigmoid_mul_add`] rounds. A backend may add the
+    /// shared expert where it combines the routed ones; the result is that of the ops apart.
+    ///
+    /// # Errors
+    /// As the ops it stands for.
+    fn moe_experts_shared(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        (gate_up, down): (&Tensor, &Tensor),
+        lora: Option<&MoeLora<'_>>,
+        (shared, gate): (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let routed = match lora {
+            Some(lora) => self.moe_experts_lora(x, routing, gate_up, down, lora)?,
+            None => self.moe_experts(x, routing, gate_up, down)?,
+        };
+        self.sigmoid_mul_add(shared, gate, &routed)
+    }
+
     /// A device table of `slots` adapters' deltas on one expert stack, all empty, for
     /// [`MoeLora::tables`]; `None` on a backend that reads [`MoeLora::slots`] alone.
     ///

@@ -535,7 +535,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn moe_experts(&self, x: &Tensor, routing: &Routing, gate_up: &Tensor, down: &Tensor) -> Result<Tensor> {
-        moe::moe_experts(self, x, routing, gate_up, down, None)
+        moe::moe_experts(self, x, routing, (gate_up, down), None, None)
     }
 
     fn supports_expert_lora(&self) -> bool {
@@ -565,7 +565,18 @@ impl GpuBackend for CudaBackend {
         down: &Tensor,
         lora: &crate::MoeLora<'_>,
     ) -> Result<Tensor> {
-        moe::moe_experts(self, x, routing, gate_up, down, Some(lora))
+        moe::moe_experts(self, x, routing, (gate_up, down), Some(lora), None)
+    }
+
+    fn moe_experts_shared(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        weights: (&Tensor, &Tensor),
+        lora: Option<&crate::MoeLora<'_>>,
+        shared: (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        moe::moe_experts(self, x, routing, weights, lora, Some(shared))
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

@@ -40,16 +40,26 @@ pub(super) fn topk_routing(b: &CudaBackend, logits: &Tensor, k: usize, renormali
     Ok(Routing { weights, experts })
 }
 
+/// The routed experts' output, plus `shared · sigmoid(gate)` where `shared` is given (added
+/// in the combining kernel, as `sigmoid_mul_add` would add it).
 pub(super) fn moe_experts(
     b: &CudaBackend,
     x: &Tensor,
     routing: &Routing,
-    gate_up: &Tensor,
-    down: &Tensor,
+    (gate_up, down): (&Tensor, &Tensor),
     lora: Option<&MoeLora<'_>>,
+    shared: Option<(&Tensor, &Tensor)>,
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     expect_dtype("moe_experts", x, &[DType::BF16])?;
+    if let Some((out, gate)) = shared {
+        ensure(out.dims() == [t, h], "moe_experts_shared", || format!("shared {:?} is not [{t}, {h}]", out.dims()))?;
+        ensure(crate::check::sigmoid_mul(out, gate)? == h, "moe_experts_shared", || {
+            format!("gate {:?} is not [{t}, 1]", gate.dims())
+        })?;
+        expect_dtype("moe_experts_shared", out, &[DType::BF16])?;
+        expect_dtype("moe_experts_shared", gate, &[DType::BF16])?;
+    }
     if let Some(lora) = lora {
         check_moe_lora("moe_experts_lora", lora, (t, e, h, i), DType::BF16)?;
         // The token slots against the adapters, where their host copy is at hand (the
@@ -67,7 +77,7 @@ pub(super) fn moe_experts(
     let (g, d) = (widened(gate_up)?, widened(down)?);
     if g.is_some() || d.is_some() {
         let (g, d) = (g.unwrap_or_else(|| gate_up.clone()), d.unwrap_or_else(|| down.clone()));
-        return moe_experts(b, x, routing, &g, &d, lora);
+        return moe_experts(b, x, routing, (&g, &d), lora, shared);
     }
     for w in [gate_up, down] {
         expect_dtype("moe_experts", w, &[DType::BF16, super::fp8::FP8])?;
@@ -83,7 +93,11 @@ pub(super) fn moe_experts(
         return Err(Error::InvalidArgument(format!("moe_experts: expert {bad} is past the {e} experts")));
     }
     if t == 0 || h == 0 || i == 0 || k == 0 {
-        return b.zeros(&[t, h], DType::BF16);
+        let routed = b.zeros(&[t, h], DType::BF16)?;
+        return match shared {
+            Some((out, gate)) => super::recurrent::sigmoid_mul(b, out, gate, Some(&routed)),
+            None => Ok(routed),
+        };
     }
     ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let op = "moe_experts";
@@ -146,12 +160,14 @@ pub(super) fn moe_experts(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
+    let (sp, gp) = match shared {
+        Some((s, g)) => (ptr(op, s)?, ptr(op, g)?),
+        None => (0, 0),
+    };
     let args =
         (ptr(op, &y)?, ptr(op, &grouping.row_of_slot)?, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
-    match routing.weights.dtype() {
-        DType::F32 => launch!(b, "moe_combine_f32", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
-        _ => launch!(b, "moe_combine_bf16", cfg, [args.0, args.1, args.2, args.3, args.4, args.5])?,
-    }
+    let name = if routing.weights.dtype() == DType::F32 { "moe_combine_f32" } else { "moe_combine_bf16" };
+    launch!(b, name, cfg, [args.0, args.1, args.2, sp, gp, args.3, args.4, args.5])?;
     Ok(out)
 }
 

@@ -178,12 +178,18 @@ fn check_moe(b: &dyn GpuBackend, c: Case) -> Result<()> {
         logits.chunks_mut(e).for_each(|row| row[s] = -4.0);
     }
     let routing = b.topk_routing(&upload_f32(b, &logits, &[t, e])?, k, true)?;
-    let out = b.moe_experts(
-        &upload_f32(b, &x, &[t, h])?,
-        &routing,
-        &upload_f32(b, &ex.gate_up, &[e, 2 * i, h])?,
-        &upload_f32(b, &ex.down, &[e, h, i])?,
-    )?;
+    let xt = upload_f32(b, &x, &[t, h])?;
+    let (gate_up, down) = (upload_f32(b, &ex.gate_up, &[e, 2 * i, h])?, upload_f32(b, &ex.down, &[e, h, i])?);
+    let out = b.moe_experts(&xt, &routing, &gate_up, &down)?;
+    // With a shared expert's gated output added in: the bits of `sigmoid_mul_add` after the
+    // routed experts, however a backend joins them.
+    let shared = upload_f32(b, &stored(b, rng.vec(t * h)), &[t, h])?;
+    let gate = upload_f32(b, &stored(b, rng.vec(t)), &[t, 1])?;
+    let fused = b.download_f32(&b.moe_experts_shared(&xt, &routing, (&gate_up, &down), None, (&shared, &gate))?)?;
+    let apart = b.download_f32(&b.sigmoid_mul_add(&shared, &gate, &out)?)?;
+    for (j, (f, a)) in fused.iter().zip(&apart).enumerate() {
+        assert_eq!(f.to_bits(), a.to_bits(), "moe_experts_shared t={t} e={e} h={h} at {j}: {f} against {a} apart");
+    }
     let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
     if let Some(s) = starved {
         assert!(!ids.contains(&(s as u32)), "expert {s} was meant to get no tokens");
@@ -210,6 +216,10 @@ pub fn moe_experts_rejects_bad_operands(b: &dyn GpuBackend) -> Result<()> {
     let ok = routing(&[0, 1, 2, 3], t)?;
     expect_err(b.moe_experts(&x, &ok, &f(&[e, 2 * i, h + 1])?, &down), "gate_up hidden size");
     expect_err(b.moe_experts(&x, &ok, &gate_up, &f(&[e, h, i + 1])?), "down intermediate size");
+    let weights = (&gate_up, &down);
+    let shared = |dims: &[usize], gate: &[usize]| b.moe_experts_shared(&x, &ok, weights, None, (&f(dims)?, &f(gate)?));
+    expect_err(shared(&[t, h + 1], &[t, 1]), "a shared expert output one column wide");
+    expect_err(shared(&[t, h], &[t, 2]), "shared expert gates [t, 2]");
     Ok(())
 }
 
