@@ -177,17 +177,40 @@ impl Mlp {
                 let logits =
                     lora.project(backend, x, &[(LoraModule::Router, 0)], || Ok(backend.matmul(x, router, None)?))?;
                 let routing = backend.topk_routing(&logits, *top_k, *renormalize)?;
-                let routed = match lora.experts() {
-                    Some(experts) => backend.moe_experts_lora(x, &routing, gate_up, down, &experts.op())?,
+                let adapters = lora.experts();
+                let experts = adapters.as_ref().map(|e| e.op());
+                // The shared expert's output and its `[t, 1]` gates, one per token, broadcast
+                // over the output: on one device they add in where the routed rows combine.
+                let shared = match shared {
+                    Some(shared) => {
+                        let (expert, gate) = &**shared;
+                        let out = expert.forward(backend, x, lora)?;
+                        let gate =
+                            lora.project(backend, x, &[(LoraModule::SharedGate, 0)], || gate.forward(backend, x))?;
+                        Some((out, gate))
+                    }
+                    None => None,
+                };
+                if reduce.is_identity()
+                    && let Some((out, gate)) = &shared
+                {
+                    return Ok(backend.moe_experts_shared(
+                        x,
+                        &routing,
+                        (gate_up, down),
+                        experts.as_ref(),
+                        (out, gate),
+                    )?);
+                }
+                let routed = match &experts {
+                    Some(experts) => backend.moe_experts_lora(x, &routing, gate_up, down, experts)?,
                     None => backend.moe_experts(x, &routing, gate_up, down)?,
                 };
                 let routed = reduce.apply(routed)?;
-                let Some(shared) = shared else { return Ok(routed) };
-                let (expert, gate) = &**shared;
-                // `[t, 1]` gates, one per token, broadcast over the expert's output.
-                let shared = expert.forward(backend, x, lora)?;
-                let gate = lora.project(backend, x, &[(LoraModule::SharedGate, 0)], || gate.forward(backend, x))?;
-                Ok(backend.sigmoid_mul_add(&shared, &gate, &routed)?)
+                match shared {
+                    Some((out, gate)) => Ok(backend.sigmoid_mul_add(&out, &gate, &routed)?),
+                    None => Ok(routed),
+                }
             }
         }
     }

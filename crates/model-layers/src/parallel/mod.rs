@@ -353,6 +353,11 @@ impl Shard {
 pub struct Reduce(Option<Arc<dyn Collective>>);
 
 impl Reduce {
+    /// Whether the product needs no sum across ranks.
+    pub fn is_identity(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// `x` summed over the ranks (`x` itself without a group).
     ///
     /// # Errors
