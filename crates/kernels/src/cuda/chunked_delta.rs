@@ -32,6 +32,21 @@ pub(super) const KERNELS: [&str; 3] =
 /// rows a sequence) so runs chunked, and the KV budget sees the scratch.
 pub(super) const CHUNKED_FROM: usize = 32;
 
+/// [`CHUNKED_FROM`], or `MET_CHUNKED_FROM=N` (rows, at least 1), for measuring a burst of
+/// prefix-hit tails and lone prompts under another crossover. (A crossover above a warm-up
+/// step's 32 rows a sequence leaves the chunked form's scratch out of the KV budget: not a
+/// default as it stands.)
+pub(super) fn chunked_from_env() -> Result<usize> {
+    const VAR: &str = "MET_CHUNKED_FROM";
+    match std::env::var(VAR).as_deref() {
+        Err(_) | Ok("") => Ok(CHUNKED_FROM),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(Error::InvalidArgument(format!("{VAR}={v}: expected a count of rows, at least 1"))),
+        },
+    }
+}
+
 /// `GDR_CHUNK`, `GDR_THREADS`, `GDR_COLS`, `GDR_SCAN_WARPS`, `GDR_S_LD` and `GDR_QK_LD` of
 /// `recurrent.cu`.
 const GDR_CHUNK: usize = 64;

@@ -91,7 +91,7 @@ pub struct CudaBackend {
     /// The tiled kernels the `flash` op runs prefill steps on.
     tiled_prefill: attention::TiledPrefill,
     /// Rows from which a sequence takes the delta rule's chunked form
-    /// ([`chunked_delta::CHUNKED_FROM`], [`Self::with_chunked_delta_from`]).
+    /// ([`chunked_delta::chunked_from_env`], [`Self::with_chunked_delta_from`]).
     chunked_from: usize,
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
@@ -189,7 +189,7 @@ impl CudaBackend {
             decode_counters,
             pdl,
             tiled_prefill,
-            chunked_from: chunked_delta::CHUNKED_FROM,
+            chunked_from: chunked_delta::chunked_from_env()?,
             batch_invariant: false,
             gguf_int8: false,
             fp8_one_tc: fp8::one_row_tc_from_env()?,
