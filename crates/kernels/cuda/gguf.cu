@@ -296,94 +296,154 @@ extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, flo
     if (lane == 0) ds[blk] = make_float2(d, d * (float)sum);
 }
 
-// One unit of a Q4_K or Q6_K row dotted with x rows 0 .. m - 1 of `gguf_quantize_q8`'s x
-// (`xq [m, k]`, `xds [m, k / 32]`), added into `acc`. Q4_K: the unit's two sub-blocks of 32
-// weights (byte i of the 32 holds weight 64u + 32h + i in its low or high nibble), each
-// the columns of one x block. Q6_K: its four chunks of 16 weights (32 apart in x, as Q6_K's
-// blocks interleave them), each under its int8 scale.
-template <u32 F, int M>
-__device__ __forceinline__ void gguf_q8_unit(const GgufUnit& g, u32 u, const signed char* __restrict__ xq,
-                                             const float2* __restrict__ xds, u32 k, u32 m, float (&acc)[M]) {
+// One unit of R Q4_K or Q6_K rows (the same columns of each) dotted with x rows 0 .. m - 1
+// of `gguf_quantize_q8`'s x (`xq [m, k]`, `xds [m, k / 32]`), added into `acc`, x's words
+// read once for the R rows. Q4_K: the unit's two sub-blocks of 32 weights (byte i of the 32
+// holds weight 64u + 32h + i in its low or high nibble), each the columns of one x block.
+// Q6_K: its four chunks of 16 weights (32 apart in x, as Q6_K's blocks interleave them),
+// each under its int8 scale. A row's sums are the same whatever R.
+template <u32 F, int M, int R>
+__device__ __forceinline__ void gguf_q8_unit(const GgufUnit (&g)[R], u32 u, const signed char* __restrict__ xq,
+                                             const float2* __restrict__ xds, u32 k, u32 m, float (&acc)[R][M]) {
     if constexpr (F == GGUF_Q4_K) {
-        const float d = gguf_h2f(g.rec.w & 0xffffu), dmin = gguf_h2f(g.rec.w >> 16);
+        float d[R], dmin[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            d[r] = gguf_h2f(g[r].rec.w & 0xffffu);
+            dmin[r] = gguf_h2f(g[r].rec.w >> 16);
+        }
 #pragma unroll
         for (u32 h = 0; h < 2; ++h) {
-            float sc, mn;
-            gguf_scale_min(g.rec, 2 * (u & 3u) + h, sc, mn);
-            const float dsc = d * sc, dmn = dmin * mn;
+            float dsc[R], dmn[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float sc, mn;
+                gguf_scale_min(g[r].rec, 2 * (u & 3u) + h, sc, mn);
+                dsc[r] = d[r] * sc;
+                dmn[r] = dmin[r] * mn;
+            }
 #pragma unroll
             for (int t = 0; t < M; ++t) {
                 if (t >= (int)m) break;
                 const int4* xv = reinterpret_cast<const int4*>(xq + (u64)t * k + 64ull * u + 32 * h);
                 const int4 x0 = xv[0], x1 = xv[1];
                 const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                int sumi = 0;
-#pragma unroll
-                for (u32 w = 0; w < 8; ++w) {
-                    const int nib = (int)((gguf_word(g.q[w >> 2], w & 3u) >> (4 * h)) & 0x0f0f0f0fu);
-                    sumi = __dp4a(nib, xs[w], sumi);
-                }
                 const float2 dx = xds[(u64)t * (k / 32) + 2 * u + h];
-                acc[t] += dsc * (dx.x * (float)sumi) - dmn * dx.y;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    int sumi = 0;
+#pragma unroll
+                    for (u32 w = 0; w < 8; ++w) {
+                        const int nib = (int)((gguf_word(g[r].q[w >> 2], w & 3u) >> (4 * h)) & 0x0f0f0f0fu);
+                        sumi = __dp4a(nib, xs[w], sumi);
+                    }
+                    acc[r][t] += dsc[r] * (dx.x * (float)sumi) - dmn[r] * dx.y;
+                }
             }
         }
     } else {
         static_assert(F == GGUF_Q6_K, "int8 activations for Q4_K and Q6_K");
-        const float d = gguf_h2f(g.s1);
+        float d[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) d[r] = gguf_h2f(g[r].s1);
 #pragma unroll
         for (u32 c = 0; c < 4; ++c) {
-            const float dsc = d * (float)(signed char)((g.s0 >> (8 * c)) & 0xffu);
             const u32 shift = c < 2 ? 0 : 4, at = gguf_chunk_k<GGUF_Q6_K>(u, c);
-            int q[4];
+            float dsc[R];
+            int q[R][4];
 #pragma unroll
-            for (u32 i = 0; i < 4; ++i) {
-                const u32 lo = (gguf_word(g.q[c & 1u], i) >> shift) & 0x0f0f0f0fu;
-                const u32 hi = ((gguf_word(g.h[0], i) >> (2 * c)) & 0x03030303u) << 4;
-                q[i] = (int)(lo | hi);
+            for (int r = 0; r < R; ++r) {
+                dsc[r] = d[r] * (float)(signed char)((g[r].s0 >> (8 * c)) & 0xffu);
+#pragma unroll
+                for (u32 i = 0; i < 4; ++i) {
+                    const u32 lo = (gguf_word(g[r].q[c & 1u], i) >> shift) & 0x0f0f0f0fu;
+                    const u32 hi = ((gguf_word(g[r].h[0], i) >> (2 * c)) & 0x03030303u) << 4;
+                    q[r][i] = (int)(lo | hi);
+                }
             }
 #pragma unroll
             for (int t = 0; t < M; ++t) {
                 if (t >= (int)m) break;
                 const int4 xv = *reinterpret_cast<const int4*>(xq + (u64)t * k + at);
                 const int xs[4] = {xv.x, xv.y, xv.z, xv.w};
-                int sumi = 0, sumx = 0;
+                int sumx = 0;
 #pragma unroll
-                for (u32 i = 0; i < 4; ++i) {
-                    sumi = __dp4a(q[i], xs[i], sumi);
-                    sumx = __dp4a(0x01010101, xs[i], sumx);
-                }
+                for (u32 i = 0; i < 4; ++i) sumx = __dp4a(0x01010101, xs[i], sumx);
                 const float dx = xds[(u64)t * (k / 32) + at / 32].x;
-                acc[t] += dsc * (dx * (float)(sumi - 32 * sumx));
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    int sumi = 0;
+#pragma unroll
+                    for (u32 i = 0; i < 4; ++i) sumi = __dp4a(q[r][i], xs[i], sumi);
+                    acc[r][t] += dsc[r] * (dx * (float)(sumi - 32 * sumx));
+                }
             }
         }
     }
 }
 
-// As `gguf_gemv` for Q4_K and Q6_K over `gguf_quantize_q8`'s x: one warp a weight row, lane
-// i the units i, i + 32, ... (the next unit's words requested before the current one's
-// sums), a fixed shuffle tree.
+// The sums of weight rows `rows[0..R)` with x rows 0 .. m - 1 over `gguf_quantize_q8`'s x,
+// one warp: lane i the units i, i + 32, ... (the next unit's words requested before the
+// current one's sums); every lane returns the totals (a fixed shuffle tree).
+template <u32 F, int M, int R>
+__device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                             const GgufMat& mat, const u32 (&rows)[R], u32 m, float (&acc)[R][M]) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+    const u32 k = mat.k, units = k / 64;
+    GgufUnit next[R];
+    if (lane < units)
+#pragma unroll
+        for (int r = 0; r < R; ++r) next[r] = gguf_load<F>(mat, rows[r], lane);
+    for (u32 u = lane; u < units; u += 32) {
+        GgufUnit g[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) g[r] = next[r];
+        if (u + 32 < units)
+#pragma unroll
+            for (int r = 0; r < R; ++r) next[r] = gguf_load<F>(mat, rows[r], u + 32);
+        gguf_q8_unit<F, M, R>(g, u, xq, xds, k, m, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < M; ++t) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+// As `gguf_gemv` for Q4_K and Q6_K over `gguf_quantize_q8`'s x: one warp a weight row.
 template <u32 F, int M>
 __device__ __forceinline__ void gguf_gemv_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
                                              GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
                                              u32 column) {
     const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;
-    float acc[M];
+    const u32 r[1] = {row};
+    float acc[1][M];
+    gguf_dots_q8<F, M, 1>(xq, xds, mat, r, m, acc);
 #pragma unroll
-    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
-    const u32 k = mat.k, units = k / 64;
-    GgufUnit next;
-    if (lane < units) next = gguf_load<F>(mat, row, lane);
-    for (u32 u = lane; u < units; u += 32) {
-        const GgufUnit g = next;
-        if (u + 32 < units) next = gguf_load<F>(mat, row, u + 32);
-        gguf_q8_unit<F, M>(g, u, xq, xds, k, m, acc);
-    }
+    for (int t = 0; t < M; ++t)
+        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(acc[0][t]);
+}
+
+// The SwiGLU form over a fused gate/up matrix `[2 half, k]` in one part: warp j takes gate
+// row j and up row half + j (x's words read once for both) and writes
+// `silu(round(g)) · round(u)` rounded as `silu_mul_bf16` does, into `out [m, half]`: the
+// product and `silu_mul` in one kernel, with their bits.
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_gemv_q8_silu(const signed char* __restrict__ xq,
+                                                  const float2* __restrict__ xds, GgufMat mat,
+                                                  bf16_t* __restrict__ out, u32 m, u32 half) {
+    const u32 lane = threadIdx.x & 31, j = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (j >= half) return;
+    const u32 rows[2] = {j, half + j};
+    float acc[2][M];
+    gguf_dots_q8<F, M, 2>(xq, xds, mat, rows, m, acc);
 #pragma unroll
-    for (int t = 0; t < M; ++t) {
-        const float total = warp_sum(acc[t]);
-        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
-    }
+    for (int t = 0; t < M; ++t)
+        if (lane == 0 && t < (int)m) out[(u64)t * half + j] = f2bf(silu_times(acc[0][t], acc[1][t]));
 }
 
 #define GGUF_GEMV_Q8(F, FORMAT, M)                                                                             \
@@ -392,6 +452,11 @@ __device__ __forceinline__ void gguf_gemv_q8(const signed char* __restrict__ xq,
         u32 column) {                                                                                          \
         pdl_enter();                                                                                           \
         gguf_gemv_q8<GGUF_##FORMAT, M>(xq, xds, mat, out, m, rows, width, column);                             \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_silu_##F##_q8_m##M(                \
+        const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 half) {                 \
+        pdl_enter();                                                                                           \
+        gguf_gemv_q8_silu<GGUF_##FORMAT, M>(xq, xds, mat, out, m, half);                                       \
     }
 GGUF_GEMV_Q8(q4_k, Q4_K, 1)
 GGUF_GEMV_Q8(q4_k, Q4_K, 2)

@@ -37,7 +37,7 @@ use crate::{DType, HostTensor, Shape, Storage, Tensor};
 
 /// The kernels of `gguf.cu`, looked up at startup: a GEMV per format and batch bound, and
 /// the widening.
-pub(super) const KERNELS: [&str; 40] = [
+pub(super) const KERNELS: [&str; 48] = [
     "gguf_gemv_q4_0_m1",
     "gguf_gemv_q4_0_m2",
     "gguf_gemv_q4_0_m4",
@@ -78,15 +78,24 @@ pub(super) const KERNELS: [&str; 40] = [
     "gguf_gemv_q6_k_q8_m2",
     "gguf_gemv_q6_k_q8_m4",
     "gguf_gemv_q6_k_q8_m8",
+    "gguf_gemv_silu_q4_k_q8_m1",
+    "gguf_gemv_silu_q4_k_q8_m2",
+    "gguf_gemv_silu_q4_k_q8_m4",
+    "gguf_gemv_silu_q4_k_q8_m8",
+    "gguf_gemv_silu_q6_k_q8_m1",
+    "gguf_gemv_silu_q6_k_q8_m2",
+    "gguf_gemv_silu_q6_k_q8_m4",
+    "gguf_gemv_silu_q6_k_q8_m8",
 ];
 
-/// The int8-activation GEMV of `format` for `m` rows, where there is one.
-fn gemv_q8_kernel(format: QuantFormat, m: usize) -> Option<&'static str> {
+/// The int8-activation GEMV of `format` for `m` rows, where there is one (`silu`: its
+/// SwiGLU form).
+fn gemv_q8_kernel(format: QuantFormat, m: usize, silu: bool) -> Option<&'static str> {
     let first = match format {
         QuantFormat::Q4_K => 32,
         QuantFormat::Q6_K => 36,
         _ => return None,
-    };
+    } + if silu { 8 } else { 0 };
     Some(match m {
         1 => KERNELS[first],
         2 => KERNELS[first + 1],
@@ -364,7 +373,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
             .iter()
             .map(|p| {
                 let grid = cfg((p.rows.div_ceil(WARPS) as u32, 1, 1), block);
-                match gemv_q8_kernel(p.format, m).filter(|_| b.gguf_int8) {
+                match gemv_q8_kernel(p.format, m, false).filter(|_| b.gguf_int8) {
                     Some(name) => Some((name, grid, true)),
                     None => Some((gemv_kernel(p.format, m)?, grid, false)),
                 }
@@ -384,25 +393,13 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
     if let Some(plan) = plan {
         let out = b.alloc(&[m, n], DType::BF16)?;
         let (xp, op_) = (ptr(OP, x)?, ptr(OP, &out)?);
-        // x as int8 blocks of 32 (bytes in u32 words) and each block's (d, d · Σq).
-        let q8 = if plan.iter().any(|p| p.2) {
-            let blocks = m * k / 32;
-            let (xq, xds) = (b.alloc(&[m * k / 4], DType::U32)?, b.alloc(&[2 * blocks], DType::F32)?);
-            let (qp, dp) = (ptr(OP, &xq)?, ptr(OP, &xds)?);
-            let grid = cfg((blocks.div_ceil(4) as u32, 1, 1), (128, 1, 1));
-            launch!(b, KERNELS[31], grid, [xp, qp, dp, blocks as u32])?;
-            Some((xq, xds, qp, dp))
-        } else {
-            None
-        };
+        let q8 = if plan.iter().any(|p| p.2) { Some(quantize_q8(b, x)?) } else { None };
         let mut column = 0usize;
         for (part, (name, launch, int8)) in w.parts.iter().zip(plan) {
             let args = part.args(k);
             let (rows, width, at) = (part.rows as u32, n as u32, column as u32);
             match (&q8, int8) {
-                (Some((_, _, qp, dp)), true) => {
-                    launch!(b, name, launch, [*qp, *dp, args, op_, m as u32, rows, width, at])?
-                }
+                (Some(q8), true) => launch!(b, name, launch, [q8.qp, q8.dp, args, op_, m as u32, rows, width, at])?,
                 _ => launch!(b, name, launch, [xp, args, op_, m as u32, rows, width, at])?,
             }
             column += part.rows;
@@ -414,6 +411,45 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
     }
     let wide = widen(b, w, k, None)?;
     super::ops::matmul(b, x, &wide, bias)
+}
+
+/// `x [m, k]` as int8 blocks of 32 (bytes in u32 words) and each block's (d, d · Σq), for
+/// the int8-activation GEMVs (`gguf_quantize_q8`).
+struct Q8 {
+    _q: Tensor,
+    _ds: Tensor,
+    qp: u64,
+    dp: u64,
+}
+
+fn quantize_q8(b: &CudaBackend, x: &Tensor) -> Result<Q8> {
+    const OP: &str = "gguf_quantize_q8";
+    let (m, k) = (x.dims()[0], x.dims()[1]);
+    let blocks = m * k / 32;
+    let (q, ds) = (b.alloc(&[m * k / 4], DType::U32)?, b.alloc(&[2 * blocks], DType::F32)?);
+    let (qp, dp) = (ptr(OP, &q)?, ptr(OP, &ds)?);
+    let grid = cfg((blocks.div_ceil(4) as u32, 1, 1), (128, 1, 1));
+    launch!(b, KERNELS[31], grid, [ptr(OP, x)?, qp, dp, blocks as u32])?;
+    Ok(Q8 { _q: q, _ds: ds, qp, dp })
+}
+
+/// `silu(x · gᵀ) · (x · uᵀ)` for `w = [g; u]` kept in blocks as one Q4_K or Q6_K part, in
+/// one kernel over int8 activations (`gguf_gemv_silu_*`), where that applies: `None`
+/// otherwise (the product, then `silu_mul`).
+pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix) -> Result<Option<Tensor>> {
+    const OP: &str = "matmul_silu_mul";
+    let (m, k) = (x.dims()[0], x.dims()[1]);
+    let [part] = w.parts.as_slice() else { return Ok(None) };
+    let Some(name) = gemv_q8_kernel(part.format, m, true) else { return Ok(None) };
+    if b.batch_invariant || !b.gguf_int8 || m == 0 || part.rows % 2 != 0 {
+        return Ok(None);
+    }
+    let half = part.rows / 2;
+    let out = b.alloc(&[m, half], DType::BF16)?;
+    let q8 = quantize_q8(b, x)?;
+    let grid = cfg((half.div_ceil(WARPS) as u32, 1, 1), (WARPS as u32 * 32, 1, 1));
+    launch!(b, name, grid, [q8.qp, q8.dp, part.args(k), ptr(OP, &out)?, m as u32, half as u32])?;
+    Ok(Some(out))
 }
 
 /// A launch of `grid` blocks of `block` threads without dynamic shared memory.

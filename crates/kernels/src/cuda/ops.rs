@@ -188,8 +188,11 @@ pub(super) fn rotary(b: &CudaBackend, x: &Tensor, positions: &Tensor, inv_freq: 
 pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (m, k, n) = crate::check::matmul(x, w, None)?;
     expect_dtype("matmul_silu_mul", x, BF16)?;
-    if gguf::of("matmul_silu_mul", w)?.is_some() {
+    if let Some(blocks) = gguf::of("matmul_silu_mul", w)? {
         ensure(n % 2 == 0, "matmul_silu_mul", || format!("w {:?} has an odd number of rows", w.dims()))?;
+        if let Some(out) = gguf::matmul_silu_mul(b, x, &blocks)? {
+            return Ok(out);
+        }
         return silu_mul(b, &matmul(b, x, w, None)?);
     }
     expect_dtype("matmul_silu_mul", w, &[DType::BF16, fp8::FP8])?;

@@ -105,6 +105,15 @@ pub fn k_quant_int8_dots_match_rounded_activations(b: &dyn GpuBackend) -> Result
             let got = b.download_f32(&y)?;
             let (near, far) = (rms(&got, &rounded), rms(&got, &exact));
             assert!(near < 0.6 * far, "{what}: rms {near:.3e} from the int8 reference, {far:.3e} from the exact one");
+            // The SwiGLU over the same matrix as gate and up halves: the bits of the product
+            // and `silu_mul` apart (CUDA runs it as one kernel).
+            let xs = upload_f32(b, &x, &[m, k])?;
+            let fused = b.download_f32(&b.matmul_silu_mul(&xs, &w)?)?;
+            let apart = b.download_f32(&b.silu_mul(&b.matmul(&xs, &w, None)?)?)?;
+            assert_eq!(fused.len(), m * n / 2, "{what}: SwiGLU shape");
+            for (i, (f, a)) in fused.iter().zip(&apart).enumerate() {
+                assert_eq!(f.to_bits(), a.to_bits(), "{what}: SwiGLU element {i}, {f} fused against {a} apart");
+            }
         }
     }
     Ok(())
