@@ -157,11 +157,45 @@ __device__ __forceinline__ void load_w8(const float* w, u32 c, float* out) {
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
 
+// The int8 form of a normalised row, for the GGUF GEMVs over int8 activations (`q8`: the
+// `q` and `ds` of `gguf_quantize_q8`, written by the norm so that kernel need not run):
+// block b of 32 values is chunks 4b .. 4b + 3, held by four consecutive lanes.
+struct NormQ8 {
+    signed char* q;  // [rows, n]
+    float2* ds;      // [rows, n / 32]: (d, d · Σq)
+};
+
+// Chunk c's 8 output values `o` (bf16 values) into `q8` at row offset `off`, with the
+// bits of `gguf_quantize_q8` over the stored row: d = max|x| / 127 over the block, q =
+// round(x / d). Called by every lane, `live` false past the row (its values zeros).
+__device__ __forceinline__ void norm_q8_chunk(const float (&o)[8], bool live, u32 c, u64 off, const NormQ8& q8) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(o[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float d = amax / 127.0f;
+    int sum = 0;
+    u32 packed[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int qi = amax > 0.0f ? __float2int_rn(o[e] / d) : 0;
+        sum += qi;
+        packed[e / 4] |= ((u32)qi & 0xffu) << (8 * (e % 4));
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (!live) return;
+    reinterpret_cast<uint2*>(q8.q + off)[c] = make_uint2(packed[0], packed[1]);
+    if ((c & 3u) == 0) q8.ds[off / 32 + c / 4] = make_float2(d, d * (float)sum);
+}
+
 // `v` holds this thread's chunks of the row (rounded to bf16, zeros past its end); writes
-// the norm of the row to `out`.
-template <typename W>
+// the norm of the row to `out` (and its int8 form into `q8` where `Q8`, the block's threads
+// a multiple of 4 and the row's length of 32).
+template <typename W, bool Q8 = false>
 __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], const W* w, uint4* out, u32 n,
-                                                float eps) {
+                                                float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
     __shared__ float scratch[32];
     // The weights are read before the block's reduction, so their round trip overlaps it.
     float wf[NORM_VECS][8];
@@ -180,16 +214,27 @@ __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], 
 #pragma unroll
     for (int r = 0; r < NORM_VECS; ++r) {
         const u32 c = threadIdx.x + r * blockDim.x;
-        if (c >= n / 8) break;
-        float o[8];
+        if constexpr (Q8) {
+            // Every lane takes part in the blocks' shuffles, past the row too.
+            const bool live = c < n / 8;
+            float o[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = norm_weighted(w, wf[r][e], v[r][e] * inv);
-        out[c] = pack8(o);
+            for (int e = 0; e < 8; ++e) o[e] = live ? round_bf(norm_weighted(w, wf[r][e], v[r][e] * inv)) : 0.0f;
+            if (live) out[c] = pack8(o);
+            norm_q8_chunk(o, live, c, (u64)blockIdx.x * n, q8);
+        } else {
+            if (c >= n / 8) break;
+            float o[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[e] = norm_weighted(w, wf[r][e], v[r][e] * inv);
+            out[c] = pack8(o);
+        }
     }
 }
 
-template <typename W>
-__device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps) {
+template <typename W, bool Q8 = false>
+__device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps,
+                           const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
     const u64 off = (u64)blockIdx.x * n;
     const uint4* xv = reinterpret_cast<const uint4*>(x + off);
     float v[NORM_VECS][8];
@@ -203,12 +248,12 @@ __device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, floa
             for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
         }
     }
-    rms_norm_chunks(v, w, reinterpret_cast<uint4*>(out + off), n, eps);
+    rms_norm_chunks<W, Q8>(v, w, reinterpret_cast<uint4*>(out + off), n, eps, q8);
 }
 
-template <typename W>
+template <typename W, bool Q8 = false>
 __device__ void add_rms_norm_v(const bf16_t* x, const bf16_t* res, const W* w, bf16_t* normed, bf16_t* sum, u32 n,
-                               float eps) {
+                               float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
     const u64 off = (u64)blockIdx.x * n;
     const uint4 *xv = reinterpret_cast<const uint4*>(x + off), *rv = reinterpret_cast<const uint4*>(res + off);
     uint4* sv = reinterpret_cast<uint4*>(sum + off);
@@ -228,7 +273,7 @@ __device__ void add_rms_norm_v(const bf16_t* x, const bf16_t* res, const W* w, b
             for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
         }
     }
-    rms_norm_chunks(v, w, reinterpret_cast<uint4*>(normed + off), n, eps);
+    rms_norm_chunks<W, Q8>(v, w, reinterpret_cast<uint4*>(normed + off), n, eps, q8);
 }
 
 extern "C" __global__ void rms_norm_v_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
@@ -252,6 +297,23 @@ extern "C" __global__ void add_rms_norm_v_bf16_wf32(const bf16_t* x, const bf16_
     pdl_enter();
     add_rms_norm_v(x, res, w, normed, sum, n, eps);
 }
+
+// The vector norms writing the int8 form of their rows too (`NormQ8`), for a decode step
+// whose next product is a GGUF GEMV over int8 activations.
+#define MET_NORM_Q8(W, SUFFIX)                                                                                 \
+    extern "C" __global__ void rms_norm_v_q8_bf16##SUFFIX(const bf16_t* x, const W* w, bf16_t* out, u32 n,    \
+                                                          float eps, signed char* q, float2* ds) {             \
+        pdl_enter();                                                                                           \
+        rms_norm_v<W, true>(x, w, out, n, eps, NormQ8{q, ds});                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void add_rms_norm_v_q8_bf16##SUFFIX(const bf16_t* x, const bf16_t* res, const W* w, \
+                                                              bf16_t* normed, bf16_t* sum, u32 n, float eps,   \
+                                                              signed char* q, float2* ds) {                    \
+        pdl_enter();                                                                                           \
+        add_rms_norm_v<W, true>(x, res, w, normed, sum, n, eps, NormQ8{q, ds});                                \
+    }
+MET_NORM_Q8(bf16_t, )
+MET_NORM_Q8(float, _wf32)
 
 // Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *
 // inv_freq[i]` in f32 as transformers computes it; cos and sin are rounded to bf16 and each

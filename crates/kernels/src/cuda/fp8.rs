@@ -159,6 +159,7 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
         drawn: AtomicBool::new(false),
         fp8: Some(Fp8Scales { buf: scale_buf, grid }),
         gguf: None,
+        q8: None,
     };
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
 }

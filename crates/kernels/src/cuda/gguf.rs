@@ -338,7 +338,9 @@ pub(super) fn upload_rows(b: &CudaBackend, parts: &[HostTensor<'_>]) -> Result<O
         drawn: AtomicBool::new(false),
         fp8: None,
         gguf: Some(Arc::new(GgufMatrix { parts: kept })),
+        q8: None,
     };
+    b.packs_gguf.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), dtype, Shape::new(&[rows, k]))))
 }
 
@@ -416,6 +418,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
 /// `x [m, k]` as int8 blocks of 32 (bytes in u32 words) and each block's (d, d · Σq), for
 /// the int8-activation GEMVs (`gguf_quantize_q8`).
 struct Q8 {
+    /// What holds `qp` and `dp` (a norm's output, where it wrote them).
     _q: Tensor,
     _ds: Tensor,
     qp: u64,
@@ -424,6 +427,10 @@ struct Q8 {
 
 fn quantize_q8(b: &CudaBackend, x: &Tensor) -> Result<Q8> {
     const OP: &str = "gguf_quantize_q8";
+    if let Some((qp, dp)) = b.q8_of(OP, x)? {
+        // A norm wrote it beside x.
+        return Ok(Q8 { _q: x.clone(), _ds: x.clone(), qp, dp });
+    }
     let (m, k) = (x.dims()[0], x.dims()[1]);
     let blocks = m * k / 32;
     let (q, ds) = (b.alloc(&[m * k / 4], DType::U32)?, b.alloc(&[2 * blocks], DType::F32)?);

@@ -71,6 +71,9 @@ pub struct CudaStorage {
     fp8: Option<fp8::Fp8Scales>,
     /// For a matrix kept in GGUF blocks ([`gguf`]): its parts (`buf` is then empty).
     gguf: Option<Arc<gguf::GgufMatrix>>,
+    /// For a bf16 matrix a norm wrote for a GGUF GEMV over int8 activations: its rows as
+    /// int8 blocks of 32 and each block's `(d, d · Σq)`, as `gguf_quantize_q8` gives them.
+    q8: Option<Box<(DeviceBuffer, DeviceBuffer)>>,
 }
 
 /// The CUDA backend on one GPU.
@@ -90,6 +93,9 @@ pub struct CudaBackend {
     pdl: bool,
     /// The tiled kernels the `flash` op runs prefill steps on.
     tiled_prefill: attention::TiledPrefill,
+    /// Whether a matrix was kept in GGUF blocks here: the norms of decode steps then write
+    /// their rows' int8 form too, when GGUF GEMVs read activations as int8.
+    packs_gguf: AtomicBool,
     /// Rows from which a sequence takes the delta rule's chunked form
     /// ([`chunked_delta::chunked_from_env`], [`Self::with_chunked_delta_from`]).
     chunked_from: usize,
@@ -189,6 +195,7 @@ impl CudaBackend {
             decode_counters,
             pdl,
             tiled_prefill,
+            packs_gguf: AtomicBool::new(false),
             chunked_from: chunked_delta::chunked_from_env()?,
             batch_invariant: false,
             gguf_int8: false,

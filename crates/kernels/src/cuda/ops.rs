@@ -133,12 +133,43 @@ fn norm_launch(op: &'static str, weight: &Tensor, rows: usize, n: usize, ptrs: &
     (kernel, cfg)
 }
 
+/// Whether a norm of `rows` rows of `n` (launched as `kernel`) writes its rows' int8 form
+/// too: a decode step of a model with GGUF matrices whose GEMVs read int8 activations, on
+/// the vector kernels (four lanes a block of 32).
+fn norm_writes_q8(b: &CudaBackend, kernel: &str, rows: usize, n: usize) -> bool {
+    b.gguf_int8
+        && b.packs_gguf.load(std::sync::atomic::Ordering::Relaxed)
+        && !b.batch_invariant
+        && rows <= gguf::GEMV_ROWS
+        && n.is_multiple_of(32)
+        && kernel.contains("_v_")
+}
+
+/// `kernel`'s form that also writes the int8 form of its rows.
+fn q8_kernel(kernel: &str) -> &'static str {
+    match kernel {
+        "rms_norm_v_bf16" => "rms_norm_v_q8_bf16",
+        "rms_norm_v_bf16_wf32" => "rms_norm_v_q8_bf16_wf32",
+        "add_rms_norm_v_bf16" => "add_rms_norm_v_q8_bf16",
+        _ => "add_rms_norm_v_q8_bf16_wf32",
+    }
+}
+
 pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     let n = check_norm("rms_norm", x, weight)?;
-    let out = b.alloc(x.dims(), DType::BF16)?;
     let rows = x.elem_count() / n;
+    // The pointers only decide the vector form's alignment; the output is aligned as x is.
+    let (xp, wp) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?);
+    let (kernel, cfg) = norm_launch("rms_norm", weight, rows, n, &[xp, wp]);
+    if rows > 0 && norm_writes_q8(b, kernel, rows, n) {
+        let out = b.alloc_q8(x.dims(), n)?;
+        let (qp, dp) = b.q8_of("rms_norm", &out)?.expect("alloc_q8 makes the int8 form");
+        launch!(b, q8_kernel(kernel), cfg, [xp, wp, ptr("rms_norm", &out)?, n as u32, eps, qp, dp])?;
+        return Ok(out);
+    }
+    let out = b.alloc(x.dims(), DType::BF16)?;
     if rows > 0 {
-        let (xp, wp, op) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?, ptr("rms_norm", &out)?);
+        let op = ptr("rms_norm", &out)?;
         let (kernel, cfg) = norm_launch("rms_norm", weight, rows, n, &[xp, wp, op]);
         launch!(b, kernel, cfg, [xp, wp, op, n as u32, eps])?;
     }
@@ -157,13 +188,22 @@ pub(super) fn add_rms_norm(
     })?;
     let n = check_norm("add_rms_norm", x, weight)?;
     expect_dtype("add_rms_norm", residual, BF16)?;
-    let (normed, sum) = (b.alloc(x.dims(), DType::BF16)?, b.alloc(x.dims(), DType::BF16)?);
+    let op = "add_rms_norm";
     let rows = x.elem_count() / n;
+    let (xp, rp, wp) = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?);
+    let (kernel, _) = norm_launch(op, weight, rows, n, &[xp, rp, wp]);
+    let q8 = rows > 0 && norm_writes_q8(b, kernel, rows, n);
+    let normed = if q8 { b.alloc_q8(x.dims(), n)? } else { b.alloc(x.dims(), DType::BF16)? };
+    let sum = b.alloc(x.dims(), DType::BF16)?;
     if rows > 0 {
-        let op = "add_rms_norm";
-        let args = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?, ptr(op, &normed)?, ptr(op, &sum)?);
-        let (kernel, cfg) = norm_launch(op, weight, rows, n, &[args.0, args.1, args.2, args.3, args.4]);
-        launch!(b, kernel, cfg, [args.0, args.1, args.2, args.3, args.4, n as u32, eps])?;
+        let (np, sp) = (ptr(op, &normed)?, ptr(op, &sum)?);
+        let (kernel, cfg) = norm_launch(op, weight, rows, n, &[xp, rp, wp, np, sp]);
+        match b.q8_of(op, &normed)? {
+            Some((qp, dp)) if kernel.contains("_v_") => {
+                launch!(b, q8_kernel(kernel), cfg, [xp, rp, wp, np, sp, n as u32, eps, qp, dp])?
+            }
+            _ => launch!(b, kernel, cfg, [xp, rp, wp, np, sp, n as u32, eps])?,
+        }
     }
     Ok((normed, sum))
 }

@@ -24,17 +24,46 @@ impl CudaBackend {
     pub(super) fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage =
-            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
+        let storage = CudaStorage {
+            buf,
+            host_u32: Mutex::new(None),
+            drawn: AtomicBool::new(false),
+            fp8: None,
+            gguf: None,
+            q8: None,
+        };
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
+    }
+
+    /// A bf16 matrix of `dims` (rows of `n`) with room for its int8 form beside it
+    /// ([`CudaStorage::q8`]): `n` bytes and `n / 32` `(d, d · Σq)` pairs a row.
+    pub(super) fn alloc_q8(&self, dims: &[usize], n: usize) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let count = shape.elem_count();
+        let buf = self.dev.alloc(count * DType::BF16.size_in_bytes())?;
+        let q8 = Some(Box::new((self.dev.alloc(count)?, self.dev.alloc(count / n * (n / 32) * 8)?)));
+        let storage =
+            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None, q8 };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), DType::BF16, shape))
+    }
+
+    /// The device addresses of `t`'s int8 form (`q`, `ds`), where a norm wrote one.
+    pub(super) fn q8_of(&self, op: &'static str, t: &Tensor) -> Result<Option<(u64, u64)>> {
+        Ok(storage(op, t)?.q8.as_ref().map(|q8| (q8.0.ptr(), q8.1.ptr())))
     }
 
     /// As [`Self::alloc`], for a tensor the side stream writes ([`super::device::Device::alloc_side`]).
     pub(super) fn alloc_side(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc_side(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage =
-            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
+        let storage = CudaStorage {
+            buf,
+            host_u32: Mutex::new(None),
+            drawn: AtomicBool::new(false),
+            fp8: None,
+            gguf: None,
+            q8: None,
+        };
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
@@ -43,7 +72,7 @@ impl CudaBackend {
         let buf = self.dev.alloc(size_of_val(data))?;
         self.dev.upload(&buf, data)?;
         let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
-        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false), fp8: None, gguf: None };
+        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false), fp8: None, gguf: None, q8: None };
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
     }
 
@@ -55,8 +84,14 @@ impl CudaBackend {
         let size = t.dtype().size_in_bytes();
         let buf = &storage(op, t)?.buf;
         let buf = super::device::DeviceBuffer::view(buf, t.shared_storage(), offset * size, shape.elem_count() * size);
-        let storage =
-            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None };
+        let storage = CudaStorage {
+            buf,
+            host_u32: Mutex::new(None),
+            drawn: AtomicBool::new(false),
+            fp8: None,
+            gguf: None,
+            q8: None,
+        };
         Ok(Tensor::from_storage(Storage::Cuda(storage), t.dtype(), shape))
     }
 

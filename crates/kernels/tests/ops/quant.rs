@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use half::f16;
 use met_kernels::quant::QuantFormat;
-use met_kernels::{DType, GpuBackend, HostTensor, Result};
+use met_kernels::{DType, GpuBackend, HostTensor, Result, Tensor};
 
 use crate::harness::{
     Rng, assert_close, assert_close_within, assert_values, stored, tolerance, upload_f32, upload_u32, widen,
@@ -115,6 +115,36 @@ pub fn k_quant_int8_dots_match_rounded_activations(b: &dyn GpuBackend) -> Result
                 assert_eq!(f.to_bits(), a.to_bits(), "{what}: SwiGLU element {i}, {f} fused against {a} apart");
             }
         }
+        norm_outputs_feed_int8_dots(b, &w, k, &mut rng)?;
+    }
+    Ok(())
+}
+
+/// A decode step's norm feeding a product over int8 activations (CUDA writes the rows'
+/// int8 form beside them): its rows are those of a norm too many rows for that (9), and
+/// the product is that of the same values without the int8 form, bit for bit.
+fn norm_outputs_feed_int8_dots(b: &dyn GpuBackend, w: &Tensor, k: usize, rng: &mut Rng) -> Result<()> {
+    let dt = b.float_dtype();
+    let weight = upload_f32(b, &stored(b, rng.vec(k)), &[k])?;
+    let (x, r) = (stored(b, rng.vec(9 * k)), stored(b, rng.vec(9 * k)));
+    let (x9, r9) = (upload_f32(b, &x, &[9, k])?, upload_f32(b, &r, &[9, k])?);
+    let wide = b.download_f32(&b.add_rms_norm(&x9, &r9, &weight, 1e-6)?.0)?;
+    let wide_plain = b.download_f32(&b.rms_norm(&x9, &weight, 1e-6)?)?;
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for m in [1, 3, 8] {
+        let (xm, rm) = (upload_f32(b, &x[..m * k], &[m, k])?, upload_f32(b, &r[..m * k], &[m, k])?);
+        for (normed, rows) in
+            [(b.add_rms_norm(&xm, &rm, &weight, 1e-6)?.0, &wide), (b.rms_norm(&xm, &weight, 1e-6)?, &wide_plain)]
+        {
+            assert_eq!(bits(&b.download_f32(&normed)?), bits(&rows[..m * k]), "a norm of {m} rows against 9");
+            let plain = b.add(&normed, &b.zeros(&[m, k], dt)?)?;
+            let (with, without) = (b.matmul(&normed, w, None)?, b.matmul(&plain, w, None)?);
+            assert_eq!(
+                bits(&b.download_f32(&with)?),
+                bits(&b.download_f32(&without)?),
+                "a norm's {m} rows into int8 dots"
+            );
+        }
     }
     Ok(())
 }
@@ -184,7 +214,7 @@ pub fn gguf_expert_pairs_compute_with_their_decoded_values(b: &dyn GpuBackend) -
     let mut rng = Rng::new(93);
     let (e, h, i, k) = (2, 256, 256, 2);
     let dtype = b.float_dtype();
-    let mut stack = |rows: usize, cols: usize, format: QuantFormat| -> Result<(met_kernels::Tensor, Vec<f32>)> {
+    let mut stack = |rows: usize, cols: usize, format: QuantFormat| -> Result<(Tensor, Vec<f32>)> {
         let mut decoded = Vec::new();
         let parts = (0..e)
             .map(|_| {
@@ -224,7 +254,7 @@ pub fn gguf_expert_pairs_compute_with_their_decoded_values(b: &dyn GpuBackend) -
 pub fn gguf_expert_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
     let mut rng = Rng::new(80);
     let (e, h, i, k, t) = (4, 512, 256, 2, 24);
-    let stack = |rows: usize, cols: usize, rng: &mut Rng| -> Result<met_kernels::Tensor> {
+    let stack = |rows: usize, cols: usize, rng: &mut Rng| -> Result<Tensor> {
         let parts = (0..e)
             .map(|_| {
                 let bytes = blocks(QuantFormat::Q4_K, rows, cols, rng);
