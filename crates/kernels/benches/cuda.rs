@@ -25,6 +25,10 @@
 //! - `delta_rule_forms`: the same rule with every sequence fused and with every one chunked,
 //!   from bursts of 64 short tails to one 8,192-row prompt: where the default crossover
 //!   belongs.
+//! - `gguf`: Llama-3.1-8B's projections kept in Q4_K and Q6_K blocks (random blocks) at decode
+//!   batches of 1 and 4, over int8 activations (`--quant-dots int8`, the default: the x
+//!   quantisation included) and exact f32 dots, and the int8 SwiGLU; throughput in packed
+//!   bytes, beside `cuda_gemv/copy_1GiB`.
 //! - `sample`: 64 rows of 128,256 f32 logits, greedy and with temperature, top-k and top-p,
 //!   tokens back on the host; greedy also from bf16 logits, as the model's head writes them.
 //!
@@ -245,6 +249,78 @@ fn fp8(c: &mut Criterion) {
                 bench_synced(&mut group, &format!("{name}_gemm_bf16/m{m}_n{n}_k{k}"), b, || {
                     b.matmul(&x, &bf16, None).expect("matmul")
                 });
+            }
+        }
+    }
+    group.finish();
+}
+
+/// A `[n, k]` matrix of random `format` blocks (K-quants: f16 scales kept small and finite)
+/// as a GGUF file's weight reaches the backend, which keeps it in its blocks.
+fn gguf_weight(b: &CudaBackend, format: met_kernels::quant::QuantFormat, n: usize, k: usize, seed: u64) -> Tensor {
+    use met_kernels::quant::QuantFormat;
+    let (block, d_at): (usize, &[usize]) = match format {
+        QuantFormat::Q4_K => (144, &[0, 2]),
+        QuantFormat::Q6_K => (210, &[208]),
+        other => panic!("no bench blocks for {other}"),
+    };
+    let mut state = seed;
+    let mut bytes = Vec::with_capacity(n * k / 256 * block);
+    for _ in 0..n * k / 256 {
+        let at = bytes.len();
+        for _ in 0..block.div_ceil(8) {
+            state = met_kernels::rng::mix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
+            bytes.extend(state.to_le_bytes());
+        }
+        bytes.truncate(at + block);
+        for &d in d_at {
+            bytes[at + d..at + d + 2].copy_from_slice(&half::f16::from_f32(1e-3).to_le_bytes());
+        }
+    }
+    let host = HostTensor::from_bytes(DType::Quant(format), &[n, k], std::borrow::Cow::Owned(bytes)).expect("blocks");
+    let w = b.upload(&host, DType::BF16).expect("upload");
+    assert_eq!(w.dtype(), DType::Quant(format), "the bench matrix was widened");
+    w
+}
+
+/// Llama-3.1-8B's projections in Q4_K and Q6_K blocks at decode batches, over int8 and exact
+/// activations (two backends on the GPU), as packed bytes a second.
+fn gguf(c: &mut Criterion) {
+    use met_kernels::QuantDots;
+    use met_kernels::quant::QuantFormat;
+    let Some(exact) = backend() else { return };
+    let Ok(int8) = CudaBackend::new().map(|b| b.with_quant_dots(QuantDots::Int8)) else { return };
+    let mut group = c.benchmark_group("cuda_gguf");
+    group.measurement_time(Duration::from_millis(1500));
+    let shapes = [
+        ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+        ("o", HIDDEN, HEADS * HEAD_DIM),
+        ("gate_up", 2 * INTERMEDIATE, HIDDEN),
+        ("down", HIDDEN, INTERMEDIATE),
+    ];
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
+        let bytes_per_256 = if format == QuantFormat::Q4_K { 144 } else { 210 };
+        for (name, n, k) in shapes {
+            for (dots, b) in [("int8", &int8), ("exact", exact)] {
+                let weights: Vec<Tensor> =
+                    (0..WEIGHT_COPIES).map(|i| gguf_weight(b, format, n, k, 40 + i as u64)).collect();
+                let turn = std::cell::Cell::new(0);
+                let next = || {
+                    turn.set((turn.get() + 1) % WEIGHT_COPIES);
+                    &weights[turn.get()]
+                };
+                group.throughput(Throughput::Bytes((n * k / 256 * bytes_per_256) as u64));
+                for m in [1, 4] {
+                    let x = random(b, &[m, k], 3);
+                    bench_synced(&mut group, &format!("{format}/{dots}/{name}/m{m}_n{n}_k{k}"), b, || {
+                        b.matmul(&x, next(), None).expect("matmul")
+                    });
+                    if name == "gate_up" {
+                        bench_synced(&mut group, &format!("{format}/{dots}/gate_up_silu/m{m}_n{n}_k{k}"), b, || {
+                            b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
+                        });
+                    }
+                }
             }
         }
     }
@@ -611,6 +687,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = gemv, fp8, fp8_moe, matmul, rms_norm, attention, attention_fp8, attention_d256, delta_rule, delta_rule_forms, sample
+    targets = gemv, fp8, fp8_moe, gguf, matmul, rms_norm, attention, attention_fp8, attention_d256, delta_rule, delta_rule_forms, sample
 }
 criterion_main!(benches);
