@@ -33,10 +33,20 @@ const DT_BIAS: &str = "linear_attn.dt_bias";
 const NORM: &str = "linear_attn.norm.weight";
 const OUT: Param = Param::replicated("linear_attn.out_proj");
 
+/// The layer's four input projections as one product where the checkpoint stores them in
+/// one float dtype (queries, keys, values, `z`, `b`, `a` rows back to back): a kernel fewer a
+/// step. Quantized ones stay two products, their blocks and scales kept as the file has them.
+const IN_ALL: [Param; 4] = [IN_QKV_Z[0], IN_QKV_Z[1], IN_B_A[0], IN_B_A[1]];
+
+/// The layer's input projections: one fused product, or `qkv | z` and `b | a`.
+enum InProj {
+    Fused(Linear),
+    Pair { qkv_z: Linear, b_a: Linear },
+}
+
 /// One Gated DeltaNet layer.
 pub struct GatedDeltaNet {
-    in_qkv_z: Linear,
-    in_b_a: Linear,
+    in_proj: InProj,
     /// `[channels, width]`.
     conv: Tensor,
     /// `f32 [h_v]`.
@@ -75,9 +85,18 @@ impl GatedDeltaNet {
     pub fn load(l: &Loader<'_>, la: &LinearAttentionConfig, prefix: &str) -> Result<Self> {
         let b = l.backend;
         let conv = met_model_weights::load(l.store, &format!("{prefix}{CONV}"), b)?;
+        let dtypes: Vec<_> = IN_ALL.iter().map(|p| l.store.info(&p.at(prefix, ".weight")).map(|i| i.dtype)).collect();
+        let one_float = dtypes.iter().all(|d| matches!(d, Some(d) if d.is_float() && Some(*d) == dtypes[0]));
+        let in_proj = if one_float {
+            InProj::Fused(Linear::load(l, prefix, &IN_ALL, false)?)
+        } else {
+            InProj::Pair {
+                qkv_z: Linear::load(l, prefix, &IN_QKV_Z, false)?,
+                b_a: Linear::load(l, prefix, &IN_B_A, false)?,
+            }
+        };
         Ok(Self {
-            in_qkv_z: Linear::load(l, prefix, &IN_QKV_Z, false)?,
-            in_b_a: Linear::load(l, prefix, &IN_B_A, false)?,
+            in_proj,
             conv: conv.reshape(&[la.conv_dim(), la.conv_kernel])?,
             a_log: load_f32(l.store, &format!("{prefix}{A_LOG}"), b)?,
             dt_bias: load_f32(l.store, &format!("{prefix}{DT_BIAS}"), b)?,
@@ -105,11 +124,27 @@ impl GatedDeltaNet {
         let la = &self.shape;
         let t = x.dims()[0];
         let (c, hv) = (la.conv_dim(), la.num_value_heads);
-        let qkv_z =
-            lora.project(b, x, &[(LoraModule::LinQkv, 0), (LoraModule::LinZ, c)], || self.in_qkv_z.forward(b, x))?;
-        let [qkv, z]: [Tensor; 2] = split2(b.split_columns(&qkv_z, &[c, la.value_dim()])?);
-        let b_a = lora.project(b, x, &[(LoraModule::LinB, 0), (LoraModule::LinA, hv)], || self.in_b_a.forward(b, x))?;
-        let [beta, decay]: [Tensor; 2] = split2(b.split_columns(&b_a, &[hv, hv])?);
+        let v = la.value_dim();
+        let [qkv, z, beta, decay]: [Tensor; 4] = match &self.in_proj {
+            InProj::Fused(all) => {
+                // Adapters in two passes over the one product (a pass takes up to three
+                // modules); their columns are disjoint, so this is the adapters of each part.
+                let (qz, ba) = (
+                    [(LoraModule::LinQkv, 0), (LoraModule::LinZ, c)],
+                    [(LoraModule::LinB, c + v), (LoraModule::LinA, c + v + hv)],
+                );
+                let out = lora.project(b, x, &qz, || lora.project(b, x, &ba, || all.forward(b, x)))?;
+                split_n(b.split_columns(&out, &[c, v, hv, hv])?)
+            }
+            InProj::Pair { qkv_z, b_a } => {
+                let qz =
+                    lora.project(b, x, &[(LoraModule::LinQkv, 0), (LoraModule::LinZ, c)], || qkv_z.forward(b, x))?;
+                let [qkv, z]: [Tensor; 2] = split_n(b.split_columns(&qz, &[c, v])?);
+                let ba = lora.project(b, x, &[(LoraModule::LinB, 0), (LoraModule::LinA, hv)], || b_a.forward(b, x))?;
+                let [beta, decay]: [Tensor; 2] = split_n(b.split_columns(&ba, &[hv, hv])?);
+                [qkv, z, beta, decay]
+            }
+        };
         let mixed = b.causal_conv1d(&qkv, &self.conv, state.0, batch)?;
         let rule = DeltaRule {
             num_key_heads: la.num_key_heads,
@@ -127,8 +162,8 @@ impl GatedDeltaNet {
     }
 }
 
-fn split2(parts: Vec<Tensor>) -> [Tensor; 2] {
-    parts.try_into().unwrap_or_else(|p: Vec<Tensor>| panic!("split into 2 gave {} parts", p.len()))
+fn split_n<const N: usize>(parts: Vec<Tensor>) -> [Tensor; N] {
+    parts.try_into().unwrap_or_else(|p: Vec<Tensor>| panic!("split into {N} gave {} parts", p.len()))
 }
 
 /// Loads `name` as f32 whatever it is stored as (the decay parameters stay f32 on every
