@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublaslt::{result as lt, sys};
@@ -153,14 +152,7 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
     b.dev.upload(&buf, &q)?;
     let scale_buf = b.dev.alloc(size_of_val(scales.as_slice()))?;
     b.dev.upload(&scale_buf, &scales)?;
-    let storage = CudaStorage {
-        buf,
-        host_u32: Mutex::new(None),
-        drawn: AtomicBool::new(false),
-        fp8: Some(Fp8Scales { buf: scale_buf, grid }),
-        gguf: None,
-        q8: None,
-    };
+    let storage = CudaStorage { fp8: Some(Fp8Scales { buf: scale_buf, grid }), ..CudaStorage::of(buf) };
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
 }
 

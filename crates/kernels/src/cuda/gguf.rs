@@ -23,10 +23,8 @@
 //! upload, as before.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
-use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use super::device::DeviceBuffer;
@@ -332,14 +330,7 @@ pub(super) fn upload_rows(b: &CudaBackend, parts: &[HostTensor<'_>]) -> Result<O
         kept.push(GgufPart { format, rows: part_rows, buf, starts });
     }
     let dtype = DType::Quant(kept[0].format);
-    let storage = CudaStorage {
-        buf: b.dev.alloc(0)?,
-        host_u32: Mutex::new(None),
-        drawn: AtomicBool::new(false),
-        fp8: None,
-        gguf: Some(Arc::new(GgufMatrix { parts: kept })),
-        q8: None,
-    };
+    let storage = CudaStorage { gguf: Some(Arc::new(GgufMatrix { parts: kept })), ..CudaStorage::of(b.dev.alloc(0)?) };
     b.packs_gguf.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), dtype, Shape::new(&[rows, k]))))
 }

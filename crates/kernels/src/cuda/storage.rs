@@ -19,19 +19,19 @@ const NAME: &str = "cuda";
 /// Index tensors up to this many elements keep a host copy for validation.
 pub(super) const HOST_COPY_MAX: usize = 1 << 20;
 
+impl CudaStorage {
+    /// `buf` as a plain tensor's memory: no host copy, scales, blocks or int8 form.
+    pub(super) fn of(buf: super::device::DeviceBuffer) -> Self {
+        Self { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None, q8: None }
+    }
+}
+
 impl CudaBackend {
     /// A tensor of `dims` with uninitialised contents.
     pub(super) fn alloc(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage = CudaStorage {
-            buf,
-            host_u32: Mutex::new(None),
-            drawn: AtomicBool::new(false),
-            fp8: None,
-            gguf: None,
-            q8: None,
-        };
+        let storage = CudaStorage::of(buf);
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
@@ -42,8 +42,7 @@ impl CudaBackend {
         let count = shape.elem_count();
         let buf = self.dev.alloc(count * DType::BF16.size_in_bytes())?;
         let q8 = Some(Box::new((self.dev.alloc(count)?, self.dev.alloc(count / n * (n / 32) * 8)?)));
-        let storage =
-            CudaStorage { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None, q8 };
+        let storage = CudaStorage { q8, ..CudaStorage::of(buf) };
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::BF16, shape))
     }
 
@@ -56,14 +55,7 @@ impl CudaBackend {
     pub(super) fn alloc_side(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);
         let buf = self.dev.alloc_side(shape.elem_count() * dtype.size_in_bytes())?;
-        let storage = CudaStorage {
-            buf,
-            host_u32: Mutex::new(None),
-            drawn: AtomicBool::new(false),
-            fp8: None,
-            gguf: None,
-            q8: None,
-        };
+        let storage = CudaStorage::of(buf);
         Ok(Tensor::from_storage(Storage::Cuda(storage), dtype, shape))
     }
 
@@ -72,7 +64,7 @@ impl CudaBackend {
         let buf = self.dev.alloc(size_of_val(data))?;
         self.dev.upload(&buf, data)?;
         let host_u32 = Mutex::new((data.len() <= HOST_COPY_MAX).then(|| Arc::from(data)));
-        let storage = CudaStorage { buf, host_u32, drawn: AtomicBool::new(false), fp8: None, gguf: None, q8: None };
+        let storage = CudaStorage { host_u32, ..CudaStorage::of(buf) };
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::U32, Shape::new(dims)))
     }
 
@@ -84,14 +76,7 @@ impl CudaBackend {
         let size = t.dtype().size_in_bytes();
         let buf = &storage(op, t)?.buf;
         let buf = super::device::DeviceBuffer::view(buf, t.shared_storage(), offset * size, shape.elem_count() * size);
-        let storage = CudaStorage {
-            buf,
-            host_u32: Mutex::new(None),
-            drawn: AtomicBool::new(false),
-            fp8: None,
-            gguf: None,
-            q8: None,
-        };
+        let storage = CudaStorage::of(buf);
         Ok(Tensor::from_storage(Storage::Cuda(storage), t.dtype(), shape))
     }
 
