@@ -132,8 +132,27 @@ fn random(b: &CudaBackend, dims: &[usize], key: u64) -> Tensor {
     b.random_uniform(dims, &[UniformRun { len, key, bound: 0.02 }]).expect("random_uniform")
 }
 
+/// A Llama-3.1-8B layer's projections as `(name, rows, columns)`: the fused q/k/v, o, the
+/// fused gate/up and down.
+const LAYER_PROJECTIONS: [(&str, usize, usize); 4] = [
+    ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+    ("o", HIDDEN, HEADS * HEAD_DIM),
+    ("gate_up", 2 * INTERMEDIATE, HIDDEN),
+    ("down", HIDDEN, INTERMEDIATE),
+];
+
 /// Copies of each weight that take turns (more bytes than the 50 MB L2 per matrix set).
 const WEIGHT_COPIES: usize = 4;
+
+/// The next of `weights` at each call, round and round, so no run reads a matrix the L2
+/// still holds.
+fn taking_turns<'a>(weights: &'a [Tensor]) -> impl Fn() -> &'a Tensor {
+    let turn = std::cell::Cell::new(0);
+    move || {
+        turn.set((turn.get() + 1) % weights.len());
+        &weights[turn.get()]
+    }
+}
 
 /// Every projection of a Llama-3.1-8B layer and the head, at decode batches.
 fn gemv(c: &mut Criterion) {
@@ -157,22 +176,29 @@ fn gemv(c: &mut Criterion) {
         group.throughput(Throughput::Bytes((n * k * 2) as u64));
         for m in [1, 4, 8, 16] {
             let x = random(b, &[m, k], 3);
-            let turn = std::cell::Cell::new(0);
-            let next = || {
-                turn.set((turn.get() + 1) % WEIGHT_COPIES);
-                &weights[turn.get()]
-            };
-            bench_synced(&mut group, &format!("{name}/m{m}_n{n}_k{k}"), b, || {
-                b.matmul(&x, next(), None).expect("matmul")
-            });
-            if name == "gate_up" {
-                bench_synced(&mut group, &format!("gate_up_silu/m{m}_n{n}_k{k}"), b, || {
-                    b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
-                });
-            }
+            let next = taking_turns(&weights);
+            bench_products(&mut group, b, &x, "", (name, &format!("m{m}_n{n}_k{k}")), &next);
         }
     }
     group.finish();
+}
+
+/// `x` times the next weight, named `{prefix}{name}/{shape}`, and for the gate/up matrix the
+/// fused SwiGLU too (`{prefix}gate_up_silu/{shape}`).
+fn bench_products<'a>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    b: &CudaBackend,
+    x: &Tensor,
+    prefix: &str,
+    (name, shape): (&str, &str),
+    next: &impl Fn() -> &'a Tensor,
+) {
+    bench_synced(group, &format!("{prefix}{name}/{shape}"), b, || b.matmul(x, next(), None).expect("matmul"));
+    if name == "gate_up" {
+        bench_synced(group, &format!("{prefix}gate_up_silu/{shape}"), b, || {
+            b.matmul_silu_mul(x, next()).expect("matmul_silu_mul")
+        });
+    }
 }
 
 /// An e4m3 matrix (random bytes without NaN codes) under one scale a 128 x 128 block
@@ -209,30 +235,13 @@ fn fp8(c: &mut Criterion) {
     let Some(b) = backend() else { return };
     let mut group = c.benchmark_group("cuda_fp8");
     group.measurement_time(Duration::from_millis(1500));
-    let shapes = [
-        ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
-        ("o", HIDDEN, HEADS * HEAD_DIM),
-        ("gate_up", 2 * INTERMEDIATE, HIDDEN),
-        ("down", HIDDEN, INTERMEDIATE),
-    ];
-    for (name, n, k) in shapes {
+    for (name, n, k) in LAYER_PROJECTIONS {
         let weights: Vec<Tensor> = (0..WEIGHT_COPIES).map(|i| fp8_weight(b, n, k, true, 20 + i as u64)).collect();
-        let turn = std::cell::Cell::new(0);
-        let next = || {
-            turn.set((turn.get() + 1) % WEIGHT_COPIES);
-            &weights[turn.get()]
-        };
+        let next = taking_turns(&weights);
         group.throughput(Throughput::Bytes((n * k) as u64));
         for m in [1, 4, 8, 16] {
             let x = random(b, &[m, k], 3);
-            bench_synced(&mut group, &format!("{name}/m{m}_n{n}_k{k}"), b, || {
-                b.matmul(&x, next(), None).expect("matmul")
-            });
-            if name == "gate_up" {
-                bench_synced(&mut group, &format!("gate_up_silu/m{m}_n{n}_k{k}"), b, || {
-                    b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
-                });
-            }
+            bench_products(&mut group, b, &x, "", (name, &format!("m{m}_n{n}_k{k}")), &next);
         }
         if name == "gate_up" || name == "down" {
             let row = fp8_weight(b, n, k, false, 30);
@@ -292,34 +301,18 @@ fn gguf(c: &mut Criterion) {
     let Ok(int8) = CudaBackend::new().map(|b| b.with_quant_dots(QuantDots::Int8)) else { return };
     let mut group = c.benchmark_group("cuda_gguf");
     group.measurement_time(Duration::from_millis(1500));
-    let shapes = [
-        ("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
-        ("o", HIDDEN, HEADS * HEAD_DIM),
-        ("gate_up", 2 * INTERMEDIATE, HIDDEN),
-        ("down", HIDDEN, INTERMEDIATE),
-    ];
     for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
         let bytes_per_256 = if format == QuantFormat::Q4_K { 144 } else { 210 };
-        for (name, n, k) in shapes {
+        for (name, n, k) in LAYER_PROJECTIONS {
             for (dots, b) in [("int8", &int8), ("exact", exact)] {
                 let weights: Vec<Tensor> =
                     (0..WEIGHT_COPIES).map(|i| gguf_weight(b, format, n, k, 40 + i as u64)).collect();
-                let turn = std::cell::Cell::new(0);
-                let next = || {
-                    turn.set((turn.get() + 1) % WEIGHT_COPIES);
-                    &weights[turn.get()]
-                };
+                let next = taking_turns(&weights);
                 group.throughput(Throughput::Bytes((n * k / 256 * bytes_per_256) as u64));
                 for m in [1, 4] {
                     let x = random(b, &[m, k], 3);
-                    bench_synced(&mut group, &format!("{format}/{dots}/{name}/m{m}_n{n}_k{k}"), b, || {
-                        b.matmul(&x, next(), None).expect("matmul")
-                    });
-                    if name == "gate_up" {
-                        bench_synced(&mut group, &format!("{format}/{dots}/gate_up_silu/m{m}_n{n}_k{k}"), b, || {
-                            b.matmul_silu_mul(&x, next()).expect("matmul_silu_mul")
-                        });
-                    }
+                    let shape = format!("m{m}_n{n}_k{k}");
+                    bench_products(&mut group, b, &x, &format!("{format}/{dots}/"), (name, &shape), &next);
                 }
             }
         }
