@@ -409,9 +409,9 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &GgufMatrix, bias: Option<&
 /// `x [m, k]` as int8 blocks of 32 (bytes in u32 words) and each block's (d, d · Σq), for
 /// the int8-activation GEMVs (`gguf_quantize_q8`).
 struct Q8 {
-    /// What holds `qp` and `dp` (a norm's output, where it wrote them).
-    _q: Tensor,
-    _ds: Tensor,
+    /// The quantised x this call made (none where a norm wrote it beside x, which the
+    /// caller holds).
+    _made: Option<(Tensor, Tensor)>,
     qp: u64,
     dp: u64,
 }
@@ -420,7 +420,7 @@ fn quantize_q8(b: &CudaBackend, x: &Tensor) -> Result<Q8> {
     const OP: &str = "gguf_quantize_q8";
     if let Some((qp, dp)) = b.q8_of(OP, x)? {
         // A norm wrote it beside x.
-        return Ok(Q8 { _q: x.clone(), _ds: x.clone(), qp, dp });
+        return Ok(Q8 { _made: None, qp, dp });
     }
     let (m, k) = (x.dims()[0], x.dims()[1]);
     let blocks = m * k / 32;
@@ -428,7 +428,7 @@ fn quantize_q8(b: &CudaBackend, x: &Tensor) -> Result<Q8> {
     let (qp, dp) = (ptr(OP, &q)?, ptr(OP, &ds)?);
     let grid = cfg((blocks.div_ceil(4) as u32, 1, 1), (128, 1, 1));
     launch!(b, KERNELS[31], grid, [ptr(OP, x)?, qp, dp, blocks as u32])?;
-    Ok(Q8 { _q: q, _ds: ds, qp, dp })
+    Ok(Q8 { _made: Some((q, ds)), qp, dp })
 }
 
 /// `silu(x · gᵀ) · (x · uᵀ)` for `w = [g; u]` kept in blocks as one Q4_K or Q6_K part, in
