@@ -10,7 +10,7 @@ spilling is worth a look before any profile: its occupancy is capped by them.
 Usage: kernel_registers.py [PATTERN] [--arch sm_90a] [--sass]
 `--sass` also prints, per matching kernel, its SASS instruction count by opcode (from
 `cuobjdump` and `nvdisasm`: the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels, or
-CUOBJDUMP with nvdisasm beside it), the way to compare what two
+CUOBJDUMP with nvdisasm beside it; SASS_DIR=dir writes each listing there), the way to compare what two
 forms of a kernel issue before a device run.
 NVRTC comes from the `nvidia-cuda-nvrtc` wheel (pip install "nvidia-cuda-nvrtc>=13,<14"), or
 set NVRTC_LIB to a libnvrtc.so.
@@ -119,6 +119,9 @@ def print_sass(lib, prog, names):
             total = sum(ops.values())
             top = ", ".join(f"{op} {n}" for op, n in ops.most_common(14))
             print(f"\n{name}: {total} instructions\n  {top}")
+            if os.environ.get("SASS_DIR"):
+                with open(os.path.join(os.environ["SASS_DIR"], name + ".sass"), "w") as out:
+                    out.write(text)
 
 
 if __name__ == "__main__":

@@ -565,6 +565,181 @@ extern "C" __global__ void __launch_bounds__(32 * FP8_TC1_WARPS, 3)
     }
 }
 
+// `fp8_gemv_h1_*`: one-row decode steps on f16 tensor cores, under `MET_FP8_ONE=f16`. The
+// streaming GEMV above spends about two instructions a weight byte widening e4m3 to f32 and
+// multiplying in f32; this one hands the mma e4m3 widened to f16 (one conversion a pair,
+// exact) and the activations as f16, so a byte costs under one instruction. The weights are
+// the mma's A operand: a block owns one tile of 16 rows (the SwiGLU form 8 gate rows and the
+// 8 up rows of the same outputs), its 8 warps take turns over the 128-column chunks with 4
+// chunks in flight each, so a k = 4,096 tile is requested whole before the block waits for
+// the kernel that writes x. Lane (g, q) streams 16 bytes of rows g and g + 8 of each
+// 64-column half of a chunk, taken by the mma in the permuted order the GEMV above uses,
+// the same for the activations, which every lane reads from shared memory: token 0 in
+// every column of B, so each column of C holds the same sums.
+//
+// Activations to f16: bf16 has 8 significant bits, f16 11, so a bf16 value is exact in f16
+// within f16's range. The block stages x in shared memory times 2^-e, e >= 0 the least
+// that puts its largest magnitude under 2^15 (every block finds the same e), and the sums
+// are multiplied back by 2^e; only values under 2^-14 of the scaled range lose bits (f16
+// subnormals). A chunk's products add in f32 and, times the chunk's scales, into the
+// row's sum; the warps' sums add in warp order. The product depends on the matrix and x
+// only. k * 2 bytes of shared memory: the host takes this form for k <= 16,384 only.
+#define FP8_H1_WARPS 8
+#define FP8_H1_DEPTH 4
+#define FP8_H1_MAX_K 16384
+
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x [k] (bf16) into `xs` as f16 times 2^-e (above); returns 2^e. Ends with a barrier.
+__device__ __forceinline__ float fp8_h1_stage(const bf16_t* __restrict__ x, u32 k, uint4* xs) {
+    __shared__ float red[FP8_H1_WARPS];
+    const u32 vecs = k / 8, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    float amax = 0.0f;
+    for (u32 v = threadIdx.x; v < vecs; v += 32 * FP8_H1_WARPS) {
+        const uint4 u = __ldg(xv + v);
+        xs[v] = u;
+        float f[8];
+        unpack8(u, f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    }
+    amax = warp_max(amax);
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < FP8_H1_WARPS; ++i) amax = fmaxf(amax, red[i]);
+    // amax's exponent (255 for inf: the sums are not finite then either way).
+    const int e = max(0, (int)((__float_as_uint(amax) >> 23) & 0xffu) - 127 - 14);
+    const float down = __uint_as_float((u32)(127 - e) << 23), up = __uint_as_float((u32)(127 + e) << 23);
+    for (u32 v = threadIdx.x; v < vecs; v += 32 * FP8_H1_WARPS) {
+        float f[8];
+        unpack8(xs[v], f);
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[i]) : "f"(f[2 * i + 1] * down), "f"(f[2 * i] * down));
+        xs[v] = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+    __syncthreads();
+    return up;
+}
+
+// The block's sums of rows `row0` (g) and `row1` (g + 8) of this lane's tile, times 2^e,
+// gathered in `red[16]` (tile row order, warps added in order); ends with a barrier.
+__device__ __forceinline__ void fp8_h1_dots(const bf16_t* __restrict__ x, const u8* __restrict__ w,
+                                             const float* __restrict__ scales, u32 scale_rows, u32 scale_stride,
+                                             u32 chunk_step, u32 row0, u32 row1, u32 k, float* red) {
+    extern __shared__ uint4 fp8_h1_x[];
+    __shared__ float sums[FP8_H1_WARPS][16];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const u32 chunks = k / FP8_CHUNK;
+    const u8* wr[2] = {w + (u64)row0 * k + q * 16, w + (u64)row1 * k + q * 16};
+    const float* sr[2] = {scales + (u64)(row0 / scale_rows) * scale_stride,
+                          scales + (u64)(row1 / scale_rows) * scale_stride};
+    struct Set {
+        uint4 w[2][2];  // [row g, g + 8][64-column half]
+        float s[2];
+    };
+    auto fetch = [&](u32 c, Set& o) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4* v = reinterpret_cast<const uint4*>(wr[h] + (u64)c * FP8_CHUNK);
+            o.w[h][0] = __ldcs(v);
+            o.w[h][1] = __ldcs(v + 4);
+            o.s[h] = __ldg(sr[h] + (u64)c * chunk_step);
+        }
+    };
+    float acc[2] = {0.0f, 0.0f};
+    auto dots = [&](u32 c, const Set& o) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh) {
+            const uint4* xq = fp8_h1_x + (c * FP8_CHUNK + kh * 64 + q * 16) / 8;
+            const uint4 x0 = xq[0], x1 = xq[1];
+            const u32 xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int sub = 0; sub < 4; ++sub) {
+                const uint4 r0 = o.w[0][kh], r1 = o.w[1][kh];
+                const u32 w0 = sub == 0 ? r0.x : sub == 1 ? r0.y : sub == 2 ? r0.z : r0.w;
+                const u32 w1 = sub == 0 ? r1.x : sub == 1 ? r1.y : sub == 2 ? r1.z : r1.w;
+                u32 a[4];
+                e4m3x4_to_f16(w0, a[0], a[2]);
+                e4m3x4_to_f16(w1, a[1], a[3]);
+                mma_f16(part, a, xs[2 * sub], xs[2 * sub + 1]);
+            }
+        }
+        acc[0] = fmaf(part[0], o.s[0], acc[0]);
+        acc[1] = fmaf(part[2], o.s[1], acc[1]);
+    };
+    Set sets[FP8_H1_DEPTH];
+#pragma unroll
+    for (int i = 0; i < FP8_H1_DEPTH; ++i) {
+        const u32 c = warp + i * FP8_H1_WARPS;
+        if (c < chunks) fetch(c, sets[i]);
+    }
+    pdl_wait_prev();
+    const float up = fp8_h1_stage(x, k, fp8_h1_x);
+    for (u32 base = warp; base < chunks; base += FP8_H1_DEPTH * FP8_H1_WARPS) {
+#pragma unroll
+        for (int i = 0; i < FP8_H1_DEPTH; ++i) {
+            const u32 c = base + i * FP8_H1_WARPS;
+            if (c < chunks) {
+                dots(c, sets[i]);
+                if (c + FP8_H1_DEPTH * FP8_H1_WARPS < chunks) fetch(c + FP8_H1_DEPTH * FP8_H1_WARPS, sets[i]);
+            }
+        }
+    }
+    // Column 0 of C: lane (g, 0) holds rows g (c0) and g + 8 (c2).
+    if (q == 0) {
+        sums[warp][g] = acc[0];
+        sums[warp][g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = sums[0][threadIdx.x];
+#pragma unroll
+        for (int i = 1; i < FP8_H1_WARPS; ++i) v += sums[i][threadIdx.x];
+        red[threadIdx.x] = v * up;
+    }
+    __syncthreads();
+}
+
+// grid (n / 16), block 32 FP8_H1_WARPS, k * 2 bytes of dynamic shared memory; one token.
+// `bias` may be null.
+extern "C" __global__ void __launch_bounds__(32 * FP8_H1_WARPS, 2)
+    fp8_gemv_h1(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride, u32 chunk_step,
+                const bf16_t* bias, bf16_t* out, u32 n, u32 k) {
+    pdl_allow_next();
+    __shared__ float red[16];
+    const u32 first = blockIdx.x * 16, g = (threadIdx.x & 31) >> 2;
+    fp8_h1_dots(x, w, scales, scale_rows, scale_stride, chunk_step, first + g, first + g + 8, k, red);
+    if (threadIdx.x < 16 && first + threadIdx.x < n) {
+        const u32 col = first + threadIdx.x;
+        out[col] = f2bf(red[threadIdx.x] + (bias ? bf2f(bias[col]) : 0.0f));
+    }
+}
+
+// grid (half / 8); w is [2 half, k] (gate rows, then up). Tile rows 0-7 are gate rows
+// 8 j .. 8 j + 7, rows 8-15 the up rows of the same outputs.
+extern "C" __global__ void __launch_bounds__(32 * FP8_H1_WARPS, 2)
+    fp8_gemv_h1_silu(const bf16_t* x, const u8* w, const float* scales, u32 scale_rows, u32 scale_stride,
+                     u32 chunk_step, bf16_t* out, u32 half, u32 k) {
+    pdl_allow_next();
+    __shared__ float red[16];
+    const u32 first = blockIdx.x * 8, g = (threadIdx.x & 31) >> 2;
+    fp8_h1_dots(x, w, scales, scale_rows, scale_stride, chunk_step, first + g, half + first + g, k, red);
+    if (threadIdx.x < 8 && first + threadIdx.x < half) {
+        out[first + threadIdx.x] = f2bf(silu_times(red[threadIdx.x], red[8 + threadIdx.x]));
+    }
+}
+
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the
 // layout cuBLASLt reads for its 128-element vector scales.

@@ -52,7 +52,9 @@ const WORKSPACE: usize = 32 << 20;
 const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 15] = [
+pub(super) const KERNELS: [&str; 17] = [
+    "fp8_gemv_h1",
+    "fp8_gemv_h1_silu",
     "fp8_gemv_tc1",
     "fp8_gemv_tc1_silu",
     "fp8_gemv_n1",
@@ -219,7 +221,11 @@ fn gemv(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
         return Ok(());
     }
     if g.m == 1 && !b.batch_invariant {
-        return if b.fp8_one_tc { gemv_tc1(b, s, g) } else { gemv_one(b, s, g) };
+        return match b.fp8_one {
+            OneRow::Tc => gemv_tc1(b, s, g),
+            OneRow::F16 if g.k <= H1_MAX_K => gemv_h1(b, s, g),
+            _ => gemv_one(b, s, g),
+        };
     }
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
     let nt = if g.m <= 8 { 1 } else { 2 };
@@ -312,6 +318,25 @@ fn gemv_one(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     }
 }
 
+/// [`gemv`] of one row on f16 tensor cores (`fp8_gemv_h1*`): a tile of 16 weight rows a
+/// block, x in `k * 2` bytes of shared memory.
+fn gemv_h1(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
+    let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
+    let cfg = LaunchConfig {
+        grid_dim: ((g.n / 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: (g.k * 2) as u32,
+    };
+    let (k, sp) = (g.k as u32, s.buf.ptr());
+    if g.silu {
+        let half = (g.n / 2) as u32;
+        launch!(b, "fp8_gemv_h1_silu", cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.out, half, k])
+    } else {
+        let n = g.n as u32;
+        launch!(b, "fp8_gemv_h1", cfg, [g.x, g.w, sp, scale_rows, scale_stride, chunk_step, g.bias, g.out, n, k])
+    }
+}
+
 /// [`gemv`] of one row on the tensor-core stream (`fp8_gemv_tc1*`), 8 weight rows a block.
 fn gemv_tc1(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     let (scale_rows, scale_stride, chunk_step) = s.grid.kernel_args();
@@ -327,15 +352,31 @@ fn gemv_tc1(b: &CudaBackend, s: &Fp8Scales, g: &Gemv) -> Result<()> {
     }
 }
 
-/// Whether one-row products take the tensor-core stream (`fp8_gemv_tc1*`) instead of the
-/// streaming GEMV: `MET_FP8_ONE=tc`, for measuring one against the other in one build
-/// (unset or `stream`: the streaming GEMV).
-pub(super) fn one_row_tc_from_env() -> Result<bool> {
-    const VAR: &str = "MET_FP8_ONE";
-    match std::env::var(VAR).as_deref() {
-        Err(_) | Ok("" | "stream") => Ok(false),
-        Ok("tc") => Ok(true),
-        Ok(other) => Err(Error::InvalidArgument(format!("{VAR}={other}: expected stream or tc"))),
+/// The kernel of one-row e4m3 products outside `--batch-invariant`: `MET_FP8_ONE`, for
+/// measuring one against another in one build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OneRow {
+    /// The streaming GEMV (`fp8_gemv_small_*`): unset or `stream`.
+    Stream,
+    /// The tensor-core stream with bf16 operands (`fp8_gemv_tc1*`): `tc`.
+    Tc,
+    /// f16 tensor cores over activations staged in shared memory (`fp8_gemv_h1*`), for
+    /// `k` up to [`H1_MAX_K`]: `f16`.
+    F16,
+}
+
+/// The largest `k` of `fp8_gemv_h1*` (`FP8_H1_MAX_K`): x as f16 in shared memory, 32 KiB.
+const H1_MAX_K: usize = 16384;
+
+impl OneRow {
+    pub(super) fn from_env() -> Result<Self> {
+        const VAR: &str = "MET_FP8_ONE";
+        match std::env::var(VAR).as_deref() {
+            Err(_) | Ok("" | "stream") => Ok(Self::Stream),
+            Ok("tc") => Ok(Self::Tc),
+            Ok("f16") => Ok(Self::F16),
+            Ok(other) => Err(Error::InvalidArgument(format!("{VAR}={other}: expected stream, tc or f16"))),
+        }
     }
 }
 

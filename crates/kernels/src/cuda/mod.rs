@@ -104,8 +104,8 @@ pub struct CudaBackend {
     batch_invariant: bool,
     /// Sequences a block of the fused delta rule walks ([`recurrent::seqs_per_block_from_env`]).
     gdr_seqs: Option<u32>,
-    /// Whether one-row e4m3 products take the tensor-core stream ([`fp8::one_row_tc_from_env`]).
-    fp8_one_tc: bool,
+    /// The kernel of one-row e4m3 products ([`fp8::OneRow::from_env`]).
+    fp8_one: fp8::OneRow,
     /// Whether the GGUF GEMV of Q4_K and Q6_K parts dots int8 activations ([`Self::with_quant_dots`]).
     gguf_int8: bool,
 }
@@ -199,7 +199,7 @@ impl CudaBackend {
             chunked_from: chunked_delta::chunked_from_env()?,
             batch_invariant: false,
             gguf_int8: false,
-            fp8_one_tc: fp8::one_row_tc_from_env()?,
+            fp8_one: fp8::OneRow::from_env()?,
             gdr_seqs: recurrent::seqs_per_block_from_env()?,
         })
     }

@@ -89,7 +89,8 @@ fn tol(b: &dyn GpuBackend) -> Tol {
 }
 
 /// Decode-sized products (with and without a bias; on CUDA one row takes the streaming
-/// GEMV, 2 to 16 the tensor-core one), the SwiGLU product, embedding rows and the download
+/// GEMV, or the one `MET_FP8_ONE` names, 2 to 16 the tensor-core one; one row also with
+/// activations past f16's range), the SwiGLU product, embedding rows and the download
 /// of e4m3 matrices equal the decoded values' (f64 reference); a row's product is the same
 /// in a batch of 2 as in a batch of 3.
 pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Result<()> {
@@ -114,6 +115,15 @@ pub fn fp8_matrices_compute_with_their_decoded_values(b: &dyn GpuBackend) -> Res
             let fused = b.download_f32(&b.matmul_silu_mul(&xt, &w)?)?;
             let unfused = b.download_f32(&b.silu_mul(&b.matmul(&xt, &w, None)?)?)?;
             assert_eq!(fused, unfused, "{}", what(&format!("matmul_silu_mul m={m} equals silu_mul of the product")));
+            if m == 1 {
+                // Activations past f16's range (65,504): x times 2^18, exact in bf16, gives the
+                // product times 2^18 (a one-row kernel on f16 tensor cores scales them down).
+                const BIG: f32 = 262_144.0;
+                let big: Vec<f32> = x.iter().map(|v| v * BIG).collect();
+                let want_big: Vec<f64> = want.iter().map(|v| v * f64::from(BIG)).collect();
+                let y = b.matmul(&upload_f32(b, &big, &[m, k])?, &w, None)?;
+                assert_close_within(b, &y, &[m, n], &want_big, tol(b), &what("matmul m=1 of x * 2^18"))?;
+            }
             if m == 3 {
                 let two = b.download_f32(&b.matmul(&upload_f32(b, &x[..2 * k], &[2, k])?, &w, None)?)?;
                 let batched = b.download_f32(&y)?;
