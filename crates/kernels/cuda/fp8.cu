@@ -742,14 +742,15 @@ extern "C" __global__ void __launch_bounds__(32 * FP8_H1_WARPS, 2)
 
 // Activations per token and 128-column group: grid (ceil(m * k / 128 / 4)), block 128, a
 // warp a group. Scales land token-major within a group (`scales[tok + group * m]`), the
-// layout cuBLASLt reads for its 128-element vector scales.
-extern "C" __global__ void fp8_quantize_vec128(const bf16_t* x, u8* q, float* scales, u32 m, u32 k) {
+// layout cuBLASLt reads for its 128-element vector scales. Tokens `rows` to m - 1 (the
+// padding that makes m a multiple of 8 for cuBLASLt) are zeros under scale 1.
+extern "C" __global__ void fp8_quantize_vec128(const bf16_t* x, u8* q, float* scales, u32 rows, u32 m, u32 k) {
     pdl_enter();
     const u32 groups = k / FP8_CHUNK, lane = threadIdx.x & 31;
     const u64 item = (u64)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (item >= (u64)m * groups) return;
     const u64 tok = item / groups, group = item % groups, at = tok * k + group * FP8_CHUNK + lane * 4;
-    const uint2 v = *reinterpret_cast<const uint2*>(x + at);
+    const uint2 v = tok < rows ? *reinterpret_cast<const uint2*>(x + at) : make_uint2(0, 0);
     const float f[4] = {__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
                         __uint_as_float(v.y & 0xffff0000u)};
     float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
@@ -760,13 +761,19 @@ extern "C" __global__ void fp8_quantize_vec128(const bf16_t* x, u8* q, float* sc
     if (lane == 0) scales[tok + group * m] = scale;
 }
 
-// Activations per token: grid (m), block 256.
-extern "C" __global__ void fp8_quantize_row(const bf16_t* x, u8* q, float* scales, u32 k) {
+// Activations per token: grid (m), block 256; rows past `rows` (padding) are zeros under
+// scale 1.
+extern "C" __global__ void fp8_quantize_row(const bf16_t* x, u8* q, float* scales, u32 rows, u32 k) {
     __shared__ float scratch[32];
     pdl_enter();
     const u64 row = blockIdx.x;
-    const uint4* src = reinterpret_cast<const uint4*>(x + row * k);
     const u32 vecs = k / 8;
+    if (row >= rows) {
+        for (u32 v = threadIdx.x; v < vecs; v += blockDim.x) *reinterpret_cast<uint2*>(q + row * k + (u64)v * 8) = make_uint2(0, 0);
+        if (threadIdx.x == 0) scales[row] = 1.0f;
+        return;
+    }
+    const uint4* src = reinterpret_cast<const uint4*>(x + row * k);
     float amax = 0.0f;
     for (u32 v = threadIdx.x; v < vecs; v += blockDim.x) {
         float f[8];

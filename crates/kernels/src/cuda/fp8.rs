@@ -14,8 +14,9 @@
 //! streaming GEMV of many short blocks, as bf16 weights do. Larger batches quantize the activations to e4m3 (per token and 128
 //! columns for block-scaled weights, per token for per-row ones, as transformers' FP8
 //! linear does) and run cuBLASLt's FP8 GEMM with the matching scale modes (128 x 128 blocks
-//! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper); a batch's last
-//! `m % 8` rows, which cuBLASLt's 1-D scales do not take, go through the GEMV. MoE experts
+//! against 128-element vectors, or outer vectors: cuBLAS 12.9 on Hopper), whose 1-D scales
+//! take rows in groups of 8: a batch is padded with zero rows to a multiple of 8 (a second
+//! pass of the GEMV over the last `m % 8` rows would read every weight again). MoE experts
 //! stacked in e4m3 run the grouped GEMM's e4m3 form (`moe_gemm_e4m3_*`): tiles one scale
 //! chunk deep, e4m3 fed to the mma unscaled, each chunk's f32 sums times their row's scale.
 
@@ -398,35 +399,35 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         Some(lt) if !gemv_only(b, m) => lt,
         _ => return gemv(b, s, &Gemv { x: xp, w: wp, bias, out: op, m, n, k, silu: false }),
     };
-    let main = m / 8 * 8;
+    // cuBLASLt's 1-D scales take rows in groups of 8: the activations are padded with zero
+    // rows to a multiple of 8, and `out` holds that many rows (`out_rows`).
+    let padded = m.next_multiple_of(8);
+    ensure(out.elem_count() >= padded * n, OP, || {
+        format!("an output of {} rows for {m} padded to {padded}", out.elem_count() / n.max(1))
+    })?;
     let block = matches!(s.grid, Grid::Block { .. });
-    let xq = b.alloc(&[main, k], DType::F8E4M3)?;
-    let xs = b.alloc(&[if block { main * (k / CHUNK) } else { main }], DType::F32)?;
+    let xq = b.alloc(&[padded, k], DType::F8E4M3)?;
+    let xs = b.alloc(&[if block { padded * (k / CHUNK) } else { padded }], DType::F32)?;
     let (qp, sp) = (ptr(OP, &xq)?, ptr(OP, &xs)?);
     if block {
         let cfg = LaunchConfig {
-            grid_dim: ((main * (k / CHUNK)).div_ceil(4) as u32, 1, 1),
+            grid_dim: ((padded * (k / CHUNK)).div_ceil(4) as u32, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(b, "fp8_quantize_vec128", cfg, [xp, qp, sp, main as u32, k as u32])?;
+        launch!(b, "fp8_quantize_vec128", cfg, [xp, qp, sp, m as u32, padded as u32, k as u32])?;
     } else {
-        let cfg = LaunchConfig { grid_dim: (main as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        launch!(b, "fp8_quantize_row", cfg, [xp, qp, sp, k as u32])?;
+        let cfg = LaunchConfig { grid_dim: (padded as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        launch!(b, "fp8_quantize_row", cfg, [xp, qp, sp, m as u32, k as u32])?;
     }
-    let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: main, k, block };
-    lt.gemm(&b.dev, &g)?;
-    let tail = Gemv {
-        x: xp + (main * k * 2) as u64,
-        w: wp,
-        bias,
-        out: op + (main * n * 2) as u64,
-        m: m - main,
-        n,
-        k,
-        silu: false,
-    };
-    gemv(b, s, &tail)
+    let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
+    lt.gemm(&b.dev, &g)
+}
+
+/// The rows `out` of [`matmul`] must have for a product of `m` rows: `m`, or past the
+/// GEMV's batches `m` rounded up to a multiple of 8 (the caller keeps the first `m`).
+pub(super) fn out_rows(b: &CudaBackend, m: usize) -> usize {
+    if b.lt.is_some() && !gemv_only(b, m) { m.next_multiple_of(8) } else { m }
 }
 
 /// `silu(x · gateᵀ) · (x · upᵀ)` for an e4m3 `w [2i, k]` (gate rows, then up), into

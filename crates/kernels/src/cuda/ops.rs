@@ -53,12 +53,15 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         return gguf::matmul(b, x, &blocks, bias);
     }
     expect_dtype("matmul", w, &[DType::BF16, fp8::FP8])?;
+    if w.dtype() == fp8::FP8 && m > 0 && n > 0 {
+        // cuBLASLt's FP8 products write rows up to a multiple of 8: the first m are kept.
+        let rows = fp8::out_rows(b, m);
+        let out = b.alloc(&[rows, n], DType::BF16)?;
+        fp8::matmul(b, x, w, bias, &out)?;
+        return if rows == m { Ok(out) } else { b.view("matmul", &out, 0, &[m, n]) };
+    }
     let out = b.alloc(&[m, n], DType::BF16)?;
     if m == 0 || n == 0 {
-        return Ok(out);
-    }
-    if w.dtype() == fp8::FP8 {
-        fp8::matmul(b, x, w, bias, &out)?;
         return Ok(out);
     }
     let out_ptr = ptr("matmul", &out)?;
