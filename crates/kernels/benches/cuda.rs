@@ -246,7 +246,7 @@ fn fp8(c: &mut Criterion) {
         if name == "gate_up" || name == "down" {
             let row = fp8_weight(b, n, k, false, 30);
             let bf16 = random(b, &[n, k], 31);
-            for m in [64, 256, 2048] {
+            for m in [64, 252, 256, 2048] {
                 let x = random(b, &[m, k], 4);
                 group.throughput(Throughput::Elements((2 * m * k * n) as u64));
                 bench_synced(&mut group, &format!("{name}_gemm_block/m{m}_n{n}_k{k}"), b, || {
