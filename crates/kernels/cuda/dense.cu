@@ -165,6 +165,40 @@ struct NormQ8 {
     float2* ds;      // [rows, n / 32]: (d, d · Σq)
 };
 
+// The e4m3 form of a normalised row, for cuBLASLt's FP8 products of larger batches (`q`
+// and `s` as `fp8_quantize_row` or `fp8_quantize_vec128` of `fp8.cu` write them over the
+// stored row, so that kernel need not run): one scale a row (`s[row]`), or one a 128
+// columns, sixteen consecutive lanes' chunks (`s[row + group * padded]`, token-major within
+// a group). Rows `rows` to `padded` - 1 (cuBLASLt's padding to a multiple of 8) are zeros
+// under scale 1.
+struct NormE4m3 {
+    u8* q;     // [padded, n]
+    float* s;  // [padded] or [n / 128, padded]
+    u32 rows, padded;
+};
+
+#define NORM_PLAIN 0
+#define NORM_Q8 1
+#define NORM_E4M3_ROW 2
+#define NORM_E4M3_VEC 3
+
+// Eight values over `scale` as e4m3 bytes, as `fp8_quantize_*` rounds them.
+__device__ __forceinline__ uint2 norm_e4m3_8(const float (&o)[8], float scale) {
+    return make_uint2(e4m3x2_from(o[0] / scale, o[1] / scale) | (e4m3x2_from(o[2] / scale, o[3] / scale) << 16),
+                      e4m3x2_from(o[4] / scale, o[5] / scale) | (e4m3x2_from(o[6] / scale, o[7] / scale) << 16));
+}
+
+// A padding row's e4m3 form (a block of its own, `blockIdx.x` >= `rows`): zeros under scale 1.
+template <int Q>
+__device__ __forceinline__ void norm_e4m3_padding(u32 n, const NormE4m3& f8) {
+    const u64 row = blockIdx.x;
+    for (u32 c = threadIdx.x; c < n / 8; c += blockDim.x) {
+        reinterpret_cast<uint2*>(f8.q + row * n)[c] = make_uint2(0, 0);
+        if (Q == NORM_E4M3_VEC && (c & 15u) == 0) f8.s[row + (c / 16) * (u64)f8.padded] = 1.0f;
+    }
+    if (Q == NORM_E4M3_ROW && threadIdx.x == 0) f8.s[row] = 1.0f;
+}
+
 // Chunk c's 8 output values `o` (bf16 values) into `q8` at row offset `off`, with the
 // bits of `gguf_quantize_q8` over the stored row: d = max|x| / 127 over the block, q =
 // round(x / d). Called by every lane, `live` false past the row (its values zeros).
@@ -191,11 +225,13 @@ __device__ __forceinline__ void norm_q8_chunk(const float (&o)[8], bool live, u3
 }
 
 // `v` holds this thread's chunks of the row (rounded to bf16, zeros past its end); writes
-// the norm of the row to `out` (and its int8 form into `q8` where `Q8`, the block's threads
-// a multiple of 4 and the row's length of 32).
-template <typename W, bool Q8 = false>
+// the norm of the row to `out`, and by `Q` its int8 form into `q8` (the block's threads a
+// multiple of 4 and the row's length of 32) or its e4m3 form into `f8` (per 128 columns:
+// threads a multiple of 16, the row's length of 128).
+template <typename W, int Q = NORM_PLAIN>
 __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], const W* w, uint4* out, u32 n,
-                                                float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
+                                                float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr},
+                                                const NormE4m3& f8 = NormE4m3{nullptr, nullptr, 0, 0}) {
     __shared__ float scratch[32];
     // The weights are read before the block's reduction, so their round trip overlaps it.
     float wf[NORM_VECS][8];
@@ -211,17 +247,39 @@ __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], 
         for (int e = 0; e < 8; ++e) ss += v[r][e] * v[r][e];
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    // Chunk r's stored values (rounded to bf16; zeros past the row).
+    auto stored = [&](int r, bool live, float (&o)[8]) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = live ? round_bf(norm_weighted(w, wf[r][e], v[r][e] * inv)) : 0.0f;
+    };
+    const u64 row = blockIdx.x;
+    float amax = 0.0f;
 #pragma unroll
     for (int r = 0; r < NORM_VECS; ++r) {
         const u32 c = threadIdx.x + r * blockDim.x;
-        if constexpr (Q8) {
-            // Every lane takes part in the blocks' shuffles, past the row too.
+        if constexpr (Q != NORM_PLAIN) {
+            // Every lane takes part in the shuffles and the block's reductions, past the row too.
             const bool live = c < n / 8;
             float o[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o[e] = live ? round_bf(norm_weighted(w, wf[r][e], v[r][e] * inv)) : 0.0f;
+            stored(r, live, o);
             if (live) out[c] = pack8(o);
-            norm_q8_chunk(o, live, c, (u64)blockIdx.x * n, q8);
+            if constexpr (Q == NORM_Q8) norm_q8_chunk(o, live, c, row * n, q8);
+            if constexpr (Q == NORM_E4M3_ROW) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(o[e]));
+            }
+            if constexpr (Q == NORM_E4M3_VEC) {
+                float a = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(o[e]));
+#pragma unroll
+                for (int d = 1; d < 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+                const float scale = a > 0.0f ? a / 448.0f : 1.0f;
+                if (live) {
+                    reinterpret_cast<uint2*>(f8.q + row * n)[c] = norm_e4m3_8(o, scale);
+                    if ((c & 15u) == 0) f8.s[row + (c / 16) * (u64)f8.padded] = scale;
+                }
+            }
         } else {
             if (c >= n / 8) break;
             float o[8];
@@ -230,11 +288,25 @@ __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], 
             out[c] = pack8(o);
         }
     }
+    if constexpr (Q == NORM_E4M3_ROW) {
+        amax = block_max(amax, scratch);
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+#pragma unroll
+        for (int r = 0; r < NORM_VECS; ++r) {
+            const u32 c = threadIdx.x + r * blockDim.x;
+            if (c >= n / 8) break;
+            float o[8];
+            stored(r, true, o);
+            reinterpret_cast<uint2*>(f8.q + row * n)[c] = norm_e4m3_8(o, scale);
+        }
+        if (threadIdx.x == 0) f8.s[row] = scale;
+    }
 }
 
-template <typename W, bool Q8 = false>
+template <typename W, int Q = NORM_PLAIN>
 __device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps,
-                           const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
+                           const NormQ8& q8 = NormQ8{nullptr, nullptr},
+                           const NormE4m3& f8 = NormE4m3{nullptr, nullptr, 0, 0}) {
     const u64 off = (u64)blockIdx.x * n;
     const uint4* xv = reinterpret_cast<const uint4*>(x + off);
     float v[NORM_VECS][8];
@@ -248,12 +320,13 @@ __device__ void rms_norm_v(const bf16_t* x, const W* w, bf16_t* out, u32 n, floa
             for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
         }
     }
-    rms_norm_chunks<W, Q8>(v, w, reinterpret_cast<uint4*>(out + off), n, eps, q8);
+    rms_norm_chunks<W, Q>(v, w, reinterpret_cast<uint4*>(out + off), n, eps, q8, f8);
 }
 
-template <typename W, bool Q8 = false>
+template <typename W, int Q = NORM_PLAIN>
 __device__ void add_rms_norm_v(const bf16_t* x, const bf16_t* res, const W* w, bf16_t* normed, bf16_t* sum, u32 n,
-                               float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr}) {
+                               float eps, const NormQ8& q8 = NormQ8{nullptr, nullptr},
+                               const NormE4m3& f8 = NormE4m3{nullptr, nullptr, 0, 0}) {
     const u64 off = (u64)blockIdx.x * n;
     const uint4 *xv = reinterpret_cast<const uint4*>(x + off), *rv = reinterpret_cast<const uint4*>(res + off);
     uint4* sv = reinterpret_cast<uint4*>(sum + off);
@@ -273,7 +346,7 @@ __device__ void add_rms_norm_v(const bf16_t* x, const bf16_t* res, const W* w, b
             for (int e = 0; e < 8; ++e) v[r][e] = 0.0f;
         }
     }
-    rms_norm_chunks<W, Q8>(v, w, reinterpret_cast<uint4*>(normed + off), n, eps, q8);
+    rms_norm_chunks<W, Q>(v, w, reinterpret_cast<uint4*>(normed + off), n, eps, q8, f8);
 }
 
 extern "C" __global__ void rms_norm_v_bf16(const bf16_t* x, const bf16_t* w, bf16_t* out, u32 n, float eps) {
@@ -304,16 +377,40 @@ extern "C" __global__ void add_rms_norm_v_bf16_wf32(const bf16_t* x, const bf16_
     extern "C" __global__ void rms_norm_v_q8_bf16##SUFFIX(const bf16_t* x, const W* w, bf16_t* out, u32 n,    \
                                                           float eps, signed char* q, float2* ds) {             \
         pdl_enter();                                                                                           \
-        rms_norm_v<W, true>(x, w, out, n, eps, NormQ8{q, ds});                                                 \
+        rms_norm_v<W, NORM_Q8>(x, w, out, n, eps, NormQ8{q, ds});                                                 \
     }                                                                                                          \
     extern "C" __global__ void add_rms_norm_v_q8_bf16##SUFFIX(const bf16_t* x, const bf16_t* res, const W* w, \
                                                               bf16_t* normed, bf16_t* sum, u32 n, float eps,   \
                                                               signed char* q, float2* ds) {                    \
         pdl_enter();                                                                                           \
-        add_rms_norm_v<W, true>(x, res, w, normed, sum, n, eps, NormQ8{q, ds});                                \
+        add_rms_norm_v<W, NORM_Q8>(x, res, w, normed, sum, n, eps, NormQ8{q, ds});                                \
     }
 MET_NORM_Q8(bf16_t, )
 MET_NORM_Q8(float, _wf32)
+
+// The vector norms writing the e4m3 form of their rows too (`NormE4m3`), per row (`r`) or
+// per 128 columns (`v`), for a batch whose next product is cuBLASLt's FP8 GEMM: grid
+// (`padded`), the blocks past `rows` writing the padding rows' e4m3 form only.
+#define MET_NORM_E4M3(W, SUFFIX, FORM, Q)                                                                      \
+    extern "C" __global__ void rms_norm_v_e4m3##FORM##_bf16##SUFFIX(                                           \
+        const bf16_t* x, const W* w, bf16_t* out, u32 n, float eps, u8* q, float* s, u32 rows, u32 padded) {   \
+        pdl_enter();                                                                                           \
+        const NormE4m3 f8{q, s, rows, padded};                                                                 \
+        if (blockIdx.x >= rows) return norm_e4m3_padding<Q>(n, f8);                                            \
+        rms_norm_v<W, Q>(x, w, out, n, eps, NormQ8{nullptr, nullptr}, f8);                                     \
+    }                                                                                                          \
+    extern "C" __global__ void add_rms_norm_v_e4m3##FORM##_bf16##SUFFIX(                                       \
+        const bf16_t* x, const bf16_t* res, const W* w, bf16_t* normed, bf16_t* sum, u32 n, float eps, u8* q,  \
+        float* s, u32 rows, u32 padded) {                                                                      \
+        pdl_enter();                                                                                           \
+        const NormE4m3 f8{q, s, rows, padded};                                                                 \
+        if (blockIdx.x >= rows) return norm_e4m3_padding<Q>(n, f8);                                            \
+        add_rms_norm_v<W, Q>(x, res, w, normed, sum, n, eps, NormQ8{nullptr, nullptr}, f8);                    \
+    }
+MET_NORM_E4M3(bf16_t, , r, NORM_E4M3_ROW)
+MET_NORM_E4M3(float, _wf32, r, NORM_E4M3_ROW)
+MET_NORM_E4M3(bf16_t, , v, NORM_E4M3_VEC)
+MET_NORM_E4M3(float, _wf32, v, NORM_E4M3_VEC)
 
 // Rotate-half rotary on x [t, h, d]: one block per token. The angle is `float(pos) *
 // inv_freq[i]` in f32 as transformers computes it; cos and sin are rounded to bf16 and each

@@ -93,6 +93,36 @@ impl Grid {
     }
 }
 
+/// [`CudaBackend`]'s `fp8_grids` bits: an e4m3 matrix with one scale a row was kept.
+pub(super) const GRID_ROW: u8 = 1;
+/// An e4m3 matrix with 128 x 128 block scales was kept.
+pub(super) const GRID_BLOCK: u8 = 2;
+
+/// The e4m3 form of a bf16 matrix's rows, as `fp8_quantize_row` (one scale a row) or
+/// `fp8_quantize_vec128` (`block`: one a 128 columns, token-major within a group of
+/// `padded` rows) writes them, padded with zero rows to `padded` (a multiple of 8): a norm
+/// writes it beside its output when the products after it are cuBLASLt's.
+pub(super) struct E4m3Rows {
+    pub(super) q: DeviceBuffer,
+    pub(super) scales: DeviceBuffer,
+    pub(super) padded: usize,
+    pub(super) block: bool,
+}
+
+/// Whether a norm of `rows` rows of `n` feeding products of this backend's e4m3 matrices
+/// writes their e4m3 form too, and in which grid (`Some(block)`): batches past the GEMV's,
+/// outside `--batch-invariant`, where every e4m3 matrix kept has the same grid.
+pub(super) fn norm_writes_e4m3(b: &CudaBackend, rows: usize, n: usize) -> Option<bool> {
+    if b.lt.is_none() || b.batch_invariant || gemv_only(b, rows) {
+        return None;
+    }
+    match b.fp8_grids.load(std::sync::atomic::Ordering::Relaxed) {
+        GRID_ROW => Some(false),
+        GRID_BLOCK if n.is_multiple_of(CHUNK) => Some(true),
+        _ => None,
+    }
+}
+
 /// The scales of an e4m3 matrix, on the device.
 pub(super) struct Fp8Scales {
     pub(super) buf: DeviceBuffer,
@@ -155,6 +185,8 @@ pub(super) fn upload(b: &CudaBackend, host: &HostTensor<'_>) -> Result<Option<Te
     b.dev.upload(&buf, &q)?;
     let scale_buf = b.dev.alloc(size_of_val(scales.as_slice()))?;
     b.dev.upload(&scale_buf, &scales)?;
+    let bit = if matches!(grid, Grid::Row) { GRID_ROW } else { GRID_BLOCK };
+    b.fp8_grids.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
     let storage = CudaStorage { fp8: Some(Fp8Scales { buf: scale_buf, grid }), ..CudaStorage::of(buf) };
     Ok(Some(Tensor::from_storage(Storage::Cuda(storage), FP8, Shape::new(&[n, k]))))
 }
@@ -406,6 +438,12 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         format!("an output of {} rows for {m} padded to {padded}", out.elem_count() / n.max(1))
     })?;
     let block = matches!(s.grid, Grid::Block { .. });
+    // The e4m3 rows a norm wrote beside x, or x quantized here.
+    if let Some(rows) = storage(OP, x)?.e4m3.as_ref().filter(|r| r.block == block && r.padded == padded) {
+        let (qp, sp) = (rows.q.ptr(), rows.scales.ptr());
+        let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
+        return lt.gemm(&b.dev, &g);
+    }
     let xq = b.alloc(&[padded, k], DType::F8E4M3)?;
     let xs = b.alloc(&[if block { padded * (k / CHUNK) } else { padded }], DType::F32)?;
     let (qp, sp) = (ptr(OP, &xq)?, ptr(OP, &xs)?);

@@ -37,7 +37,7 @@ mod storage;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use cudarc::driver::CudaFunction;
 use half::bf16;
@@ -74,6 +74,8 @@ pub struct CudaStorage {
     /// For a bf16 matrix a norm wrote for a GGUF GEMV over int8 activations: its rows as
     /// int8 blocks of 32 and each block's `(d, d · Σq)`, as `gguf_quantize_q8` gives them.
     q8: Option<Box<(DeviceBuffer, DeviceBuffer)>>,
+    /// For a bf16 matrix a norm wrote for cuBLASLt's FP8 products: its rows in e4m3.
+    e4m3: Option<Box<fp8::E4m3Rows>>,
 }
 
 /// The CUDA backend on one GPU.
@@ -96,6 +98,9 @@ pub struct CudaBackend {
     /// Whether a matrix was kept in GGUF blocks here: the norms of decode steps then write
     /// their rows' int8 form too, when GGUF GEMVs read activations as int8.
     packs_gguf: AtomicBool,
+    /// The scale grids of the e4m3 matrices kept here ([`fp8::GRID_ROW`] | [`fp8::GRID_BLOCK`]):
+    /// with one grid, the norms of larger batches write their rows' e4m3 form too.
+    fp8_grids: AtomicU8,
     /// Rows from which a sequence takes the delta rule's chunked form
     /// ([`chunked_delta::chunked_from_env`], [`Self::with_chunked_delta_from`]).
     chunked_from: usize,
@@ -196,6 +201,7 @@ impl CudaBackend {
             pdl,
             tiled_prefill,
             packs_gguf: AtomicBool::new(false),
+            fp8_grids: AtomicU8::new(0),
             chunked_from: chunked_delta::chunked_from_env()?,
             batch_invariant: false,
             gguf_int8: false,

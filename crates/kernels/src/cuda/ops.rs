@@ -158,12 +158,65 @@ fn q8_kernel(kernel: &str) -> &'static str {
     }
 }
 
+/// `kernel`'s form that also writes the e4m3 form of its rows, by row or by 128 columns.
+fn e4m3_kernel(kernel: &str, block: bool) -> &'static str {
+    match (kernel, block) {
+        ("rms_norm_v_bf16", false) => "rms_norm_v_e4m3r_bf16",
+        ("rms_norm_v_bf16_wf32", false) => "rms_norm_v_e4m3r_bf16_wf32",
+        ("add_rms_norm_v_bf16", false) => "add_rms_norm_v_e4m3r_bf16",
+        (_, false) => "add_rms_norm_v_e4m3r_bf16_wf32",
+        ("rms_norm_v_bf16", true) => "rms_norm_v_e4m3v_bf16",
+        ("rms_norm_v_bf16_wf32", true) => "rms_norm_v_e4m3v_bf16_wf32",
+        ("add_rms_norm_v_bf16", true) => "add_rms_norm_v_e4m3v_bf16",
+        (_, true) => "add_rms_norm_v_e4m3v_bf16_wf32",
+    }
+}
+
+/// A norm's output with room for its rows' e4m3 form, and the launch that writes both.
+struct E4m3Norm {
+    out: Tensor,
+    kernel: &'static str,
+    /// One block a row of the padded rows.
+    cfg: LaunchConfig,
+    /// The e4m3 rows' and their scales' addresses.
+    q: u64,
+    scales: u64,
+}
+
+/// [`E4m3Norm`] where [`fp8::norm_writes_e4m3`] says a norm of `rows` rows of `n` (launched
+/// as `kernel` with `cfg`) writes the e4m3 form too; `None` where it does not.
+fn e4m3_norm(
+    b: &CudaBackend,
+    x: &Tensor,
+    kernel: &str,
+    cfg: LaunchConfig,
+    rows: usize,
+    n: usize,
+) -> Result<Option<E4m3Norm>> {
+    let Some(block) = kernel.contains("_v_").then(|| fp8::norm_writes_e4m3(b, rows, n)).flatten() else {
+        return Ok(None);
+    };
+    let padded = rows.next_multiple_of(8);
+    let out = b.alloc_e4m3(x.dims(), n, padded, block)?;
+    let (q, scales) =
+        storage("rms_norm", &out)?.e4m3.as_ref().map(|r| (r.q.ptr(), r.scales.ptr())).expect("alloc_e4m3");
+    let cfg = LaunchConfig { grid_dim: (padded as u32, 1, 1), ..cfg };
+    Ok(Some(E4m3Norm { out, kernel: e4m3_kernel(kernel, block), cfg, q, scales }))
+}
+
 pub(super) fn rms_norm(b: &CudaBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     let n = check_norm("rms_norm", x, weight)?;
     let rows = x.elem_count() / n;
     // The pointers only decide the vector form's alignment; the output is aligned as x is.
     let (xp, wp) = (ptr("rms_norm", x)?, ptr("rms_norm", weight)?);
     let (kernel, cfg) = norm_launch("rms_norm", weight, rows, n, &[xp, wp]);
+    if rows > 0
+        && let Some(e) = e4m3_norm(b, x, kernel, cfg, rows, n)?
+    {
+        let (op, padded) = (ptr("rms_norm", &e.out)?, e.cfg.grid_dim.0);
+        launch!(b, e.kernel, e.cfg, [xp, wp, op, n as u32, eps, e.q, e.scales, rows as u32, padded])?;
+        return Ok(e.out);
+    }
     if rows > 0 && norm_writes_q8(b, kernel, rows, n) {
         let out = b.alloc_q8(x.dims(), n)?;
         let (qp, dp) = b.q8_of("rms_norm", &out)?.expect("alloc_q8 makes the int8 form");
@@ -194,7 +247,15 @@ pub(super) fn add_rms_norm(
     let op = "add_rms_norm";
     let rows = x.elem_count() / n;
     let (xp, rp, wp) = (ptr(op, x)?, ptr(op, residual)?, ptr(op, weight)?);
-    let (kernel, _) = norm_launch(op, weight, rows, n, &[xp, rp, wp]);
+    let (kernel, cfg) = norm_launch(op, weight, rows, n, &[xp, rp, wp]);
+    if rows > 0
+        && let Some(e) = e4m3_norm(b, x, kernel, cfg, rows, n)?
+    {
+        let sum = b.alloc(x.dims(), DType::BF16)?;
+        let (np, smp, padded) = (ptr(op, &e.out)?, ptr(op, &sum)?, e.cfg.grid_dim.0);
+        launch!(b, e.kernel, e.cfg, [xp, rp, wp, np, smp, n as u32, eps, e.q, e.scales, rows as u32, padded])?;
+        return Ok((e.out, sum));
+    }
     let q8 = rows > 0 && norm_writes_q8(b, kernel, rows, n);
     let normed = if q8 { b.alloc_q8(x.dims(), n)? } else { b.alloc(x.dims(), DType::BF16)? };
     let sum = b.alloc(x.dims(), DType::BF16)?;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{CudaBackend, CudaStorage};
+use super::{CudaBackend, CudaStorage, fp8};
 use crate::backend::GpuBackend;
 use crate::error::{Error, Result};
 use crate::{DType, Shape, Storage, Tensor};
@@ -22,7 +22,15 @@ pub(super) const HOST_COPY_MAX: usize = 1 << 20;
 impl CudaStorage {
     /// `buf` as a plain tensor's memory: no host copy, scales, blocks or int8 form.
     pub(super) fn of(buf: super::device::DeviceBuffer) -> Self {
-        Self { buf, host_u32: Mutex::new(None), drawn: AtomicBool::new(false), fp8: None, gguf: None, q8: None }
+        Self {
+            buf,
+            host_u32: Mutex::new(None),
+            drawn: AtomicBool::new(false),
+            fp8: None,
+            gguf: None,
+            q8: None,
+            e4m3: None,
+        }
     }
 }
 
@@ -49,6 +57,18 @@ impl CudaBackend {
     /// The device addresses of `t`'s int8 form (`q`, `ds`), where a norm wrote one.
     pub(super) fn q8_of(&self, op: &'static str, t: &Tensor) -> Result<Option<(u64, u64)>> {
         Ok(storage(op, t)?.q8.as_ref().map(|q8| (q8.0.ptr(), q8.1.ptr())))
+    }
+
+    /// A bf16 matrix of `dims` (`rows` rows of `n`) with room for its e4m3 form beside it
+    /// ([`CudaStorage::e4m3`]), `padded` rows of `n` bytes and their scales (one a row, or
+    /// one a 128 columns where `block`).
+    pub(super) fn alloc_e4m3(&self, dims: &[usize], n: usize, padded: usize, block: bool) -> Result<Tensor> {
+        let shape = Shape::new(dims);
+        let buf = self.dev.alloc(shape.elem_count() * DType::BF16.size_in_bytes())?;
+        let scales = if block { padded * (n / 128) } else { padded };
+        let rows = fp8::E4m3Rows { q: self.dev.alloc(padded * n)?, scales: self.dev.alloc(scales * 4)?, padded, block };
+        let storage = CudaStorage { e4m3: Some(Box::new(rows)), ..CudaStorage::of(buf) };
+        Ok(Tensor::from_storage(Storage::Cuda(storage), DType::BF16, shape))
     }
 
     /// As [`Self::alloc`], for a tensor the side stream writes ([`super::device::Device::alloc_side`]).

@@ -207,6 +207,39 @@ pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
     })
 }
 
+/// A norm feeding the FP8 product of a larger batch (CUDA writes the rows' e4m3 form beside
+/// the norm's output where every e4m3 matrix of the backend has one scale grid, so the
+/// product skips its own quantization): the product is that of the same values without it,
+/// bit for bit, after `rms_norm` and `add_rms_norm`, at row counts that are multiples of 8
+/// and that are not (cuBLASLt's padding rows). For a fresh backend, one grid.
+#[cfg(feature = "cuda")]
+pub fn fp8_norm_outputs_feed_the_gemm(b: &dyn GpuBackend, grid: Grid) -> Result<()> {
+    let mut rng = Rng::new(1212);
+    let dt = b.float_dtype();
+    let bits =
+        |t: &met_kernels::Tensor| -> Result<Vec<u32>> { Ok(b.download_f32(t)?.iter().map(|f| f.to_bits()).collect()) };
+    for (n, k) in SHAPES {
+        let w = b.upload(&fp8_host(n, k, grid, &mut rng)?, dt)?;
+        let weight = upload_f32(b, &stored(b, rng.vec(k)), &[k])?;
+        for m in [17, 40, 67] {
+            let x = upload_f32(b, &stored(b, rng.vec(m * k)), &[m, k])?;
+            let r = upload_f32(b, &stored(b, rng.vec(m * k)), &[m, k])?;
+            for (normed, norm) in [
+                (b.rms_norm(&x, &weight, 1e-6)?, "rms_norm"),
+                (b.add_rms_norm(&x, &r, &weight, 1e-6)?.0, "add_rms_norm"),
+            ] {
+                let plain = b.add(&normed, &b.zeros(&[m, k], dt)?)?;
+                assert_eq!(
+                    bits(&b.matmul(&normed, &w, None)?)?,
+                    bits(&b.matmul(&plain, &w, None)?)?,
+                    "{grid:?} {n} x {k}: the product of {m} rows of {norm} against the same values alone"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Each row of an e4m3 product is the same bits as that row alone, at decode and prefill
 /// sizes (`--batch-invariant` on CUDA, always on the CPU).
 pub fn fp8_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
