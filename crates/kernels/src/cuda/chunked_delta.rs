@@ -28,14 +28,15 @@ pub(super) const KERNELS: [&str; 3] =
 /// A sequence takes the chunked form from this many rows; shorter ones in the same step
 /// take the fused kernel. Measured on the H200 at Qwen3.6's heads, 64 sequences a step
 /// (`bench/results/hybrid-profile-2026-12-04/`): 16 rows each, fused 1.07 ms against chunked
-/// 1.93; 32 rows, 2.09 against 2.06; 64 rows, 4.12 against 2.37. A default warm-up step (32
-/// rows a sequence) so runs chunked, and the KV budget sees the scratch.
+/// 1.93; 32 rows, 2.09 against 2.06; 64 rows, 4.12 against 2.37. (Since then the fused
+/// kernel took 0.63 ms at 64 x 32 against the chunked form's 1.72,
+/// `bench/results/device-2026-12-05b/`: the crossover is due a new measurement, which
+/// `MET_CHUNKED_FROM` is for.)
 pub(super) const CHUNKED_FROM: usize = 32;
 
 /// [`CHUNKED_FROM`], or `MET_CHUNKED_FROM=N` (rows, at least 1), for measuring a burst of
-/// prefix-hit tails and lone prompts under another crossover. (A crossover above a warm-up
-/// step's 32 rows a sequence leaves the chunked form's scratch out of the KV budget: not a
-/// default as it stands.)
+/// prefix-hit tails and lone prompts under another crossover (the scratch is held from the
+/// first step either way: [`hold_full_wave`]).
 pub(super) fn chunked_from_env() -> Result<usize> {
     const VAR: &str = "MET_CHUNKED_FROM";
     match std::env::var(VAR).as_deref() {
@@ -167,6 +168,18 @@ impl Plan {
     }
 }
 
+/// Takes the scratch of a full wave at these heads from the device's pool once, and gives
+/// it back: the pool keeps that memory, so the first step (the KV budget's warm-up, whose
+/// short sequences may all take the fused form) leaves it out of the budget whatever the
+/// crossover, and no later long prompt finds the memory given to the cache.
+fn hold_full_wave(b: &CudaBackend, hv: usize, dk: usize, dv: usize) -> Result<()> {
+    let floats = WAVE_CHUNKS * hv * scratch_floats(dk, dv);
+    if b.chunked_held.fetch_max(floats, std::sync::atomic::Ordering::Relaxed) < floats {
+        drop(b.alloc(&[floats], DType::F32)?);
+    }
+    Ok(())
+}
+
 /// The step's operands as the launches take them.
 pub(super) struct Launch<'a> {
     pub(super) qkv: &'a Tensor,
@@ -191,8 +204,12 @@ pub(super) fn try_run(
 ) -> Result<bool> {
     const OP: &str = "gated_delta_rule";
     let (hv, dk, dv) = (dims.hv as usize, dims.dk as usize, dims.dv as usize);
+    if dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
+        return Ok(false);
+    }
+    hold_full_wave(b, hv, dk, dv)?;
     let long: Vec<SeqRun> = runs.iter().filter(|r| r.end - r.start >= from).cloned().collect();
-    if long.is_empty() || dk > widest_keys(b.dev.capability) || dk % 16 != 0 || b.dev.recording_here() {
+    if long.is_empty() {
         return Ok(false);
     }
     let scan_kernel = if (dk, dv) == (128, 128) { KERNELS[2] } else { KERNELS[1] };

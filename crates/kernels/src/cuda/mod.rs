@@ -37,7 +37,7 @@ mod storage;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use cudarc::driver::CudaFunction;
 use half::bf16;
@@ -104,6 +104,9 @@ pub struct CudaBackend {
     /// Rows from which a sequence takes the delta rule's chunked form
     /// ([`chunked_delta::chunked_from_env`], [`Self::with_chunked_delta_from`]).
     chunked_from: usize,
+    /// The floats of the chunked form's largest scratch taken from the pool so far
+    /// (`chunked_delta::hold_full_wave`).
+    chunked_held: AtomicUsize,
     /// Whether every op computes a row in an order of its own, whatever its batch
     /// ([`Self::with_batch_invariance`]).
     batch_invariant: bool,
@@ -203,6 +206,7 @@ impl CudaBackend {
             packs_gguf: AtomicBool::new(false),
             fp8_grids: AtomicU8::new(0),
             chunked_from: chunked_delta::chunked_from_env()?,
+            chunked_held: AtomicUsize::new(0),
             batch_invariant: false,
             gguf_int8: false,
             fp8_one: fp8::OneRow::from_env()?,
