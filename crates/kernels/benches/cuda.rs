@@ -20,7 +20,7 @@
 //!   4,096-token causal prefill and 64 sequences of 32 queries over 16,384 cached keys.
 //! - `delta_rule`: the Gated DeltaNet delta rule at Qwen3.6-35B-A3B's shape (16 key heads,
 //!   32 value heads, 128 by 128): prefill steps of one 8,192-row prompt, of 256 prompts of
-//!   128 rows, of 64 prompts of 128, 64, 32 and 16 rows (the chunked form from 32 rows, the
+//!   128 rows, of 64 prompts of 128, 64, 32 and 16 rows (the chunked form from 64 rows, the
 //!   fused one below), and a decode step of 256 sequences (fused), as rows per second.
 //! - `delta_rule_forms`: the same rule with every sequence fused and with every one chunked,
 //!   from bursts of 64 short tails to one 8,192-row prompt: where the default crossover

@@ -26,13 +26,14 @@ pub(super) const KERNELS: [&str; 3] =
     ["gated_delta_chunk_prep_bf16", "gated_delta_chunk_scan_bf16", "gated_delta_chunk_scan_bf16_k128_v128"];
 
 /// A sequence takes the chunked form from this many rows; shorter ones in the same step
-/// take the fused kernel. Measured on the H200 at Qwen3.6's heads, 64 sequences a step
-/// (`bench/results/hybrid-profile-2026-12-04/`): 16 rows each, fused 1.07 ms against chunked
-/// 1.93; 32 rows, 2.09 against 2.06; 64 rows, 4.12 against 2.37. (Since then the fused
-/// kernel took 0.63 ms at 64 x 32 against the chunked form's 1.72,
-/// `bench/results/device-2026-12-05b/`: the crossover is due a new measurement, which
-/// `MET_CHUNKED_FROM` is for.)
-pub(super) const CHUNKED_FROM: usize = 32;
+/// take the fused kernel. A sequence's own rows decide, never its neighbours', so its bits
+/// do not depend on what shares its step. Measured on the H200 at Qwen3.6's heads, one
+/// layer (`bench/results/device-2026-12-05d/`), fused against chunked: a lone sequence of
+/// 32 rows 0.056 ms against 0.086, of 64 rows 0.110 against 0.098, of 128 rows 0.215
+/// against 0.117; 64 sequences of 32 rows 0.48 against 1.75, of 64 rows 0.94 against 1.99.
+/// So a lone prompt crosses over near 60 rows, and a burst of prefix-hit tails of fewer
+/// than 64 rows runs fused, several times faster than chunked.
+pub(super) const CHUNKED_FROM: usize = 64;
 
 /// [`CHUNKED_FROM`], or `MET_CHUNKED_FROM=N` (rows, at least 1), for measuring a burst of
 /// prefix-hit tails and lone prompts under another crossover (the scratch is held from the
