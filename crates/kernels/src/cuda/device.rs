@@ -307,7 +307,13 @@ impl Device {
         let ptr = match first {
             Ok(ptr) => ptr,
             Err(DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY)) => {
-                // Give the cached blocks back to the driver and try once more.
+                // Give the cached blocks back to the driver and try once more. The wait and
+                // the pool's regrowth after it cost a step dearly: a step that needs more
+                // memory than the KV budget left free says so.
+                tracing::warn!(
+                    bytes,
+                    "device memory full: the step waits for the device and the memory pool gives its cached blocks back"
+                );
                 self.synchronize()?;
                 // SAFETY: the pool belongs to this device; trimming frees only unused blocks.
                 unsafe { result::mem_pool::trim_to(self.pool, 0) }.map_err(drv)?;
