@@ -439,11 +439,23 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
     })?;
     let block = matches!(s.grid, Grid::Block { .. });
     // The e4m3 rows a norm wrote beside x, or x quantized here.
-    if let Some(rows) = storage(OP, x)?.e4m3.as_ref().filter(|r| r.block == block && r.padded == padded) {
-        let (qp, sp) = (rows.q.ptr(), rows.scales.ptr());
-        let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
-        return lt.gemm(&b.dev, &g);
-    }
+    let quantized;
+    let (qp, sp) = match storage(OP, x)?.e4m3.as_ref().filter(|r| r.block == block && r.padded == padded) {
+        Some(rows) => (rows.q.ptr(), rows.scales.ptr()),
+        None => {
+            quantized = quantize(b, xp, m, padded, k, block)?;
+            (ptr(OP, &quantized.0)?, ptr(OP, &quantized.1)?)
+        }
+    };
+    let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
+    lt.gemm(&b.dev, &g)
+}
+
+/// The `m` rows of `x [m, k]` (at address `xp`) in e4m3, padded with zero rows to
+/// `padded`, and their scales: per 128 columns (token-major within a group) where `block`,
+/// else per row.
+fn quantize(b: &CudaBackend, xp: u64, m: usize, padded: usize, k: usize, block: bool) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "matmul";
     let xq = b.alloc(&[padded, k], DType::F8E4M3)?;
     let xs = b.alloc(&[if block { padded * (k / CHUNK) } else { padded }], DType::F32)?;
     let (qp, sp) = (ptr(OP, &xq)?, ptr(OP, &xs)?);
@@ -458,8 +470,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         let cfg = LaunchConfig { grid_dim: (padded as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         launch!(b, "fp8_quantize_row", cfg, [xp, qp, sp, m as u32, k as u32])?;
     }
-    let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
-    lt.gemm(&b.dev, &g)
+    Ok((xq, xs))
 }
 
 /// The rows `out` of [`matmul`] must have for a product of `m` rows: `m`, or past the
