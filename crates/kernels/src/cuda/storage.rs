@@ -71,6 +71,13 @@ impl CudaBackend {
         Ok(Tensor::from_storage(Storage::Cuda(storage), DType::BF16, shape))
     }
 
+    /// Whether a norm wrote `t`'s rows in e4m3 beside it for cuBLASLt's FP8 products
+    /// ([`Self::alloc_e4m3`]): for tests and diagnostics, since a product takes them
+    /// unasked.
+    pub fn has_e4m3_rows(t: &Tensor) -> bool {
+        storage("has_e4m3_rows", t).is_ok_and(|s| s.e4m3.is_some())
+    }
+
     /// As [`Self::alloc`], for a tensor the side stream writes ([`super::device::Device::alloc_side`]).
     pub(super) fn alloc_side(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
         let shape = Shape::new(dims);

@@ -211,9 +211,11 @@ pub fn fp8_cuda_narrows_large_batches(b: &dyn GpuBackend) -> Result<()> {
 /// the norm's output where every e4m3 matrix of the backend has one scale grid, so the
 /// product skips its own quantization): the product is that of the same values without it,
 /// bit for bit, after `rms_norm` and `add_rms_norm`, at row counts that are multiples of 8
-/// and that are not (cuBLASLt's padding rows). For a fresh backend, one grid.
+/// and that are not (cuBLASLt's padding rows); and the norms did write that form, so the
+/// check is not passed by a product that never reads it. For a fresh backend, one grid.
 #[cfg(feature = "cuda")]
-pub fn fp8_norm_outputs_feed_the_gemm(b: &dyn GpuBackend, grid: Grid) -> Result<()> {
+pub fn fp8_norm_outputs_feed_the_gemm(b: &met_kernels::CudaBackend, grid: Grid) -> Result<()> {
+    use met_kernels::CudaBackend;
     let mut rng = Rng::new(1212);
     let dt = b.float_dtype();
     let bits =
@@ -229,6 +231,11 @@ pub fn fp8_norm_outputs_feed_the_gemm(b: &dyn GpuBackend, grid: Grid) -> Result<
                 (b.add_rms_norm(&x, &r, &weight, 1e-6)?.0, "add_rms_norm"),
             ] {
                 let plain = b.add(&normed, &b.zeros(&[m, k], dt)?)?;
+                assert!(
+                    CudaBackend::has_e4m3_rows(&normed),
+                    "{grid:?} {n} x {k}: {norm} of {m} rows wrote no e4m3 rows"
+                );
+                assert!(!CudaBackend::has_e4m3_rows(&plain), "an add wrote e4m3 rows");
                 assert_eq!(
                     bits(&b.matmul(&normed, &w, None)?)?,
                     bits(&b.matmul(&plain, &w, None)?)?,
