@@ -41,7 +41,9 @@ __device__ __forceinline__ float gguf_h2f(u32 h) {
     return v;
 }
 
-__device__ __forceinline__ uint4 gguf_ld(u64 addr) { return *reinterpret_cast<const uint4*>(addr); }
+// A 16-byte word of a matrix's regions: a global load (not a generic one) with the
+// streaming hint, as the other GEMVs read their weights: nothing reads it again this step.
+__device__ __forceinline__ uint4 gguf_ld(u64 addr) { return __ldcs(reinterpret_cast<const uint4*>(addr)); }
 
 // Sub-block j's 6-bit scale and min of a K-quant's packed twelve bytes (`rec`'s first 12:
 // words x, y, z). Sub-blocks 0-3 keep theirs in the low six bits of byte j of x (scale) and
@@ -384,7 +386,9 @@ __device__ __forceinline__ void gguf_q8_unit(const GgufUnit (&g)[R], u32 u, cons
 
 // The sums of weight rows `rows[0..R)` with x rows 0 .. m - 1 over `gguf_quantize_q8`'s x,
 // one warp: lane i the units i, i + 32, ... (the next unit's words requested before the
-// current one's sums); every lane returns the totals (a fixed shuffle tree).
+// current one's sums); every lane returns the totals (a fixed shuffle tree). The lane's
+// first units are requested before the wait for the kernel that writes x (`pdl_wait_prev`,
+// which this calls), so their round trip overlaps that kernel's tail.
 template <u32 F, int M, int R>
 __device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
                                              const GgufMat& mat, const u32 (&rows)[R], u32 m, float (&acc)[R][M]) {
@@ -398,6 +402,7 @@ __device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq,
     if (lane < units)
 #pragma unroll
         for (int r = 0; r < R; ++r) next[r] = gguf_load<F>(mat, rows[r], lane);
+    pdl_wait_prev();
     for (u32 u = lane; u < units; u += 32) {
         GgufUnit g[R];
 #pragma unroll
@@ -419,10 +424,11 @@ __device__ __forceinline__ void gguf_gemv_q8(const signed char* __restrict__ xq,
                                              GgufMat mat, bf16_t* __restrict__ out, u32 m, u32 rows, u32 width,
                                              u32 column) {
     const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const u32 r[1] = {row};
+    // A warp past the last row reads the last (its sums are dropped): every thread waits.
+    const u32 r[1] = {min(row, rows - 1)};
     float acc[1][M];
     gguf_dots_q8<F, M, 1>(xq, xds, mat, r, m, acc);
+    if (row >= rows) return;
 #pragma unroll
     for (int t = 0; t < M; ++t)
         if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(acc[0][t]);
@@ -437,10 +443,11 @@ __device__ __forceinline__ void gguf_gemv_q8_silu(const signed char* __restrict_
                                                   const float2* __restrict__ xds, GgufMat mat,
                                                   bf16_t* __restrict__ out, u32 m, u32 half) {
     const u32 lane = threadIdx.x & 31, j = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-    if (j >= half) return;
-    const u32 rows[2] = {j, half + j};
+    const u32 jr = min(j, half - 1);  // as in `gguf_gemv_q8`
+    const u32 rows[2] = {jr, half + jr};
     float acc[2][M];
     gguf_dots_q8<F, M, 2>(xq, xds, mat, rows, m, acc);
+    if (j >= half) return;
 #pragma unroll
     for (int t = 0; t < M; ++t)
         if (lane == 0 && t < (int)m) out[(u64)t * half + j] = f2bf(silu_times(acc[0][t], acc[1][t]));
@@ -450,12 +457,12 @@ __device__ __forceinline__ void gguf_gemv_q8_silu(const signed char* __restrict_
     extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_##F##_q8_m##M(                     \
         const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width,        \
         u32 column) {                                                                                          \
-        pdl_enter();                                                                                           \
+        pdl_allow_next();                                                                                      \
         gguf_gemv_q8<GGUF_##FORMAT, M>(xq, xds, mat, out, m, rows, width, column);                             \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32) gguf_gemv_silu_##F##_q8_m##M(                \
         const signed char* xq, const float2* xds, GgufMat mat, bf16_t* out, u32 m, u32 half) {                 \
-        pdl_enter();                                                                                           \
+        pdl_allow_next();                                                                                      \
         gguf_gemv_q8_silu<GGUF_##FORMAT, M>(xq, xds, mat, out, m, half);                                       \
     }
 GGUF_GEMV_Q8(q4_k, Q4_K, 1)

@@ -48,6 +48,8 @@ static inline u32 __float_as_uint(float f) {
     return u;
 }
 static inline uint4 make_uint4(u32 x, u32 y, u32 z, u32 w) { return uint4{x, y, z, w}; }
+// A streaming load (`ld.global.cs`): a plain read on the host.
+static inline uint4 __ldcs(const uint4* p) { return *p; }
 // f32 -> bf16 bits, round to nearest even (NaN kept quiet), as `common.cuh` rounds.
 static inline bf16_t f2bf(float f) {
     u32 u = __float_as_uint(f);
