@@ -586,8 +586,9 @@ extern "C" __global__ void __launch_bounds__(32 * FP8_TC1_WARPS, 3)
 // only. k * 2 bytes of shared memory: the host takes this form for k <= 16,384 only.
 // Measured on the H200 (`bench/results/device-2026-12-05d/`): alone, 17 % faster than the
 // stream on gate_up and 8 % on o, 5 % slower on qkv and down; in the 8B decode step 0.32 ms
-// slower (not profiled; likely because staging x comes after the wait for the kernel
-// before, on the step's critical path). Not the default.
+// slower. Not the default. Why is not profiled: a form that staged x per warp, with no
+// block barrier, was slower still in the step (`bench/results/device-2026-12-05e/`), so the
+// barrier is not the cost.
 #define FP8_H1_WARPS 8
 #define FP8_H1_DEPTH 4
 #define FP8_H1_MAX_K 16384
