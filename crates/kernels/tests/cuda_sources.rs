@@ -51,6 +51,20 @@ fn source(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A kernel body's first statement onwards: macro bodies skip their line continuations too.
+fn from_first_statement(body: &str) -> &str {
+    body[1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
+}
+
+/// Asserts that the device function `dots` of `src` (`file`) requests its weights
+/// (`load`), then waits for the kernel before it, then reads x (`x`).
+fn weights_then_wait_then_x(src: &str, file: &str, dots: &str, load: &str, x: &str) {
+    let body = function_body(src, dots);
+    let at = |needle: &str| body.find(needle).unwrap_or_else(|| panic!("{file} `{dots}`: no `{needle}`"));
+    let (load, wait, x) = (at(load), at("pdl_wait_prev();"), at(x));
+    assert!(load < wait && wait < x, "{file} `{dots}`: weights, then the wait, then x");
+}
+
 /// The body of the device function `name`: its definition is the first ` name(`.
 fn function_body<'a>(src: &'a str, name: &str) -> &'a str {
     let at = src.find(&format!(" {name}(")).unwrap_or_else(|| panic!("no function `{name}`"));
@@ -63,8 +77,7 @@ fn every_kernel_waits_for_the_kernel_before_it() {
     for file in ["dense.cu", "attention.cu", "flash.cu", "moe.cu", "sample.cu", "recurrent.cu", "lora.cu", "gguf.cu"] {
         for (name, body) in kernels(&source(file)) {
             seen += 1;
-            // Macro bodies: skip the line continuations too.
-            let first = body[1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+            let first = from_first_statement(&body);
             // The GGUF int8 GEMVs wait inside their dot loop (below).
             let waits_later = file == "gguf.cu" && name.contains("_q8_m") && first.starts_with("pdl_allow_next();");
             assert!(
@@ -76,11 +89,7 @@ fn every_kernel_waits_for_the_kernel_before_it() {
     // The GGUF int8 GEMVs request their first units, then wait, then read x; their kernels
     // return early only after the dots.
     let gguf = source("gguf.cu");
-    let dots = function_body(&gguf, "gguf_dots_q8");
-    let load = dots.find("gguf_load<F>").expect("the first loads");
-    let wait = dots.find("pdl_wait_prev();").expect("gguf_dots_q8 must wait");
-    let x = dots.find("gguf_q8_unit<").expect("the x reads");
-    assert!(load < wait && wait < x, "gguf_dots_q8: weights, then the wait, then x");
+    weights_then_wait_then_x(&gguf, "gguf.cu", "gguf_dots_q8", "gguf_load<F>", "gguf_q8_unit<");
     for f in ["gguf_gemv_q8", "gguf_gemv_q8_silu"] {
         let body = function_body(&gguf, f);
         let dots = body.find("gguf_dots_q8<").unwrap_or_else(|| panic!("gguf.cu `{f}` computes through gguf_dots_q8"));
@@ -95,15 +104,10 @@ fn every_kernel_waits_for_the_kernel_before_it() {
     let wrappers = kernels(&gemv);
     assert_eq!(wrappers.len(), 2, "the two kernel macros of gemv.cu");
     for (name, body) in &wrappers {
-        // Macro bodies: skip the line continuations too.
-        let first = body[1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        let first = from_first_statement(body);
         assert!(first.starts_with("pdl_allow_next();"), "gemv.cu: `{name}` must begin with `pdl_allow_next();`");
     }
-    let dots = function_body(&gemv, "gemv_dots");
-    let fetch = dots.find("fetch(t, next);").expect("the first fetch");
-    let wait = dots.find("pdl_wait_prev();").expect("gemv_dots must wait");
-    let x = dots.find("xv +").expect("the x loads");
-    assert!(fetch < wait && wait < x, "gemv_dots: weights, then the wait, then x");
+    weights_then_wait_then_x(&gemv, "gemv.cu", "gemv_dots", "fetch(t, next);", "xv +");
     for f in ["gemv", "gemv_silu"] {
         let body = function_body(&gemv, f);
         assert!(!body.contains("return"), "gemv.cu `{f}`: an early return would skip the wait in gemv_dots");
