@@ -236,36 +236,6 @@ __device__ __forceinline__ void gguf_widen_unit(const GgufMat& mat, u64 src, u32
     }
 }
 
-// Block of GGUF_WARPS warps, warp w owning matrix row blockIdx.x * GGUF_WARPS + w (after the
-// kernel's `pdl_enter`): the lanes' shares, then a fixed shuffle tree. Needs k % 256 == 0
-// for the K formats and k % 64 == 0 otherwise (checked on the host).
-template <u32 F, int M>
-__device__ __forceinline__ void gguf_gemv(const bf16_t* __restrict__ x, GgufMat mat, bf16_t* __restrict__ out,
-                                          u32 m, u32 rows, u32 width, u32 column) {
-    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;  // the whole warp: a warp shares its row
-    float acc[M];
-    gguf_gemv_lane<F, M>(x, mat, m, row, lane, acc);
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-        const float total = warp_sum(acc[t]);
-        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
-    }
-}
-
-#define GGUF_GEMV(NAME, F, M)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32)                                              \
-        gguf_gemv_##NAME##_m##M(const bf16_t* x, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width, u32 column) { \
-        pdl_enter();                                                                                           \
-        gguf_gemv<F, M>(x, mat, out, m, rows, width, column);                                                  \
-    }
-#define GGUF_GEMVS(NAME, F) GGUF_GEMV(NAME, F, 1) GGUF_GEMV(NAME, F, 2) GGUF_GEMV(NAME, F, 4) GGUF_GEMV(NAME, F, 8)
-GGUF_GEMVS(q4_0, GGUF_Q4_0)
-GGUF_GEMVS(q8_0, GGUF_Q8_0)
-GGUF_GEMVS(q4_k, GGUF_Q4_K)
-GGUF_GEMVS(q5_k, GGUF_Q5_K)
-GGUF_GEMVS(q6_k, GGUF_Q6_K)
-
 // --- int8 activations (`--quant-dots int8`, the default) ---------------------------------
 //
 // The GEMV above decodes every weight to f32 and multiplies it by an f32 of x: about five
@@ -279,24 +249,6 @@ GGUF_GEMVS(q6_k, GGUF_Q6_K)
 // its 6-bit quants against int8 x, with the offset of 32 taken out through x's sum over the
 // chunk (a `dp4a` against ones):  Σ d·sc·(q − 32) · x  ≈  d·sc · d_x · (Σ q·q_x − 32 Σ q_x).
 // The result moves by x's rounding to 8 bits (as the CPU's `--quant-dots int8` does).
-
-// grid (ceil(blocks / 4)), block 128: one warp a block of 32 x values (`blocks` = m k / 32).
-extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, float2* ds, u32 blocks) {
-    pdl_enter();
-    const u32 blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    if (blk >= blocks) return;
-    const float v = bf2f(x[(u64)blk * 32 + lane]);
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const int qi = amax > 0.0f ? __float2int_rn(v / d) : 0;
-    q[(u64)blk * 32 + lane] = (signed char)qi;
-    int sum = qi;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) ds[blk] = make_float2(d, d * (float)sum);
-}
 
 // One unit of R Q4_K or Q6_K rows (the same columns of each) dotted with x rows 0 .. m - 1
 // of `gguf_quantize_q8`'s x (`xq [m, k]`, `xds [m, k / 32]`), added into `acc`, x's words
@@ -384,15 +336,15 @@ __device__ __forceinline__ void gguf_q8_unit(const GgufUnit (&g)[R], u32 u, cons
     }
 }
 
-// The sums of weight rows `rows[0..R)` with x rows 0 .. m - 1 over `gguf_quantize_q8`'s x,
-// one warp: lane i the units i, i + 32, ... (the next unit's words requested before the
-// current one's sums); every lane returns the totals (a fixed shuffle tree). The lane's
-// first units are requested before the wait for the kernel that writes x (`pdl_wait_prev`,
-// which this calls), so their round trip overlaps that kernel's tail.
+// Lane `lane`'s share of weight rows `rows[0..R)` dotted with x rows 0 .. m - 1 of
+// `gguf_quantize_q8`'s x: units lane, lane + 32, ... (the next unit's words requested before
+// the current one's sums). The lane's first unit is requested before the wait for the
+// kernel that writes x (`pdl_wait_prev`, which this calls), so its round trip overlaps that
+// kernel's tail.
 template <u32 F, int M, int R>
-__device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
-                                             const GgufMat& mat, const u32 (&rows)[R], u32 m, float (&acc)[R][M]) {
-    const u32 lane = threadIdx.x & 31;
+__device__ __forceinline__ void gguf_q8_lane(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                             const GgufMat& mat, const u32 (&rows)[R], u32 m, u32 lane,
+                                             float (&acc)[R][M]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -412,6 +364,65 @@ __device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq,
             for (int r = 0; r < R; ++r) next[r] = gguf_load<F>(mat, rows[r], u + 32);
         gguf_q8_unit<F, M, R>(g, u, xq, xds, k, m, acc);
     }
+}
+
+// Block of GGUF_WARPS warps, warp w owning matrix row blockIdx.x * GGUF_WARPS + w (after the
+// kernel's `pdl_enter`): the lanes' shares, then a fixed shuffle tree. Needs k % 256 == 0
+// for the K formats and k % 64 == 0 otherwise (checked on the host).
+template <u32 F, int M>
+__device__ __forceinline__ void gguf_gemv(const bf16_t* __restrict__ x, GgufMat mat, bf16_t* __restrict__ out,
+                                          u32 m, u32 rows, u32 width, u32 column) {
+    const u32 lane = threadIdx.x & 31, row = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;  // the whole warp: a warp shares its row
+    float acc[M];
+    gguf_gemv_lane<F, M>(x, mat, m, row, lane, acc);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float total = warp_sum(acc[t]);
+        if (lane == 0 && t < (int)m) out[(u64)t * width + column + row] = f2bf(total);
+    }
+}
+
+#define GGUF_GEMV(NAME, F, M)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GGUF_WARPS * 32)                                              \
+        gguf_gemv_##NAME##_m##M(const bf16_t* x, GgufMat mat, bf16_t* out, u32 m, u32 rows, u32 width, u32 column) { \
+        pdl_enter();                                                                                           \
+        gguf_gemv<F, M>(x, mat, out, m, rows, width, column);                                                  \
+    }
+#define GGUF_GEMVS(NAME, F) GGUF_GEMV(NAME, F, 1) GGUF_GEMV(NAME, F, 2) GGUF_GEMV(NAME, F, 4) GGUF_GEMV(NAME, F, 8)
+GGUF_GEMVS(q4_0, GGUF_Q4_0)
+GGUF_GEMVS(q8_0, GGUF_Q8_0)
+GGUF_GEMVS(q4_k, GGUF_Q4_K)
+GGUF_GEMVS(q5_k, GGUF_Q5_K)
+GGUF_GEMVS(q6_k, GGUF_Q6_K)
+
+// --- int8 activations (`--quant-dots int8`, the default): the lanes' work is above ----------
+
+// grid (ceil(blocks / 4)), block 128: one warp a block of 32 x values (`blocks` = m k / 32).
+extern "C" __global__ void gguf_quantize_q8(const bf16_t* x, signed char* q, float2* ds, u32 blocks) {
+    pdl_enter();
+    const u32 blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (blk >= blocks) return;
+    const float v = bf2f(x[(u64)blk * 32 + lane]);
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int qi = amax > 0.0f ? __float2int_rn(v / d) : 0;
+    q[(u64)blk * 32 + lane] = (signed char)qi;
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) ds[blk] = make_float2(d, d * (float)sum);
+}
+
+// The sums of weight rows `rows[0..R)` with x rows 0 .. m - 1 over `gguf_quantize_q8`'s x,
+// one warp: the lanes' shares (`gguf_q8_lane`), then a fixed shuffle tree; every lane
+// returns the totals.
+template <u32 F, int M, int R>
+__device__ __forceinline__ void gguf_dots_q8(const signed char* __restrict__ xq, const float2* __restrict__ xds,
+                                             const GgufMat& mat, const u32 (&rows)[R], u32 m, float (&acc)[R][M]) {
+    gguf_q8_lane<F, M, R>(xq, xds, mat, rows, m, threadIdx.x & 31, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll

@@ -89,7 +89,8 @@ fn every_kernel_waits_for_the_kernel_before_it() {
     // The GGUF int8 GEMVs request their first units, then wait, then read x; their kernels
     // return early only after the dots.
     let gguf = source("gguf.cu");
-    weights_then_wait_then_x(&gguf, "gguf.cu", "gguf_dots_q8", "gguf_load<F>", "gguf_q8_unit<");
+    weights_then_wait_then_x(&gguf, "gguf.cu", "gguf_q8_lane", "gguf_load<F>", "gguf_q8_unit<");
+    assert!(function_body(&gguf, "gguf_dots_q8").contains("gguf_q8_lane<"), "gguf.cu `gguf_dots_q8` runs gguf_q8_lane");
     for f in ["gguf_gemv_q8", "gguf_gemv_q8_silu"] {
         let body = function_body(&gguf, f);
         let dots = body.find("gguf_dots_q8<").unwrap_or_else(|| panic!("gguf.cu `{f}` computes through gguf_dots_q8"));

@@ -2,11 +2,12 @@
 //! wrong byte, shift or chunk order in them fails on machines without a GPU (CI) too.
 //!
 //! The part of `gguf.cu` before its kernels (`gguf_load`, `gguf_decode`, `gguf_chunk_k`,
-//! a GEMV lane's share `gguf_gemv_lane`, `gguf_widen_unit`) is plain arithmetic on 16-byte
-//! words but for one PTX byte permute; `host_cuda/shims.h` supplies that and the CUDA names,
-//! and `host_cuda/gguf_decode.cpp` compares every weight the decoders give with a
-//! byte-by-byte reading of the regions, the lanes' dot products with f64 ones and the
-//! widened rows with the weights in bf16. A copy with one shift moved must fail.
+//! a GEMV lane's share `gguf_gemv_lane` and its int8 form `gguf_q8_lane`,
+//! `gguf_widen_unit`) is plain arithmetic on 16-byte words but for one PTX byte permute;
+//! `host_cuda/shims.h` supplies that and the CUDA names, and `host_cuda/gguf_decode.cpp`
+//! compares every weight the decoders give with a byte-by-byte reading of the regions, the
+//! lanes' dot products with f64 ones and the widened rows with the weights in bf16. A copy
+//! with one shift moved, or a lane that loads the wrong unit, must fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -64,6 +65,9 @@ fn gguf_decoders_give_every_weight_of_every_format() {
     for format in 0..5 {
         assert!(out.contains(&format!("format {format} checked")), "format {format} was not checked:\n{out}");
     }
+    for format in [2, 4] {
+        assert!(out.contains(&format!("int8 format {format} checked")), "int8 lanes of {format} unchecked:\n{out}");
+    }
 }
 
 #[test]
@@ -83,4 +87,13 @@ fn a_gemv_lane_prefetching_the_wrong_unit_is_caught() {
     assert!(good.contains(prefetch), "the GEMV lane's prefetch moved: update this variant");
     let (ok, out) = run_check(&good.replace(prefetch, "next = gguf_load<F>(mat, row, u);"), "prefetch");
     assert!(!ok && !out.contains("bad 0"), "a GEMV lane summing one unit twice passed:\n{out}");
+}
+
+#[test]
+fn an_int8_lane_refilling_the_wrong_unit_is_caught() {
+    let good = host_source(include_str!("../cuda/gguf.cu"));
+    let refill = "next[r] = gguf_load<F>(mat, rows[r], u + 32);";
+    assert!(good.contains(refill), "the int8 lane's prefetch moved: update this variant");
+    let (ok, out) = run_check(&good.replace(refill, "next[r] = gguf_load<F>(mat, rows[r], u);"), "refill");
+    assert!(!ok && !out.contains("bad 0"), "an int8 lane summing the wrong units passed:\n{out}");
 }

@@ -58,3 +58,17 @@ static inline bf16_t f2bf(float f) {
     return (bf16_t)(u >> 16);
 }
 static inline u32 pack_bf16(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+struct int4 {
+    int x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+// `dp4a`: the four signed bytes of a times those of b, summed into c.
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
+// No kernel runs before a host call: the wait for one returns at once.
+static inline void pdl_wait_prev() {}
