@@ -228,7 +228,9 @@ step() {  # step KEY NAME LOG SECONDS COMMAND...: runs COMMAND for at most SECON
 }
 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
-step lib "kernels lib (NVRTC)" kernels-lib.log 120 "$HERE/tests/kernels-lib" --test-threads=4
+# 240 s: its NVRTC test compiles every kernel cold (36 s alone on an H100), and with other
+# bundle runs beside it on the machine 120 s ran out.
+step lib "kernels lib (NVRTC)" kernels-lib.log 240 "$HERE/tests/kernels-lib" --test-threads=4
 # The CPU checks in one process, each CUDA check in its own, so a kernel fault (which
 # poisons the whole CUDA context) is pinned on the check that caused it; four at a time (the
 # GPU has room for them, and each process mostly waits on its own launches), each with its
