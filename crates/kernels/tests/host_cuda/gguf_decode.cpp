@@ -55,7 +55,7 @@ struct Mat {
   }
 };
 // The int8 GEMV lanes (`gguf_q8_lane`) on a longer row, k = 5,376 (84 units: lanes 0 .. 19
-// take three, so each lane's two turns are refilled): x rounded to int8 blocks of 32 as
+// take three, so their prefetch runs twice): x rounded to int8 blocks of 32 as
 // `gguf_quantize_q8` rounds it; the 32 lanes' shares, summed as the shuffle tree would,
 // against an f64 dot of the weights with that x, for one to eight x rows; and a row's sums
 // taken two rows at once (the SwiGLU form) equal its sums alone, bit for bit. Returns the
@@ -74,7 +74,7 @@ static int check_q8_rows(Mat& mat, u64 k, u64 rows) {
   }
   for (u32 m_rows = 1; m_rows <= 8; ++m_rows) {
     for (u64 r = 0; r + 1 < rows; ++r) {
-      double got[2][8] = {{0}}, alone[8] = {0};
+      double got[2][8] = {{0}};
       for (u32 lane = 0; lane < 32; ++lane) {
         float acc1[1][8], acc2[2][8];
         const u32 one[1] = {(u32)r}, two[2] = {(u32)r, (u32)r + 1};
@@ -82,7 +82,7 @@ static int check_q8_rows(Mat& mat, u64 k, u64 rows) {
         gguf_q8_lane<F, 8, 2>(xq.data(), xds.data(), mat.m, two, m_rows, lane, acc2);
         for (u32 t = 0; t < m_rows; ++t) {
           if (acc1[0][t] != acc2[0][t]) { if (bad++ < 10) printf("format %u int8 row %llu lane %u: alone %g, in a pair %g\n", F, r, lane, acc1[0][t], acc2[0][t]); }
-          alone[t] += acc1[0][t]; got[0][t] += acc2[0][t]; got[1][t] += acc2[1][t];
+          got[0][t] += acc2[0][t]; got[1][t] += acc2[1][t];
         }
       }
       for (u64 h = 0; h < 2; ++h) for (u32 t = 0; t < m_rows; ++t) {
