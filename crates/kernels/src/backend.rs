@@ -149,6 +149,13 @@ pub trait GpuBackend: Send + Sync + Debug {
         None
     }
 
+    /// Where the device time of the work queued since the last call went, by kernel, as one
+    /// line, for devices that time their kernels on request (CUDA under
+    /// `MET_KERNEL_TIMES=1`); waits for that work. `None` when not timing.
+    fn kernel_times(&self) -> Option<String> {
+        None
+    }
+
     /// Whether ops return before the device has run them, so that the host's work can
     /// overlap the device's: the engine then queues each decode step before reading the
     /// tokens of the one before ([`Self::sample_later`]).

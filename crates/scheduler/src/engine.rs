@@ -253,6 +253,9 @@ impl Engine {
             ms(stats.phases.postprocess),
             if stats.ahead { ", ahead" } else { "" },
         );
+        if let Some(times) = self.backend.kernel_times() {
+            tracing::info!("step kernel times: {times}");
+        }
         self.metrics.step(&stats);
         self.last_step = stats;
     }

@@ -442,7 +442,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
         }
     };
     let g = LtGemm { w: wp, w_scales: s.buf.ptr(), x: qp, x_scales: sp, out: op, bias, n, m: padded, k, block };
-    lt.gemm(&b.dev, &g)
+    b.timed("cublaslt_fp8_gemm", || lt.gemm(&b.dev, &g))
 }
 
 /// The `m` rows of `x [m, k]` (at address `xp`) in e4m3, padded with zero rows to

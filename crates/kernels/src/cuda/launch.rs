@@ -151,9 +151,15 @@ impl CudaBackend {
     /// # Safety
     /// `params` must match the kernel's parameters in number, order and type, and every
     /// pointer among them must be a live allocation that holds what the kernel indexes.
-    pub(super) unsafe fn launch_raw(&self, func: &CudaFunction, cfg: LaunchConfig, params: &mut Params) -> Result<()> {
+    pub(super) unsafe fn launch_raw(
+        &self,
+        name: &'static str,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut Params,
+    ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { self.launch_on(self.dev.stream(), func, cfg, params) }
+        unsafe { self.launch_on(self.dev.stream(), name, func, cfg, params) }
     }
 
     /// As [`Self::launch_raw`], on the side stream ([`Device::fork`](super::device::Device::fork)).
@@ -162,12 +168,22 @@ impl CudaBackend {
     /// As [`Self::launch_raw`], and the pointers stay live until the side stream is joined.
     pub(super) unsafe fn launch_side_raw(
         &self,
+        name: &'static str,
         func: &CudaFunction,
         cfg: LaunchConfig,
         params: &mut Params,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { self.launch_on(self.dev.side_stream(), func, cfg, params) }
+        unsafe { self.launch_on(self.dev.side_stream(), name, func, cfg, params) }
+    }
+
+    /// Runs `queue` (work it puts on the compute stream), timed as `name` under
+    /// `MET_KERNEL_TIMES` ([`super::timing::KernelTimes`]).
+    pub(super) fn timed(&self, name: &'static str, queue: impl FnOnce() -> Result<()>) -> Result<()> {
+        match &self.kernel_times {
+            Some(times) => times.around(self.dev.stream(), name, queue),
+            None => queue(),
+        }
     }
 
     /// # Safety
@@ -175,6 +191,7 @@ impl CudaBackend {
     unsafe fn launch_on(
         &self,
         stream: &cudarc::driver::CudaStream,
+        name: &'static str,
         func: &CudaFunction,
         cfg: LaunchConfig,
         params: &mut Params,
@@ -198,12 +215,17 @@ impl CudaBackend {
             attrs: &raw mut attr,
             numAttrs: u32::from(self.pdl),
         };
-        // SAFETY: `config` and `attr` outlive the call; the caller vouches for `params`.
-        unsafe {
-            sys::cuLaunchKernelEx(&raw const config, func.cu_function(), params.ptrs.as_mut_ptr(), std::ptr::null_mut())
+        let ptrs = params.ptrs.as_mut_ptr();
+        let launch = || {
+            // SAFETY: `config` and `attr` outlive the call; the caller vouches for `params`.
+            unsafe { sys::cuLaunchKernelEx(&raw const config, func.cu_function(), ptrs, std::ptr::null_mut()) }
+                .result()
+                .map_err(drv)
+        };
+        match &self.kernel_times {
+            Some(times) => times.around(stream, name, launch),
+            None => launch(),
         }
-        .result()
-        .map_err(drv)
     }
 }
 
@@ -224,23 +246,23 @@ pub(super) fn per_row(rows: usize, cols: usize, max: usize) -> LaunchConfig {
 /// `launch!(side b, ...)` launches on the side stream.
 macro_rules! launch {
     (side $be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let be = &$be;
-        let func = be.kernel($name)?;
+        let (be, name): (_, &'static str) = (&$be, $name);
+        let func = be.kernel(name)?;
         let mut params = $crate::cuda::launch::Params::default();
         launch!(@push params; $($arg),*);
         // SAFETY: as below; the caller keeps every pointed-at allocation alive until the
         // side stream is joined.
-        unsafe { be.launch_side_raw(func, $cfg, &mut params) }
+        unsafe { be.launch_side_raw(name, func, $cfg, &mut params) }
     }};
     ($be:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
-        let be = &$be;
-        let func = be.kernel($name)?;
+        let (be, name): (_, &'static str) = (&$be, $name);
+        let func = be.kernel(name)?;
         let mut params = $crate::cuda::launch::Params::default();
         launch!(@push params; $($arg),*);
         // SAFETY: the arguments match the kernel's parameters in number, order and type
         // (see the `.cu` sources); every pointer is a live allocation of this device that
         // holds what the kernel indexes, as the caller's shape checks establish.
-        unsafe { be.launch_raw(func, $cfg, &mut params) }
+        unsafe { be.launch_raw(name, func, $cfg, &mut params) }
     }};
     (@push $p:ident; ) => {};
     (@push $p:ident; $head:expr $(, $tail:expr)*) => {

@@ -33,6 +33,7 @@ mod ops;
 mod recurrent;
 mod sample;
 mod storage;
+mod timing;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -116,6 +117,8 @@ pub struct CudaBackend {
     fp8_one: fp8::OneRow,
     /// Whether the GGUF GEMV of Q4_K and Q6_K parts dots int8 activations ([`Self::with_quant_dots`]).
     gguf_int8: bool,
+    /// Device time by kernel, when `MET_KERNEL_TIMES=1` ([`timing::KernelTimes`]).
+    kernel_times: Option<timing::KernelTimes>,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -211,6 +214,7 @@ impl CudaBackend {
             gguf_int8: false,
             fp8_one: fp8::OneRow::from_env()?,
             gdr_seqs: recurrent::seqs_per_block_from_env()?,
+            kernel_times: timing::KernelTimes::from_env()?,
         })
     }
 
@@ -416,6 +420,11 @@ impl GpuBackend for CudaBackend {
 
     fn device_wait(&self) -> Option<std::time::Duration> {
         Some(self.dev.waited())
+    }
+
+    fn kernel_times(&self) -> Option<String> {
+        let times = self.kernel_times.as_ref()?;
+        times.table().unwrap_or_else(|e| Some(format!("kernel times lost: {e}")))
     }
 
     fn queues_work(&self) -> bool {

@@ -88,7 +88,7 @@ pub(super) fn matmul(b: &CudaBackend, x: &Tensor, w: &Tensor, bias: Option<&Tens
     }
     if k > 0 {
         let g = Gemm { x: ptr("matmul", x)?, w: ptr("matmul", w)?, out: out_ptr, m, n, k, accumulate: bias.is_some() };
-        b.blas.gemm(&b.dev, g)?;
+        b.timed("cublas_gemm", || b.blas.gemm(&b.dev, g))?;
     }
     Ok(out)
 }
