@@ -180,8 +180,18 @@ impl CudaBackend {
     /// Runs `queue` (work it puts on the compute stream), timed as `name` under
     /// `MET_KERNEL_TIMES` ([`super::timing::KernelTimes`]).
     pub(super) fn timed(&self, name: &'static str, queue: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.timed_on(self.dev.stream(), name, queue)
+    }
+
+    /// As [`Self::timed`], on `stream`.
+    fn timed_on(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        name: &'static str,
+        queue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         match &self.kernel_times {
-            Some(times) => times.around(self.dev.stream(), name, queue),
+            Some(times) => times.around(stream, name, queue),
             None => queue(),
         }
     }
@@ -222,10 +232,7 @@ impl CudaBackend {
                 .result()
                 .map_err(drv)
         };
-        match &self.kernel_times {
-            Some(times) => times.around(stream, name, launch),
-            None => launch(),
-        }
+        self.timed_on(stream, name, launch)
     }
 }
 

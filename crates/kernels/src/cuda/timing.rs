@@ -8,12 +8,11 @@
 //! device time goes on machines where Nsight Systems is not installed; graphs replay
 //! untimed, so decode steps are timed under `--enforce-eager`.
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
-
 use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
 use cudarc::driver::{CudaEvent, CudaStream};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use super::drv;
 use crate::error::{Error, Result};
@@ -51,7 +50,7 @@ impl KernelTimes {
         let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
         launch()?;
         let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((name, start, end));
+        self.pending.lock().push((name, start, end));
         Ok(())
     }
 
@@ -59,7 +58,7 @@ impl KernelTimes {
     /// per kernel name (largest total first) launches, total milliseconds and mean
     /// microseconds. `None` when nothing was timed.
     pub(super) fn table(&self) -> Result<Option<String>> {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let pending = std::mem::take(&mut *self.pending.lock());
         if pending.is_empty() {
             return Ok(None);
         }
