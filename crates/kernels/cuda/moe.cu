@@ -66,8 +66,9 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
     topk_routing(l, w, x, e, k, renorm);
 }
 
-// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order;
-// a slot with no row (MOE_NONE) adds nothing. grid (t, ceil(h / blockDim.x)), a column per
+// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order
+// (or, with `rows` null, in slot order: y[t * k + j]); a slot with no row (MOE_NONE) adds
+// nothing. grid (t, ceil(h / blockDim.x)), a column per
 // thread: the k loads of a column are issued eight at a time before they are summed, in
 // choice order, so a decode step waits for one round trip to memory, not k.
 template <typename W>
@@ -81,7 +82,7 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
         float v[8], wt[8];
 #pragma unroll
         for (u32 j = 0; j < 8; ++j) {
-            const u32 row = j0 + j < k ? rows[t * k + j0 + j] : MOE_NONE;
+            const u32 row = j0 + j >= k ? MOE_NONE : rows ? rows[t * k + j0 + j] : (u32)(t * k + j0 + j);
             v[j] = row != MOE_NONE ? bf2f(y[(u64)row * h + c]) : 0.0f;
             wt[j] = row != MOE_NONE ? load_f(weights, t * k + j0 + j) : 0.0f;
         }
@@ -111,6 +112,99 @@ extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, co
                                             const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
     pdl_enter();
     moe_combine(y, rows, w, shared, gate, out, k, h);
+}
+
+// --- the experts of a few slots as GEMVs ----------------------------------------------
+//
+// When a step has few (token, choice) slots (t·k <= 32: decode batches), each slot's expert
+// is a stream over that expert's weights, as a dense decode projection is (gemv.cu): no
+// grouping, no row tiles. `moe_gemv_silu_bf16` writes act[slot] = silu(gate · x) · (up · x)
+// from the fused gate/up rows of the slot's expert and its token's row of x, and
+// `moe_gemv_bf16` y[slot] = down · act[slot]; `moe_combine` then reads y in slot order.
+// grid (row blocks, t·k), a warp per output row (or MOE_GEMV_DOWN_ROWS rows of the down
+// product), whose lanes take the row's 16-byte vectors lane, lane + 32, ... with up to 16
+// loads in flight each. A sum adds its products in f32 in an order fixed by the inner
+// size (the lane's vectors in order, then a fixed shuffle tree), so a slot's result does
+// not depend on the others; its bits differ from the grouped GEMM's, which sums in k16
+// steps (`--batch-invariant` keeps the GEMM at every size). A slot whose expert is past
+// `e` writes zeros, as a slot with no row adds nothing in the grouped path.
+#define MOE_GEMV_WARPS 4
+#define MOE_GEMV_DOWN_ROWS 4
+
+// Every lane gets the f32 sums of rows `rows[0..R)` of `w [.., kd]` (bf16) with `x [kd]`,
+// S vectors of each row loaded before they are multiplied.
+template <int R, int S>
+__device__ __forceinline__ void moe_warp_dots(const bf16_t* __restrict__ w, const u32 (&rows)[R],
+                                              const bf16_t* __restrict__ x, u32 kd, float (&acc)[R]) {
+    const u32 lane = threadIdx.x & 31, vecs = kd / 8;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const uint4* wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wv[r] = reinterpret_cast<const uint4*>(w + (u64)rows[r] * kd);
+        acc[r] = 0.0f;
+    }
+    for (u32 base = lane; base < vecs; base += 32 * S) {
+        uint4 wr[S][R];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const u32 v = base + 32 * s;
+#pragma unroll
+            for (int r = 0; r < R; ++r) wr[s][r] = v < vecs ? __ldcs(wv[r] + v) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const u32 v = base + 32 * s;
+            if (v >= vecs) break;
+            const uint4 xi = __ldg(xv + v);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] = dot8(wr[s][r], xi, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// act [t·k, half] from x [t, kd], experts [t·k] and w [e, 2 half, kd] (gate rows, then up);
+// grid (ceil(half / MOE_GEMV_WARPS), t·k), block 32 MOE_GEMV_WARPS. Rounded as
+// `silu_mul_bf16` rounds the grouped path's bf16 gate and up.
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_silu_bf16(const bf16_t* x, const u32* experts, const bf16_t* w, bf16_t* act, u32 k, u32 e, u32 half,
+                       u32 kd) {
+    pdl_enter();
+    const u32 slot = blockIdx.y, j = blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5);
+    if (j >= half) return;
+    const u32 expert = experts[slot];
+    float acc[2] = {0.0f, 0.0f};
+    if (expert < e) {
+        const u32 rows[2] = {j, half + j};
+        moe_warp_dots<2, 8>(w + (u64)expert * 2 * half * kd, rows, x + (u64)(slot / k) * kd, kd, acc);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        const float g = round_bf(acc[0]), u = round_bf(acc[1]);
+        act[(u64)slot * half + j] = f2bf(round_bf(g / (1.0f + expf(-g))) * u);
+    }
+}
+
+// y [t·k, n] from act [t·k, kd], experts [t·k] and w [e, n, kd]; grid
+// (ceil(n / (MOE_GEMV_WARPS MOE_GEMV_DOWN_ROWS)), t·k), block 32 MOE_GEMV_WARPS.
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_bf16(const bf16_t* act, const u32* experts, const bf16_t* w, bf16_t* y, u32 e, u32 n, u32 kd) {
+    pdl_enter();
+    const u32 slot = blockIdx.y, lane = threadIdx.x & 31;
+    const u32 first = (blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5)) * MOE_GEMV_DOWN_ROWS;
+    if (first >= n) return;
+    const u32 expert = experts[slot];
+    float acc[MOE_GEMV_DOWN_ROWS] = {};
+    if (expert < e) {
+        u32 rows[MOE_GEMV_DOWN_ROWS];
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_DOWN_ROWS; ++r) rows[r] = min(first + r, n - 1);
+        moe_warp_dots<MOE_GEMV_DOWN_ROWS, 2>(w + (u64)expert * n * kd, rows, act + (u64)slot * kd, kd, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_DOWN_ROWS; ++r)
+        if (lane == (u32)r && first + r < n) y[(u64)slot * n + first + r] = f2bf(acc[r]);
 }
 
 // --- expert grouping and grouped GEMMs on the device (no host synchronisation) ---------

@@ -101,6 +101,8 @@ pub(super) const KERNELS: &[&str] = &[
     "moe_combine_f32",
     "moe_combine_bf16",
     "moe_align",
+    "moe_gemv_silu_bf16",
+    "moe_gemv_bf16",
     "moe_lora_delta",
     "moe_gemm_bf16_m16",
     "moe_gemm_bf16_m16_deep",

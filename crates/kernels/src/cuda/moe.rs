@@ -5,10 +5,11 @@
 //! by expert on the device, one grouped GEMM (`moe_gemm`) runs the gate/up projection of
 //! every expert's rows (reading each row's token of `x` in place), SiLU·mul follows, a
 //! second grouped GEMM the down projection, and a combine kernel sums each token's k
-//! outputs weighted by the router. Launch shapes depend only on `t`, `k` and the weight
-//! shapes, so a CUDA graph can hold MoE layers. Adapters on the experts add their deltas
-//! to the two products' grouped rows (`moe_lora_delta`), from a table of the slots' weights
-//! written for the step: eager steps only.
+//! outputs weighted by the router. A decode step of a few tokens skips the grouping: each
+//! (token, choice) slot streams its expert's weights in two GEMVs. Launch shapes depend
+//! only on `t`, `k` and the weight shapes, so a CUDA graph can hold MoE layers. Adapters on
+//! the experts add their deltas to the two products' grouped rows (`moe_lora_delta`), from
+//! a table of the slots' weights written for the step: eager steps only.
 
 use super::{CudaBackend, expect_dtype, launch, ptr};
 use crate::backend::lora::check_moe_lora;
@@ -99,10 +100,15 @@ pub(super) fn moe_experts(
             None => Ok(routed),
         };
     }
-    ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let op = "moe_experts";
     let tk = t * k;
     let aligned = h % 8 == 0 && i % 8 == 0;
+    let bf16 = gate_up.dtype() == DType::BF16 && down.dtype() == DType::BF16;
+    if tk <= GEMV_MAX_SLOTS && aligned && bf16 && lora.is_none() && !b.batch_invariant {
+        let y = experts_gemv(b, x, &routing.experts, (gate_up, down), (k, e, h, i))?;
+        return combine(b, &y, None, routing, shared, (t, k, h));
+    }
+    ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let bm = if aligned { tile_rows(tk, e) } else { 16 };
     let max_tiles = tk.div_ceil(bm) + e.min(tk);
     ensure(max_tiles <= 65_535, op, || format!("{t} tokens x {k} experts are more rows than one launch covers"))?;
@@ -154,6 +160,52 @@ pub(super) fn moe_experts(
         grouping.lora_delta(b, lora, (|a| a.down, table), (&y, &act, None), (i, h))?;
     }
 
+    combine(b, &y, Some(&grouping.row_of_slot), routing, shared, (t, k, h))
+}
+
+/// At most this many (token, choice) slots run their experts as GEMVs (`moe_gemv_*` of
+/// `moe.cu`: decode batches of up to 4 tokens at top-8), past it as grouped GEMMs.
+const GEMV_MAX_SLOTS: usize = 32;
+
+/// `moe_gemv_*`: `y [t·k, h]`, each slot's expert MLP in slot order, for bf16 experts
+/// whose inner sizes are whole 16-byte vectors.
+fn experts_gemv(
+    b: &CudaBackend,
+    x: &Tensor,
+    experts: &Tensor,
+    (gate_up, down): (&Tensor, &Tensor),
+    (k, e, h, i): (usize, usize, usize, usize),
+) -> Result<Tensor> {
+    const OP: &str = "moe_experts";
+    const WARPS: usize = 4;
+    const DOWN_ROWS: usize = 4;
+    let slots = experts.elem_count();
+    let (act, y) = (b.alloc(&[slots, i], DType::BF16)?, b.alloc(&[slots, h], DType::BF16)?);
+    let cfg = |blocks: usize| cudarc::driver::LaunchConfig {
+        grid_dim: (blocks as u32, slots as u32, 1),
+        block_dim: (32 * WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (xp, ep) = (ptr(OP, x)?, ptr(OP, experts)?);
+    let (gp, ap) = (ptr(OP, gate_up)?, ptr(OP, &act)?);
+    launch!(b, "moe_gemv_silu_bf16", cfg(i.div_ceil(WARPS)), [xp, ep, gp, ap, k as u32, e as u32, i as u32, h as u32])?;
+    let (dp, yp) = (ptr(OP, down)?, ptr(OP, &y)?);
+    launch!(b, "moe_gemv_bf16", cfg(h.div_ceil(WARPS * DOWN_ROWS)), [ap, ep, dp, yp, e as u32, h as u32, i as u32])?;
+    Ok(y)
+}
+
+/// `out [t, h]`: each token's expert rows of `y` weighted by the router, in choice order
+/// (`rows` maps a slot to its row of y; none: y is in slot order), plus the shared
+/// expert's gated output where given.
+fn combine(
+    b: &CudaBackend,
+    y: &Tensor,
+    rows: Option<&Tensor>,
+    routing: &Routing,
+    shared: Option<(&Tensor, &Tensor)>,
+    (t, k, h): (usize, usize, usize),
+) -> Result<Tensor> {
+    const OP: &str = "moe_experts";
     let out = b.alloc(&[t, h], DType::BF16)?;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (t as u32, h.div_ceil(256) as u32, 1),
@@ -161,13 +213,13 @@ pub(super) fn moe_experts(
         shared_mem_bytes: 0,
     };
     let (sp, gp) = match shared {
-        Some((s, g)) => (ptr(op, s)?, ptr(op, g)?),
+        Some((s, g)) => (ptr(OP, s)?, ptr(OP, g)?),
         None => (0, 0),
     };
-    let args =
-        (ptr(op, &y)?, ptr(op, &grouping.row_of_slot)?, ptr(op, &routing.weights)?, ptr(op, &out)?, k as u32, h as u32);
+    let rows = rows.map_or(Ok(0), |r| ptr(OP, r))?;
+    let args = (ptr(OP, y)?, ptr(OP, &routing.weights)?, ptr(OP, &out)?, k as u32, h as u32);
     let name = if routing.weights.dtype() == DType::F32 { "moe_combine_f32" } else { "moe_combine_bf16" };
-    launch!(b, name, cfg, [args.0, args.1, args.2, sp, gp, args.3, args.4, args.5])?;
+    launch!(b, name, cfg, [args.0, rows, args.1, sp, gp, args.2, args.3, args.4])?;
     Ok(out)
 }
 
