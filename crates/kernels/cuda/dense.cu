@@ -199,6 +199,23 @@ __device__ __forceinline__ void norm_e4m3_padding(u32 n, const NormE4m3& f8) {
     if (Q == NORM_E4M3_ROW && threadIdx.x == 0) f8.s[row] = 1.0f;
 }
 
+// Chunk c's 8 stored values `o` of row `row` into `f8` under the scale of its 128-column
+// group, whose 16 chunks are 16 consecutive lanes. Called by every lane, `live` false past
+// the row (its values zeros).
+__device__ __forceinline__ void norm_e4m3_vec_chunk(const float (&o)[8], bool live, u32 c, u64 row, u32 n,
+                                                    const NormE4m3& f8) {
+    float a = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(o[e]));
+#pragma unroll
+    for (int d = 1; d < 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+    const float scale = a > 0.0f ? a / 448.0f : 1.0f;
+    if (live) {
+        reinterpret_cast<uint2*>(f8.q + row * n)[c] = norm_e4m3_8(o, scale);
+        if ((c & 15u) == 0) f8.s[row + (c / 16) * (u64)f8.padded] = scale;
+    }
+}
+
 // Chunk c's 8 output values `o` (bf16 values) into `q8` at row offset `off`, with the
 // bits of `gguf_quantize_q8` over the stored row: d = max|x| / 127 over the block, q =
 // round(x / d). Called by every lane, `live` false past the row (its values zeros).
@@ -268,18 +285,7 @@ __device__ __forceinline__ void rms_norm_chunks(const float (&v)[NORM_VECS][8], 
 #pragma unroll
                 for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(o[e]));
             }
-            if constexpr (Q == NORM_E4M3_VEC) {
-                float a = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(o[e]));
-#pragma unroll
-                for (int d = 1; d < 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
-                const float scale = a > 0.0f ? a / 448.0f : 1.0f;
-                if (live) {
-                    reinterpret_cast<uint2*>(f8.q + row * n)[c] = norm_e4m3_8(o, scale);
-                    if ((c & 15u) == 0) f8.s[row + (c / 16) * (u64)f8.padded] = scale;
-                }
-            }
+            if constexpr (Q == NORM_E4M3_VEC) norm_e4m3_vec_chunk(o, live, c, row, n, f8);
         } else {
             if (c >= n / 8) break;
             float o[8];
@@ -474,6 +480,69 @@ extern "C" __global__ void silu_mul_v_bf16(const bf16_t* x, bf16_t* out, u32 n, 
     pdl_enter();
     gated_mul_v(x, out, n, rows, [](float g) { return g / (1.0f + expf(-g)); });
 }
+
+// `silu_mul_v`'s rows with their e4m3 form beside them (`NormE4m3`, as `fp8_quantize_*`
+// would write it over the stored rows), for the down projection of larger FP8 batches,
+// which then skips its own quantize kernel. One block a row, `padded` blocks (those past
+// `rows` write the padding rows' zeros); a thread takes chunks c, c + blockDim.x, ... of 8
+// columns. Per row (`Q` = NORM_E4M3_ROW): the row's amax over the block, then a second pass
+// that recomputes the chunks from x; per 128 columns (NORM_E4M3_VEC): the 16 consecutive
+// lanes of a group. n a multiple of 8 (of 128 per group), blockDim.x a multiple of 32.
+template <int Q>
+__device__ void silu_mul_e4m3(const bf16_t* x, bf16_t* out, const NormE4m3& f8, u32 n) {
+    __shared__ float scratch[32];
+    const u64 row = blockIdx.x;
+    const u32 chunks = n / 8;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * 2 * n);
+    // Chunk c's stored values: silu rounded to bf16, times up, rounded to bf16.
+    auto chunk = [&](u32 c, float (&o)[8]) {
+        float g[8], u[8];
+        unpack8(xr[c], g);
+        unpack8(xr[chunks + c], u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = round_bf(round_bf(g[e] / (1.0f + expf(-g[e]))) * u[e]);
+    };
+    float amax = 0.0f;
+    // Every thread runs every round (the shuffles need whole groups); a group of 16 chunks is
+    // live or not as a whole, since chunks is a multiple of 16 there.
+    for (u32 base = 0; base < chunks; base += blockDim.x) {
+        const u32 c = base + threadIdx.x;
+        const bool live = c < chunks;
+        float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (live) {
+            chunk(c, o);
+            reinterpret_cast<uint4*>(out + row * n)[c] = pack8(o);
+        }
+        if constexpr (Q == NORM_E4M3_ROW) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(o[e]));
+        } else {
+            norm_e4m3_vec_chunk(o, live, c, row, n, f8);
+        }
+    }
+    if constexpr (Q == NORM_E4M3_ROW) {
+        amax = block_max(amax, scratch);
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) {
+            float o[8];
+            chunk(c, o);
+            reinterpret_cast<uint2*>(f8.q + row * n)[c] = norm_e4m3_8(o, scale);
+        }
+        if (threadIdx.x == 0) f8.s[row] = scale;
+    }
+}
+
+#define MET_SILU_MUL_E4M3(FORM, Q)                                                                             \
+    extern "C" __global__ void silu_mul_e4m3##FORM##_bf16(const bf16_t* x, bf16_t* out, u8* q, float* s, u32 n, \
+                                                           u32 rows, u32 padded) {                             \
+        pdl_enter();                                                                                           \
+        const NormE4m3 f8{q, s, rows, padded};                                                                 \
+        if (blockIdx.x >= rows) return norm_e4m3_padding<Q>(n, f8);                                            \
+        silu_mul_e4m3<Q>(x, out, f8, n);                                                                       \
+    }
+
+MET_SILU_MUL_E4M3(r, NORM_E4M3_ROW)
+MET_SILU_MUL_E4M3(v, NORM_E4M3_VEC)
 
 extern "C" __global__ void gelu_tanh_mul_v_bf16(const bf16_t* x, bf16_t* out, u32 n, u32 rows) {
     pdl_enter();

@@ -289,6 +289,15 @@ mod cuda_only {
     }
 
     #[test]
+    fn fp8_silu_outputs_feed_the_gemm() -> met_kernels::Result<()> {
+        for grid in [crate::fp8::Grid::Row, crate::fp8::Grid::Block] {
+            let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
+            crate::fp8::fp8_silu_outputs_feed_the_gemm(&backend, grid)?;
+        }
+        Ok(())
+    }
+
+    #[test]
     fn write_u32_columns_keeps_the_other_columns() -> met_kernels::Result<()> {
         let backend = met_kernels::CudaBackend::new().expect("the cuda op tests need a CUDA GPU");
         crate::dense::write_u32_columns_keeps_the_other_columns(&backend)

@@ -95,7 +95,7 @@ pub(super) const GRID_BLOCK: u8 = 2;
 /// The e4m3 form of a bf16 matrix's rows, as `fp8_quantize_row` (one scale a row) or
 /// `fp8_quantize_vec128` (`block`: one a 128 columns, token-major within a group of
 /// `padded` rows) writes them, padded with zero rows to `padded` (a multiple of 8): a norm
-/// writes it beside its output when the products after it are cuBLASLt's.
+/// or a SwiGLU writes it beside its output when the products after it are cuBLASLt's.
 pub(super) struct E4m3Rows {
     pub(super) q: DeviceBuffer,
     pub(super) scales: DeviceBuffer,
@@ -103,8 +103,8 @@ pub(super) struct E4m3Rows {
     pub(super) block: bool,
 }
 
-/// Whether a norm of `rows` rows of `n` feeding products of this backend's e4m3 matrices
-/// writes their e4m3 form too, and in which grid (`Some(block)`): batches past the GEMV's,
+/// Whether a norm (or the SwiGLU of a down projection's input) of `rows` rows of `n`
+/// feeding products of this backend's e4m3 matrices writes their e4m3 form too, and in which grid (`Some(block)`): batches past the GEMV's,
 /// outside `--batch-invariant`, where every e4m3 matrix kept has the same grid.
 pub(super) fn norm_writes_e4m3(b: &CudaBackend, rows: usize, n: usize) -> Option<bool> {
     if b.lt.is_none() || b.batch_invariant || gemv_only(b, rows) {

@@ -41,6 +41,8 @@ pub(super) const KERNELS: &[&str] = &[
     "silu_mul_bf16",
     "gelu_tanh_mul_bf16",
     "silu_mul_v_bf16",
+    "silu_mul_e4m3r_bf16",
+    "silu_mul_e4m3v_bf16",
     "gelu_tanh_mul_v_bf16",
     "scale_bf16",
     "scale_f32",

@@ -306,6 +306,9 @@ pub(super) fn matmul_silu_mul(b: &CudaBackend, x: &Tensor, w: &Tensor) -> Result
         fp8::matmul_silu_mul(b, x, w, &out)?;
         return Ok(out);
     }
+    if w.dtype() == fp8::FP8 {
+        return silu_mul_e4m3(b, &matmul(b, x, w, None)?);
+    }
     if b.batch_invariant || !gemv::applies(m, n, k) {
         return silu_mul(b, &matmul(b, x, w, None)?);
     }
@@ -324,6 +327,31 @@ pub(super) fn silu_mul(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
     *dims.last_mut().expect("rank >= 1 checked above") = n;
     let out = b.alloc(&dims, DType::BF16)?;
     gated_mul(b, "silu_mul", x, &out, rows, n)?;
+    Ok(out)
+}
+
+/// `silu_mul` of an FP8 product of a larger batch, with the result's e4m3 form beside it
+/// where [`fp8::norm_writes_e4m3`] says the products after it read one, as a norm writes it
+/// (`silu_mul_e4m3*` of `dense.cu`): the down projection then skips its quantize kernel.
+/// Elsewhere the plain activation.
+fn silu_mul_e4m3(b: &CudaBackend, x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let (rows, n2) = x.shape().rows_cols();
+    let n = n2 / 2;
+    let xp = ptr(OP, x)?;
+    let vector = n2 % 2 == 0 && n.is_multiple_of(8) && xp.is_multiple_of(16) && u32::try_from(rows).is_ok();
+    let block = match fp8::norm_writes_e4m3(b, rows, n) {
+        Some(block) if rows > 0 && vector && x.dtype() == DType::BF16 => block,
+        _ => return silu_mul(b, x),
+    };
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rows_cols of a tensor with rows") = n;
+    let padded = rows.next_multiple_of(8);
+    let out = b.alloc_e4m3(&dims, n, padded, block)?;
+    let (q, s) = storage(OP, &out)?.e4m3.as_ref().map(|r| (r.q.ptr(), r.scales.ptr())).expect("alloc_e4m3");
+    let kernel = if block { "silu_mul_e4m3v_bf16" } else { "silu_mul_e4m3r_bf16" };
+    let cfg = LaunchConfig { grid_dim: (padded as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    launch!(b, kernel, cfg, [xp, ptr(OP, &out)?, q, s, n as u32, rows as u32, padded as u32])?;
     Ok(out)
 }
 

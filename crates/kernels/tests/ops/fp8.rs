@@ -247,6 +247,39 @@ pub fn fp8_norm_outputs_feed_the_gemm(b: &met_kernels::CudaBackend, grid: Grid) 
     Ok(())
 }
 
+/// The SwiGLU of a larger FP8 batch feeding its down projection (CUDA writes the
+/// activations' e4m3 form beside them, as a norm does, so the product skips its own
+/// quantization): the activations are `silu_mul`'s bits after the product, they carry that
+/// form, and the down product is that of the same values without it, bit for bit, at row
+/// counts that are multiples of 8 and that are not. For a fresh backend, one grid.
+#[cfg(feature = "cuda")]
+pub fn fp8_silu_outputs_feed_the_gemm(b: &met_kernels::CudaBackend, grid: Grid) -> Result<()> {
+    use met_kernels::CudaBackend;
+    let mut rng = Rng::new(1313);
+    let dt = b.float_dtype();
+    let bits =
+        |t: &met_kernels::Tensor| -> Result<Vec<u32>> { Ok(b.download_f32(t)?.iter().map(|f| f.to_bits()).collect()) };
+    for (i, k) in [(256, 384), (384, 256)] {
+        let gate_up = b.upload(&fp8_host(2 * i, k, grid, &mut rng)?, dt)?;
+        let down = b.upload(&fp8_host(k, i, grid, &mut rng)?, dt)?;
+        for m in [17, 40, 67] {
+            let x = upload_f32(b, &stored(b, rng.vec(m * k)), &[m, k])?;
+            let act = b.matmul_silu_mul(&x, &gate_up)?;
+            let what = format!("{grid:?} SwiGLU {i} x {k} of {m} rows");
+            assert!(CudaBackend::has_e4m3_rows(&act), "{what}: no e4m3 rows");
+            assert_eq!(bits(&act)?, bits(&b.silu_mul(&b.matmul(&x, &gate_up, None)?)?)?, "{what}: against silu_mul");
+            let plain = b.add(&act, &b.zeros(&[m, i], dt)?)?;
+            assert!(!CudaBackend::has_e4m3_rows(&plain), "an add wrote e4m3 rows");
+            assert_eq!(
+                bits(&b.matmul(&act, &down, None)?)?,
+                bits(&b.matmul(&plain, &down, None)?)?,
+                "{what}: the down product against the same values alone"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Each row of an e4m3 product is the same bits as that row alone, at decode and prefill
 /// sizes (`--batch-invariant` on CUDA, always on the CPU).
 pub fn fp8_rows_are_batch_invariant(b: &dyn GpuBackend) -> Result<()> {
