@@ -433,6 +433,24 @@ __device__ void fp8_gemv_small_silu(const bf16_t* x, const u8* w, const float* s
 
 MET_FP8_GEMV_SMALL(1, 2, 8, fp8_gemv_small_m1, fp8_gemv_small_silu_m1)
 
+// The MoE decode GEMVs of moe.cu over e4m3 expert stacks (`GemvE4m3`: the stack's rows
+// under their scales, a row's scales at its row of the whole stack).
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_silu_e4m3(const bf16_t* x, const u32* experts, const u8* w, const float* scales, u32 scale_rows,
+                       u32 scale_stride, u32 chunk_step, bf16_t* act, u32 k, u32 e, u32 half, u32 kd) {
+    pdl_enter();
+    moe_gemv_silu<4>(GemvE4m3<2>{w, scales, scale_rows, scale_stride, chunk_step, {}}, x, experts, act, k, e, half,
+                     kd);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_e4m3(const bf16_t* act, const u32* experts, const u8* w, const float* scales, u32 scale_rows,
+                  u32 scale_stride, u32 chunk_step, bf16_t* y, u32 e, u32 n, u32 kd) {
+    pdl_enter();
+    moe_gemv_down<2>(GemvE4m3<MOE_GEMV_DOWN_ROWS>{w, scales, scale_rows, scale_stride, chunk_step, {}}, act, experts,
+                     y, e, n, kd);
+}
+
 // `fp8_gemv_tc1_*`: one-row decode steps on the tensor cores, under `MET_FP8_ONE=tc`
 // (for measuring against the streaming kernel above). The weights are the mma's B operand,
 // so a block owns 8 rows (the SwiGLU form 4 gate and 4 up rows) and a matrix is hundreds of

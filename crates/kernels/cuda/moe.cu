@@ -118,30 +118,32 @@ extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, co
 //
 // When a step has few (token, choice) slots (t·k <= 32: decode batches), each slot's expert
 // is a stream over that expert's weights, as a dense decode projection is (gemv.cu): no
-// grouping, no row tiles. `moe_gemv_silu_bf16` writes act[slot] = silu(gate · x) · (up · x)
+// grouping, no row tiles. `moe_gemv_silu_*` writes act[slot] = silu(gate · x) · (up · x)
 // from the fused gate/up rows of the slot's expert and its token's row of x, and
-// `moe_gemv_bf16` y[slot] = down · act[slot]; `moe_combine` then reads y in slot order.
+// `moe_gemv_*` y[slot] = down · act[slot]; `moe_combine` then reads y in slot order. The
+// weights come in gemv.cu's formats (`GemvBf16`, and fp8.cu's `GemvE4m3` for e4m3 experts
+// under their scales), the expert stack `[e, n, kd]` read as one matrix of e·n rows.
 // grid (row blocks, t·k), a warp per output row (or MOE_GEMV_DOWN_ROWS rows of the down
-// product), whose lanes take the row's 16-byte vectors lane, lane + 32, ... with up to 16
-// loads in flight each. A sum adds its products in f32 in an order fixed by the inner
-// size (the lane's vectors in order, then a fixed shuffle tree), so a slot's result does
-// not depend on the others; its bits differ from the grouped GEMM's, which sums in k16
-// steps (`--batch-invariant` keeps the GEMM at every size). A slot whose expert is past
-// `e` writes zeros, as a slot with no row adds nothing in the grouped path.
+// product), whose lanes take the row's 16-byte vectors lane, lane + 32, ..., S of each row
+// loaded before they are multiplied. A sum adds its products in f32 in an order fixed by
+// the inner size (the lane's vectors in order, then a fixed shuffle tree), so a slot's
+// result does not depend on the others; its bits differ from the grouped GEMM's, which
+// sums in k16 steps (`--batch-invariant` keeps the GEMM at every size). A slot whose expert
+// is past `e` writes zeros, as a slot with no row adds nothing in the grouped path.
 #define MOE_GEMV_WARPS 4
 #define MOE_GEMV_DOWN_ROWS 4
 
-// Every lane gets the f32 sums of rows `rows[0..R)` of `w [.., kd]` (bf16) with `x [kd]`,
-// S vectors of each row loaded before they are multiplied.
-template <int R, int S>
-__device__ __forceinline__ void moe_warp_dots(const bf16_t* __restrict__ w, const u32 (&rows)[R],
-                                              const bf16_t* __restrict__ x, u32 kd, float (&acc)[R]) {
-    const u32 lane = threadIdx.x & 31, vecs = kd / 8;
+// Every lane gets the f32 sums of rows `rows[0..R)` of the format's matrix (rows of `kd`)
+// with `x [kd]`.
+template <int S, int R, typename F>
+__device__ __forceinline__ void moe_warp_dots(F& f, const u32 (&rows)[R], const bf16_t* __restrict__ x, u32 kd,
+                                              float (&acc)[R]) {
+    const u32 lane = threadIdx.x & 31, vecs = kd / F::PER;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     const uint4* wv[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        wv[r] = reinterpret_cast<const uint4*>(w + (u64)rows[r] * kd);
+        wv[r] = f.bind(r, rows[r], kd);
         acc[r] = 0.0f;
     }
     for (u32 base = lane; base < vecs; base += 32 * S) {
@@ -156,29 +158,28 @@ __device__ __forceinline__ void moe_warp_dots(const bf16_t* __restrict__ w, cons
         for (int s = 0; s < S; ++s) {
             const u32 v = base + 32 * s;
             if (v >= vecs) break;
-            const uint4 xi = __ldg(xv + v);
+            const typename F::XVec xi = F::load_x(xv, v);
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] = dot8(wr[s][r], xi, acc[r]);
+            for (int r = 0; r < R; ++r) acc[r] = F::dot(f.prepare(r, wr[s][r], v), xi, acc[r]);
         }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// act [t·k, half] from x [t, kd], experts [t·k] and w [e, 2 half, kd] (gate rows, then up);
-// grid (ceil(half / MOE_GEMV_WARPS), t·k), block 32 MOE_GEMV_WARPS. Rounded as
-// `silu_mul_bf16` rounds the grouped path's bf16 gate and up.
-extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
-    moe_gemv_silu_bf16(const bf16_t* x, const u32* experts, const bf16_t* w, bf16_t* act, u32 k, u32 e, u32 half,
-                       u32 kd) {
-    pdl_enter();
+// act [t·k, half] from x [t, kd], experts [t·k] and the format's stack [e, 2 half, kd]
+// (gate rows, then up); grid (ceil(half / MOE_GEMV_WARPS), t·k), block 32 MOE_GEMV_WARPS.
+// Rounded as `silu_mul_bf16` rounds the grouped path's bf16 gate and up.
+template <int S, typename F>
+__device__ __forceinline__ void moe_gemv_silu(F f, const bf16_t* x, const u32* experts, bf16_t* act, u32 k, u32 e,
+                                              u32 half, u32 kd) {
     const u32 slot = blockIdx.y, j = blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= half) return;
     const u32 expert = experts[slot];
     float acc[2] = {0.0f, 0.0f};
     if (expert < e) {
-        const u32 rows[2] = {j, half + j};
-        moe_warp_dots<2, 8>(w + (u64)expert * 2 * half * kd, rows, x + (u64)(slot / k) * kd, kd, acc);
+        const u32 rows[2] = {expert * 2 * half + j, expert * 2 * half + half + j};
+        moe_warp_dots<S>(f, rows, x + (u64)(slot / k) * kd, kd, acc);
     }
     if ((threadIdx.x & 31) == 0) {
         const float g = round_bf(acc[0]), u = round_bf(acc[1]);
@@ -186,11 +187,11 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
     }
 }
 
-// y [t·k, n] from act [t·k, kd], experts [t·k] and w [e, n, kd]; grid
+// y [t·k, n] from act [t·k, kd], experts [t·k] and the format's stack [e, n, kd]; grid
 // (ceil(n / (MOE_GEMV_WARPS MOE_GEMV_DOWN_ROWS)), t·k), block 32 MOE_GEMV_WARPS.
-extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
-    moe_gemv_bf16(const bf16_t* act, const u32* experts, const bf16_t* w, bf16_t* y, u32 e, u32 n, u32 kd) {
-    pdl_enter();
+template <int S, typename F>
+__device__ __forceinline__ void moe_gemv_down(F f, const bf16_t* act, const u32* experts, bf16_t* y, u32 e, u32 n,
+                                              u32 kd) {
     const u32 slot = blockIdx.y, lane = threadIdx.x & 31;
     const u32 first = (blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5)) * MOE_GEMV_DOWN_ROWS;
     if (first >= n) return;
@@ -199,12 +200,25 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
     if (expert < e) {
         u32 rows[MOE_GEMV_DOWN_ROWS];
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_DOWN_ROWS; ++r) rows[r] = min(first + r, n - 1);
-        moe_warp_dots<MOE_GEMV_DOWN_ROWS, 2>(w + (u64)expert * n * kd, rows, act + (u64)slot * kd, kd, acc);
+        for (int r = 0; r < MOE_GEMV_DOWN_ROWS; ++r) rows[r] = expert * n + min(first + r, n - 1);
+        moe_warp_dots<S>(f, rows, act + (u64)slot * kd, kd, acc);
     }
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_DOWN_ROWS; ++r)
         if (lane == (u32)r && first + r < n) y[(u64)slot * n + first + r] = f2bf(acc[r]);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_silu_bf16(const bf16_t* x, const u32* experts, const bf16_t* w, bf16_t* act, u32 k, u32 e, u32 half,
+                       u32 kd) {
+    pdl_enter();
+    moe_gemv_silu<8>(GemvBf16{w}, x, experts, act, k, e, half, kd);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_bf16(const bf16_t* act, const u32* experts, const bf16_t* w, bf16_t* y, u32 e, u32 n, u32 kd) {
+    pdl_enter();
+    moe_gemv_down<2>(GemvBf16{w}, act, experts, y, e, n, kd);
 }
 
 // --- expert grouping and grouped GEMMs on the device (no host synchronisation) ---------

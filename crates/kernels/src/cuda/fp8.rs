@@ -18,7 +18,8 @@
 //! take rows in groups of 8: a batch is padded with zero rows to a multiple of 8 (a second
 //! pass of the GEMV over the last `m % 8` rows would read every weight again). MoE experts
 //! stacked in e4m3 run the grouped GEMM's e4m3 form (`moe_gemm_e4m3_*`): tiles one scale
-//! chunk deep, e4m3 fed to the mma unscaled, each chunk's f32 sums times their row's scale.
+//! chunk deep, e4m3 fed to the mma unscaled, each chunk's f32 sums times their row's scale;
+//! decode batches stream each slot's expert instead (`moe_gemv_*_e4m3`, `src/cuda/moe.rs`).
 
 mod lt;
 
@@ -47,7 +48,9 @@ const WARPS: usize = 4;
 pub(super) const COUNTERS: usize = 16 << 10;
 
 /// Every kernel of `fp8.cu`, for loading at startup.
-pub(super) const KERNELS: [&str; 17] = [
+pub(super) const KERNELS: [&str; 19] = [
+    "moe_gemv_silu_e4m3",
+    "moe_gemv_e4m3",
     "fp8_gemv_h1",
     "fp8_gemv_h1_silu",
     "fp8_gemv_tc1",

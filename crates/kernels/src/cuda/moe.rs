@@ -103,8 +103,7 @@ pub(super) fn moe_experts(
     let op = "moe_experts";
     let tk = t * k;
     let aligned = h % 8 == 0 && i % 8 == 0;
-    let bf16 = gate_up.dtype() == DType::BF16 && down.dtype() == DType::BF16;
-    if tk <= GEMV_MAX_SLOTS && aligned && bf16 && lora.is_none() && !b.batch_invariant {
+    if tk <= GEMV_MAX_SLOTS && aligned && lora.is_none() && !b.batch_invariant {
         let y = experts_gemv(b, x, &routing.experts, (gate_up, down), (k, e, h, i))?;
         return combine(b, &y, None, routing, shared, (t, k, h));
     }
@@ -164,11 +163,13 @@ pub(super) fn moe_experts(
 }
 
 /// At most this many (token, choice) slots run their experts as GEMVs (`moe_gemv_*` of
-/// `moe.cu`: decode batches of up to 4 tokens at top-8), past it as grouped GEMMs.
+/// `moe.cu` and `fp8.cu`: decode batches of up to 4 tokens at top-8), past it as grouped
+/// GEMMs.
 const GEMV_MAX_SLOTS: usize = 32;
 
-/// `moe_gemv_*`: `y [t·k, h]`, each slot's expert MLP in slot order, for bf16 experts
-/// whose inner sizes are whole 16-byte vectors.
+/// `moe_gemv_*`: `y [t·k, h]`, each slot's expert MLP in slot order, for experts whose
+/// inner sizes are whole 16-byte vectors, each product on its stack's format (bf16, or
+/// e4m3 under its scales).
 fn experts_gemv(
     b: &CudaBackend,
     x: &Tensor,
@@ -186,11 +187,22 @@ fn experts_gemv(
         block_dim: (32 * WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (xp, ep) = (ptr(OP, x)?, ptr(OP, experts)?);
-    let (gp, ap) = (ptr(OP, gate_up)?, ptr(OP, &act)?);
-    launch!(b, "moe_gemv_silu_bf16", cfg(i.div_ceil(WARPS)), [xp, ep, gp, ap, k as u32, e as u32, i as u32, h as u32])?;
-    let (dp, yp) = (ptr(OP, down)?, ptr(OP, &y)?);
-    launch!(b, "moe_gemv_bf16", cfg(h.div_ceil(WARPS * DOWN_ROWS)), [ap, ep, dp, yp, e as u32, h as u32, i as u32])?;
+    let (xp, ep, ap, yp) = (ptr(OP, x)?, ptr(OP, experts)?, ptr(OP, &act)?, ptr(OP, &y)?);
+    let (gp, dp) = (ptr(OP, gate_up)?, ptr(OP, down)?);
+    let (e, h, i, k) = (e as u32, h as u32, i as u32, k as u32);
+    let (silu, down_cfg) = (cfg((i as usize).div_ceil(WARPS)), cfg((h as usize).div_ceil(WARPS * DOWN_ROWS)));
+    if gate_up.dtype() == super::fp8::FP8 {
+        let (s, rows, stride, step) = super::fp8::scale_args(OP, gate_up)?;
+        launch!(b, "moe_gemv_silu_e4m3", silu, [xp, ep, gp, s, rows, stride, step, ap, k, e, i, h])?;
+    } else {
+        launch!(b, "moe_gemv_silu_bf16", silu, [xp, ep, gp, ap, k, e, i, h])?;
+    }
+    if down.dtype() == super::fp8::FP8 {
+        let (s, rows, stride, step) = super::fp8::scale_args(OP, down)?;
+        launch!(b, "moe_gemv_e4m3", down_cfg, [ap, ep, dp, s, rows, stride, step, yp, e, h, i])?;
+    } else {
+        launch!(b, "moe_gemv_bf16", down_cfg, [ap, ep, dp, yp, e, h, i])?;
+    }
     Ok(y)
 }
 
