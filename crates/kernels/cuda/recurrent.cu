@@ -94,6 +94,59 @@ extern "C" __global__ void conv_states_bf16(const bf16_t* x, bf16_t* state, cons
     }
 }
 
+// A step of short sequences (decode steps, speculative verifies) at width 4, the width of
+// the Qwen3.5/3.6 and Qwen3-Next convolutions: one thread per (sequence, channel) walks the
+// sequence's rows with its window in registers, writing each output, the snapshots after
+// their rows and, last, the new window over its slot's, so one launch does what
+// `causal_conv1d_bf16` and `conv_states_bf16` do in two. The sums are those of
+// `causal_conv1d_bf16` term for term. Any run length is computed right; the host takes
+// this form for runs of a few rows, where a thread's walk is short.
+#define CONV_STEP_KEPT 3
+
+extern "C" __global__ void causal_conv1d_step_w4_bf16(const bf16_t* x, const bf16_t* w, bf16_t* state, const u32* cu,
+                                                      const u32* slots, const u32* snaps, u32 n_snap, bf16_t* out,
+                                                      u32 seqs, u32 c) {
+    pdl_enter();
+    const u64 total = (u64)seqs * c;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u32 s = (u32)(i / c), ch = (u32)(i % c);
+        const u32 start = cu[s], end = cu[s + 1];
+        if (start == end) continue;
+        bf16_t* hist = slots[s] == NO_SLOT ? nullptr : state + ((u64)slots[s] * c + ch) * CONV_STEP_KEPT;
+        const bf16_t* from = hist;
+#ifdef MET_FAULT_DROP_CONV_STATE
+        from = nullptr;  // as in causal_conv1d_bf16: every step starts from a zero window
+#endif
+        bf16_t win[CONV_STEP_KEPT];
+#pragma unroll
+        for (int q = 0; q < CONV_STEP_KEPT; ++q) win[q] = from ? from[q] : f2bf(0.0f);
+        float taps[CONV_STEP_KEPT + 1];
+#pragma unroll
+        for (int j = 0; j <= CONV_STEP_KEPT; ++j) taps[j] = bf2f(w[(u64)ch * (CONV_STEP_KEPT + 1) + j]);
+        for (u32 row = start; row < end; ++row) {
+            const bf16_t in = x[(u64)row * c + ch];
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CONV_STEP_KEPT; ++j) acc += taps[j] * bf2f(win[j]);
+            acc += taps[CONV_STEP_KEPT] * bf2f(in);
+            out[(u64)row * c + ch] = f2bf(silu_f(acc));
+#pragma unroll
+            for (int q = 0; q + 1 < CONV_STEP_KEPT; ++q) win[q] = win[q + 1];
+            win[CONV_STEP_KEPT - 1] = in;
+            for (u32 n = 0; n < n_snap; ++n) {
+                if (snaps[2 * n] != row) continue;
+                bf16_t* dst = state + ((u64)snaps[2 * n + 1] * c + ch) * CONV_STEP_KEPT;
+#pragma unroll
+                for (int q = 0; q < CONV_STEP_KEPT; ++q) dst[q] = win[q];
+            }
+        }
+        if (hist) {
+#pragma unroll
+            for (int q = 0; q < CONV_STEP_KEPT; ++q) hist[q] = win[q];
+        }
+    }
+}
+
 // --- gated_delta_rule ----------------------------------------------------------------------
 //
 // The fused recurrent form: one block per (column tile, value head, sequence), walking the

@@ -23,12 +23,13 @@ use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 
 /// The kernels of `recurrent.cu`, looked up at startup.
-pub(super) const KERNELS: [&str; 12] = [
+pub(super) const KERNELS: [&str; 13] = [
     "state_slot_jobs",
     "gated_delta_rule_bf16_cols_k128_v128",
     "gated_delta_rule_bf16_seqs_k128_v128",
     "causal_conv1d_bf16",
     "conv_states_bf16",
+    "causal_conv1d_step_w4_bf16",
     "gated_delta_rule_bf16_cols_r8",
     "gated_delta_rule_bf16_cols_r16",
     "gated_delta_rule_bf16_cols_r32",
@@ -199,6 +200,12 @@ fn as_u32(op: &'static str, what: &str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{op}: {n} {what} exceed the kernel's u32 indices")))
 }
 
+/// The width `causal_conv1d_step_w4_bf16` takes, and the longest run it takes: a step of
+/// sequences this short (decode steps, speculative verifies) runs its outputs and windows
+/// in that one launch, each thread walking one sequence's rows of one channel.
+const STEP_WIDTH: usize = 4;
+const STEP_MAX_ROWS: usize = 8;
+
 pub(super) fn causal_conv1d(
     b: &CudaBackend,
     x: &Tensor,
@@ -211,7 +218,7 @@ pub(super) fn causal_conv1d(
     for operand in [x, weight, state] {
         expect_dtype(OP, operand, BF16)?;
     }
-    check_runs(b, OP, batch, t, capacity)?;
+    let runs = check_runs(b, OP, batch, t, capacity)?;
     let out = b.alloc(&[t, c], DType::BF16)?;
     if t == 0 || c == 0 {
         return Ok(out);
@@ -222,11 +229,16 @@ pub(super) fn causal_conv1d(
     let (xp, sp, cu, slots) = (ptr(OP, x)?, ptr(OP, state)?, ptr(OP, batch.cu_seqlens)?, ptr(OP, batch.slots)?);
     let (wp, op_) = (ptr(OP, weight)?, ptr(OP, &out)?);
     let (_table, snaps) = snapshot_table(b, OP, batch.snapshots)?;
+    let n_snap = as_u32(OP, "snapshots", batch.snapshots.len())?;
+    if w == STEP_WIDTH && runs.iter().all(|r| r.end - r.start <= STEP_MAX_ROWS) {
+        let cfg = elementwise(seqs as usize * c);
+        launch!(b, "causal_conv1d_step_w4_bf16", cfg, [xp, wp, sp, cu, slots, snaps, n_snap, op_, seqs, c32])?;
+        return Ok(out);
+    }
     launch!(b, "causal_conv1d_bf16", elementwise(t * c), [xp, wp, sp, cu, slots, op_, seqs, c32, w32, (t * c) as u64])?;
     if w > 1 {
         // After the outputs, which read the old windows (stream order, and each kernel
         // waits for the one before it).
-        let n_snap = as_u32(OP, "snapshots", batch.snapshots.len())?;
         let cfg = elementwise(seqs as usize * c);
         launch!(b, "conv_states_bf16", cfg, [xp, sp, cu, slots, snaps, n_snap, seqs, c32, w32])?;
     }

@@ -152,7 +152,9 @@ impl Conv {
 /// Several sequences (one empty, one of a single row, some shorter than the kernel, one
 /// without a slot) with snapshots, at widths 1, 2 and 4 and an odd channel count: outputs
 /// match the reference and every slot holds exactly the inputs it should (the slotless
-/// sequence starts from zeros and writes none).
+/// sequence starts from zeros and writes none). Then a step of short runs only (at most 8
+/// rows: CUDA's one-launch form at width 4), with the same kinds of sequences and
+/// snapshots, from windows an earlier step left.
 pub fn conv_matches_reference(b: &dyn GpuBackend) -> Result<()> {
     for w in [1, 2, 4] {
         let conv = Conv::new(b, w as u64, (37, w), 9);
@@ -163,6 +165,13 @@ pub fn conv_matches_reference(b: &dyn GpuBackend) -> Result<()> {
         let pool = conv.pool(b)?;
         let out = conv.run(b, &x, &seqs, &pool)?;
         conv.assert_matches(b, (&out, &pool), (&want, &want_pool), &format!("conv width {w}"));
+        let short = Seqs::new(&[1, 0, 8, 1, 3, 2], &[3, 0, 8, 1, NO_STATE_SLOT, 2]).snap(&[(2, 5), (2, 6), (5, 7)]);
+        let x = draw(b, &mut Rng::new(200 + w as u64), short.rows() * conv.c, 2.0);
+        let state = want_pool.iter().map(|&v| v as f32).collect();
+        let after = Conv { c: conv.c, w: conv.w, weight: conv.weight.clone(), state, slots: conv.slots };
+        let (want, want_pool) = after.reference(&x, &short);
+        let out = conv.run(b, &x, &short, &pool)?;
+        conv.assert_matches(b, (&out, &pool), (&want, &want_pool), &format!("conv width {w}, short runs"));
     }
     Ok(())
 }
