@@ -71,11 +71,43 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
 // nothing. grid (t, ceil(h / blockDim.x)), a column per
 // thread: the k loads of a column are issued eight at a time before they are summed, in
 // choice order, so a decode step waits for one round trip to memory, not k.
+// Token row `xr [h]` dotted with a shared expert's gate weight `w [h]` as
+// `gemv_bf16_m*_r1` (gemv.cu) takes a one-column product: threads 0 .. GEMV_THREADS - 1 add
+// vectors t, t + GEMV_THREADS, ... in order, each warp's sums go through the fixed shuffle
+// tree, the warps add in order, and the sum rounds to bf16 as the product's output does; so
+// the gate has the bits of `matmul(x, w)` in a decode batch. Every thread of the block calls
+// it (it has barriers); h a multiple of 8.
+__device__ float moe_gate_dot(const bf16_t* __restrict__ w, const bf16_t* __restrict__ xr, u32 h) {
+    __shared__ float part[GEMV_WARPS];
+    __shared__ float gate;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid < GEMV_THREADS) {
+        const uint4* wv = reinterpret_cast<const uint4*>(w);
+        const uint4* xv = reinterpret_cast<const uint4*>(xr);
+        float acc = 0.0f;
+        for (u32 v = tid; v < h / 8; v += GEMV_THREADS) acc = dot8(__ldg(wv + v), __ldg(xv + v), acc);
+        acc = warp_sum(acc);
+        if (lane == 0) part[warp] = acc;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float sum = part[0];
+#pragma unroll
+        for (int q = 1; q < GEMV_WARPS; ++q) sum += part[q];
+        gate = round_bf(sum + 0.0f);
+    }
+    __syncthreads();
+    return gate;
+}
+
 template <typename W>
 __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, const bf16_t* shared,
-                            const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
+                            const bf16_t* gate, const bf16_t* gate_w, const bf16_t* x, bf16_t* out, u32 k, u32 h) {
     const u64 t = blockIdx.x;
     const u32 c = blockIdx.y * blockDim.x + threadIdx.x;
+    // The shared expert's gate: given, or its product with the token's row taken here (by
+    // every thread of the block, before any leaves).
+    const float g = !shared ? 0.0f : gate ? bf2f(gate[t]) : moe_gate_dot(gate_w, x + t * h, h);
     if (c >= h) return;
     float acc = 0.0f;
     for (u32 j0 = 0; j0 < k; j0 += 8) {
@@ -93,7 +125,6 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
     if (shared) {
         // The shared expert's output gated by its token's sigmoid, rounded as
         // `sigmoid_mul_bf16` rounds it, added to the routed sum rounded to bf16.
-        const float g = bf2f(gate[t]);
         const float s = round_bf(bf2f(shared[t * h + c]) * round_bf(1.0f / (1.0f + expf(-g))));
         out[t * h + c] = f2bf(round_bf(acc) + s);
     } else {
@@ -101,17 +132,21 @@ __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, 
     }
 }
 
-// `shared` and `gate` null, or a shared expert's output `[t, h]` and its gates `[t, 1]`.
+// `shared` null (and the rest of the shared expert's operands too), or a shared expert's
+// output `[t, h]` with its gates `[t, 1]`, or with `gate` null, its gate weight `gate_w [h]`
+// and the tokens `x [t, h]` (then h is a multiple of 8 and the block at least GEMV_THREADS).
 extern "C" __global__ void moe_combine_f32(const bf16_t* y, const u32* rows, const float* w, const bf16_t* shared,
-                                           const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
+                                           const bf16_t* gate, const bf16_t* gate_w, const bf16_t* x, bf16_t* out,
+                                           u32 k, u32 h) {
     pdl_enter();
-    moe_combine(y, rows, w, shared, gate, out, k, h);
+    moe_combine(y, rows, w, shared, gate, gate_w, x, out, k, h);
 }
 
 extern "C" __global__ void moe_combine_bf16(const bf16_t* y, const u32* rows, const bf16_t* w, const bf16_t* shared,
-                                            const bf16_t* gate, bf16_t* out, u32 k, u32 h) {
+                                            const bf16_t* gate, const bf16_t* gate_w, const bf16_t* x, bf16_t* out,
+                                            u32 k, u32 h) {
     pdl_enter();
-    moe_combine(y, rows, w, shared, gate, out, k, h);
+    moe_combine(y, rows, w, shared, gate, gate_w, x, out, k, h);
 }
 
 // --- the experts of a few slots as GEMVs ----------------------------------------------

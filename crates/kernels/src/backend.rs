@@ -712,6 +712,24 @@ pub trait GpuBackend: Send + Sync + Debug {
         self.sigmoid_mul_add(shared, gate, &routed)
     }
 
+    /// [`Self::moe_experts_shared`] with the shared expert's gates given as the gate's weight
+    /// `[1, h]`: `gate = x · weightᵀ` as [`Self::matmul`] computes it. A backend may take that
+    /// product where it combines the experts; the result is that of the ops apart.
+    ///
+    /// # Errors
+    /// As the ops it stands for.
+    fn moe_experts_shared_gate_weight(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        experts: (&Tensor, &Tensor),
+        lora: Option<&MoeLora<'_>>,
+        (shared, gate_weight): (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let gate = self.matmul(x, gate_weight, None)?;
+        self.moe_experts_shared(x, routing, experts, lora, (shared, &gate))
+    }
+
     /// A device table of `slots` adapters' deltas on one expert stack, all empty, for
     /// [`MoeLora::tables`]; `None` on a backend that reads [`MoeLora::slots`] alone.
     ///

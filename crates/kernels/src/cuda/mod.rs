@@ -602,7 +602,20 @@ impl GpuBackend for CudaBackend {
         lora: Option<&crate::MoeLora<'_>>,
         shared: (&Tensor, &Tensor),
     ) -> Result<Tensor> {
-        moe::moe_experts(self, x, routing, weights, lora, Some(shared))
+        moe::moe_experts(self, x, routing, weights, lora, Some((shared.0, moe::Gate::Values(shared.1))))
+    }
+
+    fn moe_experts_shared_gate_weight(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        weights: (&Tensor, &Tensor),
+        lora: Option<&crate::MoeLora<'_>>,
+        (shared, gate_weight): (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        crate::check::moe(x, routing, weights.0, weights.1)?;
+        let gate = moe::gate_of(self, x, gate_weight)?;
+        moe::moe_experts(self, x, routing, weights, lora, Some((shared, gate.gate())))
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

@@ -41,6 +41,44 @@ pub(super) fn topk_routing(b: &CudaBackend, logits: &Tensor, k: usize, renormali
     Ok(Routing { weights, experts })
 }
 
+/// A shared expert's per-token gates: their values `[t, 1]`, or the gate's weight `[1, h]`,
+/// whose product with the tokens the combining kernel takes itself (`moe_gate_dot`: a
+/// decode batch's, with the bits of the GEMV that [`super::ops::matmul`] runs there).
+#[derive(Clone, Copy)]
+pub(super) enum Gate<'a> {
+    Values(&'a Tensor),
+    Weight(&'a Tensor),
+}
+
+/// The shared expert's gate of `x [t, h]` as [`Gate::Weight`] where the combining kernel can
+/// take the product with the GEMV's bits (up to the GEMV's batch, outside
+/// `--batch-invariant`), else as its values, from the product.
+pub(super) fn gate_of<'a>(b: &CudaBackend, x: &Tensor, weight: &'a Tensor) -> Result<GateOf<'a>> {
+    let (t, h) = (x.dims()[0], x.dims()[1]);
+    ensure(weight.dims() == [1, h], "moe_experts_shared", || {
+        format!("gate weight {:?} is not [1, {h}]", weight.dims())
+    })?;
+    if weight.dtype() == DType::BF16 && !b.batch_invariant && super::gemv::applies(t, 1, h) {
+        return Ok(GateOf::Weight(weight));
+    }
+    Ok(GateOf::Values(super::ops::matmul(b, x, weight, None)?))
+}
+
+/// [`gate_of`]'s answer: the weight itself, or the values it made.
+pub(super) enum GateOf<'a> {
+    Weight(&'a Tensor),
+    Values(Tensor),
+}
+
+impl GateOf<'_> {
+    pub(super) fn gate(&self) -> Gate<'_> {
+        match self {
+            Self::Weight(w) => Gate::Weight(w),
+            Self::Values(v) => Gate::Values(v),
+        }
+    }
+}
+
 /// The routed experts' output, plus `shared · sigmoid(gate)` where `shared` is given (added
 /// in the combining kernel, as `sigmoid_mul_add` would add it).
 pub(super) fn moe_experts(
@@ -49,17 +87,27 @@ pub(super) fn moe_experts(
     routing: &Routing,
     (gate_up, down): (&Tensor, &Tensor),
     lora: Option<&MoeLora<'_>>,
-    shared: Option<(&Tensor, &Tensor)>,
+    shared: Option<(&Tensor, Gate<'_>)>,
 ) -> Result<Tensor> {
     let crate::check::Moe { t, h, e, i, k } = crate::check::moe(x, routing, gate_up, down)?;
     expect_dtype("moe_experts", x, &[DType::BF16])?;
     if let Some((out, gate)) = shared {
         ensure(out.dims() == [t, h], "moe_experts_shared", || format!("shared {:?} is not [{t}, {h}]", out.dims()))?;
-        ensure(crate::check::sigmoid_mul(out, gate)? == h, "moe_experts_shared", || {
-            format!("gate {:?} is not [{t}, 1]", gate.dims())
-        })?;
         expect_dtype("moe_experts_shared", out, &[DType::BF16])?;
-        expect_dtype("moe_experts_shared", gate, &[DType::BF16])?;
+        match gate {
+            Gate::Values(gate) => {
+                ensure(crate::check::sigmoid_mul(out, gate)? == h, "moe_experts_shared", || {
+                    format!("gate {:?} is not [{t}, 1]", gate.dims())
+                })?;
+                expect_dtype("moe_experts_shared", gate, &[DType::BF16])?;
+            }
+            Gate::Weight(w) => {
+                ensure(w.dims() == [1, h] && h % 8 == 0 && t <= super::gemv::MAX_M, "moe_experts_shared", || {
+                    format!("a gate weight {:?} for {t} tokens of {h}", w.dims())
+                })?;
+                expect_dtype("moe_experts_shared", w, &[DType::BF16])?;
+            }
+        }
     }
     if let Some(lora) = lora {
         check_moe_lora("moe_experts_lora", lora, (t, e, h, i), DType::BF16)?;
@@ -96,7 +144,10 @@ pub(super) fn moe_experts(
     if t == 0 || h == 0 || i == 0 || k == 0 {
         let routed = b.zeros(&[t, h], DType::BF16)?;
         return match shared {
-            Some((out, gate)) => super::recurrent::sigmoid_mul(b, out, gate, Some(&routed)),
+            Some((out, Gate::Values(gate))) => super::recurrent::sigmoid_mul(b, out, gate, Some(&routed)),
+            Some((out, Gate::Weight(w))) => {
+                super::recurrent::sigmoid_mul(b, out, &super::ops::matmul(b, x, w, None)?, Some(&routed))
+            }
             None => Ok(routed),
         };
     }
@@ -105,7 +156,7 @@ pub(super) fn moe_experts(
     let aligned = h % 8 == 0 && i % 8 == 0;
     if tk <= GEMV_MAX_SLOTS && aligned && lora.is_none() && !b.batch_invariant {
         let y = experts_gemv(b, x, &routing.experts, (gate_up, down), (k, e, h, i))?;
-        return combine(b, &y, None, routing, shared, (t, k, h));
+        return combine(b, &y, None, routing, (x, shared), (t, k, h));
     }
     ensure(2 * e * 4 <= MAX_ALIGN_SHARED, "moe_experts", || format!("{e} experts are more than the grouping holds"))?;
     let bm = if aligned { tile_rows(tk, e) } else { 16 };
@@ -159,7 +210,7 @@ pub(super) fn moe_experts(
         grouping.lora_delta(b, lora, (|a| a.down, table), (&y, &act, None), (i, h))?;
     }
 
-    combine(b, &y, Some(&grouping.row_of_slot), routing, shared, (t, k, h))
+    combine(b, &y, Some(&grouping.row_of_slot), routing, (x, shared), (t, k, h))
 }
 
 /// At most this many (token, choice) slots run their experts as GEMVs (`moe_gemv_*` of
@@ -208,13 +259,14 @@ fn experts_gemv(
 
 /// `out [t, h]`: each token's expert rows of `y` weighted by the router, in choice order
 /// (`rows` maps a slot to its row of y; none: y is in slot order), plus the shared
-/// expert's gated output where given.
+/// expert's gated output where given (its gate weight's product with the tokens `x` taken
+/// in the kernel).
 fn combine(
     b: &CudaBackend,
     y: &Tensor,
     rows: Option<&Tensor>,
     routing: &Routing,
-    shared: Option<(&Tensor, &Tensor)>,
+    (x, shared): (&Tensor, Option<(&Tensor, Gate<'_>)>),
     (t, k, h): (usize, usize, usize),
 ) -> Result<Tensor> {
     const OP: &str = "moe_experts";
@@ -224,14 +276,15 @@ fn combine(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (sp, gp) = match shared {
-        Some((s, g)) => (ptr(OP, s)?, ptr(OP, g)?),
-        None => (0, 0),
+    let (sp, gp, wp, xp) = match shared {
+        Some((s, Gate::Values(g))) => (ptr(OP, s)?, ptr(OP, g)?, 0, 0),
+        Some((s, Gate::Weight(w))) => (ptr(OP, s)?, 0, ptr(OP, w)?, ptr(OP, x)?),
+        None => (0, 0, 0, 0),
     };
     let rows = rows.map_or(Ok(0), |r| ptr(OP, r))?;
     let args = (ptr(OP, y)?, ptr(OP, &routing.weights)?, ptr(OP, &out)?, k as u32, h as u32);
     let name = if routing.weights.dtype() == DType::F32 { "moe_combine_f32" } else { "moe_combine_bf16" };
-    launch!(b, name, cfg, [args.0, rows, args.1, sp, gp, args.2, args.3, args.4])?;
+    launch!(b, name, cfg, [args.0, rows, args.1, sp, gp, wp, xp, args.2, args.3, args.4])?;
     Ok(out)
 }
 

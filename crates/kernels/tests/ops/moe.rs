@@ -190,6 +190,18 @@ fn check_moe(b: &dyn GpuBackend, c: Case) -> Result<()> {
     for (j, (f, a)) in fused.iter().zip(&apart).enumerate() {
         assert_eq!(f.to_bits(), a.to_bits(), "moe_experts_shared t={t} e={e} h={h} at {j}: {f} against {a} apart");
     }
+    // The gate as its weight (CUDA takes the product in the combining kernel for decode
+    // batches): the bits of the product, then the ops apart.
+    let gate_w = upload_f32(b, &stored(b, rng.vec(h)), &[1, h])?;
+    let by_weight = (&shared, &gate_w);
+    let fused =
+        b.download_f32(&b.moe_experts_shared_gate_weight(&xt, &routing, (&gate_up, &down), None, by_weight)?)?;
+    let gate = b.matmul(&xt, &gate_w, None)?;
+    let apart = b.download_f32(&b.sigmoid_mul_add(&shared, &gate, &out)?)?;
+    for (j, (f, a)) in fused.iter().zip(&apart).enumerate() {
+        let what = format!("moe_experts_shared_gate_weight t={t} e={e} h={h} at {j}");
+        assert_eq!(f.to_bits(), a.to_bits(), "{what}: {f} against {a} apart");
+    }
     let (ids, weights) = (b.download_u32(&routing.experts)?, b.download_f32(&routing.weights)?);
     if let Some(s) = starved {
         assert!(!ids.contains(&(s as u32)), "expert {s} was meant to get no tokens");

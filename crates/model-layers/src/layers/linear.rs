@@ -44,4 +44,9 @@ impl Linear {
     pub fn forward(&self, backend: &dyn GpuBackend, x: &Tensor) -> Result<Tensor> {
         self.reduce.apply(backend.matmul(x, &self.weight, self.bias.as_ref())?)
     }
+
+    /// Whether [`Self::forward`] is the product alone: no bias, no sum across ranks.
+    pub fn is_plain(&self) -> bool {
+        self.bias.is_none() && self.reduce.is_identity()
+    }
 }

@@ -180,11 +180,22 @@ impl Mlp {
                 let adapters = lora.experts();
                 let experts = adapters.as_ref().map(|e| e.op());
                 // The shared expert's output and its `[t, 1]` gates, one per token, broadcast
-                // over the output: on one device they add in where the routed rows combine.
+                // over the output: on one device they add in where the routed rows combine,
+                // and a gate without bias or adapter goes there as its weight, for the backend
+                // to take its product where it combines.
                 let shared = match shared {
                     Some(shared) => {
                         let (expert, gate) = &**shared;
                         let out = expert.forward(backend, x, lora)?;
+                        if reduce.is_identity() && gate.is_plain() && !lora.adapts(&[LoraModule::SharedGate]) {
+                            return Ok(backend.moe_experts_shared_gate_weight(
+                                x,
+                                &routing,
+                                (gate_up, down),
+                                experts.as_ref(),
+                                (&out, &gate.weight),
+                            )?);
+                        }
                         let gate =
                             lora.project(backend, x, &[(LoraModule::SharedGate, 0)], || gate.forward(backend, x))?;
                         Some((out, gate))
