@@ -66,11 +66,6 @@ extern "C" __global__ void topk_routing_f32(const float* l, float* w, u32* x, u3
     topk_routing(l, w, x, e, k, renorm);
 }
 
-// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order
-// (or, with `rows` null, in slot order: y[t * k + j]); a slot with no row (MOE_NONE) adds
-// nothing. grid (t, ceil(h / blockDim.x)), a column per
-// thread: the k loads of a column are issued eight at a time before they are summed, in
-// choice order, so a decode step waits for one round trip to memory, not k.
 // Token row `xr [h]` dotted with a shared expert's gate weight `w [h]` as
 // `gemv_bf16_m*_r1` (gemv.cu) takes a one-column product: threads 0 .. GEMV_THREADS - 1 add
 // vectors t, t + GEMV_THREADS, ... in order, each warp's sums go through the fixed shuffle
@@ -100,6 +95,11 @@ __device__ float moe_gate_dot(const bf16_t* __restrict__ w, const bf16_t* __rest
     return gate;
 }
 
+// out[t, :] = sum_j weights[t, j] * y[rows[t * k + j], :], for y [t * k, h] in expert order
+// (or, with `rows` null, in slot order: y[t * k + j]); a slot with no row (MOE_NONE) adds
+// nothing. grid (t, ceil(h / blockDim.x)), a column per thread: the k loads of a column are
+// issued eight at a time before they are summed, in choice order, so a decode step waits
+// for one round trip to memory, not k.
 template <typename W>
 __device__ void moe_combine(const bf16_t* y, const u32* rows, const W* weights, const bf16_t* shared,
                             const bf16_t* gate, const bf16_t* gate_w, const bf16_t* x, bf16_t* out, u32 k, u32 h) {
