@@ -614,8 +614,11 @@ impl GpuBackend for CudaBackend {
         (shared, gate_weight): (&Tensor, &Tensor),
     ) -> Result<Tensor> {
         crate::check::moe(x, routing, weights.0, weights.1)?;
-        let gate = moe::gate_of(self, x, gate_weight)?;
-        moe::moe_experts(self, x, routing, weights, lora, Some((shared, gate.gate())))
+        if moe::gate_in_combine(self, x, gate_weight) {
+            return moe::moe_experts(self, x, routing, weights, lora, Some((shared, moe::Gate::Weight(gate_weight))));
+        }
+        let gate = ops::matmul(self, x, gate_weight, None)?;
+        moe::moe_experts(self, x, routing, weights, lora, Some((shared, moe::Gate::Values(&gate))))
     }
 
     fn sample(&self, logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>> {

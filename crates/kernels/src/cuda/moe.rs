@@ -50,33 +50,12 @@ pub(super) enum Gate<'a> {
     Weight(&'a Tensor),
 }
 
-/// The shared expert's gate of `x [t, h]` as [`Gate::Weight`] where the combining kernel can
-/// take the product with the GEMV's bits (up to the GEMV's batch, outside
-/// `--batch-invariant`), else as its values, from the product.
-pub(super) fn gate_of<'a>(b: &CudaBackend, x: &Tensor, weight: &'a Tensor) -> Result<GateOf<'a>> {
+/// Whether the combining kernel can take the product of `x [t, h]` with a shared expert's
+/// gate `weight` itself ([`Gate::Weight`]) with the bits [`super::ops::matmul`] gives it: a
+/// bf16 `[1, h]` weight at the GEMV's batches, outside `--batch-invariant`.
+pub(super) fn gate_in_combine(b: &CudaBackend, x: &Tensor, weight: &Tensor) -> bool {
     let (t, h) = (x.dims()[0], x.dims()[1]);
-    ensure(weight.dims() == [1, h], "moe_experts_shared", || {
-        format!("gate weight {:?} is not [1, {h}]", weight.dims())
-    })?;
-    if weight.dtype() == DType::BF16 && !b.batch_invariant && super::gemv::applies(t, 1, h) {
-        return Ok(GateOf::Weight(weight));
-    }
-    Ok(GateOf::Values(super::ops::matmul(b, x, weight, None)?))
-}
-
-/// [`gate_of`]'s answer: the weight itself, or the values it made.
-pub(super) enum GateOf<'a> {
-    Weight(&'a Tensor),
-    Values(Tensor),
-}
-
-impl GateOf<'_> {
-    pub(super) fn gate(&self) -> Gate<'_> {
-        match self {
-            Self::Weight(w) => Gate::Weight(w),
-            Self::Values(v) => Gate::Values(v),
-        }
-    }
+    weight.dims() == [1, h] && weight.dtype() == DType::BF16 && !b.batch_invariant && super::gemv::applies(t, 1, h)
 }
 
 /// The routed experts' output, plus `shared · sigmoid(gate)` where `shared` is given (added
